@@ -1,0 +1,5 @@
+import sys
+
+from composer_pipeline.cli import main
+
+sys.exit(main())

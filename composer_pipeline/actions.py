@@ -1,0 +1,154 @@
+"""The one shape of an agent step: an :class:`Action` (text, thinking, tool calls).
+
+The agent's own action (parsed from a trace), each teacher's answer and each trained-model
+completion all become an ``Action``, so pairing, rewards and display compare like with like.
+
+Text form (used as the DPO/GRPO completion string and to parse plain-text model output):
+free text, then one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per call
+(the Hermes/Qwen2.5 tool-call convention, which small open chat models are trained on).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class Action:
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    thinking: str = ""
+
+    # -- (de)serialisation: the JSON stored in Parquet ``action``/``chosen``/``rejected`` columns
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "thinking": self.thinking,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+        }
+
+    def to_json(self) -> str:
+        return orjson.dumps(self.to_dict()).decode()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Action":
+        calls = tuple(
+            ToolCall(name=c["name"], arguments=dict(c.get("arguments") or {}), id=c.get("id", ""))
+            for c in d.get("tool_calls") or ()
+        )
+        return cls(text=d.get("text") or "", tool_calls=calls, thinking=d.get("thinking") or "")
+
+    @classmethod
+    def from_json(cls, s: str | bytes) -> "Action":
+        return cls.from_dict(orjson.loads(s))
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.text.strip() and not self.tool_calls
+
+    # -- text form
+    def to_text(self) -> str:
+        """Completion string: text, then one ``<tool_call>`` block per call (no thinking)."""
+        parts = [self.text.strip()] if self.text.strip() else []
+        for c in self.tool_calls:
+            body = orjson.dumps({"name": c.name, "arguments": c.arguments}, option=orjson.OPT_SORT_KEYS).decode()
+            parts.append(f"<tool_call>\n{body}\n</tool_call>")
+        return "\n".join(parts)
+
+    def to_chat_message(self) -> dict[str, Any]:
+        """OpenAI chat-format assistant message (``tool_calls`` with JSON-string arguments)."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()},
+                }
+                for c in self.tool_calls
+            ]
+        return msg
+
+
+class ActionParseError(ValueError):
+    """A model answer that cannot be read as an action; the message says why."""
+
+
+def parse_action_text(text: str) -> Action:
+    """Parse the text form back into an :class:`Action`.
+
+    Raises :class:`ActionParseError` for a ``<tool_call>`` block whose body is not a JSON
+    object with a string ``name`` (an answer that *tried* to call a tool and failed).
+    """
+    calls: list[ToolCall] = []
+    for i, m in enumerate(TOOL_CALL_RE.finditer(text)):
+        try:
+            body = orjson.loads(m.group(1))
+        except orjson.JSONDecodeError as e:
+            raise ActionParseError(f"tool_call {i} is not valid JSON: {e}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise ActionParseError(f"tool_call {i} has no string 'name'")
+        args = body.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = orjson.loads(args)
+            except orjson.JSONDecodeError:
+                raise ActionParseError(f"tool_call {i} arguments are a non-JSON string") from None
+        if not isinstance(args, dict):
+            raise ActionParseError(f"tool_call {i} arguments are not an object")
+        calls.append(ToolCall(name=body["name"], arguments=args, id=f"call_{i}"))
+    if "<tool_call>" in text and len(calls) != text.count("<tool_call>"):
+        raise ActionParseError("unterminated <tool_call> block")
+    free = TOOL_CALL_RE.sub("", text).strip()
+    return Action(text=free, tool_calls=tuple(calls))
+
+
+def parse_chat_message(message: dict[str, Any]) -> Action:
+    """Parse an OpenAI chat-completions ``choices[0].message`` into an :class:`Action`.
+
+    Native ``tool_calls`` win; otherwise ``<tool_call>`` blocks in the content are parsed.
+    Raises :class:`ActionParseError` with the reason when neither reading works.
+    """
+    if not isinstance(message, dict):
+        raise ActionParseError("message is not an object")
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not isinstance(content, str):
+        raise ActionParseError("content is neither a string nor a list of parts")
+    thinking = message.get("reasoning_content") or message.get("reasoning") or ""
+    native = message.get("tool_calls") or []
+    if native:
+        calls = []
+        for i, c in enumerate(native):
+            fn = (c or {}).get("function") or {}
+            name = fn.get("name")
+            if not isinstance(name, str) or not name:
+                raise ActionParseError(f"tool_calls[{i}] has no function name")
+            raw = fn.get("arguments") or "{}"
+            try:
+                args = orjson.loads(raw) if isinstance(raw, str) else raw
+            except orjson.JSONDecodeError:
+                raise ActionParseError(f"tool_calls[{i}] arguments are not valid JSON") from None
+            if not isinstance(args, dict):
+                raise ActionParseError(f"tool_calls[{i}] arguments are not an object")
+            calls.append(ToolCall(name=name, arguments=args, id=c.get("id") or f"call_{i}"))
+        return Action(text=TOOL_CALL_RE.sub("", content).strip(), tool_calls=tuple(calls), thinking=thinking)
+    action = parse_action_text(content)
+    return Action(text=action.text, tool_calls=action.tool_calls, thinking=thinking)

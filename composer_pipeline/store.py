@@ -1,0 +1,115 @@
+"""Where tables live: a local directory or an ``s3://`` prefix, read and written as Parquet.
+
+Two layouts are read transparently, so every command works on what either front end wrote:
+
+* flat, written by the CLI:            ``<root>/<name>.parquet`` (or an alias, e.g. ``replays.parquet``)
+* partitioned, written by Dagster:     ``<root>/<name>/<partition_key>.parquet`` (UPath IO manager)
+
+S3 goes through s3fs (which honours ``AWS_ENDPOINT_URL``); DuckDB never touches the network:
+tables are read with pyarrow and registered as views (no httpfs extension download needed).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from composer_pipeline import tables
+
+
+def _storage_options() -> dict:
+    return {}
+
+
+@dataclass
+class Store:
+    root: str
+    fs: fsspec.AbstractFileSystem = field(init=False, repr=False)
+    base: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.root = str(self.root).rstrip("/") or "/"
+        self.fs, self.base = fsspec.core.url_to_fs(self.root, **_storage_options())
+        self.base = self.base.rstrip("/")
+
+    # -- paths
+    @property
+    def is_remote(self) -> bool:
+        return "://" in self.root and not self.root.startswith("file://")
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.base, *parts)
+
+    def url(self, *parts: str) -> str:
+        """A user-facing location (``s3://...`` or a local path)."""
+        p = self.path(*parts)
+        return f"{self.root.split('://', 1)[0]}://{p}" if self.is_remote else p
+
+    def _candidates(self, name: str) -> list[str]:
+        return [name, *tables.FILE_ALIASES.get(name, ())]
+
+    # -- write
+    def write_table(self, name: str, table: pa.Table, partition: str | None = None) -> str:
+        path = self.path(name, f"{partition}.parquet") if partition else self.path(f"{name}.parquet")
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        with self.fs.open(path, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+        return path
+
+    # -- read
+    def files(self, name: str) -> list[str]:
+        """Parquet files holding table ``name`` (flat file first, then partitions, sorted)."""
+        out: list[str] = []
+        for cand in self._candidates(name):
+            flat = self.path(f"{cand}.parquet")
+            if self.fs.isfile(flat):
+                out.append(flat)
+            d = self.path(cand)
+            if self.fs.isdir(d):
+                out.extend(sorted(p for p in self.fs.find(d) if p.endswith(".parquet")))
+        return out
+
+    def exists(self, name: str) -> bool:
+        return bool(self.files(name))
+
+    def read_table(self, name: str, columns: Iterable[str] | None = None) -> pa.Table:
+        files = self.files(name)
+        if not files:
+            if name in tables.SCHEMAS:
+                t = tables.empty(name)
+                return t.select(list(columns)) if columns else t
+            raise FileNotFoundError(f"no table {name!r} under {self.root}")
+        parts = []
+        for p in files:
+            with self.fs.open(p, "rb") as f:
+                parts.append(pq.read_table(f, columns=list(columns) if columns else None))
+        return pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+
+    def table_names(self) -> list[str]:
+        names = []
+        for name in tables.SCHEMAS:
+            if self.exists(name):
+                names.append(name)
+        # anything else stored (e.g. policy_eval metrics) is exposed too
+        if self.fs.isdir(self.base):
+            for p in self.fs.ls(self.base, detail=False):
+                stem = posixpath.basename(p.rstrip("/"))
+                stem = stem[: -len(".parquet")] if stem.endswith(".parquet") else stem
+                canonical = next((k for k, v in tables.FILE_ALIASES.items() if stem in v), stem)
+                if canonical not in names and self.files(canonical):
+                    names.append(canonical)
+        return names
+
+    def duckdb(self):
+        """An in-memory DuckDB connection with one view per stored table (named after the asset)."""
+        import duckdb
+
+        con = duckdb.connect()
+        for name in self.table_names():
+            con.register(name, self.read_table(name))
+        return con

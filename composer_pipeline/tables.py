@@ -1,0 +1,179 @@
+"""Column contracts of every table the pipeline stores (Parquet), by table name.
+
+The table name is also the Dagster asset name and the DuckDB view name used by
+``composer-pipeline sql``. Stages validate their output against these schemas with
+:func:`conform`, so a column added in one stage is added here first.
+
+JSON-valued columns (``action``, ``content``, ``prompt``, ...) are stored as UTF-8 strings:
+nested messages vary in shape and must round-trip untouched through data-juicer and Parquet.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+_str = pa.string()
+_strs = pa.list_(pa.string())
+_ints = pa.list_(pa.int64())
+
+# --- ingestion -----------------------------------------------------------------------------
+TRACE_STATES = pa.schema(
+    [
+        ("state_id", _str),  # stable: sha256(session_key, stream_id, response key)[:20]
+        ("session_id", _str),  # Claude Code sessionId of the main session
+        ("session_key", _str),  # partition key (see ingest.discover.session_key)
+        ("stream_id", _str),  # "<session_key>:main" | "<session_key>:agent-<id>" | "<session_key>:side-<root uuid>"
+        ("stream_kind", _str),  # main | inline_sidechain | sibling_agent_file | subagents_dir
+        ("agent_id", _str),
+        ("parent_tool_use_id", _str),  # Task/Agent tool_use id that spawned this stream
+        ("source_file", _str),  # relative to the trace root it was found under
+        ("source_lines", _ints),  # 1-based lines of the records that form the action
+        ("record_uuids", _strs),
+        ("message_id", _str),
+        ("request_id", _str),
+        ("prefix_leaf_uuid", _str),  # last record before the action on its parentUuid chain
+        ("n_prefix_messages", pa.int64()),
+        ("action", _str),  # JSON Action (actions.Action.to_json)
+        ("error_after", _str),  # JSON list[{"tool_use_id", "tool_name", "content"}] or null
+        ("has_error", pa.bool_()),
+        ("model", _str),
+        ("version", _str),
+        ("timestamp", _str),
+        ("usage", _str),  # JSON usage of the last record of the response
+    ]
+)
+
+TRACE_MESSAGES = pa.schema(
+    [
+        ("stream_id", _str),
+        ("session_key", _str),
+        ("uuid", _str),  # record uuid (salvaged from a damaged line where possible)
+        ("parent_uuid", _str),
+        ("logical_parent_uuid", _str),  # compact_boundary stitching
+        ("record_type", _str),  # user | assistant | system | progress | attachment | <unknown>
+        ("subtype", _str),
+        ("message_key", _str),  # assistant grouping key: message.id, else requestId, else uuid
+        ("role", _str),
+        ("content", _str),  # JSON: scrubbed message.content (string or block list)
+        ("tool_use_result", _str),  # JSON: scrubbed toolUseResult
+        ("is_meta", pa.bool_()),
+        ("is_compact_summary", pa.bool_()),
+        ("is_sidechain", pa.bool_()),
+        ("source_file", _str),
+        ("line_no", pa.int64()),
+        ("timestamp", _str),
+        ("raw", _str),  # the scrubbed JSONL line, for lineage
+    ]
+)
+
+QUARANTINE = pa.schema(
+    [
+        ("session_key", _str),
+        ("source_file", _str),
+        ("line_no", pa.int64()),  # 1-based; 0 for a whole-file problem
+        ("reason", _str),
+        ("text", _str),  # scrubbed, truncated
+        ("salvaged_uuid", _str),
+        ("salvaged_parent_uuid", _str),
+    ]
+)
+
+# --- replay --------------------------------------------------------------------------------
+COST_PLAN = pa.schema(
+    [
+        ("state_id", _str),
+        ("teacher", _str),
+        ("call_id", _str),
+        ("cached", pa.bool_()),
+        ("est_prompt_tokens", pa.int64()),
+        ("worst_case_usd", pa.float64()),
+    ]
+)
+
+TEACHER_REPLAYS = pa.schema(
+    [
+        ("call_id", _str),  # content address: sha256(teacher, model, request body)
+        ("state_id", _str),
+        ("session_key", _str),
+        ("teacher", _str),
+        ("model", _str),
+        ("status", _str),  # answered | failed | budget_exhausted
+        ("reason", _str),  # failure reason / parse error (null when answered and parsed)
+        ("action", _str),  # JSON Action, null if not answered or unparseable
+        ("raw_answer", _str),  # the teacher's message content as received
+        ("cost_usd", pa.float64()),
+        ("reserved_usd", pa.float64()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("latency_s", pa.float64()),
+        ("attempts", pa.int64()),
+        ("cache_hit", pa.bool_()),
+        ("created_at", _str),
+    ]
+)
+
+# --- pairs ---------------------------------------------------------------------------------
+_PAIR_FIELDS = [
+    ("pair_id", _str),  # sha256(state_id, consensus signature)[:20]
+    ("kind", _str),  # pair | positive
+    ("state_id", _str),
+    ("session_key", _str),
+    ("session_id", _str),
+    ("source_file", _str),
+    ("source_lines", _ints),
+    ("record_uuids", _strs),
+    ("replay_call_ids", _strs),
+    ("prompt", _str),  # JSON list of OpenAI chat messages (render.render_prefix)
+    ("tools", _str),  # JSON list of tool schemas offered to teachers
+    ("chosen", _str),  # JSON Action (consensus representative)
+    ("rejected", _str),  # JSON Action (the agent's); for positives: the agent's action too
+    ("chosen_text", _str),  # Action.to_text()
+    ("rejected_text", _str),
+    ("n_teachers", pa.int64()),
+    ("n_agreeing", pa.int64()),
+    ("agreeing_teachers", _strs),
+    ("agreement_score", pa.float64()),
+    ("consensus_signature", _str),
+    ("agent_signature", _str),
+    ("cost_usd", pa.float64()),
+    ("has_error", pa.bool_()),
+    ("error_after", _str),
+]
+DPO_PAIRS = pa.schema(_PAIR_FIELDS)
+NORMALIZED_DPO_PAIRS = DPO_PAIRS
+DROPPED_PAIRS = pa.schema(_PAIR_FIELDS + [("drop_op", _str), ("drop_reason", _str), ("drop_stats", _str)])
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "trace_states": TRACE_STATES,
+    "trace_messages": TRACE_MESSAGES,
+    "quarantine": QUARANTINE,
+    "cost_plan": COST_PLAN,
+    "teacher_replays": TEACHER_REPLAYS,
+    "dpo_pairs": DPO_PAIRS,
+    "normalized_dpo_pairs": NORMALIZED_DPO_PAIRS,
+    "agreement_positives": DPO_PAIRS,
+    "dropped_pairs": DROPPED_PAIRS,
+}
+
+# File names the CLI writes into a flat ``--out`` directory, when they differ from the table name.
+FILE_ALIASES: dict[str, tuple[str, ...]] = {
+    "teacher_replays": ("replays",),
+    "normalized_dpo_pairs": ("pairs",),
+    "agreement_positives": ("positives",),
+}
+
+
+def conform(table: pa.Table, name: str) -> pa.Table:
+    """Return ``table`` with exactly the columns of ``SCHEMAS[name]``, in order, cast to type.
+
+    Missing nullable columns are an error: a stage must say what it means by each column.
+    """
+    schema = SCHEMAS[name]
+    missing = [f.name for f in schema if f.name not in table.column_names]
+    if missing:
+        raise ValueError(f"{name}: missing columns {missing}")
+    return table.select(schema.names).cast(schema)
+
+
+def empty(name: str) -> pa.Table:
+    return SCHEMAS[name].empty_table()
