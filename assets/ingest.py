@@ -1,0 +1,216 @@
+"""Ingest stage: ``raw_sessions`` (files observed on disk) -> ``trace_states`` + ``trace_messages``
++ ``quarantine`` (one multi-asset per session partition) with checks.
+
+Calls ``composer_pipeline.ingest.pipeline.ingest_session``; this module only finds the session's
+files, attaches metadata (row counts, states per stream, preview, secrets scrubbed per kind, one
+rendered prefix as the teacher would receive it) and reports the checks: parse success ratio,
+quarantine size, schema, and a secret scan of everything written (blocking: nothing with a
+secret in it goes on to the teachers).
+"""
+
+import json
+
+import dagster as dg
+import pyarrow as pa
+
+from assets.metadata import chat_markdown, counts, preview
+from assets.partitions import sessions_partitions
+from composer_pipeline import tables
+from resources.recipes import PipelineRecipes
+
+GROUP = "ingest"
+
+
+def find_session(trace_root: str, key: str):
+    from composer_pipeline.ingest.discover import discover_sessions
+
+    for sf in discover_sessions(trace_root):
+        if sf.key == key:
+            return sf
+    raise FileNotFoundError(f"session {key!r} not found under {trace_root} (was the file moved or deleted?)")
+
+
+@dg.asset(
+    partitions_def=sessions_partitions,
+    group_name=GROUP,
+    kinds={"file"},
+    description="A Claude Code session on disk: its main JSONL file plus subagent files. Records the file "
+    "list, sizes and a content fingerprint (the data version); the files themselves are not copied.",
+)
+def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) -> dg.MaterializeResult:
+    from composer_pipeline.ingest.discover import session_fingerprint
+
+    sf = find_session(recipes.trace_root, context.partition_key)
+    files = [sf.main_file, *sf.subagent_files]
+    sizes = {str(f): f.stat().st_size for f in map(_path, files)}
+    fp = session_fingerprint(sf)
+    return dg.MaterializeResult(
+        metadata={
+            "files": dg.MetadataValue.json({k: v for k, v in sizes.items()}),
+            "n_files": len(files),
+            "n_subagent_files": len(sf.subagent_files),
+            "total_bytes": sum(sizes.values()),
+            "fingerprint": fp,
+            "trace_root": recipes.trace_root,
+        },
+        data_version=dg.DataVersion(fp),
+    )
+
+
+def _path(p):
+    from pathlib import Path
+
+    return Path(p)
+
+
+def _secret_hits(tbl: pa.Table, columns: list[str]) -> dict[str, int]:
+    from composer_pipeline.ingest.scrub import scan
+
+    hits: dict[str, int] = {}
+    for col in columns:
+        if col not in tbl.column_names:
+            continue
+        for v in tbl.column(col).to_pylist():
+            if v:
+                for kind, n in scan(v).items():
+                    hits[kind] = hits.get(kind, 0) + n
+    return hits
+
+
+def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
+    from composer_pipeline.render import Conversation, render_state
+
+    if states.num_rows == 0:
+        return "*no states in this session*"
+    conv = Conversation.from_table(messages)
+    row = states.slice(states.num_rows // 2, 1).to_pylist()[0]
+    rendered = render_state(conv, row, recipe.render)
+    action = json.loads(row["action"])
+    tools = ", ".join(f"`{t['function']['name']}`" if "function" in t else f"`{t.get('name')}`" for t in rendered.tools)
+    return (
+        f"### State `{row['state_id']}` ({row['stream_id']})\n\n"
+        f"{len(rendered.messages)} messages, tools offered: {tools or 'none'}\n\n"
+        + chat_markdown(rendered.messages)
+        + "\n**agent's action**\n```json\n"
+        + json.dumps(action, indent=1)[:1500]
+        + "\n```"
+    )
+
+
+@dg.multi_asset(
+    partitions_def=sessions_partitions,
+    group_name=GROUP,
+    deps=[raw_sessions],
+    outs={
+        "trace_states": dg.AssetOut(
+            description="One row per agent action (assistant API response) with its prefix pointer.",
+            kinds={"parquet"}, is_required=True,
+        ),
+        "trace_messages": dg.AssetOut(
+            description="Every scrubbed JSONL record of the session (render input and lineage).",
+            kinds={"parquet"}, is_required=True,
+        ),
+        "quarantine": dg.AssetOut(
+            description="Lines that could not be used, with the reason (nothing is dropped silently).",
+            kinds={"parquet"}, is_required=True,
+        ),
+    },
+    check_specs=[
+        dg.AssetCheckSpec("parse_success_ratio", asset="trace_states", description="Parsed lines / all lines ≥ threshold."),
+        dg.AssetCheckSpec("quarantine_count", asset="quarantine", description="Quarantined lines ≤ threshold."),
+        dg.AssetCheckSpec("schema", asset="trace_states", blocking=True, description="All three tables match tables.py."),
+        dg.AssetCheckSpec(
+            "no_secrets", asset="trace_messages", blocking=True,
+            description="Secret scan of the stored messages/states/quarantine finds nothing (blocks replay).",
+        ),
+    ],
+)
+def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRecipes):
+    from composer_pipeline.ingest.pipeline import ingest_session
+    from composer_pipeline.ingest.recipe import IngestRecipe
+
+    recipe = IngestRecipe.load(recipes.ingest)
+    sf = find_session(recipes.trace_root, context.partition_key)
+    res = ingest_session(sf, recipe)
+    states = tables.conform(res.states, "trace_states")
+    messages = tables.conform(res.messages, "trace_messages")
+    quarantine = tables.conform(res.quarantine, "quarantine")
+
+    total_lines = messages.num_rows + quarantine.num_rows
+    ratio = messages.num_rows / total_lines if total_lines else 1.0
+    secrets = {str(k): int(v) for k, v in dict(res.secrets).items()}
+    stats = {k: v for k, v in dict(res.stats).items() if isinstance(v, (int, float, str, bool))}
+
+    yield dg.Output(
+        states,
+        output_name="trace_states",
+        metadata={
+            "dagster/row_count": states.num_rows,
+            "states_per_stream": dg.MetadataValue.json(counts(states.column("stream_id").to_pylist())),
+            "states_with_error_after": int(sum(bool(x) for x in states.column("has_error").to_pylist())),
+            "preview": preview(states, ["state_id", "stream_id", "n_prefix_messages", "action", "has_error"]),
+            "rendered_example": dg.MetadataValue.md(_rendered_example(states, messages, recipe)),
+            "stats": dg.MetadataValue.json(stats),
+        },
+    )
+    yield dg.Output(
+        messages,
+        output_name="trace_messages",
+        metadata={
+            "dagster/row_count": messages.num_rows,
+            "records_by_type": dg.MetadataValue.json(counts(messages.column("record_type").to_pylist())),
+            "secrets_scrubbed": dg.MetadataValue.json(secrets),
+            "secrets_scrubbed_total": sum(secrets.values()),
+            "preview": preview(messages, ["stream_id", "line_no", "record_type", "role", "content"]),
+        },
+    )
+    yield dg.Output(
+        quarantine,
+        output_name="quarantine",
+        metadata={
+            "dagster/row_count": quarantine.num_rows,
+            "reasons": dg.MetadataValue.json(counts(quarantine.column("reason").to_pylist())),
+            "preview": preview(quarantine, ["source_file", "line_no", "reason", "text"]),
+        },
+    )
+
+    yield dg.AssetCheckResult(
+        check_name="parse_success_ratio",
+        asset_key="trace_states",
+        passed=ratio >= recipes.min_parse_success_ratio,
+        metadata={"ratio": ratio, "parsed_lines": messages.num_rows, "quarantined_lines": quarantine.num_rows,
+                  "threshold": recipes.min_parse_success_ratio},
+    )
+    yield dg.AssetCheckResult(
+        check_name="quarantine_count",
+        asset_key="quarantine",
+        passed=quarantine.num_rows <= recipes.max_quarantine_rows,
+        metadata={"quarantined": quarantine.num_rows, "threshold": recipes.max_quarantine_rows},
+    )
+    mismatches = {
+        name: str(t.schema)
+        for name, t in (("trace_states", res.states), ("trace_messages", res.messages), ("quarantine", res.quarantine))
+        if not set(tables.SCHEMAS[name].names) <= set(t.column_names)
+    }
+    yield dg.AssetCheckResult(
+        check_name="schema",
+        asset_key="trace_states",
+        passed=not mismatches,
+        metadata={"mismatches": dg.MetadataValue.json(mismatches)},
+    )
+    leaked = {}
+    for name, tbl, cols in (
+        ("trace_messages", messages, ["content", "tool_use_result", "raw"]),
+        ("trace_states", states, ["action", "error_after"]),
+        ("quarantine", quarantine, ["text"]),
+    ):
+        hits = _secret_hits(tbl, cols)
+        if hits:
+            leaked[name] = hits
+    yield dg.AssetCheckResult(
+        check_name="no_secrets",
+        asset_key="trace_messages",
+        passed=not leaked,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"secret_hits_by_table": dg.MetadataValue.json(leaked), "scrubbed_at_ingest": dg.MetadataValue.json(secrets)},
+    )
