@@ -1,0 +1,243 @@
+"""One teacher call over HTTP with retries, money reservations and the response cache.
+
+In:  a :class:`TeacherConfig`, its API key (a value; may be ``None`` for local servers), the request
+     body and its ``call_id``, an ``httpx.AsyncClient`` per teacher, a semaphore, the ledger, the cache.
+Out: a :class:`CallResult`: answered (with the parsed action or the raw answer and the parse error),
+     failed (with a reason) or budget_exhausted. It never raises for a teacher's misbehaviour.
+
+Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing sent), POST, then
+
+* 200 + JSON with usage → settle at reported usage × prices, write the cache, parse the answer;
+* 200 + JSON without usable usage → keep the reservation (worst case counted), still an answer;
+* 429 / 408 / 5xx error response → release, back off (``Retry-After`` honoured), retry;
+* other 4xx → release, fail (no retry);
+* connect error (nothing sent) → release, retry;
+* timeout, connection dropped before or while reading the body → keep (may be billed), retry;
+* 200 with a body that is not JSON / lacks ``choices[0].message`` → keep, fail (no retry).
+
+Retries are bounded by ``max_retries``; backoff is exponential with full jitter
+(``uniform(0, min(backoff_max_s, backoff_s · 2^n))``, the AWS "full jitter" scheme).
+
+The key is only ever placed in the ``Authorization`` header; any reason text derived from a
+response is scrubbed of it before it is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+import orjson
+
+from composer_pipeline.actions import Action, ActionParseError, parse_chat_message
+from composer_pipeline.teachers.cache import ResponseCache, canonical_json
+from composer_pipeline.teachers.config import TeacherConfig
+from composer_pipeline.teachers.ledger import AsyncLedger, Reserve
+from composer_pipeline.teachers.pricing import usage_cost, worst_case_usd
+
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
+MAX_RETRY_AFTER_S = 300.0
+
+
+@dataclass
+class CallResult:
+    status: str  # answered | failed | budget_exhausted
+    reason: str | None = None
+    action: Action | None = None
+    raw_answer: str | None = None
+    cost_usd: float = 0.0
+    reserved_usd: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    attempts: int = 0
+    cache_hit: bool = False
+
+
+def make_http_client(teacher: TeacherConfig) -> httpx.AsyncClient:
+    """Connection-reusing client sized to the teacher's concurrency."""
+    limits = httpx.Limits(max_connections=teacher.max_concurrency, max_keepalive_connections=teacher.max_concurrency)
+    timeout = httpx.Timeout(teacher.timeout_s, connect=min(teacher.timeout_s, 30.0), pool=None)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, follow_redirects=False, trust_env=False)
+
+
+def _retry_after(resp_headers: httpx.Headers) -> float | None:
+    v = resp_headers.get("retry-after")
+    if not v:
+        return None
+    try:
+        return max(0.0, min(float(v), MAX_RETRY_AFTER_S))
+    except ValueError:
+        pass
+    try:
+        dt = parsedate_to_datetime(v)
+        return max(0.0, min(dt.timestamp() - time.time(), MAX_RETRY_AFTER_S))
+    except (TypeError, ValueError):
+        return None
+
+
+def backoff_delay(teacher: TeacherConfig, attempt: int, retry_after: float | None) -> float:
+    """Seconds to wait before retry number ``attempt`` (1-based)."""
+    if retry_after is not None:
+        return retry_after + random.uniform(0, 0.1 * max(retry_after, 0.1))
+    return random.uniform(0, min(teacher.backoff_max_s, teacher.backoff_s * 2 ** (attempt - 1)))
+
+
+def _scrub(text: str, api_key: str | None, limit: int = 300) -> str:
+    text = text[:limit]
+    if api_key:
+        text = text.replace(api_key, "[REDACTED]")
+    return " ".join(text.split())
+
+
+def raw_answer_of(message: dict[str, Any]) -> str:
+    """The answer as received: its content text, or the message JSON when it carries native tool calls."""
+    content = message.get("content")
+    if message.get("tool_calls"):
+        return orjson.dumps({"content": content, "tool_calls": message["tool_calls"]}).decode()
+    if isinstance(content, str):
+        return content
+    return orjson.dumps(content).decode()
+
+
+def answer_from_response(data: dict[str, Any], teacher: TeacherConfig) -> CallResult:
+    """Turn a cached or fresh chat-completions JSON into an answered result (parse errors kept)."""
+    message = data["choices"][0]["message"]
+    p, c, cost = usage_cost(data.get("usage"), teacher)
+    res = CallResult(status="answered", raw_answer=raw_answer_of(message), prompt_tokens=p, completion_tokens=c)
+    try:
+        action = parse_chat_message(message)
+    except ActionParseError as e:
+        res.reason = f"unparseable: {e}"
+        return res
+    res.action = action
+    if action.is_empty:
+        res.reason = "empty_answer: no text and no tool calls"
+    return res
+
+
+def _valid_completion(data: Any) -> str | None:
+    """None when ``data`` is a usable chat completion, else what is wrong with it."""
+    if not isinstance(data, dict):
+        return "body is not a JSON object"
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        err = data.get("error")
+        return f"no choices{': error ' + str(err)[:200] if err else ''}"
+    if not isinstance(choices[0].get("message"), dict):
+        return "choices[0].message missing"
+    return None
+
+
+async def call_teacher(
+    http: httpx.AsyncClient,
+    teacher: TeacherConfig,
+    api_key: str | None,
+    body: dict[str, Any],
+    cid: str,
+    *,
+    ledger: AsyncLedger,
+    cache: ResponseCache,
+    run_id: str,
+    ceiling_usd: float,
+    semaphore: asyncio.Semaphore,
+) -> CallResult:
+    """Send one request (with retries) under the money rules; always returns a result."""
+    _, worst = worst_case_usd(body, teacher)
+    payload = canonical_json(body)
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    out = CallResult(status="failed")
+    last_reason = ""
+    async with semaphore:
+        for attempt in range(1, teacher.max_retries + 2):
+            res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid))
+            if not res.ok:
+                out.status = "budget_exhausted"
+                out.reason = f"budget_exhausted: {res.reason}" + (f" (after attempt {attempt - 1}: {last_reason})" if last_reason else "")
+                return out
+            out.reserved_usd += worst
+            out.attempts = attempt
+            t0 = time.perf_counter()
+            retry_after: float | None = None
+            status_code: int | None = None
+            outcome = "keep"  # what happens to this attempt's reservation: keep | release
+            retry = False
+            try:
+                async with http.stream("POST", teacher.chat_url, content=payload, headers=headers) as resp:
+                    status_code = resp.status_code
+                    raw = await resp.aread()
+            except httpx.ConnectError as e:
+                outcome, retry = "release", True
+                last_reason = f"connection_error: {type(e).__name__}"
+            except httpx.ConnectTimeout:
+                outcome, retry = "release", True
+                last_reason = "connection_error: ConnectTimeout"
+            except httpx.TimeoutException as e:
+                retry = True
+                last_reason = f"timeout: {type(e).__name__} after {teacher.timeout_s:g}s"
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                retry = True
+                kind = "truncated_body" if status_code is not None else "connection_dropped"
+                last_reason = f"{kind}: {type(e).__name__}: {_scrub(str(e), api_key, 120)}"
+            else:
+                latency = time.perf_counter() - t0
+                if status_code == 200:
+                    try:
+                        data = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        data, problem = None, f"invalid_json: {len(raw)} bytes that do not parse as JSON"
+                    else:
+                        problem = _valid_completion(data)
+                        problem = f"bad_response: {_scrub(problem, api_key)}" if problem else None
+                    if problem:
+                        await ledger.close(res.id, "kept", note=problem[:200])
+                        out.cost_usd += worst
+                        out.status, out.reason = "failed", problem
+                        return out
+                    p, c, cost = usage_cost(data.get("usage"), teacher)
+                    if cost is None:
+                        await ledger.close(res.id, "kept", note="no usable usage in response")
+                        cost = worst
+                    # cache first: a kill between here and settle leaves the reservation counted, never a re-buy
+                    await asyncio.to_thread(
+                        cache.put,
+                        cid,
+                        {"teacher": teacher.name, "model": teacher.model, "response": data, "cost_usd": cost,
+                         "latency_s": latency, "attempts": attempt, "run_id": run_id,
+                         "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                    )
+                    if p is not None:
+                        await ledger.close(res.id, "settled", cost_usd=cost)
+                    ans = answer_from_response(data, teacher)
+                    ans.cost_usd = out.cost_usd + cost
+                    ans.reserved_usd = out.reserved_usd
+                    ans.attempts = attempt
+                    ans.latency_s = latency
+                    if p is None and ans.reason is None:
+                        ans.reason = "no_usage: worst case charged"
+                    return ans
+                outcome = "release"
+                text = _scrub(raw.decode("utf-8", "replace"), api_key, 200)
+                last_reason = f"http_{status_code}: {text}"
+                if status_code in RETRY_STATUS or (status_code or 0) >= 500:
+                    retry = True
+                    retry_after = _retry_after(resp.headers)
+            # an attempt that did not produce an answer
+            if outcome == "release":
+                await ledger.close(res.id, "released", note=last_reason[:200])
+            else:
+                await ledger.close(res.id, "kept", note=last_reason[:200])
+                out.cost_usd += worst
+            if not retry or attempt > teacher.max_retries:
+                break
+            await asyncio.sleep(backoff_delay(teacher, attempt, retry_after))
+    out.status = "failed"
+    out.reason = last_reason if out.attempts <= 1 else f"{last_reason} (after {out.attempts} attempts)"
+    return out

@@ -1,0 +1,282 @@
+"""Multi-teacher replay: every trace state × every teacher → one ``teacher_replays`` row.
+
+In:  ``trace_states`` + ``trace_messages`` tables, a :class:`TeachersConfig`, API keys as values,
+     render options, a :class:`ResponseCache` and a :class:`Ledger`.
+Out: :func:`plan_costs` → :class:`CostPlan` (schema ``cost_plan``: worst case per call, what the cache
+     already holds, whether it fits the budgets and the run ceiling); :func:`replay_states` →
+     :class:`ReplayResult` (schema ``teacher_replays`` + a JSON-able summary).
+
+Each teacher sees exactly what the agent saw: ``render.render_states`` gives the prefix as OpenAI
+chat messages and the tools the stream shows the agent using; the request body is
+``{model, messages, tools, <teacher request params>}`` and nothing else (no key, no ids), so
+``call_id = sha256(teacher|model|canonical body)`` is a pure content address.
+
+Nothing is dropped: a state the renderer does not yield, a teacher whose key is missing, a refused
+reservation and every transport failure each become a row with its status and reason.
+Deliberately simplified: all state × teacher calls of a run are scheduled at once and gated by each
+teacher's semaphore (fine for partitions of thousands of states; not a streaming scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+
+from composer_pipeline import tables
+from composer_pipeline.teachers.cache import ResponseCache, call_id
+from composer_pipeline.teachers.client import CallResult, answer_from_response, call_teacher, make_http_client
+from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig
+from composer_pipeline.teachers.ledger import AsyncLedger, Ledger
+from composer_pipeline.teachers.pricing import worst_case_usd
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    state_id: str
+    session_key: str | None
+    teacher: TeacherConfig
+    body: dict[str, Any]
+    call_id: str
+    est_prompt_tokens: int
+    worst_case_usd: float
+
+
+@dataclass
+class CostPlan:
+    table: pa.Table  # schema cost_plan
+    worst_case_by_teacher: dict[str, float]  # USD still to be risked (cache hits excluded)
+    remaining_budget_by_teacher: dict[str, float]
+    fits: bool
+    reasons: list[str]
+    ceiling_usd: float = 0.0
+    total_worst_case_usd: float = 0.0
+
+
+@dataclass
+class ReplayResult:
+    table: pa.Table  # schema teacher_replays
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
+    """What is sent (and hashed): the model, the rendered prefix, the tools, the sampling params."""
+    body: dict[str, Any] = {"model": teacher.model, "messages": messages, **teacher.request_params()}
+    if tools:
+        body["tools"] = tools
+    return body
+
+
+def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None) -> ReplayRequest:
+    body = request_body(teacher, messages, tools)
+    est, worst = worst_case_usd(body, teacher)
+    return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body), est, worst)
+
+
+def _render(states: pa.Table, messages: pa.Table, render_opts) -> tuple[dict[str, Any], list[str]]:
+    """state_id → RenderedState for every state the renderer yields, plus all state ids in order."""
+    from composer_pipeline.render import render_states
+
+    rendered = {sid: rs for sid, rs in render_states(states, messages, render_opts)}
+    return rendered, states.column("state_id").to_pylist()
+
+
+def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[str]]:
+    """All state × teacher requests, and the state ids the renderer did not yield."""
+    rendered, order = _render(states, messages, render_opts)
+    keys = dict(zip(order, states.column("session_key").to_pylist()))
+    reqs, missing = [], []
+    for sid in order:
+        rs = rendered.get(sid)
+        if rs is None:
+            missing.append(sid)
+            continue
+        for t in config.teachers:
+            reqs.append(make_request(sid, keys.get(sid), t, rs.messages, rs.tools))
+    return reqs, missing
+
+
+# ---------------------------------------------------------------------------------------------
+def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger) -> CostPlan:
+    rows = {name: [] for name in tables.COST_PLAN.names}
+    worst_by = {t.name: 0.0 for t in config.teachers}
+    for r in requests:
+        cached = r.call_id in cache
+        rows["state_id"].append(r.state_id)
+        rows["teacher"].append(r.teacher.name)
+        rows["call_id"].append(r.call_id)
+        rows["cached"].append(cached)
+        rows["est_prompt_tokens"].append(r.est_prompt_tokens)
+        rows["worst_case_usd"].append(r.worst_case_usd)
+        if not cached:
+            worst_by[r.teacher.name] += r.worst_case_usd
+    remaining = {t.name: ledger.remaining(t.name, t.budget_usd) for t in config.teachers}
+    reasons = []
+    for t in config.teachers:
+        if worst_by[t.name] > remaining[t.name]:
+            reasons.append(
+                f"teacher {t.name}: worst case ${worst_by[t.name]:.4f} exceeds remaining budget ${remaining[t.name]:.4f} "
+                f"(of ${t.budget_usd:g}); calls past it will be recorded budget_exhausted"
+            )
+    total = sum(worst_by.values())
+    if total > config.ceiling_usd:
+        reasons.append(
+            f"run worst case ${total:.4f} exceeds ceiling_usd ${config.ceiling_usd:g}; calls past it will be recorded budget_exhausted"
+        )
+    table = tables.conform(pa.table(rows, schema=tables.COST_PLAN), "cost_plan")
+    return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total)
+
+
+def plan_costs(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts, cache: ResponseCache, ledger: Ledger) -> CostPlan:
+    """Worst-case cost of replaying ``states`` with every teacher, net of what the cache holds."""
+    requests, _ = build_requests(states, messages, config, render_opts)
+    return plan_requests(requests, config, cache, ledger)
+
+
+# ---------------------------------------------------------------------------------------------
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
+    return {
+        "call_id": r.call_id,
+        "state_id": r.state_id,
+        "session_key": r.session_key,
+        "teacher": r.teacher.name,
+        "model": r.teacher.model,
+        "status": res.status,
+        "reason": res.reason,
+        "action": res.action.to_json() if res.action is not None else None,
+        "raw_answer": res.raw_answer,
+        "cost_usd": float(res.cost_usd),
+        "reserved_usd": float(res.reserved_usd),
+        "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": res.completion_tokens,
+        "latency_s": res.latency_s,
+        "attempts": res.attempts,
+        "cache_hit": res.cache_hit,
+        "created_at": _now(),
+    }
+
+
+def _from_cache(rec: dict[str, Any], teacher: TeacherConfig) -> CallResult:
+    res = answer_from_response(rec["response"], teacher)
+    res.cost_usd = float(rec.get("cost_usd") or 0.0)  # what the answer cost when it was bought
+    res.latency_s = rec.get("latency_s")
+    res.cache_hit = True
+    return res
+
+
+async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], cache: ResponseCache,
+                  ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> list[CallResult]:
+    aledger = AsyncLedger(ledger)
+    sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
+    clients = {t.name: make_http_client(t) for t in config.teachers}
+    results: list[CallResult | None] = [None] * len(requests)
+    first: dict[str, asyncio.Future] = {}  # call_id -> result of its first occurrence in this run
+    done = 0
+
+    async def one(i: int, r: ReplayRequest) -> None:
+        nonlocal done
+        t = r.teacher
+        key = api_keys.get(t.name)
+        if r.call_id in first:  # identical request already in this run: never pay twice
+            prev: CallResult = await first[r.call_id]
+            if prev.status == "answered":
+                res = dataclasses.replace(prev, cache_hit=True)
+            else:  # its failure is reported once with its cost; this row repeats the verdict at no cost
+                res = dataclasses.replace(prev, cost_usd=0.0, reserved_usd=0.0, attempts=0)
+            results[i] = res
+            done += 1
+            if progress is not None:
+                progress(done, len(requests))
+            return
+        first[r.call_id] = asyncio.get_running_loop().create_future()
+        rec = cache.get(r.call_id)
+        if rec is not None:
+            res = _from_cache(rec, t)
+        elif t.api_key_env and not key:
+            res = CallResult(status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set")
+        else:
+            try:
+                res = await call_teacher(clients[t.name], t, key, r.body, r.call_id, ledger=aledger, cache=cache,
+                                         run_id=run_id, ceiling_usd=config.ceiling_usd, semaphore=sems[t.name])
+            except Exception as e:  # a bug or a ledger failure: recorded, never a lost row
+                res = CallResult(status="failed", reason=f"internal_error: {type(e).__name__}: {str(e)[:200]}")
+        results[i] = res
+        first[r.call_id].set_result(res)
+        done += 1
+        if progress is not None:
+            progress(done, len(requests))
+
+    try:
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients.values()))
+    return results  # type: ignore[return-value]
+
+
+def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
+    rows = table.to_pylist()
+    paid = [r for r in rows if not r["cache_hit"]]
+    spend: dict[str, float] = defaultdict(float)
+    for r in paid:
+        spend[r["teacher"]] += r["cost_usd"] or 0.0
+    failures = Counter((r["reason"] or "").split(":", 1)[0] or r["status"] for r in rows if r["status"] != "answered")
+    unparsed = sum(1 for r in rows if r["status"] == "answered" and r["action"] is None)
+    lat = sorted(r["latency_s"] for r in paid if r["status"] == "answered" and r["latency_s"] is not None)
+
+    def pct(q: float) -> float | None:
+        if not lat:
+            return None
+        return round(lat[min(len(lat) - 1, int(round(q * (len(lat) - 1))))], 4)
+
+    return {
+        "run_id": run_id,
+        "rows": len(rows),
+        "calls": sum(1 for r in paid if (r["attempts"] or 0) > 0),
+        "attempts": sum(r["attempts"] or 0 for r in paid),
+        "cache_hits": len(rows) - len(paid),
+        "answered": sum(1 for r in rows if r["status"] == "answered"),
+        "unparsed": unparsed,
+        "failed": sum(1 for r in rows if r["status"] == "failed"),
+        "budget_exhausted": sum(1 for r in rows if r["status"] == "budget_exhausted"),
+        "failures_by_reason": dict(sorted(failures.items())),
+        "spend_by_teacher": {k: round(v, 8) for k, v in sorted(spend.items())},
+        "total_spend": round(sum(spend.values()), 8),
+        "latency_p50_s": pct(0.5),
+        "latency_p95_s": pct(0.95),
+        "latency_mean_s": round(statistics.fmean(lat), 4) if lat else None,
+    }
+
+
+def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], *,
+                    cache: ResponseCache, ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None = None,
+                    extra_failed: Iterable[tuple[str, str | None, str]] = ()) -> ReplayResult:
+    """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
+    results = asyncio.run(_replay(requests, config, api_keys, cache, ledger, run_id, progress))
+    rows = [_row(r, res) for r, res in zip(requests, results)]
+    for sid, skey, reason in extra_failed:
+        for t in config.teachers:
+            stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)
+            rows.append(_row(stub, CallResult(status="failed", reason=reason)) | {"call_id": None})
+    table = tables.conform(pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS), "teacher_replays")
+    return ReplayResult(table, summarize(table, run_id))
+
+
+def replay_states(states: pa.Table, messages: pa.Table, config: TeachersConfig, api_keys: dict[str, str | None], *,
+                  render_opts, cache: ResponseCache, ledger: Ledger, run_id: str,
+                  progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Ask every teacher for the next action at every state; one row per state × teacher."""
+    requests, missing = build_requests(states, messages, config, render_opts)
+    keys = dict(zip(states.column("state_id").to_pylist(), states.column("session_key").to_pylist()))
+    extra = [(sid, keys.get(sid), "render_error: the renderer produced no prompt for this state") for sid in missing]
+    return replay_requests(requests, config, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
+                           extra_failed=extra)

@@ -1,0 +1,188 @@
+"""A scripted OpenAI-compatible chat-completions server on loopback, for fault-injection tests and
+the replay benchmark (a real socket and real HTTP/1.1 keep-alive; no model behind it).
+
+In:  requests to ``POST /v1/chat/completions``. What happens to a request is read from a directive in
+     its messages: ``[[script: 429:1, 500, answer]]`` lists the behaviour per attempt of the same body
+     (the last entry repeats). Without a directive the server answers. Behaviours:
+
+     ``answer`` · ``answer:<text>`` (content, default a ``<tool_call>`` for Read) · ``429:<retry-after s>``
+     · ``500`` / ``503`` / ``400`` (any status) · ``hang:<s>`` (sleep, then answer) · ``truncjson``
+     (200, complete HTTP, JSON cut in half) · ``cutbody`` (200, Content-Length larger than what is sent,
+     then close) · ``reset`` (TCP RST after reading the request) · ``nousage`` (answer without usage)
+     · ``garbage`` (an answer whose ``<tool_call>`` is not JSON).
+
+Out: responses; ``server.requests`` (every request: sha256 of its body, its Authorization header, the
+     raw body) and ``server.count(body_hash)``. A fixed ``latency_s`` delays every answer (benchmark).
+
+Usage is reported as ``prompt_tokens = len(body)//4`` and ``completion_tokens = len(content)//4 + 1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+
+SCRIPT_RE = re.compile(r"\[\[script:\s*(.*?)\]\]")
+DEFAULT_ANSWER = 'Reading the file first.\n<tool_call>\n{"name": "Read", "arguments": {"file_path": "/repo/app.py"}}\n</tool_call>'
+
+
+@dataclass
+class SeenRequest:
+    body_hash: str
+    authorization: str | None
+    body: bytes
+    behaviour: str
+
+
+def _directive(body: dict[str, Any]) -> list[str]:
+    for m in reversed(body.get("messages") or []):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if isinstance(content, str):
+            hit = SCRIPT_RE.search(content)
+            if hit:
+                return [s.strip() for s in hit.group(1).split(",") if s.strip()]
+    return ["answer"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "ScriptedServer"
+
+    def log_message(self, format, *args):  # quiet
+        pass
+
+    def _send(self, status: int, payload: bytes, headers: dict[str, str] | None = None, length: int | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload) if length is None else length))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(payload)
+        self.wfile.flush()
+
+    def do_GET(self):
+        if self.path.rstrip("/") in ("/health", "/v1/health"):
+            self._send(200, b'{"status":"ok"}')
+        elif self.path.rstrip("/") == "/v1/models":
+            self._send(200, orjson.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}))
+        else:
+            self._send(404, b'{"error":{"message":"not found"}}')
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send(404, b'{"error":{"message":"not found"}}')
+            return
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self._send(400, b'{"error":{"message":"invalid JSON"}}')
+            return
+        srv = self.server
+        h = hashlib.sha256(raw).hexdigest()
+        script = _directive(body)
+        with srv.lock:
+            n = srv.counts[h]
+            srv.counts[h] += 1
+            behaviour = script[min(n, len(script) - 1)]
+            srv.requests.append(SeenRequest(h, self.headers.get("Authorization"), raw, behaviour))
+        kind, _, arg = behaviour.partition(":")
+        if srv.latency_s:
+            time.sleep(srv.latency_s)
+        if kind == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            self.connection.close()
+            return
+        if kind.isdigit():
+            headers = {"Retry-After": arg} if arg else {}
+            self._send(int(kind), orjson.dumps({"error": {"message": f"scripted {kind}"}}), headers)
+            return
+        if kind == "hang":
+            time.sleep(float(arg or 30))
+        content = {"garbage": "<tool_call>{not json at all</tool_call>"}.get(kind, arg if kind == "answer" and arg else DEFAULT_ANSWER)
+        resp: dict[str, Any] = {
+            "id": f"chatcmpl-{h[:12]}",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+        }
+        if kind != "nousage":
+            resp["usage"] = {"prompt_tokens": len(raw) // 4, "completion_tokens": len(content) // 4 + 1,
+                             "total_tokens": len(raw) // 4 + len(content) // 4 + 1}
+        payload = orjson.dumps(resp)
+        if kind == "truncjson":
+            self._send(200, payload[: len(payload) // 2])
+        elif kind == "cutbody":
+            self._send(200, payload[: len(payload) // 2], length=len(payload))
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        else:
+            self._send(200, payload)
+
+    def finish(self):
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+
+class ScriptedServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0):
+        super().__init__((host, port), _Handler)
+        self.latency_s = latency_s
+        self.lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self.requests: list[SeenRequest] = []
+        self._thread: threading.Thread | None = None
+
+    def handle_error(self, request, client_address):  # resets and cut bodies are intended
+        pass
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def count(self, body_hash: str) -> int:
+        with self.lock:
+            return self.counts[body_hash]
+
+    def start(self) -> "ScriptedServer":
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def main() -> None:  # python -m composer_pipeline.teachers.scripted_server PORT [LATENCY]
+    import sys
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    srv = ScriptedServer(port=port, latency_s=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
+    print(srv.url, flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
