@@ -57,6 +57,13 @@ def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) ->
     )
 
 
+def render_options(recipes: PipelineRecipes):
+    """The RenderOptions every stage uses (the ingest recipe's render section)."""
+    from composer_pipeline.ingest.recipe import IngestRecipe
+
+    return IngestRecipe.load(recipes.ingest).render
+
+
 def _path(p):
     from pathlib import Path
 

@@ -1,0 +1,62 @@
+"""The Dagster ``Definitions`` of composer-pipeline (``dagster dev -w workspace.yaml`` loads ``defs``).
+
+``build_defs(settings)`` wires assets, checks, the sessions sensor, the nightly schedule and the
+resources from ``recipes/pipeline.yaml`` (tests pass their own settings). In-process executor by
+default: a subprocess per step costs 5-8 s here and buys nothing on 2 cores.
+"""
+
+import dagster as dg
+
+from assets import ingest, pairs, replay, train
+from assets.schedules import build_nightly_schedule, nightly_training_job, training_cron
+from assets.sensors import build_sessions_sensor
+from assets.settings import PipelineSettings, load_settings
+from resources.ledger import LedgerResource
+from resources.recipes import PipelineRecipes
+from resources.storage import ParquetIOManager, StoreResource
+from resources.teachers import TeachersResource, api_key_envvars
+from resources.trainer import TrainerLauncher
+
+PER_SESSION = dg.AssetSelection.groups("ingest", "replay") | dg.AssetSelection.assets(
+    "dpo_pairs", "agreement_positives", "normalized_dpo_pairs", "dropped_pairs"
+)
+
+session_chain_job = dg.define_asset_job(
+    "session_chain",
+    selection=PER_SESSION,
+    description="One session: ingest -> cost plan (blocking budget check) -> teacher replay -> pairs -> normalized pairs.",
+)
+
+
+def build_resources(s: PipelineSettings) -> dict:
+    teachers_recipe = s.recipes.get("teachers") or ""
+    return {
+        "io_manager": ParquetIOManager(root=s.store_root),
+        "store": StoreResource(root=s.store_root),
+        "recipes": PipelineRecipes.from_settings(s),
+        "teachers": TeachersResource(recipe=teachers_recipe, api_keys=api_key_envvars(teachers_recipe), cache_dir=s.cache_dir),
+        "ledger": LedgerResource(path=s.ledger_path),
+        "trainer": TrainerLauncher(),
+        "pipes_subprocess_client": dg.PipesSubprocessClient(),
+    }
+
+
+def build_defs(settings: PipelineSettings | None = None) -> dg.Definitions:
+    s = settings or load_settings()
+    return dg.Definitions(
+        assets=[
+            ingest.raw_sessions, ingest.ingest_session_tables,
+            replay.cost_plan, replay.teacher_replays,
+            pairs.consensus_pairs, pairs.normalized_pairs, pairs.training_set,
+            train.trained_policy, train.policy_eval,
+        ],
+        asset_checks=[replay.cost_plan_within_budget],
+        jobs=[session_chain_job, nightly_training_job],
+        sensors=[build_sessions_sensor(session_chain_job, s.sensor_interval_s)],
+        schedules=[build_nightly_schedule(training_cron(s.schedule_cron, s.recipe("train")))],
+        resources=build_resources(s),
+        executor=dg.in_process_executor,
+    )
+
+
+defs = build_defs()

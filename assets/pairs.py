@@ -1,0 +1,174 @@
+"""Pairs stage: ``dpo_pairs`` + ``agreement_positives`` (teacher consensus vs the agent) ->
+``normalized_dpo_pairs`` + ``dropped_pairs`` (data-juicer) -> ``training_set`` (all sessions).
+
+Calls ``composer_pipeline.pairs.build.build_pairs`` and ``pairs.normalize.normalize_pairs``. Checks
+(on the normalized pairs, where training reads them): schema, no empty chosen/rejected,
+chosen != rejected, every pair resolves to a raw JSONL line of ``trace_messages`` (lineage), drop
+rate within the configured bound. ``training_set`` is unpartitioned and tolerates sessions whose
+pairs are not materialized yet (``allow_missing_partitions``).
+"""
+
+import json
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from assets.ingest import render_options
+from assets.metadata import chat_markdown, counts, preview
+from assets.partitions import sessions_partitions
+from composer_pipeline import tables
+from resources.recipes import PipelineRecipes
+
+GROUP = "pairs"
+PAIR_PREVIEW = ["pair_id", "state_id", "n_agreeing", "n_teachers", "chosen_text", "rejected_text"]
+
+
+def _scalar_stats(stats: dict) -> dict:
+    return {k: v for k, v in dict(stats).items() if isinstance(v, (int, float, str, bool, dict, list))}
+
+
+def example_pair_md(pairs: pa.Table) -> str:
+    if pairs.num_rows == 0:
+        return "*no pairs in this partition*"
+    r = pairs.slice(0, 1).to_pylist()[0]
+    return "\n".join([
+        f"### Pair `{r['pair_id']}` (state `{r['state_id']}`, {r['n_agreeing']}/{r['n_teachers']} teachers agree: "
+        f"{', '.join(r['agreeing_teachers'] or [])})\n",
+        "**prompt (tail)**\n", chat_markdown(json.loads(r["prompt"]), tail=3),
+        "**chosen (teacher consensus)**", "```text", (r["chosen_text"] or "")[:1500], "```",
+        "**rejected (the agent's action)**", "```text", (r["rejected_text"] or "")[:1500], "```",
+        f"source: `{r['source_file']}` lines {r['source_lines']}",
+    ])
+
+
+@dg.multi_asset(
+    partitions_def=sessions_partitions,
+    group_name=GROUP,
+    outs={
+        "dpo_pairs": dg.AssetOut(kinds={"parquet"}, description="States where teachers agree and the agent did something else."),
+        "agreement_positives": dg.AssetOut(kinds={"parquet"}, description="States where the teachers agree with the agent."),
+    },
+)
+def consensus_pairs(
+    context: dg.AssetExecutionContext,
+    trace_states: pa.Table,
+    trace_messages: pa.Table,
+    teacher_replays: pa.Table,
+    recipes: PipelineRecipes,
+):
+    from composer_pipeline.pairs.build import PairRecipe, build_pairs
+
+    res = build_pairs(trace_states, trace_messages, teacher_replays, PairRecipe.load(recipes.pairs), render_options(recipes))
+    pairs = tables.conform(res.pairs, "dpo_pairs")
+    positives = tables.conform(res.positives, "agreement_positives")
+    stats = _scalar_stats(res.stats)
+    yield dg.Output(pairs, output_name="dpo_pairs", metadata={
+        "dagster/row_count": pairs.num_rows,
+        "stats": dg.MetadataValue.json(stats),
+        "preview": preview(pairs, PAIR_PREVIEW),
+        "example": dg.MetadataValue.md(example_pair_md(pairs)),
+    })
+    yield dg.Output(positives, output_name="agreement_positives", metadata={
+        "dagster/row_count": positives.num_rows,
+        "preview": preview(positives, PAIR_PREVIEW),
+    })
+
+
+def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
+    """pair_ids whose record_uuids/source lines are not all present in trace_messages."""
+    uuids = set(messages.column("uuid").to_pylist())
+    lines = set(zip(messages.column("source_file").to_pylist(), messages.column("line_no").to_pylist()))
+    bad = []
+    for r in pairs.select(["pair_id", "record_uuids", "source_file", "source_lines"]).to_pylist():
+        ok = bool(r["record_uuids"]) and all(u in uuids for u in r["record_uuids"])
+        ok = ok and bool(r["source_lines"]) and all((r["source_file"], n) in lines for n in r["source_lines"])
+        if not ok:
+            bad.append(r["pair_id"])
+    return bad
+
+
+@dg.multi_asset(
+    partitions_def=sessions_partitions,
+    group_name=GROUP,
+    outs={
+        "normalized_dpo_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs kept by the data-juicer normalization."),
+        "dropped_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs removed, with the op and reason."),
+    },
+    check_specs=[
+        dg.AssetCheckSpec("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py."),
+        dg.AssetCheckSpec("non_empty_chosen_rejected", asset="normalized_dpo_pairs", blocking=True),
+        dg.AssetCheckSpec("chosen_differs_from_rejected", asset="normalized_dpo_pairs", blocking=True),
+        dg.AssetCheckSpec("resolves_to_raw_lines", asset="normalized_dpo_pairs", blocking=True,
+                          description="Every pair's records and source lines exist in trace_messages."),
+        dg.AssetCheckSpec("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold."),
+    ],
+)
+def normalized_pairs(
+    context: dg.AssetExecutionContext, dpo_pairs: pa.Table, trace_messages: pa.Table, recipes: PipelineRecipes
+):
+    from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+
+    res = normalize_pairs(dpo_pairs, NormalizeRecipe.load(recipes.normalize))
+    schema_ok = set(tables.NORMALIZED_DPO_PAIRS.names) <= set(res.kept.column_names)
+    kept = tables.conform(res.kept, "normalized_dpo_pairs")
+    dropped = tables.conform(res.dropped, "dropped_pairs")
+    yield dg.Output(kept, output_name="normalized_dpo_pairs", metadata={
+        "dagster/row_count": kept.num_rows,
+        "input_pairs": dpo_pairs.num_rows,
+        "stats": dg.MetadataValue.json(_scalar_stats(res.stats)),
+        "preview": preview(kept, PAIR_PREVIEW),
+        "example": dg.MetadataValue.md(example_pair_md(kept)),
+    })
+    yield dg.Output(dropped, output_name="dropped_pairs", metadata={
+        "dagster/row_count": dropped.num_rows,
+        "drops_by_op": dg.MetadataValue.json(counts(dropped.column("drop_op").to_pylist())),
+        "drops_by_reason": dg.MetadataValue.json(counts(dropped.column("drop_reason").to_pylist())),
+        "preview": preview(dropped, ["pair_id", "drop_op", "drop_reason", "chosen_text"]),
+    })
+    yield dg.AssetCheckResult(check_name="schema", asset_key="normalized_dpo_pairs", passed=schema_ok,
+                              metadata={"columns": dg.MetadataValue.json(res.kept.column_names)})
+    empty = [r["pair_id"] for r in kept.select(["pair_id", "chosen_text", "rejected_text"]).to_pylist()
+             if not (r["chosen_text"] or "").strip() or not (r["rejected_text"] or "").strip()]
+    yield dg.AssetCheckResult(check_name="non_empty_chosen_rejected", asset_key="normalized_dpo_pairs",
+                              passed=not empty, metadata={"empty": len(empty), "pair_ids": dg.MetadataValue.json(empty[:20])})
+    same = kept.filter(pc.equal(kept.column("chosen"), kept.column("rejected"))).column("pair_id").to_pylist()
+    yield dg.AssetCheckResult(check_name="chosen_differs_from_rejected", asset_key="normalized_dpo_pairs",
+                              passed=not same, metadata={"identical": len(same), "pair_ids": dg.MetadataValue.json(same[:20])})
+    bad = _unresolved(kept, trace_messages)
+    yield dg.AssetCheckResult(check_name="resolves_to_raw_lines", asset_key="normalized_dpo_pairs",
+                              passed=not bad, metadata={"unresolved": len(bad), "pair_ids": dg.MetadataValue.json(bad[:20])})
+    total = kept.num_rows + dropped.num_rows
+    rate = dropped.num_rows / total if total else 0.0
+    yield dg.AssetCheckResult(check_name="drop_rate", asset_key="dropped_pairs",
+                              passed=rate <= recipes.max_pair_drop_rate,
+                              metadata={"drop_rate": rate, "dropped": dropped.num_rows, "kept": kept.num_rows,
+                                        "threshold": recipes.max_pair_drop_rate})
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"parquet"},
+    ins={
+        "normalized_dpo_pairs": dg.AssetIn(metadata={"allow_missing_partitions": True}),
+        "agreement_positives": dg.AssetIn(metadata={"allow_missing_partitions": True}),
+    },
+    description="Every session's normalized pairs (kind=pair) and agreement positives (kind=positive) in one "
+    "table: what the trainer reads. Sessions not yet materialized are skipped and listed in metadata.",
+)
+def training_set(
+    context: dg.AssetExecutionContext, normalized_dpo_pairs: dict, agreement_positives: dict
+) -> dg.Output:
+    parts = [normalized_dpo_pairs[k] for k in sorted(normalized_dpo_pairs)]
+    parts += [agreement_positives[k] for k in sorted(agreement_positives)]
+    table = tables.conform(pa.concat_tables(parts), "dpo_pairs") if parts else tables.empty("dpo_pairs")
+    all_keys = context.instance.get_dynamic_partitions(sessions_partitions.name)
+    included = sorted(set(normalized_dpo_pairs) | set(agreement_positives))
+    return dg.Output(table, metadata={
+        "dagster/row_count": table.num_rows,
+        "rows_by_kind": dg.MetadataValue.json(counts(table.column("kind").to_pylist())),
+        "pairs_by_session": dg.MetadataValue.json({k: normalized_dpo_pairs[k].num_rows for k in sorted(normalized_dpo_pairs)}),
+        "partitions_included": dg.MetadataValue.json(included),
+        "partitions_missing": dg.MetadataValue.json(sorted(set(all_keys) - set(included))),
+        "preview": preview(table, ["kind", *PAIR_PREVIEW]),
+    })

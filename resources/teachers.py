@@ -1,0 +1,123 @@
+"""Teachers as a Dagster resource: the teachers recipe, API keys via ``dg.EnvVar``, the response cache,
+and an on-demand local teacher server for loopback ``base_url`` s.
+
+In: ``recipe`` (path of a teachers YAML), ``api_keys`` (teacher name -> ``dg.EnvVar("NAME")``; the UI
+and run config only ever show the variable name), ``cache_dir``. Out: ``TeachersConfig``, the keys
+as a dict for ``replay_states`` (never logged), a ``ResponseCache``.
+
+``ensure_local_servers()`` makes the embedded default work when a user clicks Materialize in the UI:
+for each teacher whose base_url is loopback and where nothing answers, it starts
+``composer-pipeline teachers serve`` for the recipe's ``serve`` models as a detached process
+(logging to ``<cache_dir>/../teacher_server-<port>.log``) and waits until ``/v1/models`` answers.
+Simplified: the server is left running for later runs (it is cheap and idle); stop it by pid
+(written beside the log).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlparse
+
+import dagster as dg
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _answers(url: str, timeout: float = 2.0) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url.rstrip("/") + "/models", timeout=timeout).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+class TeachersResource(dg.ConfigurableResource):
+    """Teachers recipe + API keys (``dg.EnvVar``) + response cache location."""
+
+    recipe: str
+    api_keys: dict[str, str] = {}
+    cache_dir: str = ".state/teacher_cache"
+    autostart_local: bool = True
+    startup_timeout_s: float = 180.0
+
+    def load_config(self):
+        from composer_pipeline.teachers.config import load_teachers
+
+        return load_teachers(self.recipe)
+
+    def api_key_values(self) -> dict[str, str]:
+        """teacher name -> API key value (for the HTTP client only; never log or store this)."""
+        return {k: v for k, v in self.api_keys.items() if v}
+
+    def response_cache(self):
+        from composer_pipeline.teachers.cache import ResponseCache
+
+        Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
+        return ResponseCache(self.cache_dir)
+
+    def ensure_local_servers(self, log=None) -> list[str]:
+        """Start the local teacher server for loopback base_urls nobody answers on; returns started URLs."""
+        cfg = self.load_config()
+        started: list[str] = []
+        for base in sorted({t.base_url for t in cfg.teachers}):
+            u = urlparse(base)
+            if u.hostname not in LOOPBACK or _answers(base):
+                continue
+            if not self.autostart_local:
+                raise ConnectionError(f"no teacher server answers at {base} and autostart_local is off")
+            if not cfg.serve:
+                raise ConnectionError(f"no teacher server answers at {base} and {self.recipe} has no 'serve' models")
+            port = u.port or 80
+            if _port_open(u.hostname, port):
+                raise ConnectionError(f"{u.hostname}:{port} is taken by something that is not an OpenAI-compatible server")
+            log_path = Path(self.cache_dir).resolve().parent / f"teacher_server-{port}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "composer_pipeline", "teachers", "serve",
+                   "--config", str(self.recipe), "--host", u.hostname, "--port", str(port)]
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                )
+            log_path.with_suffix(".pid").write_text(str(proc.pid))
+            if log:
+                log.info(f"started local teacher server pid={proc.pid} at {base} (log: {log_path})")
+            deadline = time.monotonic() + self.startup_timeout_s
+            while not _answers(base):
+                if proc.poll() is not None:
+                    tail = log_path.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"local teacher server exited with {proc.returncode}; log {log_path}:\n{tail}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"local teacher server at {base} not healthy after {self.startup_timeout_s}s; log {log_path}")
+                time.sleep(0.5)
+            started.append(base)
+        return started
+
+
+def api_key_envvars(recipe: Optional[str]) -> dict[str, str]:
+    """teacher name -> ``dg.EnvVar`` for each teacher whose ``api_key_env`` is set in this environment.
+
+    Only the presence of the variable is checked here; its value is resolved by Dagster at run time.
+    """
+    if not recipe or not Path(recipe).is_file():
+        return {}
+    from composer_pipeline.teachers.config import load_teachers
+
+    return {
+        t.name: dg.EnvVar(t.api_key_env)
+        for t in load_teachers(recipe).teachers
+        if t.api_key_env and t.api_key_env in os.environ
+    }
