@@ -1,0 +1,311 @@
+"""Prefix renderer: a trace state's prefix -> the OpenAI chat request a teacher is sent (and ``show`` prints).
+
+In:  ``trace_messages`` rows (one per kept record, tables.TRACE_MESSAGES) and a ``trace_states`` row.
+Out: :class:`RenderedState` ``(messages, tools)``:
+
+* ``messages``: system prompt, then the stream's conversation from its root to the state's
+  ``prefix_leaf_uuid``, following ``parentUuid`` (not line order). Each assistant API response
+  (records sharing ``message_key``) is ONE assistant message (text + ``tool_calls``); right after
+  it, one ``tool`` message per tool call, found by ``tool_use_id`` anywhere in the stream (parallel
+  calls put results on side branches). A call with no result seen before the state is answered
+  ``"[interrupted: no result]"``, so every call is answered exactly once. Meta, progress, system,
+  snapshot and damaged records are skipped; user text/images become user messages; a tool result
+  whose call is not in the stream (lost line) becomes user text. Thinking is embedded as
+  ``<thinking>...</thinking>`` before the text unless ``strip_thinking``.
+* Compaction: ``"after"`` (default) stops at the ``compact_boundary`` (the agent then saw the
+  compact-summary user message and what follows); ``"full"`` jumps through ``logicalParentUuid``
+  into the pre-compaction history and drops the now redundant summary message.
+* Subagent streams start at the subagent's own prompt (a stream never walks into another stream).
+* ``tools``: OpenAI function schemas of the tools the stream shows the agent using, with the
+  argument keys observed (values untyped: ``{}``).
+
+Deliberately simplified: the real Claude Code system prompt and tool descriptions are not in the
+traces; ``system_prompt`` is a recipe option and tool schemas are inferred from usage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+import pyarrow as pa
+
+from composer_pipeline.actions import Action
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a coding agent working in the user's repository through tools. "
+    "Read files before editing them, run commands to check your work, and answer with the next "
+    "step: brief text and/or tool calls."
+)
+INTERRUPTED = "[interrupted: no result]"
+IMAGE_PLACEHOLDER = "[image]"
+
+
+@dataclass
+class RenderOptions:
+    strip_thinking: bool = True
+    compaction: str = "after"  # "after" | "full"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+    def __post_init__(self) -> None:
+        if self.compaction not in ("after", "full"):
+            raise ValueError(f"render.compaction must be 'after' or 'full', not {self.compaction!r}")
+
+    @classmethod
+    def from_recipe(cls, recipe: str | Path | dict | None) -> "RenderOptions":
+        """From a dict (the ``render:`` section) or a recipe YAML path (reads its ``render:`` section)."""
+        if recipe is None:
+            return cls()
+        if not isinstance(recipe, dict):
+            import yaml
+
+            data = yaml.safe_load(Path(recipe).read_text()) or {}
+            recipe = data.get("render") or {}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(recipe) - known)
+        if unknown:
+            raise ValueError(f"render options: unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**recipe)
+
+
+@dataclass
+class RenderedState:
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return orjson.dumps({"messages": self.messages, "tools": self.tools}).decode()
+
+
+# --- content helpers (also used by ingest.states) ------------------------------------------
+def flatten_content(content: Any) -> str:
+    """A message/tool_result ``content`` (string or block list) as plain text; images -> placeholder."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for b in content:
+            if isinstance(b, str):
+                parts.append(b)
+            elif isinstance(b, dict):
+                t = b.get("type")
+                if t == "text":
+                    parts.append(str(b.get("text") or ""))
+                elif t == "image":
+                    parts.append(IMAGE_PLACEHOLDER)
+                elif t == "tool_result":
+                    parts.append(flatten_content(b.get("content")))
+                else:
+                    parts.append(f"[{t}]")
+        return "\n".join(parts)
+    return orjson.dumps(content).decode()
+
+
+def user_parts(content: Any, known_tool_uses: set | dict) -> list[str]:
+    """User-visible parts of a user record: text, image placeholders, and orphan tool results."""
+    if isinstance(content, str):
+        return [content] if content else []
+    parts: list[str] = []
+    if not isinstance(content, list):
+        return parts
+    for b in content:
+        if not isinstance(b, dict):
+            continue
+        t = b.get("type")
+        if t == "text":
+            if b.get("text"):
+                parts.append(str(b["text"]))
+        elif t == "image":
+            parts.append(IMAGE_PLACEHOLDER)
+        elif t == "tool_result":
+            if b.get("tool_use_id") not in known_tool_uses:
+                parts.append(f"[tool result for a call not in this transcript]\n{flatten_content(b.get('content'))}")
+        else:
+            parts.append(f"[{t}]")
+    return parts
+
+
+def action_from_blocks(blocks: list[dict]) -> Action:
+    from composer_pipeline.actions import ToolCall
+
+    texts, thinking, calls = [], [], []
+    for b in blocks:
+        t = b.get("type")
+        if t == "text":
+            texts.append(str(b.get("text") or ""))
+        elif t == "thinking":
+            thinking.append(str(b.get("thinking") or ""))
+        elif t == "tool_use":
+            args = b.get("input")
+            calls.append(ToolCall(name=str(b.get("name") or ""), arguments=args if isinstance(args, dict) else {"input": args}, id=str(b.get("id") or "")))
+    text = "\n".join(t for t in texts if t.strip()).strip()
+    return Action(text=text, tool_calls=tuple(calls), thinking="\n".join(thinking).strip())
+
+
+def _blocks(content: Any) -> list[dict]:
+    if isinstance(content, list):
+        return [b for b in content if isinstance(b, dict)]
+    if isinstance(content, str) and content:
+        return [{"type": "text", "text": content}]
+    return []
+
+
+# --- conversation index ----------------------------------------------------------------------
+@dataclass
+class _Stream:
+    by_uuid: dict[str, dict] = field(default_factory=dict)
+    groups: dict[str, list[dict]] = field(default_factory=dict)
+    results: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # tool_use_id -> (row, block)
+    tool_uses: dict[str, str] = field(default_factory=dict)  # tool_use_id -> name
+    tools: dict[str, dict[str, None]] = field(default_factory=dict)  # name -> ordered keys
+
+
+_COLUMNS = ["stream_id", "uuid", "parent_uuid", "logical_parent_uuid", "record_type", "subtype", "message_key",
+            "content", "is_meta", "is_compact_summary", "line_no", "tool_use_result"]
+
+
+class Conversation:
+    """``trace_messages`` rows indexed by stream and uuid (one or many sessions)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, _Stream] = {}
+
+    @classmethod
+    def from_table(cls, trace_messages: pa.Table) -> "Conversation":
+        conv = cls()
+        cols = [c for c in _COLUMNS if c in trace_messages.column_names]
+        for row in trace_messages.select(cols).to_pylist():
+            conv._add(row)
+        return conv
+
+    def _add(self, row: dict) -> None:
+        s = self.streams.get(row["stream_id"])
+        if s is None:
+            s = self.streams[row["stream_id"]] = _Stream()
+        c = row.get("content")
+        row["_content"] = orjson.loads(c) if c else None
+        u = row.get("uuid")
+        if u and u not in s.by_uuid:
+            s.by_uuid[u] = row
+        rt = row.get("record_type")
+        if rt == "assistant":
+            s.groups.setdefault(row.get("message_key") or u, []).append(row)
+            for b in _blocks(row["_content"]):
+                if b.get("type") == "tool_use":
+                    s.tool_uses[str(b.get("id"))] = str(b.get("name"))
+                    keys = s.tools.setdefault(str(b.get("name")), {})
+                    if isinstance(b.get("input"), dict):
+                        keys.update(dict.fromkeys(b["input"]))
+        elif rt == "user" and isinstance(row["_content"], list):
+            for b in row["_content"]:
+                if isinstance(b, dict) and b.get("type") == "tool_result":
+                    s.results.setdefault(str(b.get("tool_use_id")), (row, b))
+
+    def tool_schemas(self, stream_id: str) -> list[dict]:
+        s = self.streams.get(stream_id)
+        if s is None:
+            return []
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": f"The {name} tool as used by the agent in this session.",
+                    "parameters": {"type": "object", "properties": {k: {} for k in keys}},
+                },
+            }
+            for name, keys in sorted(s.tools.items())
+        ]
+
+
+def prefix_path(s: _Stream, leaf: str | None, compaction: str) -> tuple[list[dict], bool]:
+    """Records from the stream root to ``leaf`` along parentUuid (compaction per option); crossed?"""
+    path: list[dict] = []
+    seen: set[str] = set()
+    crossed = False
+    u = leaf
+    while u and u not in seen:
+        seen.add(u)
+        row = s.by_uuid.get(u)
+        if row is None:
+            break
+        if row.get("subtype") == "compact_boundary":
+            lp = row.get("logical_parent_uuid")
+            if compaction == "full" and lp and lp in s.by_uuid:
+                crossed = True
+                u = lp
+                continue
+            break
+        path.append(row)
+        u = row.get("parent_uuid")
+    path.reverse()
+    return path, crossed
+
+
+def _assistant_message(rows: list[dict], strip_thinking: bool) -> tuple[dict, list[tuple[str, str]]]:
+    blocks = [b for r in sorted(rows, key=lambda r: r["line_no"] or 0) for b in _blocks(r["_content"])]
+    action = action_from_blocks(blocks)
+    msg = action.to_chat_message()
+    if not strip_thinking and action.thinking:
+        msg["content"] = f"<thinking>{action.thinking}</thinking>" + (f"\n{action.text}" if action.text else "")
+    return msg, [(c.id, c.name) for c in action.tool_calls]
+
+
+def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = None) -> RenderedState:
+    opts = opts or RenderOptions()
+    sid = state["stream_id"]
+    s = conv.streams.get(sid)
+    messages: list[dict] = [{"role": "system", "content": opts.system_prompt}]
+    if s is None:
+        return RenderedState(messages, [])
+    own_key = state.get("message_id") or state.get("request_id") or (state.get("record_uuids") or [None])[0]
+    src = state.get("source_lines") or []
+    first_line = min(src) if src else None
+    path, crossed = prefix_path(s, state.get("prefix_leaf_uuid"), opts.compaction)
+    emitted: set[str] = set()
+    for row in path:
+        rt = row["record_type"]
+        if rt == "assistant":
+            key = row.get("message_key") or row["uuid"]
+            if key in emitted or key == own_key:
+                continue
+            group = s.groups.get(key, [row])
+            if any(_is_synthetic_row(r) for r in group):
+                continue
+            emitted.add(key)
+            msg, calls = _assistant_message(group, opts.strip_thinking)
+            messages.append(msg)
+            for call_id, _name in calls:
+                res = s.results.get(call_id)
+                seen_before = res is not None and (first_line is None or (res[0]["line_no"] or 0) < first_line)
+                messages.append(
+                    {"role": "tool", "tool_call_id": call_id,
+                     "content": flatten_content(res[1].get("content")) if seen_before else INTERRUPTED}
+                )
+        elif rt == "user":
+            if row.get("is_meta") or (crossed and row.get("is_compact_summary")):
+                continue
+            parts = user_parts(row["_content"], s.tool_uses)
+            if parts:
+                messages.append({"role": "user", "content": "\n\n".join(parts)})
+    return RenderedState(messages, conv.tool_schemas(sid))
+
+
+def _is_synthetic_row(row: dict) -> bool:
+    """``<synthetic>`` / ``isApiErrorMessage`` responses: stored with subtype ``synthetic``, never sent."""
+    return row.get("subtype") == "synthetic"
+
+
+def render_states(states: pa.Table, messages: pa.Table, opts: RenderOptions | None = None) -> Iterator[tuple[str, RenderedState]]:
+    conv = Conversation.from_table(messages)
+    for st in states.to_pylist():
+        yield st["state_id"], render_state(conv, st, opts)
+
+
+def action_of(state_row: dict) -> Action:
+    """The agent's own action of a ``trace_states`` row."""
+    return Action.from_json(state_row["action"])
