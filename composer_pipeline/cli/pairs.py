@@ -1,0 +1,75 @@
+"""``composer-pipeline pairs``: build DPO pairs from replays and normalise them, without Dagster.
+
+Reads ``trace_states``/``trace_messages`` (from ``ingest``) and ``replays`` (from ``replay``),
+writes ``dpo_pairs``, ``pairs`` (= normalized_dpo_pairs), ``positives`` and ``dropped_pairs``
+Parquet into ``--out`` (a directory or ``s3://`` prefix) and prints one JSON summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pairs", help="teacher-consensus DPO pairs + data-juicer normalization")
+    p.add_argument("--replays", required=True, help="dir or s3:// prefix holding replays.parquet")
+    p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states/trace_messages")
+    p.add_argument("--out", required=True, help="dir or s3:// prefix to write pair tables into")
+    p.add_argument("--recipe", default=None, help="pairs recipe (default recipes/pairs.yaml)")
+    p.add_argument("--normalize-recipe", default=None, help="data-juicer recipe (default recipes/normalize.yaml)")
+    p.add_argument("--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)")
+    p.set_defaults(func=run)
+
+
+def _render_opts(path: str | None):
+    from composer_pipeline import render
+
+    if path is None:
+        return render.RenderOptions()
+    loader = getattr(render.RenderOptions, "load", None)
+    if loader is None:
+        raise ValueError("render.RenderOptions has no load(); omit --ingest-recipe")
+    return loader(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+    from loguru import logger
+
+    from composer_pipeline.pairs.build import PairRecipe, build_pairs
+    from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+    from composer_pipeline.store import Store
+
+    logger.remove()
+    logger.add(__import__("sys").stderr, level="WARNING")
+    recipe = PairRecipe.load(args.recipe)
+    nrecipe = NormalizeRecipe.load(args.normalize_recipe)
+    states_store, replays_store, out = Store(args.states), Store(args.replays), Store(args.out)
+    if not states_store.exists("trace_states"):
+        raise FileNotFoundError(f"no trace_states under {args.states} (run `composer-pipeline ingest` first)")
+    if not replays_store.exists("teacher_replays"):
+        raise FileNotFoundError(f"no replays.parquet / teacher_replays under {args.replays} (run `replay` first)")
+    res = build_pairs(
+        states_store.read_table("trace_states"),
+        states_store.read_table("trace_messages"),
+        replays_store.read_table("teacher_replays"),
+        recipe,
+        _render_opts(args.ingest_recipe),
+    )
+    norm = normalize_pairs(res.pairs, nrecipe)
+    out.write_table("dpo_pairs", res.pairs)
+    out.write_table("pairs", norm.kept)
+    out.write_table("positives", res.positives)
+    out.write_table("dropped_pairs", norm.dropped)
+    summary = {
+        "pairs": norm.kept.num_rows,
+        "positives": res.positives.num_rows,
+        "built": res.pairs.num_rows,
+        "dropped": norm.dropped.num_rows,
+        "dropped_by_op": norm.stats["dropped_by_op"],
+        "normalize_seconds": norm.stats["seconds"],
+        "build": res.stats,
+        "out": out.root,
+    }
+    print(orjson.dumps(summary).decode())
+    return 0

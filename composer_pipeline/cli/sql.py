@@ -1,0 +1,66 @@
+"""``composer-pipeline sql "<query>"``: DuckDB over the stored Parquet tables (views named after the assets)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+MAX_CELL = 80
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sql", help="run a DuckDB query over the stored tables")
+    p.add_argument("query", help='e.g. "select drop_op, count(*) from dropped_pairs group by 1"')
+    p.add_argument("--store", default=None, help="dir or s3:// prefix (default $COMPOSER_STORE or .)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON array of row objects")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    p.add_argument("--full", action="store_true", help="do not truncate long cells in the table view")
+    p.set_defaults(func=run)
+
+
+def _cell(v, full: bool) -> str:
+    s = "NULL" if v is None else str(v)
+    s = s.replace("\n", "\\n")
+    return s if full or len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…"
+
+
+def format_table(columns: list[str], rows: list[tuple], full: bool = False) -> str:
+    cells = [[_cell(v, full) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = "+".join("-" * (w + 2) for w in widths)
+    out = [" | ".join(c.ljust(w) for c, w in zip(columns, widths)), line]
+    out += [" | ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    import csv
+    import sys
+
+    import duckdb
+    import orjson
+
+    from composer_pipeline.store import Store
+
+    store = Store(args.store or os.environ.get("COMPOSER_STORE", "."))
+    con = store.duckdb()
+    try:
+        cur = con.execute(args.query)
+    except duckdb.Error as e:
+        names = ", ".join(store.table_names()) or "none"
+        raise ValueError(f"{e}\n(tables under {store.root}: {names})") from None
+    if cur.description is None:
+        return 0
+    columns = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    if args.json:
+        print(orjson.dumps([dict(zip(columns, r)) for r in rows], default=str).decode())
+    elif args.csv:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows(rows)
+    else:
+        print(format_table(columns, rows, args.full))
+    return 0

@@ -1,0 +1,242 @@
+"""Row-level lineage: from a pair id back to the raw (scrubbed) JSONL lines it came from.
+
+In:  one or more :class:`~composer_pipeline.store.Store` (local or ``s3://``) holding the pair
+     tables, ``teacher_replays``, ``trace_states`` and ``trace_messages``; a pair id (full, or a
+     unique prefix of at least 6 characters).
+Out: :func:`trace_pair` -> a JSON-able dict, the chain
+     ``pair -> replay calls -> state -> session -> source file + line numbers + record uuids -> raw lines``;
+     :func:`format_lineage` -> the same chain as text for a terminal.
+
+A link that cannot be followed (table not stored, id not found) is reported in ``missing``,
+never silently skipped. Deliberately simplified: whole tables are read (pyarrow with a filter on
+the id columns), which is fine up to a few million rows per table.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, Sequence
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from composer_pipeline.store import Store
+
+MIN_PREFIX = 6
+# where a pair can live, and what that says about it
+PAIR_TABLES = (
+    ("normalized_dpo_pairs", "kept"),
+    ("agreement_positives", "positive"),
+    ("dropped_pairs", "dropped"),
+    ("dpo_pairs", "built"),
+)
+
+
+def _stores(store: Store | Sequence[Store]) -> list[Store]:
+    return [store] if isinstance(store, Store) else list(store)
+
+
+def _read(stores: list[Store], name: str, column: str, values: list[str], prefix: bool = False) -> pa.Table | None:
+    """Rows of table ``name`` (across stores) whose ``column`` is in ``values`` (or starts with values[0])."""
+    parts = []
+    found = False
+    for s in stores:
+        if not s.exists(name):
+            continue
+        found = True
+        t = s.read_table(name)
+        col = t.column(column)
+        mask = pc.starts_with(col, values[0]) if prefix else pc.is_in(col, pa.array(values, col.type))
+        parts.append(t.filter(pc.fill_null(mask, False)))
+    if not found:
+        return None
+    return pa.concat_tables(parts, promote_options="default")
+
+
+def resolve_pair_id(store: Store | Sequence[Store], pair_id: str) -> str:
+    """The full pair id for ``pair_id`` (exact, or a unique prefix of >= 6 chars)."""
+    stores = _stores(store)
+    pid = pair_id.strip().lower()
+    if len(pid) < MIN_PREFIX:
+        raise ValueError(f"pair id {pair_id!r} too short: give at least {MIN_PREFIX} characters")
+    ids: set[str] = set()
+    any_table = False
+    for name, _ in PAIR_TABLES:
+        t = _read(stores, name, "pair_id", [pid], prefix=True)
+        if t is not None:
+            any_table = True
+            ids.update(t.column("pair_id").to_pylist())
+    if not any_table:
+        raise FileNotFoundError(f"no pair tables under {', '.join(s.root for s in stores)}")
+    if not ids:
+        raise ValueError(f"no pair with id {pair_id!r} under {', '.join(s.root for s in stores)}")
+    if len(ids) > 1:
+        raise ValueError(f"pair id prefix {pair_id!r} is ambiguous: {', '.join(sorted(ids)[:10])}")
+    return ids.pop()
+
+
+def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
+    """The whole chain behind one pair, down to the scrubbed raw JSONL lines."""
+    stores = _stores(store)
+    pid = resolve_pair_id(stores, pair_id)
+    missing: list[str] = []
+    appearances = []
+    pair: dict | None = None
+    for name, status in PAIR_TABLES:
+        t = _read(stores, name, "pair_id", [pid])
+        if t is None or not t.num_rows:
+            continue
+        row = t.slice(0, 1).to_pylist()[0]
+        app = {"table": name, "status": status}
+        if name == "dropped_pairs":
+            app.update(drop_op=row["drop_op"], drop_reason=row["drop_reason"], drop_stats=row["drop_stats"])
+        appearances.append(app)
+        if pair is None:
+            pair = row
+    assert pair is not None  # resolve_pair_id found it
+    pair_out = {
+        k: pair.get(k)
+        for k in (
+            "pair_id",
+            "kind",
+            "state_id",
+            "session_key",
+            "n_teachers",
+            "n_agreeing",
+            "agreeing_teachers",
+            "agreement_score",
+            "consensus_signature",
+            "agent_signature",
+            "cost_usd",
+            "chosen_text",
+            "rejected_text",
+        )
+    }
+    pair_out["tables"] = appearances
+
+    call_ids = list(pair.get("replay_call_ids") or [])
+    replays: list[dict] = []
+    t = _read(stores, "teacher_replays", "call_id", call_ids) if call_ids else None
+    if t is None:
+        missing.append("teacher_replays: table not stored")
+    else:
+        got = {r["call_id"]: r for r in t.to_pylist()}
+        for cid in call_ids:
+            r = got.get(cid)
+            if r is None:
+                missing.append(f"teacher_replays: call {cid} not found")
+                continue
+            replays.append(
+                {k: r.get(k) for k in ("call_id", "teacher", "model", "status", "reason", "cost_usd", "cache_hit", "created_at", "action")}
+            )
+
+    state: dict | None = None
+    t = _read(stores, "trace_states", "state_id", [pair["state_id"]])
+    if t is None:
+        missing.append("trace_states: table not stored")
+    elif not t.num_rows:
+        missing.append(f"trace_states: state {pair['state_id']} not found")
+    else:
+        s = t.slice(0, 1).to_pylist()[0]
+        state = {
+            k: s.get(k)
+            for k in (
+                "state_id",
+                "session_id",
+                "session_key",
+                "stream_id",
+                "stream_kind",
+                "agent_id",
+                "message_id",
+                "request_id",
+                "prefix_leaf_uuid",
+                "n_prefix_messages",
+                "source_file",
+                "source_lines",
+                "record_uuids",
+                "has_error",
+                "model",
+                "version",
+                "timestamp",
+            )
+        }
+    src = state or pair
+    session = {
+        "session_key": src.get("session_key") or pair.get("session_key"),
+        "session_id": src.get("session_id") or pair.get("session_id"),
+        "source_file": src.get("source_file"),
+    }
+    lines = list(src.get("source_lines") or [])
+    uuids = list(src.get("record_uuids") or [])
+    records: list[dict] = []
+    t = _read(stores, "trace_messages", "source_file", [src.get("source_file") or ""])
+    if t is None:
+        missing.append("trace_messages: table not stored")
+    else:
+        rows = [r for r in t.to_pylist() if r["line_no"] in set(lines)]
+        rows.sort(key=lambda r: r["line_no"])
+        seen_lines = set()
+        for r in rows:
+            if r["line_no"] in seen_lines:
+                continue
+            seen_lines.add(r["line_no"])
+            records.append(
+                {
+                    "source_file": r["source_file"],
+                    "line_no": r["line_no"],
+                    "uuid": r["uuid"],
+                    "record_type": r["record_type"],
+                    "uuid_matches": r["uuid"] in uuids if uuids else None,
+                    "raw": r["raw"],
+                }
+            )
+        for ln in lines:
+            if ln not in seen_lines:
+                missing.append(f"trace_messages: {src.get('source_file')} line {ln} not found")
+    return {
+        "pair": pair_out,
+        "replays": replays,
+        "state": state,
+        "session": session,
+        "records": records,
+        "missing": missing,
+    }
+
+
+def format_lineage(chain: dict[str, Any]) -> str:
+    """A readable, indented rendering of :func:`trace_pair`'s chain."""
+    p = chain["pair"]
+    out = [f"pair {p['pair_id']}  ({p['kind']}; {', '.join(a['table'] + ':' + a['status'] for a in p['tables'])})"]
+    for a in p["tables"]:
+        if a["table"] == "dropped_pairs":
+            out.append(f"  dropped by {a['drop_op']}: {a['drop_reason']}")
+    out.append(
+        f"  agreement {p['n_agreeing']}/{p['n_teachers']} ({p['agreement_score']:.2f}) "
+        f"teachers={','.join(p['agreeing_teachers'] or [])}  cost=${(p['cost_usd'] or 0):.6f}"
+    )
+    out.append(f"  consensus: {p['consensus_signature']}")
+    out.append(f"  agent:     {p['agent_signature']}")
+    out.append(f"  replay calls ({len(chain['replays'])}):")
+    for r in chain["replays"]:
+        cost = r["cost_usd"] if r["cost_usd"] is not None else 0.0
+        out.append(
+            f"    {r['call_id'][:16]}  {r['teacher']:<12} {r['model'] or '':<20} {r['status']:<10} "
+            f"${cost:.6f}{'  (cache)' if r['cache_hit'] else ''}"
+        )
+    s = chain["state"]
+    if s:
+        out.append(f"  state {s['state_id']}  stream={s['stream_id']}  message={s['message_id']}")
+    sess = chain["session"]
+    out.append(f"  session {sess['session_key']}  id={sess['session_id']}")
+    out.append(f"  source  {sess['source_file']}")
+    for r in chain["records"]:
+        out.append(f"    line {r['line_no']}  {r['record_type']}  uuid={r['uuid']}")
+        out.append(textwrap.indent(r["raw"] if len(r["raw"]) <= 2000 else r["raw"][:2000] + " …[truncated]", "      "))
+    for m in chain["missing"]:
+        out.append(f"  MISSING {m}")
+    return "\n".join(out)
+
+
+def to_json(chain: dict[str, Any]) -> str:
+    return orjson.dumps(chain, option=orjson.OPT_INDENT_2).decode()
