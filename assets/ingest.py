@@ -41,8 +41,8 @@ def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) ->
     from composer_pipeline.ingest.discover import session_fingerprint
 
     sf = find_session(recipes.trace_root, context.partition_key)
-    files = [sf.main_file, *sf.subagent_files]
-    sizes = {str(f): f.stat().st_size for f in map(_path, files)}
+    files = sf.files
+    sizes = {sf.rel(f): f.stat().st_size for f in files}
     fp = session_fingerprint(sf)
     return dg.MaterializeResult(
         metadata={
@@ -62,12 +62,6 @@ def render_options(recipes: PipelineRecipes):
     from composer_pipeline.ingest.recipe import IngestRecipe
 
     return IngestRecipe.load(recipes.ingest).render
-
-
-def _path(p):
-    from pathlib import Path
-
-    return Path(p)
 
 
 def _secret_hits(tbl: pa.Table, columns: list[str]) -> dict[str, int]:

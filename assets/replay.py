@@ -153,13 +153,13 @@ def teacher_replays(
     teachers.ensure_local_servers(log=context.log)
     cfg = teachers.load_config()
     led = ledger.open()
-    n_total = trace_states.num_rows * len(cfg.teachers)
-    done = {"n": 0}
+    step = {"last": -1}
 
-    def progress(n: int = 1, *_args, **_kw) -> None:
-        done["n"] += n if isinstance(n, int) else 1
-        if done["n"] % max(1, n_total // 10) == 0 or done["n"] == n_total:
-            context.log.info(f"teacher calls: {done['n']}/{n_total}")
+    def progress(done: int, total: int) -> None:  # log every ~10%
+        tenth = (10 * done) // max(total, 1)
+        if tenth != step["last"]:
+            step["last"] = tenth
+            context.log.info(f"teacher calls: {done}/{total}")
 
     res = replay_states(
         trace_states, trace_messages, cfg, teachers.api_key_values(),
@@ -186,6 +186,7 @@ def teacher_replays(
             "cache_hits": cache_hits,
             "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
             "latency_s": dg.MetadataValue.json(_percentiles(latencies)),
+            "summary": dg.MetadataValue.json(res.summary),
             "preview": preview(table, ["teacher", "state_id", "status", "action", "cost_usd", "latency_s"]),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },

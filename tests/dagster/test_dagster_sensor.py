@@ -1,0 +1,55 @@
+"""sessions_sensor: adds a partition per new session and re-requests changed sessions (run_key = key:fingerprint)."""
+
+import os
+
+import dagster as dg
+
+from assets.definitions import session_chain_job
+from assets.partitions import sessions_partitions
+from assets.sensors import build_sessions_sensor
+from resources.recipes import PipelineRecipes
+from conftest import write_session
+
+
+def _tick(sensor, instance, cursor, root):
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"recipes": PipelineRecipes(trace_root=str(root))})
+    result = sensor(ctx)
+    if isinstance(result, dg.SkipReason):
+        return result, [], [], cursor
+    added = [k for req in result.dynamic_partitions_requests for k in req.partition_keys]
+    if added:
+        instance.add_dynamic_partitions(sessions_partitions.name, added)
+    return result, added, result.run_requests, result.cursor
+
+
+def test_sensor_adds_new_and_rerequests_changed(tmp_path):
+    root = tmp_path / "projects"
+    write_session(root, "-home-dev-a", "aaaaaaaa-0000-0000-0000-000000000001")
+    sensor = build_sessions_sensor(session_chain_job, 30)
+    instance = dg.DagsterInstance.ephemeral()
+
+    _, added, runs, cursor = _tick(sensor, instance, None, root)
+    key_a = "-home-dev-a__aaaaaaaa-0000-0000-0000-000000000001"
+    assert added == [key_a]
+    assert [r.partition_key for r in runs] == [key_a]
+    assert runs[0].run_key.startswith(key_a + ":")
+    first_run_key = runs[0].run_key
+    assert instance.get_dynamic_partitions("sessions") == [key_a]
+
+    # nothing changed: skip
+    skip, added, runs, cursor = _tick(sensor, instance, cursor, root)
+    assert isinstance(skip, dg.SkipReason) and not runs
+
+    # a new session appears, the old one grows
+    write_session(root, "-home-dev-b", "bbbbbbbb-0000-0000-0000-000000000002")
+    pa_ = root / "-home-dev-a" / "aaaaaaaa-0000-0000-0000-000000000001.jsonl"
+    with pa_.open("a") as f:
+        f.write('{"type":"summary","summary":"later"}\n')
+    os.utime(pa_, ns=(pa_.stat().st_atime_ns, pa_.stat().st_mtime_ns + 10**9))
+    _, added, runs, cursor = _tick(sensor, instance, cursor, root)
+    key_b = "-home-dev-b__bbbbbbbb-0000-0000-0000-000000000002"
+    assert added == [key_b]
+    assert sorted(r.partition_key for r in runs) == [key_a, key_b]
+    assert sorted(instance.get_dynamic_partitions("sessions")) == [key_a, key_b]
+    new_a = next(r.run_key for r in runs if r.partition_key == key_a)
+    assert new_a.startswith(key_a + ":") and new_a != first_run_key  # fingerprint changed -> new run
