@@ -1,0 +1,216 @@
+"""Training inputs from what the pipeline stored: GRPO prompts, error sites, DPO pairs, held-out split.
+
+In:  a Store root (local dir, ``s3://``, flat CLI layout or Dagster partitioned layout) holding
+     ``normalized_dpo_pairs`` (``pairs.parquet``), ``agreement_positives`` (``positives.parquet``)
+     and optionally ``trace_states`` (adds ``has_error``/``error_after`` where a pair row lacks them).
+Out: :class:`TrainData`: typed :class:`PromptRow` (one per trace state: the rendered prompt
+     messages, tools, agent action, teacher consensus, error) and :class:`PairRow` (DPO pairs),
+     each split train / held-out, plus :class:`Skipped` rows (bad input, with the reason).
+
+* A prompt per state comes from the pair tables' ``prompt`` column (the render.py output the
+  teachers saw). ``kind == pair``: consensus = ``chosen``; ``kind == positive``: teachers agreed
+  with the agent, so consensus = the agent's action.
+* DPO uses ``kind == pair`` rows only (a positive has chosen == rejected).
+* Held-out split: first 8 bytes of sha256(``state_id``) as a fraction < ``heldout_fraction``.
+  Pairs are split by their state too, so a held-out state is never trained on by any channel.
+* Prompt text: the tokenizer's chat template (``add_generation_prompt``), left-truncated to the
+  last ``max_prompt_tokens`` tokens (the end of a long agent context is the part that decides).
+
+Deliberately simplified: states without any replay/pair row are not rendered here (they have no
+consensus and no rendered prompt in the pair tables).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from composer_pipeline.actions import Action
+from composer_pipeline.store import Store
+from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
+from composer_pipeline.train.rewards import tool_names_of
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    state_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    tool_names: list[str]
+    agent_action: str  # JSON Action
+    consensus: str  # JSON Action, "" where no teacher consensus exists
+    has_error: bool
+    error_after: str | None
+    hint: str | None  # corrective hint at an error site (None elsewhere)
+
+
+@dataclass(frozen=True)
+class PairRow:
+    pair_id: str
+    state_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    chosen_text: str
+    rejected_text: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    table: str
+    row_id: str
+    reason: str
+
+
+@dataclass
+class TrainData:
+    prompts: list[PromptRow] = field(default_factory=list)
+    pairs: list[PairRow] = field(default_factory=list)
+    heldout_prompts: list[PromptRow] = field(default_factory=list)
+    heldout_pairs: list[PairRow] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "prompts": len(self.prompts),
+            "error_sites": sum(p.hint is not None for p in self.prompts),
+            "pairs": len(self.pairs),
+            "heldout_prompts": len(self.heldout_prompts),
+            "heldout_error_sites": sum(p.hint is not None for p in self.heldout_prompts),
+            "heldout_pairs": len(self.heldout_pairs),
+            "skipped": [s.__dict__ for s in self.skipped],
+        }
+
+
+def is_heldout(key: str, fraction: float) -> bool:
+    """Deterministic split: sha256(key) read as a number in [0, 1)."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return h < fraction
+
+
+def _json_list(s: str | None, what: str) -> list:
+    if not s:
+        return []
+    v = orjson.loads(s)
+    if not isinstance(v, list):
+        raise ValueError(f"{what} is not a JSON list")
+    return v
+
+
+def load_train_data(data_root: str, *, heldout_fraction: float, hints: HintTemplates) -> TrainData:
+    """Read the pair tables (and trace_states) under ``data_root`` into train/held-out rows."""
+    store = Store(data_root)
+    if not store.exists("normalized_dpo_pairs") and not store.exists("agreement_positives"):
+        raise FileNotFoundError(
+            f"no pairs under {data_root}: expected pairs.parquet / positives.parquet "
+            "(normalized_dpo_pairs / agreement_positives) written by `composer-pipeline pairs`"
+        )
+    errors: dict[str, tuple[bool, str | None]] = {}
+    if store.exists("trace_states"):
+        st = store.read_table("trace_states", columns=["state_id", "has_error", "error_after"]).to_pylist()
+        errors = {r["state_id"]: (bool(r["has_error"]), r["error_after"]) for r in st}
+
+    data = TrainData()
+    seen_states: set[str] = set()
+    for table in ("normalized_dpo_pairs", "agreement_positives"):
+        if not store.exists(table):
+            continue
+        for r in store.read_table(table).to_pylist():
+            rid = r.get("pair_id") or r.get("state_id") or "?"
+            try:
+                if not r.get("state_id"):
+                    raise ValueError("no state_id")
+                messages = _json_list(r.get("prompt"), "prompt")
+                if not messages:
+                    raise ValueError("empty prompt")
+                tools = _json_list(r.get("tools"), "tools")
+                agent = r.get("rejected") or "{}"
+                Action.from_json(agent)
+                consensus = r.get("chosen") if r.get("kind") == "pair" else agent
+                has_error, error_after = bool(r.get("has_error")), r.get("error_after")
+                if not has_error and r["state_id"] in errors:
+                    has_error, error_after = errors[r["state_id"]]
+                hint = build_hint(agent, error_after, consensus, hints) if has_error else None
+            except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
+                data.skipped.append(Skipped(table, rid, f"{type(e).__name__}: {e}"))
+                continue
+            held = is_heldout(r["state_id"], heldout_fraction)
+            if r.get("kind") == "pair":
+                if not (r.get("chosen_text") or "").strip() or not (r.get("rejected_text") or "").strip():
+                    data.skipped.append(Skipped(table, rid, "empty chosen_text or rejected_text"))
+                elif r["chosen_text"] == r["rejected_text"]:
+                    data.skipped.append(Skipped(table, rid, "chosen_text == rejected_text"))
+                else:
+                    pair = PairRow(r["pair_id"], r["state_id"], messages, tools, r["chosen_text"], r["rejected_text"])
+                    (data.heldout_pairs if held else data.pairs).append(pair)
+            if r["state_id"] in seen_states:
+                continue
+            seen_states.add(r["state_id"])
+            row = PromptRow(
+                state_id=r["state_id"],
+                messages=messages,
+                tools=tools,
+                tool_names=tool_names_of(r.get("tools")),
+                agent_action=agent,
+                consensus=consensus or "",
+                has_error=has_error,
+                error_after=error_after,
+                hint=hint,
+            )
+            (data.heldout_prompts if held else data.prompts).append(row)
+    return data
+
+
+# -- rendering -------------------------------------------------------------------------------
+def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
+    """Chat-template text with the generation prompt, keeping the last ``max_prompt_tokens`` tokens."""
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_prompt_tokens:
+        text = tokenizer.decode(ids[-max_prompt_tokens:])
+    return text
+
+
+def interleave_error_sites(rows: list[PromptRow], group: int, seed: int) -> list[PromptRow]:
+    """Deterministic order in which each block of ``group`` prompts holds an error site when possible.
+
+    GRPO batches are consecutive blocks of this order (the sampler does not reshuffle), so the
+    hint channel has inputs at as many steps as the data allows.
+    """
+    import random
+
+    rng = random.Random(seed)
+    err = [r for r in rows if r.hint is not None]
+    ok = [r for r in rows if r.hint is None]
+    rng.shuffle(err)
+    rng.shuffle(ok)
+    out: list[PromptRow] = []
+    while err or ok:
+        block = [err.pop()] if err else []
+        while len(block) < group and (ok or err):
+            block.append(ok.pop() if ok else err.pop())
+        out.extend(block)
+    return out
+
+
+def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_role: str) -> list[dict[str, Any]]:
+    """Rows for TRL's GRPO dataset: ``prompt`` text plus the columns rewards and the hint channel read."""
+    out = []
+    for r in rows:
+        out.append(
+            {
+                "prompt": render_prompt(tokenizer, r.messages, r.tools, max_prompt_tokens),
+                "hint_prompt": render_prompt(tokenizer, with_hint(r.messages, r.hint, hint_role), r.tools, max_prompt_tokens)
+                if r.hint
+                else "",
+                "state_id": r.state_id,
+                "tool_names": r.tool_names,
+                "consensus": r.consensus,
+                "consensus_text": Action.from_json(r.consensus).to_text() if r.consensus else "",
+            }
+        )
+    return out

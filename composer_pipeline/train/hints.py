@@ -1,0 +1,91 @@
+"""Corrective hints at error sites, for the hint self-distillation channel (channel 2).
+
+In:  a state whose action was followed by an error (``has_error``/``error_after`` of
+     ``trace_states`` or the pair tables), the agent's action, the teacher consensus where one
+     exists, and the templates of ``recipes/train.yaml`` (``sdpo.hint``).
+Out: a short hint string, and the prompt messages with the hint inserted as one extra message
+     just before the generation point (the teacher context; the student sees the prompt without it).
+
+Following Cursor's "targeted RL with textual feedback": the hint names what went wrong (the
+error text, truncated) and, when teachers agreed on a different step, what to do instead.
+
+Deliberately simplified: one template per case (with / without consensus), plain
+``str.format`` fields; the error text is truncated, not summarised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from composer_pipeline.actions import Action
+
+
+@dataclass(frozen=True)
+class HintTemplates:
+    with_consensus: str = (
+        "Hint: the step `{agent}` failed with: {error}\nA better next step: {consensus}"
+    )
+    without_consensus: str = "Hint: the step `{agent}` failed with: {error}\nTake a different next step."
+    role: str = "user"  # role of the inserted hint message
+    max_error_chars: int = 300
+    max_action_chars: int = 200
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "HintTemplates":
+        d = dict(d or {})
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"sdpo.hint: unknown keys {sorted(unknown)}")
+        return cls(**d)
+
+
+def _clip(s: str, n: int) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def error_text(error_after: str | None) -> str:
+    """Flatten ``error_after`` (JSON list of ``{tool_use_id, tool_name, content}``) to one string."""
+    if not error_after:
+        return ""
+    items = orjson.loads(error_after)
+    if not isinstance(items, list):
+        raise ValueError("error_after is not a JSON list")
+    parts = []
+    for it in items:
+        if not isinstance(it, dict):
+            continue
+        content = it.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+        name = it.get("tool_name") or "tool"
+        parts.append(f"{name}: {content}" if content else f"{name}: error")
+    return "; ".join(parts)
+
+
+def build_hint(
+    agent_action_json: str | None,
+    error_after: str | None,
+    consensus_json: str | None,
+    templates: HintTemplates,
+) -> str | None:
+    """The hint for one error site, or None when there is no error to hint about."""
+    err = error_text(error_after)
+    if not err:
+        return None
+    agent = Action.from_json(agent_action_json).to_text() if agent_action_json else "(unknown)"
+    fields = {"agent": _clip(agent, templates.max_action_chars), "error": _clip(err, templates.max_error_chars)}
+    if consensus_json:
+        consensus = Action.from_json(consensus_json)
+        if consensus.to_text() != Action.from_json(agent_action_json or "{}").to_text():
+            fields["consensus"] = _clip(consensus.to_text(), templates.max_action_chars)
+            return templates.with_consensus.format(**fields)
+    return templates.without_consensus.format(**fields)
+
+
+def with_hint(messages: list[dict[str, Any]], hint: str, role: str = "user") -> list[dict[str, Any]]:
+    """The teacher context: the prompt messages plus the hint as the last message."""
+    return [*messages, {"role": role, "content": hint}]

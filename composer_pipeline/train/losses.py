@@ -1,0 +1,125 @@
+"""Loss math of the three-channel trainer, as small pure functions over tensors.
+
+In:  logits / per-sequence log-probs (torch tensors) and masks.
+Out: scalar losses (and per-row values where a caller logs them).
+
+* :func:`generalized_jsd` — the generalized Jensen-Shannon divergence of Agarwal et al. 2023
+  ("On-Policy Distillation of Language Models", eq. 1): mixture ``M = β·T + (1-β)·S``,
+  ``JSD_β = β·KL(T‖M) + (1-β)·KL(S‖M)``; β=0 is forward KL(T‖S), β=1 reverse KL(S‖T)
+  (the same convention as ``trl.experimental.gkd.GKDTrainer.generalized_jsd_loss``, which the
+  tests use as the parity reference). Averaged over the tokens of a span mask only.
+* :func:`dpo_sigmoid_loss` — DPO (Rafailov et al. 2023) with the sigmoid loss and optional
+  conservative label smoothing (cDPO): ``-(1-ε)·logσ(βΔ) - ε·logσ(-βΔ)``.
+* :func:`simpo_loss` — SimPO (Meng et al. 2024): reference-free, length-normalised log-probs,
+  ``-logσ(β·(avg_c - avg_r) - γ)``.
+* :func:`completion_logps` — sum (or mean) log-prob of the completion tokens of a
+  ``[left-padded prompt | right-padded completion]`` batch, plus the position-id helper.
+
+Deliberately simplified: full-vocabulary distributions (no top-k with a tail bucket as in the
+SDPO reference code); no importance-sampling correction on the distillation term.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def generalized_jsd(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Mean generalized JSD per masked token between student and teacher next-token distributions.
+
+    ``student_logits``/``teacher_logits``: ``(B, T, V)``; ``mask``: ``(B, T)`` 1 where the token is in
+    the targeted span. Returns a scalar; 0 (with a gradient path) when the mask is empty.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student {tuple(student_logits.shape)} and teacher {tuple(teacher_logits.shape)} logits differ")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"jsd beta must be in [0, 1], got {beta}")
+    log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    if beta == 0.0:  # KL(T || S)
+        per_token = (log_t.exp() * (log_t - log_s)).sum(-1)
+    elif beta == 1.0:  # KL(S || T)
+        per_token = (log_s.exp() * (log_s - log_t)).sum(-1)
+    else:
+        log_m = torch.logsumexp(torch.stack([log_t + torch.log(torch.tensor(beta)), log_s + torch.log1p(torch.tensor(-beta))]), dim=0)
+        kl_t = (log_t.exp() * (log_t - log_m)).sum(-1)
+        kl_s = (log_s.exp() * (log_s - log_m)).sum(-1)
+        per_token = beta * kl_t + (1.0 - beta) * kl_s
+    if mask is None:
+        return per_token.mean()
+    m = mask.to(per_token.dtype)
+    return (per_token * m).sum() / m.sum().clamp_min(1.0)
+
+
+def dpo_sigmoid_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPO sigmoid loss over per-sequence summed log-probs. Returns ``(loss, margins)``.
+
+    With policy == reference the margin is 0 and the loss is exactly ``ln 2``.
+    """
+    logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
+    losses = -(1.0 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
+    return losses.mean(), (beta * logits).detach()
+
+
+def simpo_loss(
+    policy_chosen_avg: torch.Tensor,
+    policy_rejected_avg: torch.Tensor,
+    *,
+    beta: float = 2.0,
+    gamma: float = 0.5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SimPO loss over per-sequence *mean* log-probs (no reference model). Returns ``(loss, margins)``."""
+    logits = beta * (policy_chosen_avg - policy_rejected_avg) - gamma
+    return -F.logsigmoid(logits).mean(), logits.detach()
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding (needed by absolute-position models; harmless for RoPE)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Logits ``(B, C, V)`` predicting each of the ``C`` completion tokens (the last C columns)."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    c = completion_ids.size(1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_for(attention_mask),
+        logits_to_keep=c + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]
+
+
+def token_logps(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-prob of ``ids`` under ``logits / temperature`` (``(B, C)``)."""
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, average: bool = False) -> torch.Tensor:
+    """Per-sequence summed (or mean, ``average=True``) completion log-probs ``(B,)``."""
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    lp = token_logps(logits, completion_ids) * completion_mask
+    total = lp.sum(-1)
+    if average:
+        return total / completion_mask.sum(-1).clamp_min(1)
+    return total

@@ -1,0 +1,586 @@
+"""The three-channel trainer: ``total = w·GRPO + α·SDPO(hint JSD) + β·DPO`` on any HF causal LM.
+
+In:  a Store root with the pipeline's tables (see :mod:`composer_pipeline.train.data`), a
+     :class:`TrainRecipe` (``recipes/train.yaml``), a model name/path (or ``tiny``), ``out_dir``.
+Out: :class:`TrainResult`: a checkpoint dir (safetensors + tokenizer + ``train.yaml`` +
+     ``metrics.json`` + ``losses.jsonl`` + one loss-curve PNG per channel), per-step losses.
+
+Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_compute_loss``):
+
+1. **GRPO** with verifiable rewards (:mod:`.rewards`) on real rollouts; TRL's ``loss_type``.
+2. **SDPO** hint self-distillation at error sites: the teacher is the same model, under no-grad,
+   with a corrective hint (:mod:`.hints`) inserted in its context; the student is the policy
+   without it; generalized JSD (:func:`.losses.generalized_jsd`) over the tokens of the targeted
+   message only (the completion span of error-site rows). The student logits are the ones of the
+   GRPO forward (captured, not recomputed), so the channel costs one extra no-grad forward.
+   Added to the objective (not blended as ``trl.experimental.sdpo`` does).
+3. **DPO** on the normalized pairs against a frozen copy of the starting policy (reference log-probs
+   computed every step, never cached constants; with LoRA the reference is the adapter-disabled
+   base), or **SimPO** (reference-free) as a switch.
+
+Each step's per-channel losses are logged; a channel with weight 0 or with no inputs is reported
+in ``off`` with its reason (its value is ``null``, never a silent 0).
+
+Deliberately simplified: one process / one device (no DeepSpeed/FSDP); the DPO batch cycles
+through the pairs in a fixed order; the hint teacher is the *current* policy (OPSD uses the
+step-0 policy as teacher).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from composer_pipeline.train.hints import HintTemplates
+
+CHANNELS = ("grpo", "sdpo", "dpo")
+
+
+# -- recipe ----------------------------------------------------------------------------------
+@dataclass
+class Weights:
+    grpo: float = 1.0  # weight of the GRPO term (0 turns the channel off)
+    alpha: float = 0.5  # α: weight of the hint self-distillation JSD
+    beta: float = 0.5  # β: weight of the DPO term
+
+
+@dataclass
+class GRPOSection:
+    loss_type: str = "dapo"  # any TRL GRPOConfig.loss_type: grpo, dapo, dr_grpo, bnpo, ...
+    num_generations: int = 4
+    prompts_per_step: int = 2
+    max_completion_length: int = 32
+    temperature: float = 1.0
+    kl_beta: float = 0.0  # TRL's KL-to-reference coefficient inside GRPO
+    rewards: list[str] = field(default_factory=lambda: ["valid_action", "known_tool", "consensus_match", "format_shaped"])
+    reward_weights: list[float] | None = None
+
+
+@dataclass
+class SDPOSection:
+    jsd_beta: float = 0.5  # generalized-JSD β: 0 forward KL(T||S), 1 reverse KL(S||T)
+    temperature: float = 1.0
+    hint: HintTemplates = field(default_factory=HintTemplates)
+
+
+@dataclass
+class DPOSection:
+    variant: str = "dpo"  # dpo (sigmoid, frozen reference) | simpo (reference-free)
+    beta: float = 0.1  # DPO temperature β (not the channel weight)
+    label_smoothing: float = 0.0
+    simpo_beta: float = 2.0
+    simpo_gamma: float = 0.5
+    batch_size: int = 2  # pairs per step
+    max_completion_tokens: int = 64
+
+
+@dataclass
+class DataSection:
+    max_prompt_tokens: int = 384
+    heldout_fraction: float = 0.2
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: str | list[str] = "all-linear"
+
+
+@dataclass
+class OptimSection:
+    steps: int = 10
+    learning_rate: float = 1e-4
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class EvalSection:
+    max_prompts: int = 16  # held-out prompts scored for reward
+    max_new_tokens: int = 32
+
+
+@dataclass
+class TrainRecipe:
+    model: str | None = None  # HF name or local path; "tiny" builds the offline tiny model
+    weights: Weights = field(default_factory=Weights)
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+    sdpo: SDPOSection = field(default_factory=SDPOSection)
+    dpo: DPOSection = field(default_factory=DPOSection)
+    data: DataSection = field(default_factory=DataSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainRecipe":
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "TrainRecipe":
+        return _build(cls, raw, "train")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.dpo.variant not in ("dpo", "simpo"):
+            raise ValueError(f"dpo.variant must be dpo or simpo, got {self.dpo.variant!r}")
+        for k in ("grpo", "alpha", "beta"):
+            if getattr(self.weights, k) < 0:
+                raise ValueError(f"weights.{k} must be >= 0")
+        if not any(getattr(self.weights, k) > 0 for k in ("grpo", "alpha", "beta")):
+            raise ValueError("all channel weights are 0: nothing to train")
+        if self.grpo.num_generations < 2:
+            raise ValueError("grpo.num_generations must be >= 2 (group-relative advantages)")
+
+
+def _build(cls, raw: Any, where: str):
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    if cls is HintTemplates:
+        return HintTemplates.from_dict(raw)
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+    kwargs = {}
+    for name, value in raw.items():
+        default = known[name].default_factory() if callable(known[name].default_factory) else None  # type: ignore[misc]
+        if is_dataclass(default):
+            kwargs[name] = _build(type(default), value, f"{where}.{name}")
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+# -- result ----------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    checkpoint: Path
+    metrics: dict[str, Any]
+    losses: list[dict[str, Any]]
+    plots: dict[str, Path]
+
+
+@dataclass
+class ChannelState:
+    """Which channels fire and why the others do not (reported every step)."""
+
+    weights: Weights
+    off_reasons: dict[str, str]
+
+    def on(self, ch: str) -> bool:
+        return ch not in self.off_reasons
+
+
+# -- the trainer -------------------------------------------------------------------------------
+def _make_trainer_class():
+    """Define the GRPOTrainer subclass lazily (TRL import costs seconds)."""
+    import torch
+    from trl import GRPOTrainer
+
+    from composer_pipeline.train.losses import (
+        completion_logits,
+        completion_logps,
+        dpo_sigmoid_loss,
+        generalized_jsd,
+        position_ids_for,
+        simpo_loss,
+    )
+
+    class ThreeChannelTrainer(GRPOTrainer):
+        def __init__(self, *args, channels: ChannelState, recipe: TrainRecipe, dpo_batches: list[dict], dpo_ref_model, **kw):
+            super().__init__(*args, **kw)
+            self.channels = channels
+            self.recipe = recipe
+            self.dpo_batches = dpo_batches
+            self._dpo_i = 0
+            self.dpo_ref_model = dpo_ref_model.to(self.accelerator.device) if dpo_ref_model is not None else None
+            self._capture = False
+            self._captured_logits = None
+            self.pending: list[dict[str, Any]] = []
+
+        # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            hints = [x.get("hint_prompt") or "" for x in inputs]
+            device = out["prompt_ids"].device
+            has_hint = torch.tensor([bool(h) for h in hints], device=device)
+            out["has_hint"] = has_hint
+            if self.channels.on("sdpo") and bool(has_hint.any()):
+                texts = [h or x["prompt"] for h, x in zip(hints, inputs)]
+                ids = self.processing_class(text=texts)["input_ids"]
+                width = max(len(i) for i in ids)
+                pad = self.processing_class.pad_token_id
+                out["hint_ids"] = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=device)
+                out["hint_mask"] = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
+            return out
+
+        # with SDPO on, the GRPO forward also hands back its completion logits (student = policy)
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False, **kwargs):
+            if not self._capture:
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
+                )
+            with self.accelerator.autocast():
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids_for(attention_mask),
+                    logits_to_keep=logits_to_keep + 1,
+                    use_cache=False,
+                )
+            logits = out.logits[:, :-1, :]
+            self._captured_logits = logits
+            logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+            completion_ids = input_ids[:, -logits_to_keep:]
+            logps = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            entropies = -(logp_all.exp() * logp_all).sum(-1) if compute_entropy else None
+            return logps, entropies, None
+
+        def _next_dpo_batch(self):
+            b = self.dpo_batches[self._dpo_i % len(self.dpo_batches)]
+            self._dpo_i += 1
+            dev = self.accelerator.device
+            return {k: v.to(dev) for k, v in b.items()}
+
+        def _dpo_loss(self, model):
+            r = self.recipe.dpo
+            b = self._next_dpo_batch()
+            args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
+            n = b["prompt_ids"].size(0) // 2
+            with self.accelerator.autocast():
+                if r.variant == "simpo":
+                    avg = completion_logps(model, *args, average=True)
+                    return simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
+                pol = completion_logps(model, *args)
+                with torch.no_grad():
+                    if self.dpo_ref_model is not None:
+                        ref = completion_logps(self.dpo_ref_model, *args)
+                    else:  # LoRA: the reference is the base model, adapters disabled
+                        with self.accelerator.unwrap_model(model).disable_adapter():
+                            ref = completion_logps(model, *args)
+            return dpo_sigmoid_loss(pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing)
+
+        def _compute_loss(self, model, inputs):
+            ga = self.current_gradient_accumulation_steps
+            w = self.channels.weights
+            rec: dict[str, Any] = {"off": {}}
+            total = None
+            has_hint = inputs.get("has_hint")
+            sdpo_now = self.channels.on("sdpo") and has_hint is not None and bool(has_hint.any())
+            if self.channels.on("sdpo") and not sdpo_now:
+                rec["off"]["sdpo"] = "no error site in this batch"
+
+            if self.channels.on("grpo"):
+                self._capture = sdpo_now
+                try:
+                    g = super()._compute_loss(model, inputs)  # already divided by ga
+                finally:
+                    self._capture = False
+                total = w.grpo * g
+                rec["grpo"] = float(g.detach()) * ga
+
+            if sdpo_now:
+                idx = has_hint.nonzero().squeeze(-1)
+                c_ids, c_mask = inputs["completion_ids"][idx], inputs["completion_mask"][idx]
+                student = self._captured_logits
+                self._captured_logits = None
+                with self.accelerator.autocast():
+                    if student is None:  # GRPO off: the student forward is the only one
+                        student = completion_logits(model, inputs["prompt_ids"][idx], inputs["prompt_mask"][idx], c_ids, c_mask)
+                    else:
+                        student = student[idx]
+                    with torch.no_grad():
+                        teacher = completion_logits(model, inputs["hint_ids"][idx], inputs["hint_mask"][idx], c_ids, c_mask)
+                jsd = generalized_jsd(student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature)
+                term = w.alpha * jsd / ga
+                total = term if total is None else total + term
+                rec["sdpo"] = float(jsd.detach())
+                rec["error_sites"] = int(idx.numel())
+            self._captured_logits = None
+
+            if self.channels.on("dpo"):
+                d, margins = self._dpo_loss(model)
+                term = w.beta * d / ga
+                total = term if total is None else total + term
+                rec["dpo"] = float(d.detach())
+                rec["dpo_margin"] = float(margins.mean())
+                rec["dpo_accuracy"] = float((margins > 0).float().mean())
+            if total is None:
+                raise RuntimeError(f"no channel fired this step: {rec['off']}")
+            self.pending.append(rec)
+            return total
+
+    return ThreeChannelTrainer
+
+
+def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
+    """Average this optimizer step's micro-batch records into the logged JSON line."""
+    pend, trainer.pending = trainer.pending, []
+    w = trainer.channels.weights
+    rec: dict[str, Any] = {"step": step}
+    off: dict[str, str] = dict(trainer.channels.off_reasons)
+    for p in pend:
+        for ch, why in p["off"].items():
+            off.setdefault(ch, why)
+    weight = {"grpo": w.grpo, "sdpo": w.alpha, "dpo": w.beta}
+    total = 0.0
+    for ch in CHANNELS:
+        vals = [p[ch] for p in pend if ch in p]
+        if vals and ch not in trainer.channels.off_reasons:
+            off.pop(ch, None)
+            rec[ch] = sum(vals) / len(vals)
+            total += weight[ch] * rec[ch]
+        else:
+            rec[ch] = None
+    rec["total"] = total
+    rec["off"] = sorted(off)
+    rec["off_reasons"] = off
+    for k in ("dpo_margin", "dpo_accuracy", "error_sites"):
+        vals = [p[k] for p in pend if k in p]
+        if vals:
+            rec[k] = sum(vals) / len(vals)
+    rewards = trainer._metrics["train"].get("reward")
+    if rewards:
+        rec["reward"] = rewards[-1]
+    rec["step_time_s"] = step_time
+    return rec
+
+
+# -- entry point -------------------------------------------------------------------------------
+def resolve_model_path(model: str | None, out_dir: Path) -> str:
+    """``tiny`` → build the offline tiny model under ``out_dir/base-model``; else the name/path as given."""
+    if not model:
+        raise ValueError("no model: pass --model PATH (or 'tiny') or set `model:` in the recipe")
+    if model == "tiny":
+        from composer_pipeline.train.tiny import build_tiny_model
+
+        return str(build_tiny_model(out_dir / "base-model"))
+    if model.startswith("local:"):  # e.g. local:smollm2-135m-instruct (teachers.local_models)
+        from composer_pipeline.teachers.local_models import resolve_model
+
+        return str(resolve_model(model.split(":", 1)[1]))
+    return model
+
+
+def load_policy(model_path: str):
+    """Tokenizer + model on the best device: CUDA bf16, else CPU fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cuda = torch.cuda.is_available()
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if cuda else torch.float32)
+    if cuda:
+        model = model.to("cuda")
+    return tok, model
+
+
+def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
+    """Pre-tokenized DPO batches: rows ``[chosen_1..n, rejected_1..n]`` sharing prompts."""
+    import torch
+
+    from composer_pipeline.train.data import render_prompt
+
+    bs = recipe.dpo.batch_size
+    eos = tokenizer.eos_token or ""
+    pad = tokenizer.pad_token_id
+    out = []
+    for i in range(0, len(pairs), bs):
+        chunk = pairs[i : i + bs]
+        prompts, comps = [], []
+        for side in ("chosen_text", "rejected_text"):
+            for p in chunk:
+                text = render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens)
+                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+                c = tokenizer(getattr(p, side) + eos, add_special_tokens=False)["input_ids"]
+                comps.append(c[: recipe.dpo.max_completion_tokens])
+        pw, cw = max(map(len, prompts)), max(map(len, comps))
+        out.append(
+            {
+                "prompt_ids": torch.tensor([[pad] * (pw - len(x)) + x for x in prompts]),
+                "prompt_mask": torch.tensor([[0] * (pw - len(x)) + [1] * len(x) for x in prompts]),
+                "completion_ids": torch.tensor([x + [pad] * (cw - len(x)) for x in comps]),
+                "completion_mask": torch.tensor([[1] * len(x) + [0] * (cw - len(x)) for x in comps]),
+            }
+        )
+    return out
+
+
+def train(
+    data_root: str,
+    recipe: TrainRecipe | str | Path,
+    *,
+    model: str | None = None,
+    steps: int | None = None,
+    out_dir: Path,
+    on_step: Callable[[dict], None] | None = None,
+) -> TrainResult:
+    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+
+    from composer_pipeline.train import rewards as reward_mod
+    from composer_pipeline.train.data import grpo_records, interleave_error_sites, load_train_data
+    from composer_pipeline.train.plots import plot_losses
+
+    recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
+    recipe.validate()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_steps = int(steps if steps is not None else recipe.optim.steps)
+    if n_steps < 1:
+        raise ValueError("steps must be >= 1")
+    model_path = resolve_model_path(model or recipe.model, out_dir)
+    torch.manual_seed(recipe.optim.seed)
+
+    data = load_train_data(data_root, heldout_fraction=recipe.data.heldout_fraction, hints=recipe.sdpo.hint)
+    if not data.prompts:
+        raise ValueError(f"no training prompts under {data_root} (after the held-out split): {data.summary()}")
+    w = recipe.weights
+    off: dict[str, str] = {}
+    if w.grpo == 0:
+        off["grpo"] = "weight 0"
+    if w.alpha == 0:
+        off["sdpo"] = "weight 0 (alpha)"
+    elif not any(p.hint for p in data.prompts):
+        off["sdpo"] = "no error sites in the training data"
+    if w.beta == 0:
+        off["dpo"] = "weight 0 (beta)"
+    elif not data.pairs:
+        off["dpo"] = "no DPO pairs in the training data"
+    if len(off) == len(CHANNELS):
+        raise ValueError(f"every channel is off: {off}")
+
+    tok, policy = load_policy(model_path)
+    cuda = torch.cuda.is_available()
+    ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
+    ds = Dataset.from_list(grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role))
+    dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if "dpo" not in off else []
+    ref = None
+    if "dpo" not in off and recipe.dpo.variant == "dpo" and not recipe.lora.enabled:
+        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    peft_config = None
+    if recipe.lora.enabled:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+            target_modules=recipe.lora.target_modules, task_type="CAUSAL_LM",
+        )
+
+    g = recipe.grpo
+    cfg = GRPOConfig(
+        output_dir=str(out_dir / "trainer"),
+        max_steps=n_steps,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        temperature=g.temperature,
+        loss_type=g.loss_type,
+        beta=g.kl_beta,
+        reward_weights=g.reward_weights,
+        learning_rate=recipe.optim.learning_rate,
+        lr_scheduler_type="constant",
+        gradient_accumulation_steps=recipe.optim.gradient_accumulation_steps,
+        max_grad_norm=recipe.optim.max_grad_norm,
+        seed=recipe.optim.seed,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=cuda,
+        use_cpu=not cuda,
+        dataloader_pin_memory=False,
+        disable_tqdm=True,
+    )
+    Trainer = _make_trainer_class()
+    trainer = Trainer(
+        model=policy,
+        reward_funcs=reward_mod.resolve(g.rewards),
+        args=cfg,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=peft_config,
+        channels=ChannelState(weights=w, off_reasons=off),
+        recipe=recipe,
+        dpo_batches=dpo_batches,
+        dpo_ref_model=ref,
+    )
+
+    losses: list[dict[str, Any]] = []
+
+    class _StepLog(TrainerCallback):
+        t0 = time.perf_counter()
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            rec = _step_record(trainer, state.global_step, time.perf_counter() - self.t0)
+            losses.append(rec)
+            if on_step is not None:
+                on_step(rec)
+
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)  # stdout carries only our JSON step lines
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(_StepLog())
+    t_start = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t_start
+
+    ckpt = out_dir / "checkpoint"
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
+    final = trainer.model
+    if recipe.lora.enabled:
+        final = trainer.accelerator.unwrap_model(final).merge_and_unload()
+    final.save_pretrained(ckpt, safe_serialization=True)
+    tok.save_pretrained(ckpt)
+    (ckpt / "train.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    with (ckpt / "losses.jsonl").open("w") as f:
+        for rec in losses:
+            f.write(json.dumps(rec) + "\n")
+    plots = plot_losses(losses, ckpt, off_reasons=off)
+    metrics = {
+        "model": model_path,
+        "device": "cuda" if cuda else "cpu",
+        "dtype": "bfloat16" if cuda else "float32",
+        "steps": len(losses),
+        "train_seconds": train_s,
+        "mean_step_seconds": sum(r["step_time_s"] for r in losses) / max(len(losses), 1),
+        "channels_off": off,
+        "final": {ch: next((r[ch] for r in reversed(losses) if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
+        "first": {ch: next((r[ch] for r in losses if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
+        "data": data.summary(),
+        "ln2_check": None,
+    }
+    first_dpo = metrics["first"]["dpo"]
+    if first_dpo is not None and recipe.dpo.variant == "dpo" and recipe.dpo.label_smoothing == 0:
+        metrics["ln2_check"] = {"first_dpo_loss": first_dpo, "ln2": math.log(2), "ok": abs(first_dpo - math.log(2)) < 1e-3}
+    (ckpt / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+    shutil.rmtree(out_dir / "trainer", ignore_errors=True)
+    return TrainResult(checkpoint=ckpt, metrics=metrics, losses=losses, plots=plots)
