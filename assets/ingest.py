@@ -64,18 +64,16 @@ def render_options(recipes: PipelineRecipes):
     return IngestRecipe.load(recipes.ingest).render
 
 
-def _secret_hits(tbl: pa.Table, columns: list[str]) -> dict[str, int]:
-    from composer_pipeline.ingest.scrub import scan
+def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dict[str, int]:
+    """Secrets the scrubber would still find in what is about to be stored (should be none)."""
+    from composer_pipeline.ingest.scrub import Scrubber
 
-    hits: dict[str, int] = {}
+    scrubber = Scrubber(extra_patterns or None)
     for col in columns:
-        if col not in tbl.column_names:
-            continue
         for v in tbl.column(col).to_pylist():
             if v:
-                for kind, n in scan(v).items():
-                    hits[kind] = hits.get(kind, 0) + n
-    return hits
+                scrubber.scrub(v)
+    return {str(k): int(n) for k, n in dict(scrubber.counts).items() if n}
 
 
 def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
@@ -188,11 +186,16 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
         passed=quarantine.num_rows <= recipes.max_quarantine_rows,
         metadata={"quarantined": quarantine.num_rows, "threshold": recipes.max_quarantine_rows},
     )
-    mismatches = {
-        name: str(t.schema)
-        for name, t in (("trace_states", res.states), ("trace_messages", res.messages), ("quarantine", res.quarantine))
-        if not set(tables.SCHEMAS[name].names) <= set(t.column_names)
-    }
+    mismatches: dict[str, list[str]] = {}
+    for name, t in (("trace_states", res.states), ("trace_messages", res.messages), ("quarantine", res.quarantine)):
+        problems = []
+        for f in tables.SCHEMAS[name]:
+            if f.name not in t.column_names:
+                problems.append(f"{f.name}: missing")
+            elif t.schema.field(f.name).type not in (f.type, pa.null()):
+                problems.append(f"{f.name}: {t.schema.field(f.name).type} (contract {f.type})")
+        if problems:
+            mismatches[name] = problems
     yield dg.AssetCheckResult(
         check_name="schema",
         asset_key="trace_states",
@@ -205,7 +208,7 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
         ("trace_states", states, ["action", "error_after"]),
         ("quarantine", quarantine, ["text"]),
     ):
-        hits = _secret_hits(tbl, cols)
+        hits = _secret_hits(tbl, cols, recipe.extra_secret_patterns)
         if hits:
             leaked[name] = hits
     yield dg.AssetCheckResult(

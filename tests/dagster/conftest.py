@@ -25,6 +25,9 @@ def _rec(kind, parent, uid, sid, content, ts, **extra):
     return rec
 
 
+FAKE_GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"  # not a real token; the scrubber must catch it
+
+
 def session_lines(sid: str = SESSION_ID, n_steps: int = 3, task: str = "Fix the failing test in app.py") -> list[str]:
     """A main session: user task, then ``n_steps`` (assistant tool_use -> user tool_result), then a final answer."""
     recs, parent, ts = [], None, 0
@@ -42,7 +45,8 @@ def session_lines(sid: str = SESSION_ID, n_steps: int = 3, task: str = "Fix the 
         ts += 1
         r = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}-r{i}"))
         recs.append(_rec("user", parent, r, sid, [
-            {"type": "tool_result", "tool_use_id": tid, "content": f"line {i}: def f(): return {i}"}], ts,
+            {"type": "tool_result", "tool_use_id": tid,
+             "content": f"line {i}: def f(): return {i}" + (f"\nGITHUB_TOKEN={FAKE_GITHUB_TOKEN}" if i == 0 else "")}], ts,
             toolUseResult={"stdout": f"ok {i}"})); parent = r
     ts += 1
     f = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}-final"))

@@ -1,0 +1,43 @@
+"""The ingest chain materialized through Dagster for one session partition (ephemeral instance)."""
+
+import dagster as dg
+
+from assets.ingest import ingest_session_tables, raw_sessions
+from composer_pipeline.store import Store
+from conftest import FAKE_GITHUB_TOKEN, SESSION_ID
+from resources.recipes import PipelineRecipes
+from resources.storage import ParquetIOManager
+
+
+def test_ingest_chain_materializes_partition(trace_root, tmp_path):
+    key = f"-home-dev-proj__{SESSION_ID}"
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("sessions", [key])
+    store_root = tmp_path / "store"
+    res = dg.materialize(
+        [raw_sessions, ingest_session_tables],
+        partition_key=key,
+        instance=instance,
+        resources={"io_manager": ParquetIOManager(root=str(store_root)), "recipes": PipelineRecipes(trace_root=str(trace_root))},
+    )
+    assert res.success
+    checks = {e.check_name: e for e in res.get_asset_check_evaluations()}
+    assert set(checks) == {"parse_success_ratio", "quarantine_count", "schema", "no_secrets"}
+    assert all(c.passed for c in checks.values()), {k: c.metadata for k, c in checks.items()}
+
+    for name in ("trace_states", "trace_messages", "quarantine"):
+        assert (store_root / name / f"{key}.parquet").is_file()
+    store = Store(str(store_root))
+    states = store.read_table("trace_states")
+    assert states.num_rows == 4  # 3 tool-use steps + the final answer
+    assert set(states.column("session_key").to_pylist()) == {key}
+    raw = store.read_table("trace_messages").column("raw").to_pylist()
+    assert not any(FAKE_GITHUB_TOKEN in r for r in raw)
+
+    mats = {m.asset_key.to_user_string(): m for m in res.get_asset_materialization_events()}
+    meta = mats["trace_states"].materialization.metadata
+    assert meta["dagster/row_count"].value == 4
+    assert "Fix the failing test" in meta["rendered_example"].value
+    assert mats["trace_messages"].materialization.metadata["secrets_scrubbed"].value == {"github_token": 1}
+    raw_meta = mats["raw_sessions"].materialization.metadata
+    assert raw_meta["n_files"].value == 1 and raw_meta["total_bytes"].value > 0
