@@ -1,0 +1,60 @@
+"""``composer-pipeline ingest PATH... --out DIR [--recipe FILE]``: sessions -> Parquet, no Dagster.
+
+Writes ``trace_states.parquet``, ``trace_messages.parquet`` and ``quarantine.parquet`` under DIR
+(local or ``s3://``), streaming session by session; prints one JSON line per input file and a
+final totals line (with secrets scrubbed per kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("ingest", help="parse Claude Code session JSONL into trace states (Parquet)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="session file or directory (walked recursively)")
+    p.add_argument("--out", required=True, help="output directory (local path or s3://bucket/prefix)")
+    p.add_argument("--recipe", default=None, help="ingest recipe YAML (default: built-in defaults)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    from composer_pipeline import tables
+    from composer_pipeline.ingest.pipeline import ingest_paths
+    from composer_pipeline.ingest.recipe import IngestRecipe
+    from composer_pipeline.store import Store
+
+    recipe = IngestRecipe.load(args.recipe)
+    store = Store(args.out)
+    store.fs.makedirs(store.base, exist_ok=True)
+    names = ("trace_states", "trace_messages", "quarantine")
+    handles = {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in names}
+    writers = {n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd") for n in names}
+    totals: Counter = Counter()
+    secrets: Counter = Counter()
+    files = 0
+    try:
+        for res in ingest_paths(args.paths, recipe):
+            writers["trace_states"].write_table(res.states)
+            writers["trace_messages"].write_table(res.messages)
+            writers["quarantine"].write_table(res.quarantine)
+            for rep in res.file_reports:
+                files += 1
+                print(json.dumps(rep), flush=False)
+            for k in ("states", "messages", "bad_lines", "subagents_linked", "compactions_crossed", "warmup_dropped", "streams"):
+                totals[k] += res.stats.get(k, 0)
+            totals["sessions"] += 1
+            secrets.update(res.secrets)
+    finally:
+        for n in names:
+            writers[n].close()
+            handles[n].close()
+    print(json.dumps({"total": True, "files": files, **dict(totals), "secrets_scrubbed": dict(secrets), "out": store.url()}))
+    sys.stdout.flush()
+    return 0
