@@ -24,12 +24,7 @@ def register(subparsers) -> None:
 def _render_opts(path: str | None):
     from composer_pipeline import render
 
-    if path is None:
-        return render.RenderOptions()
-    loader = getattr(render.RenderOptions, "load", None)
-    if loader is None:
-        raise ValueError("render.RenderOptions has no load(); omit --ingest-recipe")
-    return loader(path)
+    return render.RenderOptions.from_recipe(path)
 
 
 def run(args: argparse.Namespace) -> int:

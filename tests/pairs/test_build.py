@@ -1,0 +1,109 @@
+import orjson
+import pytest
+
+from composer_pipeline import tables
+from composer_pipeline.actions import Action
+from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_id_for
+from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+from .conftest import BASH, EDIT, READ
+
+
+def _build(t, recipe=None):
+    return build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], recipe or PairRecipe.load(None), RenderOptions())
+
+
+def test_pair_when_teachers_agree_against_the_agent(session_tables):
+    res = _build(session_tables)
+    assert res.pairs.schema == tables.DPO_PAIRS and res.positives.schema == tables.DPO_PAIRS
+    assert res.pairs.num_rows == 1
+    p = res.pairs.to_pylist()[0]
+    assert p["state_id"] == "s_bash_000000000002" and p["kind"] == "pair"
+    assert Action.from_json(p["chosen"]) .tool_calls[0].name == "Edit"
+    assert Action.from_json(p["rejected"]) == BASH
+    assert p["chosen_text"] == Action.from_json(p["chosen"]).to_text() and p["rejected_text"] == BASH.to_text()
+    # alpha's latest answer (EDIT) superseded its older BASH one; gamma (with the agent) and delta (failed) are out
+    assert (p["n_teachers"], p["n_agreeing"], p["agreeing_teachers"]) == (3, 2, ["alpha", "beta"])
+    assert p["agreement_score"] == pytest.approx(2 / 3)
+    assert p["consensus_signature"] == "tool:Edit(file_path=/repo/src/app.py)"
+    assert p["agent_signature"] == "tool:Bash(command=pytest -q)"
+    # cost: every call made for the state (0.001 + 0.001 + 0.002 + 0.001 + 0.0)
+    assert p["cost_usd"] == pytest.approx(0.005)
+    assert len(p["replay_call_ids"]) == 5 and "s_bash_000000000002-delta-0" in p["replay_call_ids"]
+    assert p["pair_id"] == pair_id_for(p["state_id"], p["consensus_signature"]) and len(p["pair_id"]) == 20
+    # lineage ids and error flag carried from the state
+    assert (p["session_key"], p["session_id"], p["source_file"]) == ("proj__s1", "sess-1", "proj/s1.jsonl")
+    assert p["source_lines"] == [4] and p["record_uuids"] == ["a2"] and p["has_error"] is True
+
+
+def test_prompt_is_the_rendered_prefix(session_tables):
+    res = _build(session_tables)
+    p = res.pairs.to_pylist()[0]
+    state = [s for s in session_tables["trace_states"].to_pylist() if s["state_id"] == p["state_id"]][0]
+    rs = render_state(Conversation.from_table(session_tables["trace_messages"]), state, RenderOptions())
+    assert orjson.loads(p["prompt"]) == rs.messages and orjson.loads(p["tools"]) == rs.tools
+    msgs = orjson.loads(p["prompt"])
+    assert msgs[0]["role"] == "system" and msgs[1]["content"].startswith("Please fix")
+    assert msgs[2]["tool_calls"][0]["function"]["name"] == "Read" and msgs[-1]["role"] == "tool"
+
+
+def test_positive_when_teachers_agree_with_agent(session_tables):
+    res = _build(session_tables)
+    assert res.positives.num_rows == 1
+    q = res.positives.to_pylist()[0]
+    assert q["kind"] == "positive" and q["state_id"] == "s_read_000000000001"
+    assert Action.from_json(q["rejected"]) == READ
+    assert q["agreeing_teachers"] == ["alpha", "beta"] and q["n_teachers"] == 3
+
+
+def test_stats_account_for_every_state_and_replay(session_tables):
+    res = _build(session_tables)
+    s = res.stats
+    assert s["states"] == 3 and s["pairs"] == 1 and s["positives"] == 1
+    assert s["states_no_consensus"] == 1  # the text state: 1 vs 1 after a failure
+    assert s["replays_not_answered"] == 2
+
+
+def test_thresholds_come_from_the_recipe(session_tables):
+    strict = PairRecipe.from_dict({"agreement_threshold": 3})
+    res = _build(session_tables, strict)
+    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
+    assert res.stats["states_no_consensus"] == 2 and res.stats["states_too_few_teachers"] == 1
+    loose_text = PairRecipe.from_dict({"agreement_threshold": 1, "min_agreement_score": 0.0, "allow_ties": True,
+                                       "min_teachers": 1, "teacher_preference": ["beta"]})
+    res = _build(session_tables, loose_text)
+    # the text state now has a (tied) consensus; the agent said almost the same as alpha -> positive
+    from composer_pipeline.pairs.signature import text_signature
+
+    kinds = {r["state_id"]: r["kind"] for r in res.pairs.to_pylist() + res.positives.to_pylist()}
+    alpha_first = text_signature("All tests pass now!") < text_signature("Let me look at the database schema first.")
+    assert kinds["s_done_000000000003"] == ("positive" if alpha_first else "pair")
+    pair = [r for r in res.pairs.to_pylist() if r["state_id"] == "s_bash_000000000002"][0]
+    assert Action.from_json(pair["chosen"]) == Action.from_json(EDIT.to_json())  # beta preferred, same call
+    no_err = PairRecipe.from_dict({"keep_error_states": False})
+    assert _build(session_tables, no_err).stats["states_error_skipped"] == 1
+
+
+def test_bad_replay_rows_are_counted_not_fatal(session_tables):
+    import pyarrow as pa
+
+    from .conftest import replay
+
+    rows = session_tables["teacher_replays"].to_pylist()
+    bad = replay("s_bash_000000000002", "epsilon", EDIT)
+    bad["action"] = "{not json"
+    rows.append(bad)
+    rows.append(replay("unknown_state_xxxxxxx", "alpha", EDIT))
+    t = dict(session_tables, teacher_replays=pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS))
+    res = _build(t)
+    assert res.stats["replays_bad_action_json"] == 1 and res.stats["replays_unknown_state"] == 1
+    assert res.pairs.num_rows == 1
+
+
+def test_recipe_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="unknown keys"):
+        PairRecipe.from_dict({"agreement_treshold": 2})
+    with pytest.raises(FileNotFoundError):
+        PairRecipe.load(tmp_path / "nope.yaml")
+    r = PairRecipe.load(None)
+    assert r.agreement_threshold == 2 and r.signature.key_arguments["Bash"] == ["command"]
