@@ -67,3 +67,28 @@ def trace_root(tmp_path) -> Path:
     root = tmp_path / "projects"
     write_session(root, "-home-dev-proj", SESSION_ID)
     return root
+
+
+def write_teachers_yaml(path: Path, url: str, *, ceiling_usd: float = 5.0, budget_usd: float = 10.0, n: int = 3) -> Path:
+    """``n`` keyless teachers behind one loopback server (distinct names -> distinct call_ids)."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "ceiling_usd": ceiling_usd,
+        "teachers": [
+            {"name": f"t{i}", "base_url": url, "model": "scripted", "api_key_env": None,
+             "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0, "budget_usd": budget_usd,
+             "max_concurrency": 2, "max_tokens": 64, "max_retries": 0, "timeout_s": 10}
+            for i in range(n)
+        ],
+    }))
+    return path
+
+
+@pytest.fixture
+def scripted_server():
+    from composer_pipeline.teachers.scripted_server import ScriptedServer
+
+    srv = ScriptedServer().start()
+    yield srv
+    srv.stop()

@@ -1,0 +1,68 @@
+"""Replay through Dagster against a real loopback HTTP server: the blocking cost check and the happy path."""
+
+import dagster as dg
+
+from assets.ingest import ingest_session_tables, raw_sessions
+from assets.pairs import consensus_pairs, normalized_pairs
+from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
+from composer_pipeline.store import Store
+from conftest import SESSION_ID, write_teachers_yaml
+from resources.ledger import LedgerResource
+from resources.recipes import PipelineRecipes
+from resources.storage import ParquetIOManager
+from resources.teachers import TeachersResource
+
+KEY = f"-home-dev-proj__{SESSION_ID}"
+CHAIN = [raw_sessions, ingest_session_tables, cost_plan, cost_plan_within_budget, teacher_replays]
+
+
+def _resources(tmp_path, trace_root, teachers_yaml):
+    return {
+        "io_manager": ParquetIOManager(root=str(tmp_path / "store")),
+        "recipes": PipelineRecipes(trace_root=str(trace_root)),
+        "teachers": TeachersResource(recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache")),
+        "ledger": LedgerResource(path=str(tmp_path / "ledger.duckdb")),
+    }
+
+
+def _instance():
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("sessions", [KEY])
+    return instance
+
+
+def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, scripted_server):
+    teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url, ceiling_usd=1e-9)
+    res = dg.materialize(CHAIN, partition_key=KEY, instance=_instance(),
+                         resources=_resources(tmp_path, trace_root, teachers_yaml), raise_on_error=False)
+    assert not res.success
+    checks = {e.check_name: e for e in res.get_asset_check_evaluations()}
+    assert checks["cost_plan_within_budget"].passed is False
+    assert checks["cost_plan_within_budget"].metadata["worst_case_usd"].value > 1e-9
+    materialized = {m.asset_key.to_user_string() for m in res.get_asset_materialization_events()}
+    assert "cost_plan" in materialized and "teacher_replays" not in materialized
+    assert scripted_server.requests == []  # not one HTTP request reached the teacher
+
+
+def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_server):
+    teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
+    res = dg.materialize([*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=_instance(),
+                         resources=_resources(tmp_path, trace_root, teachers_yaml))
+    assert res.success
+    checks = {(e.asset_key.to_user_string(), e.check_name): e for e in res.get_asset_check_evaluations()}
+    failed = {k: c.metadata for k, c in checks.items() if not c.passed}
+    assert not failed, failed
+    store = Store(str(tmp_path / "store"))
+    replays = store.read_table("teacher_replays")
+    states = store.read_table("trace_states")
+    assert replays.num_rows == 3 * states.num_rows
+    assert len(scripted_server.requests) == replays.num_rows
+    assert set(replays.column("status").to_pylist()) == {"answered"}
+    meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
+    assert meta["teacher_replays"]["spend_usd"].value > 0
+    assert set(meta["teacher_replays"]["spend_usd_by_teacher"].value) == {"t0", "t1", "t2"}
+    assert "**t0**" in meta["teacher_replays"]["example"].value
+    # every teacher answers "Read /repo/app.py", the agent did something else -> pairs
+    pairs = store.read_table("normalized_dpo_pairs")
+    assert store.read_table("dpo_pairs").num_rows >= 1
+    assert pairs.num_rows + store.read_table("dropped_pairs").num_rows == store.read_table("dpo_pairs").num_rows
