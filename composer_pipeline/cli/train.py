@@ -1,0 +1,59 @@
+"""``composer-pipeline train``: the three-channel trainer without Dagster; ``train eval``: held-out metrics.
+
+    composer-pipeline train --data DIR --recipe recipes/train.yaml [--model PATH] [--steps N] --out DIR
+    composer-pipeline train eval --model PATH --data DIR [--recipe FILE] [--baseline PATH]
+
+``--data`` is any Store root (local dir, s3://, flat CLI layout or the Dagster partitioned layout).
+Training prints one JSON line per step (``step``, ``grpo``, ``sdpo``, ``dpo``, ``total``, ``off``) and a
+final ``{"checkpoint": ...}`` line. ``eval`` prints one JSON object (and, with ``--baseline``, the
+regression verdict of the model against the baseline checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_RECIPE = "recipes/train.yaml"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train a policy on the pipeline's tables (GRPO + α·SDPO + β·DPO)")
+    p.add_argument("mode", nargs="?", choices=["eval"], help="`eval`: held-out metrics of --model instead of training")
+    p.add_argument("--data", required=True, help="Store root holding pairs/positives (and trace_states)")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"trainer recipe YAML (default {DEFAULT_RECIPE})")
+    p.add_argument("--model", default=None, help="model name/path, 'tiny' or 'local:NAME' (overrides the recipe)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides optim.steps)")
+    p.add_argument("--out", type=Path, default=None, help="output dir (checkpoint goes to OUT/checkpoint)")
+    p.add_argument("--baseline", default=None, help="eval: also evaluate this checkpoint and compare")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from composer_pipeline.train.trainer import TrainRecipe
+
+    recipe = TrainRecipe.load(args.recipe)
+    if args.mode == "eval":
+        from composer_pipeline.train.evaluate import compare, evaluate_policy
+
+        if not args.model:
+            raise ValueError("train eval needs --model PATH")
+        result = {"eval": evaluate_policy(args.model, args.data, recipe)}
+        if args.baseline:
+            result["baseline"] = evaluate_policy(args.baseline, args.data, recipe)
+            result["verdict"] = compare(result["baseline"], result["eval"])
+        print(json.dumps(result, default=str))
+        return 0
+    if args.out is None:
+        raise ValueError("train needs --out DIR")
+    from composer_pipeline.train.trainer import train
+
+    def on_step(rec: dict) -> None:
+        print(json.dumps({k: rec[k] for k in ("step", "grpo", "sdpo", "dpo", "total", "off")} | {"off_reasons": rec["off_reasons"]}), flush=True)
+
+    res = train(args.data, recipe, model=args.model, steps=args.steps, out_dir=args.out, on_step=on_step)
+    print(json.dumps({"checkpoint": str(res.checkpoint), "final": res.metrics["final"], "plots": {k: str(v) for k, v in res.plots.items()}}))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,69 @@
+"""``python -m composer_pipeline.train.pipes_entry``: the trainer as a Dagster Pipes subprocess.
+
+In:  under ``PipesSubprocessClient``: extras ``data_root``, ``recipe`` (path), ``model``, ``steps``,
+     ``out_dir``. Without a Pipes environment (plain CLI): the same values as flags
+     (``--data-root --recipe --model --steps --out-dir``).
+Out: one ``pipes.log.info(<json step line>)`` per step, then
+     ``report_asset_materialization`` with the checkpoint path and per-channel final losses.
+     Without Pipes, the step lines and the final metadata are printed as JSON.
+
+Only ``dagster_pipes`` (the small, dependency-free protocol package) is imported, never Dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _metadata(res) -> dict:
+    md = {
+        "checkpoint": str(res.checkpoint),
+        "steps": res.metrics["steps"],
+        "device": res.metrics["device"],
+        "mean_step_seconds": res.metrics["mean_step_seconds"],
+        "channels_off": json.dumps(res.metrics["channels_off"]),
+    }
+    for ch, v in res.metrics["final"].items():
+        md[f"final_{ch}_loss"] = v if v is not None else "off"
+    if res.metrics.get("ln2_check"):
+        md["first_dpo_loss"] = res.metrics["ln2_check"]["first_dpo_loss"]
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
+
+    from composer_pipeline.train.trainer import train
+
+    if DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:  # launched by PipesSubprocessClient
+        with open_dagster_pipes() as pipes:
+            steps = pipes.get_extra("steps")
+            res = train(
+                pipes.get_extra("data_root"),
+                pipes.get_extra("recipe"),
+                model=pipes.get_extra("model"),
+                steps=int(steps) if steps is not None else None,
+                out_dir=Path(pipes.get_extra("out_dir")),
+                on_step=lambda rec: pipes.log.info(json.dumps(rec)),
+            )
+            pipes.report_asset_materialization(metadata=_metadata(res))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m composer_pipeline.train.pipes_entry")
+    p.add_argument("--data-root", required=True)
+    p.add_argument("--recipe", default="recipes/train.yaml")
+    p.add_argument("--model", default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--out-dir", required=True, type=Path)
+    a = p.parse_args(argv)
+    res = train(a.data_root, a.recipe, model=a.model, steps=a.steps, out_dir=a.out_dir, on_step=lambda r: print(json.dumps(r), flush=True))
+    print(json.dumps({"materialization": _metadata(res)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
