@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
-from assets.metadata import counts, png_markdown
+from assets.metadata import counts, png_markdown, preview
 from resources.recipes import PipelineRecipes
 from resources.storage import StoreResource
 from resources.trainer import TrainerLauncher
@@ -23,23 +23,13 @@ from resources.trainer import TrainerLauncher
 GROUP = "train"
 
 
-def _train_recipe_dict(path):
-    import yaml
-
-    return (yaml.safe_load(Path(path).read_text()) or {}) if path and Path(path).is_file() else {}
+CHANNELS = ("grpo", "sdpo", "dpo", "total")
 
 
-def base_model(recipes: PipelineRecipes) -> str:
-    model = recipes.train_model or _train_recipe_dict(recipes.train).get("model")
-    if not model:
-        raise ValueError("no base model: set train.model in recipes/pipeline.yaml, `model:` in the train recipe, "
-                         "or COMPOSER_TRAIN_MODEL")
-    return str(model)
-
-
-def _loss_plot(losses: dict, out: Path):
-    """Per-channel loss curves (one line per channel) -> PNG path, or None without data."""
-    series = {k: v for k, v in losses.items() if isinstance(v, list) and v}
+def _loss_plot(losses: list[dict], out: Path):
+    """All per-channel loss curves in one PNG (one line per channel), or None without data."""
+    series = {ch: [(r["step"], r[ch]) for r in losses if r.get(ch) is not None] for ch in CHANNELS}
+    series = {k: v for k, v in series.items() if v}
     if not series:
         return None
     import matplotlib
@@ -48,8 +38,8 @@ def _loss_plot(losses: dict, out: Path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-    for name, vals in sorted(series.items()):
-        ax.plot(range(1, len(vals) + 1), vals, label=name)
+    for name, pts in series.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
@@ -76,44 +66,48 @@ def trained_policy(
 ) -> dg.Output:
     if training_set.num_rows == 0:
         raise ValueError("training_set is empty: materialize the pairs of at least one session first")
-    model = base_model(recipes)
-    out_dir = Path(recipes.checkpoints_dir) / context.run_id
+    out_dir = Path(recipes.checkpoints_dir).resolve() / context.run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     data_root = store.store().root
-    extras = {"data_root": data_root, "recipe": recipes.train, "model": model,
+    extras = {"data_root": data_root, "recipe": recipes.train, "model": recipes.train_model,
               "steps": recipes.train_steps, "out_dir": str(out_dir)}
     results = trainer.run(context, extras=extras, pipes_client=pipes_subprocess_client).get_results()
     reported: dict = {}
     for r in results:
-        reported.update(getattr(r, "metadata", None) or {})
-    reported = {k: (v.value if hasattr(v, "value") else v) for k, v in reported.items()}
+        reported.update({k: getattr(v, "value", v) for k, v in (getattr(r, "metadata", None) or {}).items()})
 
-    losses_file = out_dir / "losses.json"
-    losses = json.loads(losses_file.read_text()) if losses_file.is_file() else reported.get("losses") or {}
-    checkpoint = str(reported.get("checkpoint") or out_dir)
-    location = store.upload_dir(checkpoint, f"checkpoints/{context.run_id}") if store.store().is_remote else checkpoint
-    kinds = counts(training_set.column("kind").to_pylist())
+    checkpoint = Path(str(reported.get("checkpoint") or out_dir / "checkpoint"))
+    metrics = json.loads((checkpoint / "metrics.json").read_text()) if (checkpoint / "metrics.json").is_file() else {}
+    losses = [json.loads(x) for x in (checkpoint / "losses.jsonl").read_text().splitlines() if x.strip()] \
+        if (checkpoint / "losses.jsonl").is_file() else []
+    model = str(metrics.get("model") or recipes.train_model or "")
+    location = store.upload_dir(checkpoint, f"checkpoints/{context.run_id}") if store.store().is_remote else str(checkpoint)
     keys = sorted(set(training_set.column("session_key").to_pylist()))
     version = context.instance.get_latest_data_version(dg.AssetKey("training_set"))  # lineage
     meta = {
         "checkpoint": dg.MetadataValue.path(location),
         "base_model": model,
         "training_rows": training_set.num_rows,
-        "training_rows_by_kind": dg.MetadataValue.json(kinds),
+        "training_rows_by_kind": dg.MetadataValue.json(counts(training_set.column("kind").to_pylist())),
         "training_partitions": dg.MetadataValue.json(keys),
         "training_set_data_version": str(version.value) if version else "",
-        "final_metrics": dg.MetadataValue.json({k: v for k, v in reported.items() if k not in ("losses", "checkpoint")}),
+        "final_losses": dg.MetadataValue.json(metrics.get("final") or {}),
+        "channels_off": dg.MetadataValue.json(metrics.get("channels_off") or {}),
+        "data": dg.MetadataValue.json(metrics.get("data") or {}),
     }
+    for k in ("steps", "mean_step_seconds", "train_seconds"):
+        if isinstance(metrics.get(k), (int, float)):
+            meta[k] = float(metrics[k])
+    for ch, v in (metrics.get("final") or {}).items():
+        if isinstance(v, (int, float)):
+            meta[f"final_{ch}_loss"] = float(v)
     png = _loss_plot(losses, out_dir / "losses.png")
     if png:
-        meta["loss_curves"] = png_markdown(str(png), "Per-channel loss")
-    for k, v in reported.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            meta[f"final_{k}"] = float(v)
+        meta["loss_curves"] = png_markdown(str(png), "Per-channel training loss")
     row = pa.table({
-        "checkpoint": [location], "local_dir": [checkpoint], "base_model": [model], "run_id": [context.run_id],
+        "checkpoint": [location], "local_dir": [str(checkpoint)], "base_model": [model], "run_id": [context.run_id],
         "training_rows": [training_set.num_rows], "training_partitions": [keys],
-        "metrics": [json.dumps(reported, default=str)],
+        "metrics": [json.dumps(metrics, default=str)],
     })
     return dg.Output(row, metadata=meta)
 
@@ -134,29 +128,33 @@ def policy_eval(
     data_root = store.store().root
     new = evaluate_policy(row["local_dir"], data_root, recipes.train)
     base = evaluate_policy(row["base_model"], data_root, recipes.train)
-    metrics = sorted({k for k, v in {**new, **base}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    metrics = sorted(k for k in {**new, **base} if isinstance(new.get(k, base.get(k)), dict) and "value" in new.get(k, base.get(k)))
+    value = lambda d, k: (d.get(k) or {}).get("value")  # noqa: E731
     table = pa.table({
         "metric": metrics,
-        "trained": [float(new[k]) if k in new else None for k in metrics],
-        "base": [float(base[k]) if k in base else None for k in metrics],
+        "trained": pa.array([value(new, k) for k in metrics], pa.float64()),
+        "base": pa.array([value(base, k) for k in metrics], pa.float64()),
+        "n": pa.array([(new.get(k) or {}).get("n") for k in metrics], pa.int64()),
         "checkpoint": [row["checkpoint"]] * len(metrics),
         "run_id": [context.run_id] * len(metrics),
     })
-    score_key = next((k for k in ("score", "reward", "accuracy", "action_match") if k in new and k in base), None)
-    meta = {"dagster/row_count": table.num_rows, "checkpoint": row["checkpoint"],
-            "trained": dg.MetadataValue.json(new), "base": dg.MetadataValue.json(base)}
+    meta = {"dagster/row_count": table.num_rows, "checkpoint": row["checkpoint"], "base_model": row["base_model"],
+            "trained": dg.MetadataValue.json(new), "base": dg.MetadataValue.json(base),
+            "comparison": preview(table, ["metric", "trained", "base", "n"], n=10)}
     for k in metrics:
-        if k in new:
-            meta[f"trained_{k}"] = float(new[k])
+        if value(new, k) is not None:
+            meta[f"trained_{k}"] = float(value(new, k))
     yield dg.Output(table, metadata=meta)
-    if score_key is None:
-        yield dg.AssetCheckResult(check_name="no_regression", passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                  description=f"no comparable score in eval output (keys: {sorted(new)})")
-    else:
-        delta = float(new[score_key]) - float(base[score_key])
-        yield dg.AssetCheckResult(
-            check_name="no_regression", passed=delta >= -recipes.max_eval_regression,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"metric": score_key, "trained": float(new[score_key]), "base": float(base[score_key]),
-                      "delta": delta, "allowed_regression": recipes.max_eval_regression},
-        )
+
+    # higher is better for these; hint_jsd (lower is better) is reported, not gated
+    deltas = {k: value(new, k) - value(base, k) for k in ("reward", "preference_accuracy")
+              if value(new, k) is not None and value(base, k) is not None}
+    regressed = {k: d for k, d in deltas.items() if d < -recipes.max_eval_regression}
+    yield dg.AssetCheckResult(
+        check_name="no_regression",
+        passed=bool(deltas) and not regressed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=None if deltas else "no metric comparable between the new and the starting model (empty held-out split?)",
+        metadata={"deltas": dg.MetadataValue.json(deltas), "regressed": dg.MetadataValue.json(regressed),
+                  "allowed_regression": recipes.max_eval_regression},
+    )
