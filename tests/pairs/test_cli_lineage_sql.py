@@ -1,0 +1,111 @@
+"""`pairs`, `lineage` and `sql` end to end through the CLI, on a local dir and on S3 (moto on 127.0.0.1)."""
+
+import csv
+import io
+
+import orjson
+import pytest
+
+from composer_pipeline.cli import main
+from composer_pipeline.lineage import format_lineage, resolve_pair_id, trace_pair
+from composer_pipeline.store import Store
+
+
+def _seed(root: str, t) -> Store:
+    s = Store(root)
+    s.write_table("trace_states", t["trace_states"])
+    s.write_table("trace_messages", t["trace_messages"])
+    s.write_table("replays", t["teacher_replays"])
+    return s
+
+
+def _run(capsys, *argv) -> str:
+    capsys.readouterr()
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return out.out
+
+
+def _pairs_then_lineage_and_sql(root: str, t, capsys):
+    store = _seed(root, t)
+    summary = orjson.loads(_run(capsys, "pairs", "--replays", root, "--states", root, "--out", root).strip().splitlines()[-1])
+    assert summary["pairs"] == 1 and summary["positives"] == 1 and summary["dropped"] == 0
+    assert summary["dropped_by_op"] == {} and summary["build"]["states"] == 3
+    for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives", "dropped_pairs"):
+        assert store.exists(name), name
+    pid = store.read_table("normalized_dpo_pairs").column("pair_id")[0].as_py()
+
+    # lineage by an 8-char prefix, machine-readable
+    chain = orjson.loads(_run(capsys, "lineage", pid[:8], "--store", root, "--json"))
+    assert chain["pair"]["pair_id"] == pid and chain["pair"]["tables"][0] == {"table": "normalized_dpo_pairs", "status": "kept"}
+    assert sorted(r["teacher"] for r in chain["replays"]) == ["alpha", "alpha", "beta", "delta", "gamma"]
+    assert chain["state"]["state_id"] == "s_bash_000000000002" and chain["state"]["stream_id"] == "proj__s1:main"
+    assert chain["session"] == {"session_key": "proj__s1", "session_id": "sess-1", "source_file": "proj/s1.jsonl"}
+    (rec,) = chain["records"]
+    assert (rec["source_file"], rec["line_no"], rec["uuid"], rec["uuid_matches"]) == ("proj/s1.jsonl", 4, "a2", True)
+    assert orjson.loads(rec["raw"])["message"]["content"][0]["input"] == {"command": "pytest -q"}
+    assert chain["missing"] == []
+    text = _run(capsys, "lineage", pid, "--store", root)
+    assert "line 4  assistant  uuid=a2" in text and '"pytest -q"' in text and "2/3" in text
+
+    # sql over the stored tables, three output forms
+    q = "select pair_id, n_agreeing, agreeing_teachers from normalized_dpo_pairs"
+    rows = orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))
+    assert rows == [{"pair_id": pid, "n_agreeing": 2, "agreeing_teachers": ["alpha", "beta"]}]
+    got = list(csv.reader(io.StringIO(_run(capsys, "sql", "select state_id, teacher from teacher_replays order by 1, 2", "--store", root, "--csv"))))
+    assert got[0] == ["state_id", "teacher"] and len(got) == 12
+    table = _run(capsys, "sql", "select kind, count(*) as n from agreement_positives group by kind", "--store", root)
+    assert "positive" in table and "(1 row)" in table
+    return store, pid
+
+
+def test_local_end_to_end(tmp_path, session_tables, capsys):
+    _pairs_then_lineage_and_sql(str(tmp_path / "run"), session_tables, capsys)
+
+
+def test_s3_end_to_end(moto_s3, session_tables, capsys):
+    store, pid = _pairs_then_lineage_and_sql("s3://pairs-test/run1", session_tables, capsys)
+    assert store.is_remote and store.fs.exists("pairs-test/run1/pairs.parquet")
+
+
+def test_dropped_pair_traces_to_its_drop_reason(tmp_path, session_tables, capsys, repo_root):
+    root = str(tmp_path / "run")
+    _seed(root, session_tables)
+    recipe = tmp_path / "strict.yaml"
+    recipe.write_text("process:\n  - text_length_filter:\n      text_key: rejected_text\n      min_len: 1000\n")
+    summary = orjson.loads(_run(capsys, "pairs", "--replays", root, "--states", root, "--out", root, "--normalize-recipe", str(recipe)))
+    assert summary["pairs"] == 0 and summary["dropped_by_op"] == {"text_length_filter": 1}
+    pid = Store(root).read_table("dropped_pairs").column("pair_id")[0].as_py()
+    chain = trace_pair(Store(root), pid[:6])
+    assert [a["status"] for a in chain["pair"]["tables"]] == ["dropped", "built"]
+    assert "dropped by text_length_filter: rejected_text: text_len=" in format_lineage(chain)
+
+
+def test_lineage_errors_are_clear(tmp_path, session_tables, capsys):
+    root = str(tmp_path / "run")
+    _seed(root, session_tables)
+    _run(capsys, "pairs", "--replays", root, "--states", root, "--out", root)
+    with pytest.raises(ValueError, match="at least 6"):
+        resolve_pair_id(Store(root), "abc")
+    with pytest.raises(ValueError, match="no pair with id"):
+        resolve_pair_id(Store(root), "zzzzzzzz")
+    assert main(["lineage", "zzzzzzzz", "--store", root]) == 2
+    assert "no pair with id" in capsys.readouterr().err
+    # a second pair table with an id sharing the prefix makes it ambiguous
+    import pyarrow as pa
+
+    s = Store(root)
+    t = s.read_table("dpo_pairs")
+    pid = t.column("pair_id")[0].as_py()
+    rows = t.to_pylist()
+    rows[0]["pair_id"] = pid[:6] + "0" * 14 if pid[6] != "0" else pid[:6] + "1" * 14
+    Store(str(tmp_path / "other")).write_table("dpo_pairs", pa.Table.from_pylist(rows, schema=t.schema))
+    with pytest.raises(ValueError, match="ambiguous"):
+        resolve_pair_id([s, Store(str(tmp_path / "other"))], pid[:6])
+    # missing upstream tables are reported, not skipped
+    Store(str(tmp_path / "only")).write_table("pairs", s.read_table("normalized_dpo_pairs"))
+    chain = trace_pair(Store(str(tmp_path / "only")), pid)
+    assert "trace_states: table not stored" in chain["missing"] and chain["records"] == []
+    assert main(["sql", "select * from nope", "--store", root]) == 2
+    assert "normalized_dpo_pairs" in capsys.readouterr().err
