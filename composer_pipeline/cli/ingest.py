@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+FLUSH_ROWS = 4000  # messages per Parquet row group (bounds memory; avoids tiny row groups)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ingest", help="parse Claude Code session JSONL into trace states (Parquet)")
@@ -23,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from collections import Counter
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from composer_pipeline import tables
@@ -35,15 +37,29 @@ def run(args: argparse.Namespace) -> int:
     store.fs.makedirs(store.base, exist_ok=True)
     names = ("trace_states", "trace_messages", "quarantine")
     handles = {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in names}
-    writers = {n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd") for n in names}
+    writers = {n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1) for n in names}
+    pending: dict[str, list] = {n: [] for n in names}
+    pending_rows = 0
+
+    def flush() -> None:  # batch small sessions into row groups of ~FLUSH_ROWS messages
+        nonlocal pending_rows
+        for n in names:
+            if pending[n]:
+                writers[n].write_table(pa.concat_tables(pending[n]))
+                pending[n] = []
+        pending_rows = 0
+
     totals: Counter = Counter()
     secrets: Counter = Counter()
     files = 0
     try:
         for res in ingest_paths(args.paths, recipe):
-            writers["trace_states"].write_table(res.states)
-            writers["trace_messages"].write_table(res.messages)
-            writers["quarantine"].write_table(res.quarantine)
+            pending["trace_states"].append(res.states)
+            pending["trace_messages"].append(res.messages)
+            pending["quarantine"].append(res.quarantine)
+            pending_rows += res.messages.num_rows
+            if pending_rows >= FLUSH_ROWS:
+                flush()
             for rep in res.file_reports:
                 files += 1
                 print(json.dumps(rep), flush=False)
@@ -51,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
                 totals[k] += res.stats.get(k, 0)
             totals["sessions"] += 1
             secrets.update(res.secrets)
+        flush()
     finally:
         for n in names:
             writers[n].close()

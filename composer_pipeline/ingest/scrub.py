@@ -25,7 +25,7 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         "private_key",
         r"-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----|[A-Za-z0-9+/=\\ ]*)",
         ("PRIVATE KEY-----",),
-    ),
+    ),  # (no DOTALL: a key inside a JSON string is one line with escaped newlines)
     ("aws_access_key", r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
@@ -55,18 +55,22 @@ _ASSIGN_NAMES = (
     r"|auth[_\-]?token|refresh[_\-]?token|private[_\-]?key"
 )
 _ASSIGN = (
-    r"(?i)(?<![A-Za-z0-9])((?:[A-Za-z0-9]+[_\-])*(?:" + _ASSIGN_NAMES + r")(?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?)"
+    r"(?i)(?<![A-Za-z0-9])((?:" + _ASSIGN_NAMES + r")(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?)"
     r"(?!\[REDACTED)([^\s\"'\\,;&<>(){}\[\]`]{6,})"
 )
+# matched against the lower-cased text: every name above contains one of these
 _ASSIGN_PRECHECK = (
-    "assword", "ASSWORD", "asswd", "ASSWD", "pwd", "PWD", "ecret", "ECRET", "pi_key", "PI_KEY",
-    "pikey", "piKey", "PIKEY", "pi-key", "oken", "OKEN", "rivate_key", "RIVATE_KEY", "rivateKey",
+    "password", "passwd", "pwd", "secret", "api_key", "api-key", "apikey", "access_token", "access-token",
+    "accesstoken", "auth_token", "auth-token", "authtoken", "refresh_token", "refresh-token", "refreshtoken",
+    "private_key", "private-key", "privatekey",
 )
 
 KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
 
 
 class _Pattern:
+    """One secret kind. ``pre_*``: literals every match contains (lower-case ones for ``assign``)."""
+
     __slots__ = ("kind", "rs", "rb", "pre_s", "pre_b", "assign")
 
     def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False):
@@ -93,7 +97,8 @@ class Scrubber:
 
     def scrub(self, text: str) -> str:
         for p in self.patterns:
-            if p.pre_s and not any(s in text for s in p.pre_s):
+            hay = text.lower() if p.assign else text
+            if p.pre_s and not any(s in hay for s in p.pre_s):
                 continue
             repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.assign else f"[REDACTED:{p.kind}]"
             text, n = p.rs.subn(repl, text)
@@ -102,15 +107,44 @@ class Scrubber:
         return text
 
     def scrub_bytes(self, data: bytes) -> bytes:
-        """The ingest hot path: one precheck per kind over the whole buffer, regex only on a hit."""
+        """The ingest hot path over a whole file buffer.
+
+        For each kind, ``bytes.find`` locates its literals; the regex then runs only on the lines
+        holding a hit (no pattern can match across a newline and every match contains a literal, so
+        this equals running it on the whole buffer). Extra patterns (no literals) run on everything.
+        """
         for p in self.patterns:
-            if p.pre_b and not any(s in data for s in p.pre_b):
-                continue
             tag = f"[REDACTED:{p.kind}]".encode()
             repl = (lambda m, t=tag: m.group(1) + t) if p.assign else tag
-            data, n = p.rb.subn(repl, data)
-            if n:
-                self.counts[p.kind] += n
+            if not p.pre_b:
+                data, n = p.rb.subn(repl, data)
+                if n:
+                    self.counts[p.kind] += n
+                continue
+            hay = data.lower() if p.assign else data
+            spans: set[tuple[int, int]] = set()
+            for lit in p.pre_b:
+                i = hay.find(lit)
+                while i != -1:
+                    start = data.rfind(b"\n", 0, i) + 1
+                    end = data.find(b"\n", i)
+                    end = len(data) if end == -1 else end
+                    spans.add((start, end))
+                    i = hay.find(lit, end)
+            if not spans:
+                continue
+            pieces, pos, total = [], 0, 0
+            for start, end in sorted(spans):
+                new, n = p.rb.subn(repl, data[start:end])
+                if n:
+                    pieces.append(data[pos:start])
+                    pieces.append(new)
+                    pos = end
+                    total += n
+            if total:
+                pieces.append(data[pos:])
+                data = b"".join(pieces)
+                self.counts[p.kind] += total
         return data
 
 

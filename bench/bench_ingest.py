@@ -1,0 +1,117 @@
+"""Ingest benchmark: throughput (MB per CPU-second) vs the orjson decode floor, and peak RSS.
+
+Generates a corpus of copies of the real traces (``../shared/traces``) with rewritten uuids into
+/tmp (default ~500 MB), then in the same run measures
+  * floor:  read every file and ``orjson.loads`` every line (nothing else), CPU seconds;
+  * ingest: the CLI's work: discover + scrub + parse + streams/states + Parquet (zstd) writing,
+    session by session, in a child process whose peak RSS (ru_maxrss) is reported.
+Targets: ingest >= 0.4x the floor's MB/CPU-s; peak RSS < 300 MB.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRACES = Path(os.environ.get("COMPOSER_SHARED_TRACES", REPO.parent / "shared" / "traces"))
+UUID_RE = re.compile(rb"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-)([0-9a-f]{12})")
+
+
+def generate(corpus: Path, target_mb: float) -> tuple[int, int]:
+    files = sorted(p for p in TRACES.rglob("*.jsonl"))
+    blobs = {p.relative_to(TRACES): p.read_bytes() for p in files}
+    per_copy = sum(len(b) for b in blobs.values())
+    copies = max(1, int(target_mb * 1e6 // per_copy))
+    if corpus.exists():
+        shutil.rmtree(corpus)
+    total = 0
+    for k in range(copies):
+        def sub(m, k=k):
+            return m.group(1) + b"%012x" % (int(m.group(2), 16) ^ (k + 1))
+        for rel, data in blobs.items():
+            out = corpus / f"copy{k:04d}" / rel
+            if rel.stem.count("-") == 4:  # session files are named by their uuid: rename consistently
+                out = out.with_name(sub(UUID_RE.match(rel.stem.encode())).decode() + ".jsonl")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            data = UUID_RE.sub(sub, data)
+            out.write_bytes(data)
+            total += len(data)
+    return copies, total
+
+
+def floor(corpus: Path) -> float:
+    import orjson
+
+    t = time.process_time()
+    n = 0
+    for p in sorted(corpus.rglob("*.jsonl")):
+        for line in p.read_bytes().split(b"\n"):
+            if line:
+                orjson.loads(line)
+                n += 1
+    return time.process_time() - t
+
+
+def child(corpus: Path, out: Path) -> None:
+    """The ingest run (same code path as `composer-pipeline ingest`), reporting its own CPU and RSS."""
+    from composer_pipeline.cli import main
+
+    t = time.process_time()
+    with open(os.devnull, "w") as devnull:
+        stdout, sys.stdout = sys.stdout, devnull
+        try:
+            rc = main(["ingest", str(corpus), "--out", str(out)])
+        finally:
+            sys.stdout = stdout
+    cpu = time.process_time() - t
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rc": rc, "cpu_s": cpu, "peak_rss_mb": rss_mb}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=float, default=500)
+    ap.add_argument("--corpus", default="/tmp/composer_bench_corpus")
+    ap.add_argument("--keep", action="store_true", help="keep the generated corpus and output")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    corpus, out = Path(args.corpus), Path(args.corpus + "_out")
+    if args.child:
+        child(corpus, out)
+        return
+    copies, nbytes = generate(corpus, args.mb)
+    mb = nbytes / 1e6
+    f_cpu = floor(corpus)
+    proc = subprocess.run([sys.executable, __file__, "--child", "--corpus", str(corpus)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode:
+        sys.exit(proc.stderr)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    floor_tp, ingest_tp = mb / f_cpu, mb / res["cpu_s"]
+    report = {
+        "corpus_mb": round(mb, 1), "copies": copies,
+        "floor_cpu_s": round(f_cpu, 2), "floor_mb_per_cpu_s": round(floor_tp, 1),
+        "ingest_cpu_s": round(res["cpu_s"], 2), "ingest_mb_per_cpu_s": round(ingest_tp, 1),
+        "ratio_vs_floor": round(ingest_tp / floor_tp, 3), "target_ratio": 0.4,
+        "peak_rss_mb": round(res["peak_rss_mb"], 1), "target_rss_mb": 300,
+        "output_mb": round(sum(p.stat().st_size for p in out.glob("*.parquet")) / 1e6, 1),
+    }
+    print(json.dumps(report, indent=1))
+    if not args.keep:
+        shutil.rmtree(corpus, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
