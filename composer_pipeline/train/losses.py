@@ -44,6 +44,7 @@ def generalized_jsd(
         raise ValueError(f"jsd beta must be in [0, 1], got {beta}")
     log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
     log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    same = log_t == log_s  # identical distributions contribute exactly 0 (not ~1e-9 of rounding)
     if beta == 0.0:  # KL(T || S)
         per_token = (log_t.exp() * (log_t - log_s)).sum(-1)
     elif beta == 1.0:  # KL(S || T)
@@ -53,6 +54,7 @@ def generalized_jsd(
         kl_t = (log_t.exp() * (log_t - log_m)).sum(-1)
         kl_s = (log_s.exp() * (log_s - log_m)).sum(-1)
         per_token = beta * kl_t + (1.0 - beta) * kl_s
+    per_token = torch.where(same.all(-1), torch.zeros_like(per_token), per_token)
     if mask is None:
         return per_token.mean()
     m = mask.to(per_token.dtype)

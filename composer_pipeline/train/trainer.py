@@ -215,10 +215,12 @@ def _make_trainer_class():
             self._capture = False
             self._captured_logits = None
             self.pending: list[dict[str, Any]] = []
+            self.batch_states: list[str] = []
 
         # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
+            self.batch_states = sorted({x["state_id"] for x in inputs})
             hints = [x.get("hint_prompt") or "" for x in inputs]
             device = out["prompt_ids"].device
             has_hint = torch.tensor([bool(h) for h in hints], device=device)
@@ -255,7 +257,8 @@ def _make_trainer_class():
             return logps, entropies, None
 
         def _next_dpo_batch(self):
-            b = self.dpo_batches[self._dpo_i % len(self.dpo_batches)]
+            self.dpo_batch_index = self._dpo_i % len(self.dpo_batches)
+            b = self.dpo_batches[self.dpo_batch_index]
             self._dpo_i += 1
             dev = self.accelerator.device
             return {k: v.to(dev) for k, v in b.items()}
@@ -323,6 +326,7 @@ def _make_trainer_class():
                 rec["dpo"] = float(d.detach())
                 rec["dpo_margin"] = float(margins.mean())
                 rec["dpo_accuracy"] = float((margins > 0).float().mean())
+                rec["dpo_batch"] = self.dpo_batch_index
             if total is None:
                 raise RuntimeError(f"no channel fired this step: {rec['off']}")
             self.pending.append(rec)
@@ -353,6 +357,9 @@ def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
     rec["total"] = total
     rec["off"] = sorted(off)
     rec["off_reasons"] = off
+    rec["states"] = list(trainer.batch_states)
+    if any("dpo_batch" in p for p in pend):
+        rec["dpo_batches"] = sorted({p["dpo_batch"] for p in pend if "dpo_batch" in p})
     for k in ("dpo_margin", "dpo_accuracy", "error_sites"):
         vals = [p[k] for p in pend if k in p]
         if vals:
@@ -424,6 +431,22 @@ def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
             }
         )
     return out
+
+
+def _reload_max_abs_diff(model, tok, ckpt: Path) -> float:
+    """Max |logit difference| between the in-memory final model and the saved checkpoint (should be 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    probe = tok(["<tool_call>", "def main():\n    return 0"], return_tensors="pt", padding=True)
+    reloaded = AutoModelForCausalLM.from_pretrained(ckpt, dtype=model.dtype).to(model.device).eval()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        a = model(**{k: v.to(model.device) for k, v in probe.items()}).logits
+        b = reloaded(**{k: v.to(model.device) for k, v in probe.items()}).logits
+    model.train(was_training)
+    return float((a.float() - b.float()).abs().max())
 
 
 def train(
@@ -560,6 +583,7 @@ def train(
         final = trainer.accelerator.unwrap_model(final).merge_and_unload()
     final.save_pretrained(ckpt, safe_serialization=True)
     tok.save_pretrained(ckpt)
+    reload_diff = _reload_max_abs_diff(final, tok, ckpt)
     (ckpt / "train.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     with (ckpt / "losses.jsonl").open("w") as f:
         for rec in losses:
@@ -577,6 +601,7 @@ def train(
         "first": {ch: next((r[ch] for r in losses if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
         "data": data.summary(),
         "ln2_check": None,
+        "reload_max_abs_logit_diff": reload_diff,
     }
     first_dpo = metrics["first"]["dpo"]
     if first_dpo is not None and recipe.dpo.variant == "dpo" and recipe.dpo.label_smoothing == 0:

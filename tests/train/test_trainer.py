@@ -1,0 +1,127 @@
+"""The three-channel trainer on the tiny model: each channel alone, all three together, checkpoint.
+
+Kept small (1-3 steps, 2 prompts x 4 generations, 12-token completions) for 2 shared CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from composer_pipeline.train.trainer import TrainRecipe, train
+
+
+def _recipe(tiny_model_dir, *, grpo=1.0, alpha=0.5, beta=0.5, **dpo) -> TrainRecipe:
+    r = TrainRecipe.from_dict(
+        {
+            "model": str(tiny_model_dir),
+            "weights": {"grpo": grpo, "alpha": alpha, "beta": beta},
+            "grpo": {"max_completion_length": 12, "num_generations": 4, "prompts_per_step": 2},
+            "dpo": {"batch_size": 2, **dpo},
+            "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.2},
+            "optim": {"learning_rate": 1e-3},
+        }
+    )
+    return r
+
+
+def _changed(base_dir, ckpt) -> float:
+    a, b = load_file(base_dir / "model.safetensors"), load_file(ckpt / "model.safetensors")
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize(
+    "channel,weights",
+    [("grpo", dict(grpo=1.0, alpha=0.0, beta=0.0)), ("sdpo", dict(grpo=0.0, alpha=1.0, beta=0.0)), ("dpo", dict(grpo=0.0, alpha=0.0, beta=1.0))],
+)
+def test_each_channel_alone_changes_parameters_and_only_its_loss_fires(tiny_model_dir, synth_store, tmp_path, channel, weights):
+    res = train(synth_store, _recipe(tiny_model_dir, **weights), steps=1, out_dir=tmp_path)
+    (rec,) = res.losses
+    assert rec[channel] is not None and rec[channel] != 0.0 and math.isfinite(rec[channel])
+    for other in {"grpo", "sdpo", "dpo"} - {channel}:
+        assert rec[other] is None
+        assert other in rec["off"] and rec["off_reasons"][other].startswith("weight 0")
+    assert rec["off"] == sorted({"grpo", "sdpo", "dpo"} - {channel})
+    assert _changed(tiny_model_dir, res.checkpoint) > 0
+
+
+def test_three_channels_together_over_several_batches(tiny_model_dir, synth_store, tmp_path):
+    lines = []
+    res = train(synth_store, _recipe(tiny_model_dir), steps=3, out_dir=tmp_path, on_step=lines.append)
+    assert lines == res.losses and [r["step"] for r in lines] == [1, 2, 3]
+    for r in res.losses:
+        assert r["off"] == [], r["off_reasons"]
+        for ch in ("grpo", "sdpo", "dpo"):
+            assert r[ch] is not None and math.isfinite(r[ch])
+        assert r["total"] == pytest.approx(1.0 * r["grpo"] + 0.5 * r["sdpo"] + 0.5 * r["dpo"])
+        assert r["error_sites"] >= 1
+    # different GRPO prompts and different DPO pairs at each step
+    assert len({tuple(r["states"]) for r in res.losses}) == 3
+    assert [r["dpo_batches"] for r in res.losses] == [[0], [1], [2]]
+    # first step: policy == frozen reference, so DPO sigmoid loss is ln 2
+    assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)
+    assert res.losses[-1]["dpo"] < res.losses[0]["dpo"]
+    # checkpoint contents
+    ck = res.checkpoint
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "train.yaml", "metrics.json", "losses.jsonl"):
+        assert (ck / name).is_file(), name
+    assert set(res.plots) == {"grpo", "sdpo", "dpo", "total"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in res.plots.values())
+    assert [json.loads(line) for line in (ck / "losses.jsonl").read_text().splitlines()] == res.losses
+    assert TrainRecipe.load(ck / "train.yaml") == _recipe(tiny_model_dir)
+    metrics = json.loads((ck / "metrics.json").read_text())
+    assert metrics["ln2_check"]["ok"] and metrics["channels_off"] == {}
+    # save/reload gives identical logits
+    assert metrics["reload_max_abs_logit_diff"] == 0.0
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(ck).eval()
+    b = AutoModelForCausalLM.from_pretrained(ck).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+def test_simpo_runs_reference_free(tiny_model_dir, synth_store, tmp_path):
+    res = train(synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0, variant="simpo"), steps=2, out_dir=tmp_path)
+    assert all(r["dpo"] is not None and math.isfinite(r["dpo"]) for r in res.losses)
+    assert res.metrics["ln2_check"] is None  # SimPO has no reference: no ln 2 sanity value
+    assert _changed(tiny_model_dir, res.checkpoint) > 0
+
+
+def test_lora_dpo_uses_adapter_disabled_reference(tiny_model_dir, synth_store, tmp_path):
+    r = _recipe(tiny_model_dir, grpo=1.0, alpha=0.5, beta=1.0)
+    r.lora.enabled = True
+    res = train(synth_store, r, steps=1, out_dir=tmp_path)
+    assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)
+    assert res.losses[0]["off"] == []
+    assert _changed(tiny_model_dir, res.checkpoint) > 0  # merged adapters
+    assert res.metrics["reload_max_abs_logit_diff"] == 0.0
+
+
+def test_absent_inputs_are_reported_off(tiny_model_dir, tmp_path):
+    import pyarrow as pa
+    from train_synth import pair_rows
+
+    from composer_pipeline import tables
+    from composer_pipeline.store import Store
+
+    rows = [dict(r, has_error=False, error_after=None, kind="positive") for r in pair_rows(8)]
+    Store(str(tmp_path / "d")).write_table("positives", tables.conform(pa.Table.from_pylist(rows), "agreement_positives"))
+    res = train(str(tmp_path / "d"), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
+    rec = res.losses[0]
+    assert rec["grpo"] is not None and rec["sdpo"] is None and rec["dpo"] is None
+    assert rec["off_reasons"] == {"sdpo": "no error sites in the training data", "dpo": "no DPO pairs in the training data"}
+
+
+def test_bad_recipe_and_missing_data_are_clear_errors(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="unknown keys"):
+        TrainRecipe.from_dict({"weights": {"gamma": 1.0}})
+    with pytest.raises(ValueError, match="all channel weights are 0"):
+        train(str(tmp_path), _recipe(tiny_model_dir, grpo=0, alpha=0, beta=0), steps=1, out_dir=tmp_path / "o")
+    with pytest.raises(FileNotFoundError, match="no pairs"):
+        train(str(tmp_path), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
