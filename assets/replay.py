@@ -66,6 +66,7 @@ def cost_plan(
 @dg.asset_check(
     asset=cost_plan,
     blocking=True,
+    partitions_def=sessions_partitions,
     description="Blocks the replay when the worst case of this run exceeds the ceiling or any teacher's remaining budget.",
 )
 def cost_plan_within_budget(

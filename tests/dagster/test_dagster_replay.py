@@ -27,7 +27,8 @@ def _resources(tmp_path, trace_root, teachers_yaml):
 
 def _instance():
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("sessions", [KEY])
+    # a second, never-materialized session: the partitioned cost check must load only KEY's plan
+    instance.add_dynamic_partitions("sessions", [KEY, "-home-dev-other__99999999-0000-0000-0000-000000000000"])
     return instance
 
 

@@ -1,0 +1,167 @@
+"""``composer-pipeline demo``: the whole chain through Dagster on a persistent local instance.
+
+In: a trace root (default: the bundled sample sessions), a store dir, the demo teachers recipe
+(two local models behind ``composer-pipeline teachers serve`` on 127.0.0.1, started on demand by the
+teachers resource), trainer steps. Out: every table under the store, a checkpoint, eval metrics,
+and runs recorded in ``<repo>/.dagster_home`` so ``dagster dev -w workspace.yaml`` shows them.
+
+Per session: the ``session_chain`` job (ingest -> cost_plan + blocking budget check -> replay ->
+pairs -> normalized pairs); then ``nightly_training`` (training_set -> trained_policy -> policy_eval).
+Simplified: sessions run one after another in-process (2 cores; the teacher server is the
+bottleneck); a failed session is reported and the others go on.
+"""
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from assets.settings import REPO_ROOT, load_settings
+
+DAGSTER_HOME = REPO_ROOT / ".dagster_home"
+SAMPLES = REPO_ROOT / "composer_pipeline" / "samples" / "projects"
+DEMO_TEACHERS = REPO_ROOT / "recipes" / "demo_teachers.yaml"
+DAGSTER_YAML = """\
+# Written by `composer-pipeline demo`. Local instance shared by the demo and `dagster dev`.
+# Small machine: at most 2 runs at once; the `teachers` pool lets one replay talk to the
+# (local or paid) teachers at a time.
+concurrency:
+  runs:
+    max_concurrent_runs: 2
+  pools:
+    default_limit: 1
+telemetry:
+  enabled: false
+"""
+LOG_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+@dataclass
+class DemoReport:
+    store: str
+    sessions: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    checkpoint: str | None = None
+    eval_metrics: dict[str, dict] = field(default_factory=dict)
+    row_counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text(DAGSTER_YAML)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def _first_failure(result) -> str:
+    for ev in result.all_events:
+        if ev.is_step_failure or ev.event_type_value == "RUN_FAILURE":
+            data = ev.event_specific_data
+            err = getattr(data, "error", None) or getattr(data, "error_info", None)
+            return (err.message.strip().splitlines() or ["?"])[-1] if err else ev.message or "failed"
+    failed_checks = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
+    return f"blocking checks failed: {failed_checks}" if failed_checks else "failed"
+
+
+def _stop_started_servers(before: set[Path], state_dir: Path, echo) -> None:
+    for pid_file in sorted(set(state_dir.glob("teacher_server-*.pid")) - before):
+        try:
+            pid = int(pid_file.read_text())
+            os.kill(pid, 15)
+            echo(f"stopped the local teacher server it started (pid {pid})")
+        except (ValueError, ProcessLookupError):
+            pass
+        pid_file.unlink(missing_ok=True)
+
+
+def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers=None,
+             keep_teachers=False, echo=print) -> DemoReport:
+    t0 = time.monotonic()
+    ensure_dagster_home()
+    import dagster as dg
+    from tqdm import tqdm
+
+    from assets.definitions import build_defs
+    from assets.partitions import sessions_partitions
+    from assets.sensors import scan_sessions
+    from composer_pipeline.store import Store
+
+    settings = load_settings()
+    settings = replace(
+        settings,
+        trace_root=str(Path(trace_root or SAMPLES).expanduser().resolve()),
+        store_root=str(store) if store and "://" in str(store) else str(Path(store or settings.store_root).expanduser().resolve()),
+        recipes={**settings.recipes, "teachers": str(Path(teachers or DEMO_TEACHERS).resolve())},
+        train_steps=steps if steps is not None else settings.train_steps,
+    )
+    defs = build_defs(settings)
+    instance = dg.DagsterInstance.get()
+    sessions = scan_sessions(settings.trace_root)
+    if not sessions:
+        raise FileNotFoundError(f"no Claude Code sessions under {settings.trace_root}")
+    keys = sorted(sessions)
+    existing = set(instance.get_dynamic_partitions(sessions_partitions.name))
+    instance.add_dynamic_partitions(sessions_partitions.name, [k for k in keys if k not in existing])
+    echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {DAGSTER_HOME}")
+
+    report = DemoReport(store=settings.store_root, sessions=keys)
+    state_dir = Path(settings.cache_dir).resolve().parent
+    servers_before = set(state_dir.glob("teacher_server-*.pid"))
+    chain = defs.resolve_job_def("session_chain")
+    try:
+        for key in tqdm(keys, desc="sessions", unit="session"):
+            res = chain.execute_in_process(partition_key=key, instance=instance, run_config=LOG_CONFIG,
+                                           raise_on_error=False, tags={"composer/demo": "1"})
+            if not res.success:
+                report.failed[key] = _first_failure(res)
+                echo(f"session {key}: FAILED ({report.failed[key]})")
+    finally:
+        if not keep_teachers:
+            _stop_started_servers(servers_before, state_dir, echo)
+
+    training = defs.resolve_job_def("nightly_training")
+    selection = [dg.AssetKey("training_set")] if skip_train else None
+    echo("training_set" + ("" if skip_train else " -> trained_policy -> policy_eval") + " ...")
+    res = training.execute_in_process(instance=instance, run_config=LOG_CONFIG, raise_on_error=False,
+                                      asset_selection=selection, tags={"composer/demo": "1"})
+    if not res.success:
+        report.failed["nightly_training"] = _first_failure(res)
+        echo(f"training: FAILED ({report.failed['nightly_training']})")
+
+    st = Store(settings.store_root)
+    for name in st.table_names():
+        report.row_counts[name] = st.read_table(name).num_rows
+    if not skip_train and res.success:
+        tp = res.output_for_node("trained_policy").to_pylist()[0]
+        report.checkpoint = tp["checkpoint"]
+        ev = res.output_for_node("policy_eval").to_pylist()
+        report.eval_metrics = {r["metric"]: {"trained": r["trained"], "base": r["base"]} for r in ev}
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def print_report(r: DemoReport, echo=print) -> None:
+    echo("")
+    echo(f"== composer-pipeline demo: {len(r.sessions) - len([k for k in r.failed if k in r.sessions])}/{len(r.sessions)} "
+         f"sessions through the chain in {r.seconds:.0f}s ==")
+    echo(f"store (Parquet, one file per asset partition): {r.store}")
+    for name, n in sorted(r.row_counts.items()):
+        echo(f"  {name:<22} {n:>6} rows")
+    if r.checkpoint:
+        echo(f"checkpoint: {r.checkpoint}")
+    for metric, v in r.eval_metrics.items():
+        fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
+        echo(f"eval {metric:<20} trained {fmt(v['trained'])}  base {fmt(v['base'])}")
+    for k, why in r.failed.items():
+        echo(f"FAILED {k}: {why}")
+    store_flag = "" if r.store == str((REPO_ROOT / ".store").resolve()) else f" --store {r.store}"
+    echo("")
+    echo("next:")
+    echo(f"  composer-pipeline sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")
+    echo(f"  composer-pipeline sql \"select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5\"{store_flag}")
+    echo(f"  composer-pipeline lineage <pair_id>{store_flag}      composer-pipeline show <state_id|pair_id>{store_flag}")
+    echo(f"  UI: DAGSTER_HOME={DAGSTER_HOME} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000"
+         "   -> http://127.0.0.1:3000 (runs of this demo are under Runs)")
