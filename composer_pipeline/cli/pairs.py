@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     states_store, replays_store, out = Store(args.states), Store(args.replays), Store(args.out)
     if not states_store.exists("trace_states"):
         raise FileNotFoundError(f"no trace_states under {args.states} (run `composer-pipeline ingest` first)")
+    if not states_store.exists("trace_messages"):
+        raise FileNotFoundError(f"no trace_messages under {args.states}: prompts cannot be rendered without them")
     if not replays_store.exists("teacher_replays"):
         raise FileNotFoundError(f"no replays.parquet / teacher_replays under {args.replays} (run `replay` first)")
     res = build_pairs(

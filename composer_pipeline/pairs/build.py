@@ -121,9 +121,9 @@ def _renderer(states: pa.Table, messages: pa.Table, render_opts):
     opts = render_opts if render_opts is not None else render.RenderOptions()
     conv = render.Conversation.from_table(messages)
 
-    def _render(state_row: dict) -> tuple[str, str]:
+    def _render(state_row: dict) -> tuple[str, str, int]:
         rs = render.render_state(conv, state_row, opts)
-        return orjson.dumps(rs.messages).decode(), orjson.dumps(rs.tools).decode()
+        return orjson.dumps(rs.messages).decode(), orjson.dumps(rs.tools).decode(), len(rs.messages)
 
     return _render
 
@@ -144,6 +144,7 @@ def build_pairs(
             "states_no_consensus",
             "states_tied",
             "states_error_skipped",
+            "states_no_messages",
             "replays_not_answered",
             "replays_bad_action_json",
             "replays_empty_action",
@@ -201,7 +202,10 @@ def build_pairs(
         agrees = same_decision(agent, top.representative, rules)
         if render_fn is None:
             render_fn = _renderer(states, messages, render_opts)
-        prompt, tools_json = render_fn(st)
+        prompt, tools_json, n_msgs = render_fn(st)
+        if n_msgs <= 1:  # only the system prompt: the state's stream is not in trace_messages
+            stats["states_no_messages"] += 1
+            continue
         call_ids = sorted(r["call_id"] for r in rows)
         row = {
             "pair_id": pair_id_for(st["state_id"], top.signature),

@@ -107,3 +107,18 @@ def test_recipe_errors_are_clear(tmp_path):
         PairRecipe.load(tmp_path / "nope.yaml")
     r = PairRecipe.load(None)
     assert r.agreement_threshold == 2 and r.signature.key_arguments["Bash"] == ["command"]
+
+
+def test_state_without_messages_is_counted_not_paired(session_tables):
+    import pyarrow.compute as pc
+
+    msgs = session_tables["trace_messages"]
+    t = dict(session_tables, trace_messages=msgs.filter(pc.equal(msgs["stream_id"], "other:main")))
+    res = _build(t)
+    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0 and res.stats["states_no_messages"] == 2
+
+
+def test_empty_inputs_give_empty_tables(session_tables):
+    e = {k: v.slice(0, 0) for k, v in session_tables.items()}
+    res = _build(e)
+    assert res.pairs.num_rows == 0 and res.pairs.schema == tables.DPO_PAIRS and res.stats["states"] == 0

@@ -157,3 +157,8 @@ def test_same_survivors_as_default_executor(tmp_path, repo_root):
     ref = default_executor_survivors(t, repo_root / "recipes" / "normalize.yaml", tmp_path)
     assert res.kept.column("pair_id").to_pylist() == ref
     assert 0 < res.dropped.num_rows < 300 and set(res.stats["dropped_by_op"]) >= {"text_length_filter", "document_deduplicator"}
+
+
+def test_empty_table_normalizes_to_empty_tables():
+    res = normalize_pairs(tables.empty("dpo_pairs"), NormalizeRecipe.load(None))
+    assert res.kept.num_rows == 0 and res.dropped.schema == tables.DROPPED_PAIRS and res.stats["input"] == 0
