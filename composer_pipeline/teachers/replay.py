@@ -79,27 +79,25 @@ def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig,
     return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body), est, worst)
 
 
-def _render(states: pa.Table, messages: pa.Table, render_opts) -> tuple[dict[str, Any], list[str]]:
-    """state_id → RenderedState for every state the renderer yields, plus all state ids in order."""
-    from composer_pipeline.render import render_states
+def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
+    """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
+    from composer_pipeline.render import Conversation, render_state
 
-    rendered = {sid: rs for sid, rs in render_states(states, messages, render_opts)}
-    return rendered, states.column("state_id").to_pylist()
-
-
-def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[str]]:
-    """All state × teacher requests, and the state ids the renderer did not yield."""
-    rendered, order = _render(states, messages, render_opts)
-    keys = dict(zip(order, states.column("session_key").to_pylist()))
-    reqs, missing = [], []
-    for sid in order:
-        rs = rendered.get(sid)
-        if rs is None:
-            missing.append(sid)
+    conv = Conversation.from_table(messages)
+    reqs: list[ReplayRequest] = []
+    failed: list[tuple[str, str | None, str]] = []
+    for row in states.to_pylist():
+        try:
+            rs = render_state(conv, row, render_opts)
+        except Exception as e:  # one bad state must not sink the partition: recorded per teacher
+            failed.append((row["state_id"], row.get("session_key"), f"render_error: {type(e).__name__}: {str(e)[:200]}"))
+            continue
+        if not rs.messages:
+            failed.append((row["state_id"], row.get("session_key"), "render_error: empty prompt"))
             continue
         for t in config.teachers:
-            reqs.append(make_request(sid, keys.get(sid), t, rs.messages, rs.tools))
-    return reqs, missing
+            reqs.append(make_request(row["state_id"], row.get("session_key"), t, rs.messages, rs.tools))
+    return reqs, failed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +166,7 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
 
 def _from_cache(rec: dict[str, Any], teacher: TeacherConfig) -> CallResult:
     res = answer_from_response(rec["response"], teacher)
-    res.cost_usd = float(rec.get("cost_usd") or 0.0)  # what the answer cost when it was bought
+    res.cost_usd = 0.0  # paid by the run that bought it (its cost stays in the cache record)
     res.latency_s = rec.get("latency_s")
     res.cache_hit = True
     return res
@@ -275,8 +273,6 @@ def replay_states(states: pa.Table, messages: pa.Table, config: TeachersConfig, 
                   render_opts, cache: ResponseCache, ledger: Ledger, run_id: str,
                   progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Ask every teacher for the next action at every state; one row per state × teacher."""
-    requests, missing = build_requests(states, messages, config, render_opts)
-    keys = dict(zip(states.column("state_id").to_pylist(), states.column("session_key").to_pylist()))
-    extra = [(sid, keys.get(sid), "render_error: the renderer produced no prompt for this state") for sid in missing]
+    requests, failed = build_requests(states, messages, config, render_opts)
     return replay_requests(requests, config, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
-                           extra_failed=extra)
+                           extra_failed=failed)

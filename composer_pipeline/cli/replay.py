@@ -1,0 +1,84 @@
+"""``composer-pipeline replay``: ask every teacher for the next action at every trace state, without Dagster.
+
+Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
+``replays.parquet`` (schema ``teacher_replays``, one row per state × teacher) and ``cost_plan.parquet``
+into ``--out`` and prints one JSON summary line. API keys are read from the environment variables the
+teachers YAML names. The ledger and response cache default to ``$COMPOSER_PIPELINE_HOME`` (else
+``~/.cache/composer-pipeline``), so budgets hold across runs and a re-run pays for nothing twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("replay", help="replay trace states to every teacher (budgets, cache, retries)")
+    p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states + trace_messages")
+    p.add_argument("--teachers", required=True, help="teachers YAML (e.g. recipes/demo_teachers.yaml)")
+    p.add_argument("--out", required=True, help="dir or s3:// prefix to write replays.parquet into")
+    p.add_argument("--ledger", default=None, help="budget ledger DuckDB (default $COMPOSER_PIPELINE_HOME/ledger.duckdb)")
+    p.add_argument("--cache", default=None, help="response cache dir (default $COMPOSER_PIPELINE_HOME/teacher_cache)")
+    p.add_argument("--ceiling-usd", type=float, default=None, help="override the YAML's ceiling_usd for this run")
+    p.add_argument("--run-id", default=None, help="id of this run in the ledger (default: a fresh uuid)")
+    p.add_argument("--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)")
+    p.add_argument("--plan-only", action="store_true", help="print the cost plan and stop (no calls)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import os
+    import uuid
+
+    import orjson
+
+    from composer_pipeline import render
+    from composer_pipeline.store import Store
+    from composer_pipeline.teachers.cache import ResponseCache
+    from composer_pipeline.teachers.config import load_teachers
+    from composer_pipeline.teachers.ledger import Ledger, default_home
+    from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
+
+    cfg = load_teachers(args.teachers)
+    if args.ceiling_usd is not None:
+        if args.ceiling_usd < 0:
+            raise ValueError("--ceiling-usd must be >= 0")
+        cfg = dataclasses.replace(cfg, ceiling_usd=args.ceiling_usd)
+    src, out = Store(args.states), Store(args.out)
+    if not src.exists("trace_states"):
+        raise FileNotFoundError(f"no trace_states under {args.states} (run `composer-pipeline ingest` first)")
+    states, messages = src.read_table("trace_states"), src.read_table("trace_messages")
+    home = default_home()
+    ledger = Ledger(args.ledger or home / "ledger.duckdb")
+    cache = ResponseCache(args.cache or home / "teacher_cache")
+    opts = render.RenderOptions.from_recipe(args.ingest_recipe)
+
+    requests, failed = build_requests(states, messages, cfg, opts)
+    plan = plan_requests(requests, cfg, cache, ledger)
+    out.write_table("cost_plan", plan.table)
+    if not plan.fits:
+        for reason in plan.reasons:
+            print(f"cost plan: {reason}", file=sys.stderr)
+    if args.plan_only:
+        print(orjson.dumps({"calls_planned": plan.table.num_rows, "worst_case_by_teacher": plan.worst_case_by_teacher,
+                            "remaining_budget_by_teacher": plan.remaining_budget_by_teacher,
+                            "ceiling_usd": cfg.ceiling_usd, "fits": plan.fits, "reasons": plan.reasons}).decode())
+        return 0
+
+    api_keys = {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if tty and (done == total or done % 10 == 0):
+            print(f"\rteacher calls {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
+    res = replay_requests(requests, cfg, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
+                          extra_failed=failed)
+    path = out.write_table("replays", res.table)
+    summary = {**res.summary, "out": out.url("replays.parquet") if out.is_remote else path,
+               "ledger": str(ledger.path), "cache": str(cache.dir)}
+    print(orjson.dumps(summary).decode(), flush=True)
+    return 0

