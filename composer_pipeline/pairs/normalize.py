@@ -25,14 +25,18 @@ data-juicer traps handled here (see /work/shared/notes/data-juicer.md):
 * fork start method / worker pools: never started (no ``datasets.map(num_proc=...)``), so this
   is safe inside a threaded Dagster process.
 
-Running the same recipe on Ray for large corpora. For millions of pairs, export the text columns
-(``pair_id``, ``chosen_text``, ``rejected_text`` and, for dedup, ``pair_text`` = prompt + chosen +
-rejected) to JSONL/Parquet and run data-juicer's ``RayExecutor`` with this recipe plus
-``executor_type: ray``, ``ray_address: auto`` (or ``local``), ``dataset_path`` and
-``export_path``; replace ``document_deduplicator`` with ``ray_document_deduplicator`` (the plain
-one is unsupported on Ray), and keep one op instance per text key there too, because the stats
-collision applies on Ray as well. Then join the surviving ``pair_id`` s back to the full pair
-table with DuckDB/pyarrow (``dropped`` = anti-join) so nested columns never travel through Ray.
+Running the same recipe on Ray for large corpora. Export the text columns (``pair_id``,
+``chosen_text``, ``rejected_text`` and, for dedup, ``pair_text`` = prompt + "\n\x1e\n" +
+chosen_text + "\n\x1e\n" + rejected_text, see :func:`pair_text_column`) to JSONL, copy
+``recipes/normalize.yaml`` and add ``executor_type: ray``, ``ray_address: auto`` (a running
+cluster; ``local`` starts one in-process), ``dataset_path`` and ``export_path``; rename
+``document_deduplicator`` to ``ray_document_deduplicator`` (the plain one is not supported on
+Ray); run ``dj-process --config ray_normalize.yaml``. Keep one op instance per text key and, for
+filters on both keys, one run per key: the stats collision exists on Ray too. The export is a
+folder of JSON part files; join the surviving ``pair_id`` s back to the full pair table with
+DuckDB or pyarrow (dropped = anti-join), so nested columns never travel through Ray. Checked on
+300 synthetic pairs (rejected-side length filter + ray dedup, ``ray_address: local``): same 265
+surviving ids as :func:`normalize_pairs`, 23 s including Ray start-up.
 
 Deliberately simplified: only Filter and Deduplicator ops are accepted (a Mapper would rewrite
 ``chosen_text`` without rewriting the ``chosen`` Action JSON); filters run as one batch per op.
