@@ -23,9 +23,9 @@ from collections import Counter
 _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private_key",
-        r"-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----|[A-Za-z0-9+/=\\ ]*)",
+        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----|[A-Za-z0-9+/=\\\s]*)",
         ("PRIVATE KEY-----",),
-    ),  # (no DOTALL: a key inside a JSON string is one line with escaped newlines)
+    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL)
     ("aws_access_key", r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",

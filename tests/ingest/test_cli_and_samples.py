@@ -1,0 +1,121 @@
+"""The `ingest` CLI end to end on the bundled demo sessions, and rendering of those sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
+from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions, render_state, render_states
+
+SAMPLES_KEY_A = "-home-demo-calc__a1f0c3d2-1111-4a4a-8a8a-000000000001"
+SAMPLES_KEY_C = "-home-demo-calc__c3d2e1f0-3333-4c4c-8c8c-000000000003"
+
+
+def run_cli(*args):
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", *args], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return [json.loads(line) for line in p.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def cli_out(tmp_path_factory, repo_root):
+    out = tmp_path_factory.mktemp("ingest-out")
+    lines = run_cli(str(repo_root / "composer_pipeline/samples/projects"), "--out", str(out),
+                    "--recipe", str(repo_root / "recipes/ingest.yaml"))
+    return out, lines
+
+
+def test_cli_writes_tables_and_reports(cli_out):
+    out, lines = cli_out
+    files, total = lines[:-1], lines[-1]
+    assert total["total"] and total["files"] == 6 == len(files)
+    assert total["states"] == 22 and total["bad_lines"] == 1 and total["warmup_dropped"] == 1
+    assert total["subagents_linked"] == 2 and total["compactions_crossed"] == 1
+    assert total["secrets_scrubbed"] == {"anthropic_key": 1}
+    for f in files:
+        assert set(f) >= {"file", "states", "bad_lines", "subagents_linked", "compactions_crossed"}
+    states = pq.read_table(out / "trace_states.parquet")
+    assert states.num_rows == 22 == sum(f["states"] for f in files)
+    assert all(not p.startswith("/") and p.startswith("-home-demo-calc/") for p in states.column("source_file").to_pylist())
+    q = pq.read_table(out / "quarantine.parquet").to_pylist()
+    assert [(r["source_file"], r["line_no"]) for r in q] == [("-home-demo-calc/b2e1d4c3-2222-4b4b-8b8b-000000000002.jsonl", 9)]
+    msgs = pq.read_table(out / "trace_messages.parquet")
+    assert "sk-ant-api03-FAKE" not in str(msgs.column("raw").to_pylist())
+
+
+def test_state_ids_stable_across_runs_and_single_file(cli_out, tmp_path, repo_root):
+    out, _ = cli_out
+    main = repo_root / "composer_pipeline/samples/projects/-home-demo-calc/a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl"
+    lines = run_cli(str(main), "--out", str(tmp_path))
+    # a single main file still brings its subagents/ directory; source_file relative to its folder
+    assert [f["file"] for f in lines[:-1]] == [main.name, "a1f0c3d2-1111-4a4a-8a8a-000000000001/subagents/agent-a3c9e1f27b4d5e6f8.jsonl"]
+    again = run_cli(str(repo_root / "composer_pipeline/samples/projects"), "--out", str(tmp_path / "again"))
+    a = pq.read_table(out / "trace_states.parquet").column("state_id").to_pylist()
+    b = pq.read_table(tmp_path / "again" / "trace_states.parquet").column("state_id").to_pylist()
+    assert a == b and len(set(a)) == len(a) and again[-1]["states"] == 22
+
+
+def test_fingerprint_changes_with_files(tmp_path, repo_root):
+    import shutil
+
+    shutil.copytree(repo_root / "composer_pipeline/samples/projects", tmp_path / "p")
+    sessions = discover_sessions(tmp_path / "p")
+    assert len(sessions) == 3
+    before = {s.key: session_fingerprint(s) for s in sessions}
+    sub = next(s for s in sessions if s.key.endswith("0001")).subagent_files[0]
+    with open(sub, "a") as f:
+        f.write("\n")
+    after = {s.key: session_fingerprint(s) for s in discover_sessions(tmp_path / "p")}
+    assert [k for k in before if before[k] != after[k]] == [s.key for s in sessions if s.key.endswith("0001")]
+
+
+def test_cli_bad_path_is_a_clear_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(tmp_path / "nope"), "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "no such trace path" in p.stderr
+
+
+def test_samples_render(samples):
+    res = samples.by_key[SAMPLES_KEY_A]
+    conv = Conversation.from_table(res.messages)
+    states = res.states.to_pylist()
+    sub = [s for s in states if s["stream_kind"] == "subagents_dir"]
+    assert len(sub) == 3 and sub[0]["parent_tool_use_id"] == "toolu_demoA04"
+    first = render_state(conv, sub[0], RenderOptions()).messages
+    assert first[1]["content"].startswith("Run the test suite")  # its own prompt, not the parent's
+    # suboptimal actions teachers should disagree with: Edit before Read, a wrong pytest path
+    assert states[0]["has_error"] and "not been read" in states[0]["error_after"]
+    assert sub[0]["has_error"]
+    # thinking kept in the action, stripped from prefixes by default, embedded on request
+    assert "probably in mean" in json.loads(states[0]["action"])["thinking"]
+    plain = render_state(conv, states[1], RenderOptions()).messages
+    think = render_state(conv, states[1], RenderOptions(strip_thinking=False)).messages
+    assert "<thinking>" not in json.dumps(plain) and "<thinking>The bug" in think[2]["content"]
+    # tools: schemas of the tools the stream uses, with observed argument keys
+    tools = render_state(conv, [s for s in states if s["stream_kind"] == "main"][-1], RenderOptions()).tools
+    edit = next(t for t in tools if t["function"]["name"] == "Edit")["function"]["parameters"]["properties"]
+    assert set(edit) == {"file_path", "old_string", "new_string"}
+    assert "[REDACTED:anthropic_key]" in plain[1]["content"]
+
+
+def test_samples_interrupt_and_compaction(samples, repo_root):
+    b = samples.by_key["-home-demo-calc__b2e1d4c3-2222-4b4b-8b8b-000000000002"]
+    conv = Conversation.from_table(b.messages)
+    last_main = [s for s in b.states.to_pylist() if s["stream_kind"] == "main"][-1]
+    msgs = render_state(conv, last_main, RenderOptions()).messages
+    assert {"role": "tool", "tool_call_id": "toolu_demoB04", "content": INTERRUPTED} in msgs
+    c = samples.by_key[SAMPLES_KEY_C]
+    pairs = dict(render_states(c.states, c.messages, RenderOptions.from_recipe(repo_root / "recipes/ingest.yaml")))
+    last = c.states.to_pylist()[-1]
+    assert pairs[last["state_id"]].messages[1]["content"].startswith("This session is being continued")
+    full = render_state(Conversation.from_table(c.messages), last, RenderOptions(compaction="full")).messages
+    assert full[1]["content"].startswith("rename calc/stats.py") and "being continued" not in json.dumps(full)
+    with pytest.raises(ValueError, match="compaction"):
+        RenderOptions(compaction="sometimes")
+    with pytest.raises(ValueError, match="unknown keys"):
+        RenderOptions.from_recipe({"strip_thinkin": True})

@@ -1,0 +1,101 @@
+"""Secret scrubbing: every kind, the fast bytes path equals the plain regex path, nothing leaks."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import orjson
+import pytest
+
+from composer_pipeline.ingest.discover import discover_sessions
+from composer_pipeline.ingest.pipeline import ingest_session
+from composer_pipeline.ingest.recipe import IngestRecipe
+from composer_pipeline.ingest.scrub import KINDS, Scrubber, scan
+
+from .builders import Session, text, tool
+
+# fake secrets in each published format (none of them is real)
+SECRETS = {
+    "aws_access_key": "AKIAIOSFODNN7EXAMPLE",
+    "aws_secret_key": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "github_token": "ghp_" + "A1b2C3d4" * 5,
+    "anthropic_key": "sk-ant-api03-" + "x9Y8z7W6" * 5,
+    "openai_key": "sk-proj-" + "Q1w2E3r4" * 5,
+    "slack_token": "xoxb-2470385-98765432101-AbCdEfGhIjKlMnOp",
+    "google_api_key": "AIza" + "SyD4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlLXNpZ25hdHVyZQ",
+    "private_key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA1234\nabcd==\n-----END RSA PRIVATE KEY-----",
+    "password_assignment": 'DB_PASSWORD="hunter2hunter2"',
+}
+SECRET_VALUES = ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG", "A1b2C3d4A1b2", "x9Y8z7W6x9Y8", "Q1w2E3r4Q1w2",
+                 "98765432101-AbCd", "SyD4e5F6g7H8", "eyJzdWIiOiIxMjM0NTY3ODkwIn0", "MIIEowIBAAKCAQEA1234", "hunter2hunter2"]
+
+
+@pytest.mark.parametrize("kind", sorted(SECRETS))
+def test_each_kind_scrubbed_and_counted(kind):
+    assert kind in KINDS
+    s = Scrubber()
+    out = s.scrub(f"before {SECRETS[kind]} after")
+    assert f"[REDACTED:{kind}]" in out and s.counts[kind] == 1
+    assert not any(v in out for v in SECRET_VALUES)
+    assert out.startswith("before ") and out.endswith(" after")
+
+
+def test_near_misses_untouched():
+    benign = ("task-abcdefghijklmnopqrstuvwxyz0123 disk-usage ASIAN food pwd: str password: x "
+              "output_tokens input_tokens eyJ alone AKIA short sk-short")
+    s = Scrubber()
+    assert s.scrub(benign) == benign and not s.counts
+
+
+def test_bytes_fast_path_equals_regex_on_json_lines():
+    """The literal-precheck + per-line path must give exactly what the plain regexes give."""
+    rng = random.Random(7)
+    filler = ["hello world", "task-runner", "output_tokens", "Passwords are hard", "the SECRET sauce", "api", "x" * 50]
+    lines = []
+    for i in range(400):
+        parts = [rng.choice(filler) for _ in range(rng.randint(1, 5))]
+        if rng.random() < 0.3:
+            parts.insert(rng.randint(0, len(parts)), rng.choice(list(SECRETS.values())))
+        lines.append(orjson.dumps({"i": i, "message": {"content": " ".join(parts)}, "tur": {"k": " ".join(parts)}}))
+    data = b"\n".join(lines) + b"\n"
+    fast = Scrubber()
+    out = fast.scrub_bytes(data)
+    slow = Scrubber()
+    expected = data
+    for p in slow.patterns:  # reference: every regex over the whole buffer, no prechecks
+        tag = f"[REDACTED:{p.kind}]".encode()
+        expected, n = p.rb.subn((lambda m, t=tag: m.group(1) + t) if p.assign else tag, expected)
+        slow.counts[p.kind] += n
+    assert out == expected and fast.counts == +slow.counts and sum(fast.counts.values()) > 50
+    for line in out.split(b"\n")[:-1]:
+        orjson.loads(line)  # still valid JSON
+    assert not any(v.encode() in out for v in SECRET_VALUES)
+
+
+def test_extra_patterns_and_scan():
+    s = Scrubber({"ticket": r"TKT-[0-9a-f]{8}"})
+    assert s.scrub("see TKT-deadbeef") == "see [REDACTED:ticket]" and s.counts["ticket"] == 1
+    assert scan(f"{SECRETS['jwt']} and {SECRETS['aws_access_key']}") == {"jwt": 1, "aws_access_key": 1}
+    with pytest.raises(ValueError, match="not a valid regex"):
+        Scrubber({"bad": "("})
+
+
+def test_no_secret_reaches_any_table(tmp_path):
+    s = Session()
+    s.user(f"use {SECRETS['anthropic_key']} and {SECRETS['password_assignment']}")
+    s.assistant(text(f"export GITHUB_TOKEN={SECRETS['github_token']}"), tool("Bash", "t1", command=f"curl -H 'x-api-key: {SECRETS['openai_key']}'"))
+    s.result("t1", SECRETS["private_key"], tur={"stdout": SECRETS["aws_access_key"], "stderr": SECRETS["jwt"]})
+    s.raw('{"uuid":"00000000-0000-4000-8000-0000000000ff","broken": "%s' % SECRETS["slack_token"])  # damaged line
+    s.user("ticket TKT-0123456789abcdef0123456789abcdef")
+    s.assistant(text("ok"))
+    s.write(tmp_path / "p" / "s.jsonl")
+    recipe = IngestRecipe.load("recipes/ingest.yaml")  # has an extra pattern: internal_ticket_token
+    (sf,) = discover_sessions(tmp_path)
+    res = ingest_session(sf, recipe)
+    dump = json.dumps([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
+    assert not any(v in dump for v in SECRET_VALUES) and "TKT-0123" not in dump
+    assert res.secrets["internal_ticket_token"] == 1 and res.secrets["slack_token"] == 1
+    assert res.quarantine.num_rows == 1 and "[REDACTED:slack_token]" in res.quarantine.column("text")[0].as_py()
+    assert set(res.secrets) >= {"anthropic_key", "github_token", "openai_key", "private_key", "aws_access_key", "jwt"}
