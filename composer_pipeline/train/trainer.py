@@ -449,24 +449,36 @@ def _reload_max_abs_diff(model, tok, ckpt: Path) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-def train(
+@dataclass
+class Built:
+    """A ready-to-run trainer and what ``train`` needs to finish the job."""
+
+    trainer: Any
+    recipe: TrainRecipe
+    tokenizer: Any
+    data: Any
+    off: dict[str, str]
+    model_path: str
+    cuda: bool
+
+
+def build_trainer(
     data_root: str,
     recipe: TrainRecipe | str | Path,
     *,
     model: str | None = None,
     steps: int | None = None,
     out_dir: Path,
-    on_step: Callable[[dict], None] | None = None,
-) -> TrainResult:
-    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots."""
+    plain_grpo: bool = False,
+) -> Built:
+    """Load data and model and construct the trainer (``plain_grpo``: TRL's GRPOTrainer, same
+    config, data and rewards, no extra channels: the benchmark baseline)."""
     import torch
     from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer
 
     from composer_pipeline.train import rewards as reward_mod
     from composer_pipeline.train.data import grpo_records, interleave_error_sites, load_train_data
-    from composer_pipeline.train.plots import plot_losses
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     recipe.validate()
@@ -538,18 +550,49 @@ def train(
         dataloader_pin_memory=False,
         disable_tqdm=True,
     )
-    Trainer = _make_trainer_class()
-    trainer = Trainer(
+    common = dict(
         model=policy,
         reward_funcs=reward_mod.resolve(g.rewards),
         args=cfg,
         train_dataset=ds,
         processing_class=tok,
         peft_config=peft_config,
-        channels=ChannelState(weights=w, off_reasons=off),
-        recipe=recipe,
-        dpo_batches=dpo_batches,
-        dpo_ref_model=ref,
+    )
+    if plain_grpo:
+        trainer = GRPOTrainer(**common)
+    else:
+        trainer = _make_trainer_class()(
+            **common,
+            channels=ChannelState(weights=w, off_reasons=off),
+            recipe=recipe,
+            dpo_batches=dpo_batches,
+            dpo_ref_model=ref,
+        )
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)  # stdout carries only our JSON step lines
+    trainer.remove_callback(ProgressCallback)
+    return Built(trainer, recipe, tok, data, off, model_path, cuda)
+
+
+def train(
+    data_root: str,
+    recipe: TrainRecipe | str | Path,
+    *,
+    model: str | None = None,
+    steps: int | None = None,
+    out_dir: Path,
+    on_step: Callable[[dict], None] | None = None,
+) -> TrainResult:
+    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots."""
+    from transformers import TrainerCallback
+
+    from composer_pipeline.train.plots import plot_losses
+
+    out_dir = Path(out_dir)
+    built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=out_dir)
+    trainer, recipe, tok, data, off, model_path, cuda = (
+        built.trainer, built.recipe, built.tokenizer, built.data, built.off, built.model_path, built.cuda
     )
 
     losses: list[dict[str, Any]] = []
@@ -566,10 +609,6 @@ def train(
             if on_step is not None:
                 on_step(rec)
 
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)  # stdout carries only our JSON step lines
-    trainer.remove_callback(ProgressCallback)
     trainer.add_callback(_StepLog())
     t_start = time.perf_counter()
     trainer.train()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from train_synth import write_store
+from composer_pipeline.train.synthetic import write_store
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import zlib
 import orjson
 import pyarrow as pa
 import pytest
-from train_synth import pair_rows, write_store
+from composer_pipeline.train.synthetic import pair_rows, write_store
 
 from composer_pipeline import tables
 from composer_pipeline.actions import Action, ToolCall

@@ -1,4 +1,9 @@
-"""Synthetic pipeline tables (per composer_pipeline/tables.py) for the trainer tests."""
+"""Synthetic pair tables (per composer_pipeline/tables.py) for trainer tests and the benchmark.
+
+In:  a Store root and a row count. Out: ``pairs.parquet`` (kind ``pair``) and ``positives.parquet``
+(kind ``positive``) with rendered prompts, tools, actions, and an error after every other state.
+Deliberately simplified: one tiny agent scenario (Edit before Read) repeated over file names.
+"""
 
 from __future__ import annotations
 
