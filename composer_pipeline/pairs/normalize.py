@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ from composer_pipeline import tables
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "normalize.yaml"
 DERIVED_KEYS = ("pair_text",)  # computed here: prompt + chosen_text + rejected_text
 _STATS = "__dj__stats__"
+_GUARD_LOCK = threading.RLock()  # the guard patches process-wide state: one holder at a time
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,13 @@ class AutoInstallBlocked(RuntimeError):
 @contextlib.contextmanager
 def data_juicer_guard() -> Iterator[None]:
     """Import data-juicer with its side effects contained; restore stdout/stderr/loguru after."""
+    with _GUARD_LOCK:
+        with _guarded():
+            yield
+
+
+@contextlib.contextmanager
+def _guarded() -> Iterator[None]:
     from loguru import logger
 
     saved_out, saved_err = sys.stdout, sys.stderr

@@ -162,3 +162,15 @@ def test_same_survivors_as_default_executor(tmp_path, repo_root):
 def test_empty_table_normalizes_to_empty_tables():
     res = normalize_pairs(tables.empty("dpo_pairs"), NormalizeRecipe.load(None))
     assert res.kept.num_rows == 0 and res.dropped.schema == tables.DROPPED_PAIRS and res.stats["input"] == 0
+
+
+def test_concurrent_calls_from_threads_agree(base):
+    """Dagster runs assets in threads: two normalizations at once give the same result, no worker pools."""
+    from concurrent.futures import ThreadPoolExecutor
+    from loguru import logger
+
+    real_remove = logger.remove
+    with ThreadPoolExecutor(2) as ex:
+        a, b = ex.map(lambda _: normalize_pairs(base, NormalizeRecipe.load(None)), range(2))
+    assert a.kept.equals(b.kept) and a.kept.num_rows == base.num_rows
+    assert logger.remove == real_remove  # patch undone
