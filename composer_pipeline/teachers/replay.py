@@ -79,16 +79,26 @@ def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig,
     return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body), est, worst)
 
 
+def render_prompt(conv, state_row: dict, render_opts):
+    """The rendered prefix (messages + tools) every teacher is sent for one state.
+
+    The single rendering path of replay; ``composer-pipeline show`` prints this same function's output.
+    """
+    from composer_pipeline.render import render_state
+
+    return render_state(conv, state_row, render_opts)
+
+
 def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
     """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
-    from composer_pipeline.render import Conversation, render_state
+    from composer_pipeline.render import Conversation
 
     conv = Conversation.from_table(messages)
     reqs: list[ReplayRequest] = []
     failed: list[tuple[str, str | None, str]] = []
     for row in states.to_pylist():
         try:
-            rs = render_state(conv, row, render_opts)
+            rs = render_prompt(conv, row, render_opts)
         except Exception as e:  # one bad state must not sink the partition: recorded per teacher
             failed.append((row["state_id"], row.get("session_key"), f"render_error: {type(e).__name__}: {str(e)[:200]}"))
             continue
