@@ -9,7 +9,8 @@ In:  requests to ``POST /v1/chat/completions``. What happens to a request is rea
      · ``500`` / ``503`` / ``400`` (any status) · ``hang:<s>`` (sleep, then answer) · ``truncjson``
      (200, complete HTTP, JSON cut in half) · ``cutbody`` (200, Content-Length larger than what is sent,
      then close) · ``reset`` (TCP RST after reading the request) · ``nousage`` (answer without usage)
-     · ``garbage`` (an answer whose ``<tool_call>`` is not JSON).
+     · ``garbage`` (an answer whose ``<tool_call>`` is not JSON) · ``echoauth`` (401 whose error message
+     echoes the Authorization header, as a careless provider might).
 
 Out: responses; ``server.requests`` (every request: sha256 of its body, its Authorization header, the
      raw body) and ``server.count(body_hash)``. A fixed ``latency_s`` delays every answer (benchmark).
@@ -106,6 +107,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
             self.connection.close()
+            return
+        if kind == "echoauth":  # a misbehaving provider that echoes the credential in its error
+            self._send(401, orjson.dumps({"error": {"message": f"invalid key {self.headers.get('Authorization')}"}}))
             return
         if kind.isdigit():
             headers = {"Retry-After": arg} if arg else {}
