@@ -54,7 +54,6 @@ from typing import Any, Iterator
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import yaml
 
 from composer_pipeline import tables
@@ -335,7 +334,3 @@ def normalize_pairs(pairs: pa.Table, recipe: NormalizeRecipe | None = None) -> N
     return NormalizeResult(
         kept=tables.conform(kept, "normalized_dpo_pairs"), dropped=tables.conform(dropped, "dropped_pairs"), stats=stats
     )
-
-
-def surviving_ids(result: NormalizeResult) -> list[str]:
-    return pc.unique(result.kept.column("pair_id")).to_pylist()
