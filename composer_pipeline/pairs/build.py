@@ -145,6 +145,7 @@ def build_pairs(
             "states_tied",
             "states_error_skipped",
             "states_no_messages",
+            "states_render_error",
             "replays_not_answered",
             "replays_bad_action_json",
             "replays_empty_action",
@@ -202,7 +203,11 @@ def build_pairs(
         agrees = same_decision(agent, top.representative, rules)
         if render_fn is None:
             render_fn = _renderer(states, messages, render_opts)
-        prompt, tools_json, n_msgs = render_fn(st)
+        try:
+            prompt, tools_json, n_msgs = render_fn(st)
+        except Exception:  # noqa: BLE001 - one unrenderable state must not sink the run; counted
+            stats["states_render_error"] += 1
+            continue
         if n_msgs <= 1:  # only the system prompt: the state's stream is not in trace_messages
             stats["states_no_messages"] += 1
             continue

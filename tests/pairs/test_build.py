@@ -122,3 +122,4 @@ def test_empty_inputs_give_empty_tables(session_tables):
     e = {k: v.slice(0, 0) for k, v in session_tables.items()}
     res = _build(e)
     assert res.pairs.num_rows == 0 and res.pairs.schema == tables.DPO_PAIRS and res.stats["states"] == 0
+
