@@ -19,7 +19,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-# kind -> (regex source, literal prechecks). Order matters: anthropic before openai (both "sk-").
+# kind -> (regex source, prechecks). Every match of the regex contains a match of one precheck
+# (literals, or regexes that start with a literal so ``re`` can use its fast prefix search).
+# Prechecks in lower case run on the lower-cased buffer. Order matters: anthropic before openai.
 _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private_key",
@@ -29,20 +31,20 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     ("aws_access_key", r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
-        r"(?i)(?<=aws_secret_access_key)(?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?[A-Za-z0-9/+]{40}",
-        ("aws_secret", "AWS_SECRET"),
+        r"(?i)(?<=aws_secret_access_key)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?[A-Za-z0-9/+]{40}",
+        ("secret",),
     ),
     (
         "github_token",
         r"(?<![A-Za-z0-9_])(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        (r"gh(?:[pousr]_|ithub_pat_)",),
     ),
     ("anthropic_key", r"(?<![A-Za-z0-9_])sk-ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
     ("openai_key", r"(?<![A-Za-z0-9_\-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
     (
         "slack_token",
         r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
-        ("xox", "hooks.slack.com"),
+        ("xox", r"hooks\.slack\.com"),
     ),
     ("google_api_key", r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}", ("AIza",)),
     ("jwt", r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyJ",)),
@@ -58,28 +60,49 @@ _ASSIGN = (
     r"(?i)(?<![A-Za-z0-9])((?:" + _ASSIGN_NAMES + r")(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?)"
     r"(?!\[REDACTED)([^\s\"'\\,;&<>(){}\[\]`]{6,})"
 )
-# matched against the lower-cased text: every name above contains one of these
-_ASSIGN_PRECHECK = (
-    "password", "passwd", "pwd", "secret", "api_key", "api-key", "apikey", "access_token", "access-token",
-    "accesstoken", "auth_token", "auth-token", "authtoken", "refresh_token", "refresh-token", "refreshtoken",
-    "private_key", "private-key", "privatekey",
-)
+# on the lower-cased text: every name above starts with one of these
+_ASSIGN_PRECHECK = ("pass", "pwd", "secret", "client", "api", "access", "auth", "refresh", "private")
+# the same pattern anchored at a precheck hit (the bytes path matches only there: no scanning)
+_ASSIGN_AT = re.compile(_ASSIGN.replace("(?<![A-Za-z0-9])", "", 1).encode())
+_ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 
 KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
 
 
-class _Pattern:
-    """One secret kind. ``pre_*``: literals every match contains (lower-case ones for ``assign``)."""
+_REGEX_CHARS = set("\\()[]|?*+{}")
 
-    __slots__ = ("kind", "rs", "rb", "pre_s", "pre_b", "assign")
+
+class _Pattern:
+    """One secret kind. ``pre``: prechecks every match contains; for a case-insensitive ``(?i)``
+    pattern they are lower-case and run on the lower-cased text."""
+
+    __slots__ = ("kind", "rs", "rb", "pre", "assign")
 
     def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False):
         self.kind = kind
         self.rs = re.compile(source)
         self.rb = re.compile(source.encode())
-        self.pre_s = prechecks
-        self.pre_b = tuple(p.encode() for p in prechecks)
+        ci = source.startswith("(?i)")
+        if ci and any(p != p.lower() for p in prechecks):
+            raise ValueError(f"{kind}: prechecks of a case-insensitive pattern must be lower-case")
+        # (key, is_regex, lowered, literal-or-compiled)
+        self.pre = tuple(
+            (p, bool(_REGEX_CHARS & set(p)), ci,
+             re.compile(p.encode()) if _REGEX_CHARS & set(p) else p.encode())
+            for p in prechecks
+        )
         self.assign = assign
+
+    def hit_in(self, text: str) -> bool:
+        low = None
+        for key, is_re, lowered, _ in self.pre:
+            hay = text
+            if lowered:
+                low = low if low is not None else text.lower()
+                hay = low
+            if (re.search(key, hay) if is_re else key in hay):
+                return True
+        return False
 
 
 class Scrubber:
@@ -97,8 +120,7 @@ class Scrubber:
 
     def scrub(self, text: str) -> str:
         for p in self.patterns:
-            hay = text.lower() if p.assign else text
-            if p.pre_s and not any(s in hay for s in p.pre_s):
+            if p.pre and not p.hit_in(text):
                 continue
             repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.assign else f"[REDACTED:{p.kind}]"
             text, n = p.rs.subn(repl, text)
@@ -109,28 +131,41 @@ class Scrubber:
     def scrub_bytes(self, data: bytes) -> bytes:
         """The ingest hot path over a whole file buffer.
 
-        For each kind, ``bytes.find`` locates its literals; the regex then runs only on the lines
-        holding a hit (no pattern can match across a newline and every match contains a literal, so
-        this equals running it on the whole buffer). Extra patterns (no literals) run on everything.
+        Each precheck is located with ``bytes.find`` (or a literal-prefixed regex) once per buffer
+        and shared between kinds; a kind's regex then runs only on the lines holding a hit (no
+        pattern matches across a newline in JSONL and every match contains a precheck, so this
+        equals running it on the whole buffer: tests/ingest/test_scrub.py checks exactly that).
+        Extra patterns (no prechecks) run on the whole buffer.
         """
+        lowered: bytes | None = None
+        spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.patterns:
             tag = f"[REDACTED:{p.kind}]".encode()
             repl = (lambda m, t=tag: m.group(1) + t) if p.assign else tag
-            if not p.pre_b:
+            if p.assign:
+                lowered = data.lower() if lowered is None else lowered
+                data, n = _scrub_assignments(data, lowered, p, tag)
+                if n:
+                    self.counts[p.kind] += n
+                    lowered, spans_cache = None, {}
+                continue
+            if not p.pre:
                 data, n = p.rb.subn(repl, data)
                 if n:
                     self.counts[p.kind] += n
+                    lowered, spans_cache = None, {}
                 continue
-            hay = data.lower() if p.assign else data
             spans: set[tuple[int, int]] = set()
-            for lit in p.pre_b:
-                i = hay.find(lit)
-                while i != -1:
-                    start = data.rfind(b"\n", 0, i) + 1
-                    end = data.find(b"\n", i)
-                    end = len(data) if end == -1 else end
-                    spans.add((start, end))
-                    i = hay.find(lit, end)
+            for key, is_re, low, needle in p.pre:
+                got = spans_cache.get(key)
+                if got is None:
+                    if low:
+                        lowered = data.lower() if lowered is None else lowered
+                        hay = lowered
+                    else:
+                        hay = data
+                    got = spans_cache[key] = _line_spans(data, hay, needle, is_re)
+                spans.update(got)
             if not spans:
                 continue
             pieces, pos, total = [], 0, 0
@@ -145,7 +180,46 @@ class Scrubber:
                 pieces.append(data[pos:])
                 data = b"".join(pieces)
                 self.counts[p.kind] += total
+                lowered, spans_cache = None, {}  # offsets moved
         return data
+
+
+def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> tuple[bytes, int]:
+    """``name = value`` secrets: try the anchored pattern only where a name starts."""
+    cuts: list[tuple[int, int]] = []
+    for _key, _is_re, _low, needle in p.pre:
+        i = lowered.find(needle)
+        while i != -1:
+            if i == 0 or data[i - 1] not in _ALNUM:
+                m = _ASSIGN_AT.match(data, i)
+                if m:
+                    cuts.append((m.start(2), m.end(2)))
+            i = lowered.find(needle, i + 1)
+    if not cuts:
+        return data, 0
+    pieces, pos = [], 0
+    for a, b in sorted(set(cuts)):
+        if a < pos:  # overlapping hit (e.g. "client_secret" and "secret"): already cut
+            continue
+        pieces.append(data[pos:a])
+        pieces.append(tag)
+        pos = b
+    pieces.append(data[pos:])
+    return b"".join(pieces), len(pieces) // 2
+
+
+def _line_spans(data: bytes, hay: bytes, needle, is_re: bool) -> list[tuple[int, int]]:
+    """(start, end) of every line of ``data`` in which ``needle`` occurs in ``hay`` (same offsets)."""
+    out = []
+    find = needle.search if is_re else None
+    i = (m.start() if (m := find(hay)) else -1) if is_re else hay.find(needle)
+    while i != -1:
+        start = data.rfind(b"\n", 0, i) + 1
+        end = data.find(b"\n", i)
+        end = len(data) if end == -1 else end
+        out.append((start, end))
+        i = (m.start() if (m := find(hay, end)) else -1) if is_re else hay.find(needle, end)
+    return out
 
 
 def scan(text: str, extra_patterns: dict[str, str] | None = None) -> dict[str, int]:
