@@ -1,0 +1,105 @@
+"""`composer-pipeline replay` end to end on ingested sessions: the plan, the rows, a re-run that pays
+nothing, and a run killed with SIGKILL halfway whose re-run never pays twice for an answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import yaml
+
+from composer_pipeline.teachers.cache import ResponseCache
+
+from .conftest import teacher_dict
+
+
+def _yaml(tmp_path, url, **over) -> str:
+    p = tmp_path / "teachers.yaml"
+    teachers = [teacher_dict(url, "t1", **over), teacher_dict(url, "t2", model="scripted-b", **over)]
+    p.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": teachers}))
+    return str(p)
+
+
+def _cmd(samples_dir, teachers, out, home):
+    return [sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers", teachers,
+            "--out", str(out), "--ledger", str(home / "ledger.duckdb"), "--cache", str(home / "cache")]
+
+
+def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
+    states, _ = samples_tables
+    teachers = _yaml(tmp_path, server.url)
+    env = {**os.environ, "COMPOSER_PIPELINE_HOME": str(tmp_path / "home")}
+    p = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out1", tmp_path), capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    s1 = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = pq.read_table(tmp_path / "out1" / "replays.parquet").to_pylist()
+    assert len(rows) == 2 * states.num_rows == s1["rows"] == s1["calls"]
+    assert {r["status"] for r in rows} == {"answered"} and s1["total_spend"] > 0
+    assert set(s1["spend_by_teacher"]) == {"t1", "t2"}
+    plan = pq.read_table(tmp_path / "out1" / "cost_plan.parquet")
+    assert plan.num_rows == len(rows) and set(plan.column("call_id").to_pylist()) == {r["call_id"] for r in rows}
+    n = len(server.requests)
+    p2 = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, env=env, timeout=120)
+    s2 = json.loads(p2.stdout.strip().splitlines()[-1])
+    assert s2["calls"] == 0 and s2["cache_hits"] == len(rows) and s2["total_spend"] == 0
+    assert len(server.requests) == n
+
+
+def test_cli_errors_are_clear(tmp_path, server):
+    teachers = _yaml(tmp_path, server.url)
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "replay", "--states", str(tmp_path / "empty"),
+                        "--teachers", teachers, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no trace_states" in p.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ceiling_usd: 1\nteachers: [{name: a}]\n")
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "replay", "--states", str(tmp_path), "--teachers", str(bad),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "missing required key(s)" in p.stderr
+
+
+def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_dir, samples_tables):
+    states, _ = samples_tables
+    server.latency_s = 0.25
+    teachers = _yaml(tmp_path, server.url, max_concurrency=2)
+    cache = ResponseCache(tmp_path / "cache")
+    proc = subprocess.Popen(_cmd(samples_dir, teachers, tmp_path / "out1", tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(cache) < 6 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    received = {p.stem for p in cache.dir.glob("*/*.json")}
+    assert 6 <= len(received) < 2 * states.num_rows, "kill landed too late to test anything"
+    assert not (tmp_path / "out1" / "replays.parquet").exists()
+    first_run_requests = len(server.requests)
+
+    p = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = pq.read_table(tmp_path / "out2" / "replays.parquet").to_pylist()
+    assert len(rows) == 2 * states.num_rows and {r["status"] for r in rows} == {"answered"}
+    assert summary["cache_hits"] >= len(received)
+    # every answer received before the kill was requested exactly once in total
+    body_of = {}
+    for req in server.requests:
+        cid = next((r["call_id"] for r in rows if r["call_id"] in received and _matches(req.body, r, tmp_path)), None)
+        if cid:
+            body_of.setdefault(cid, []).append(req)
+    assert set(body_of) == received and all(len(v) == 1 for v in body_of.values())
+    # at most the requests in flight at the kill (concurrency 2 × 2 teachers) were sent again
+    assert len(server.requests) - first_run_requests == len(rows) - len(received)
+    assert len(server.requests) <= len(rows) + 4
+
+
+def _matches(body: bytes, row: dict, tmp_path) -> bool:
+    from composer_pipeline.teachers.cache import call_id
+
+    data = json.loads(body)
+    return call_id(row["teacher"], data["model"], data) == row["call_id"]

@@ -1,0 +1,59 @@
+"""Secrets: the API key travels only in the Authorization header, never in bodies, call ids, the cache,
+the ledger, Parquet, logs or reasons; secrets in sessions are scrubbed by ingest before any request."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+from composer_pipeline.cli import main
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.teachers.replay import replay_requests
+
+from .conftest import make_config, scripted_request, teacher_dict
+
+KEY = "sk-or-v1-TESTSECRET-4f2a9c7e1b3d5f60718293a4b5c6d7e8"
+SAMPLE_SECRET = re.compile(rb"sk-ant-api03-FAKE")  # planted in the shipped sample sessions
+
+
+def _all_bytes(root: Path) -> list[tuple[Path, bytes]]:
+    return [(p, p.read_bytes()) for p in root.rglob("*") if p.is_file()]
+
+
+def test_key_only_in_authorization_header(tmp_path, server, samples_dir, monkeypatch, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("MY_TEACHER_KEY", KEY)
+    monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))
+    teachers = tmp_path / "teachers.yaml"
+    teachers.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(server.url, api_key_env="MY_TEACHER_KEY")]}))
+    rc = main(["replay", "--states", str(samples_dir), "--teachers", str(teachers), "--out", str(tmp_path / "out")])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert server.requests and all(r.authorization == f"Bearer {KEY}" for r in server.requests)
+    for r in server.requests:
+        assert KEY.encode() not in r.body
+        assert not SAMPLE_SECRET.search(r.body), "a secret from the session reached a teacher"
+    rows = pq.read_table(tmp_path / "out" / "replays.parquet").to_pylist()
+    assert rows and {r["status"] for r in rows} == {"answered"}
+    home = tmp_path / "home"
+    files = _all_bytes(home) + _all_bytes(tmp_path / "out")
+    assert any(p.suffix == ".duckdb" for p, _ in files) and any(p.suffix == ".json" for p, _ in files)
+    for p, data in files:
+        assert KEY.encode() not in data, p
+    for text in (out, err, caplog.text):
+        assert KEY not in text
+
+
+def test_a_provider_echoing_the_key_is_scrubbed(tmp_path, server):
+    cfg = make_config(server.url, api_key_env="X_KEY")
+    res = replay_requests([scripted_request(cfg, 0, "echoauth")], cfg, {"t1": KEY}, cache=ResponseCache(tmp_path / "c"),
+                          ledger=Ledger(tmp_path / "l.duckdb"), run_id="r")
+    row = res.table.to_pylist()[0]
+    assert row["status"] == "failed" and row["reason"].startswith("http_401") and "[REDACTED]" in row["reason"]
+    assert KEY not in str(res.summary) and KEY not in str(row)
+    assert KEY.encode() not in (tmp_path / "l.duckdb").read_bytes()
