@@ -38,15 +38,16 @@ def run(args: argparse.Namespace) -> int:
     names = ("trace_states", "trace_messages", "quarantine")
     handles = {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in names}
     writers = {n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1) for n in names}
-    pending: dict[str, list] = {n: [] for n in names}
+    pending: dict[str, dict[str, list]] = {n: {f.name: [] for f in tables.SCHEMAS[n]} for n in names}
     pending_rows = 0
 
-    def flush() -> None:  # batch small sessions into row groups of ~FLUSH_ROWS messages
+    def flush() -> None:  # many small sessions -> one Arrow conversion and row group per ~FLUSH_ROWS
         nonlocal pending_rows
         for n in names:
-            if pending[n]:
-                writers[n].write_table(pa.concat_tables(pending[n]))
-                pending[n] = []
+            cols = pending[n]
+            if cols[tables.SCHEMAS[n].names[0]]:
+                writers[n].write_table(pa.table(cols, schema=tables.SCHEMAS[n]))
+                pending[n] = {f.name: [] for f in tables.SCHEMAS[n]}
         pending_rows = 0
 
     totals: Counter = Counter()
@@ -54,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
     files = 0
     try:
         for res in ingest_paths(args.paths, recipe):
-            pending["trace_states"].append(res.states)
-            pending["trace_messages"].append(res.messages)
-            pending["quarantine"].append(res.quarantine)
-            pending_rows += res.messages.num_rows
+            for n in names:
+                for col, values in res.columns(n).items():
+                    pending[n][col].extend(values)
+            pending_rows += res.stats["messages"]
             if pending_rows >= FLUSH_ROWS:
                 flush()
             for rep in res.file_reports:

@@ -28,13 +28,38 @@ from composer_pipeline.ingest.states import build_session
 
 @dataclass
 class IngestResult:
+    """One session's output. ``states``/``messages``/``quarantine`` are built on first access from
+    ``columns`` (plain lists), so a caller that batches many sessions (the CLI) can skip the
+    per-session Arrow conversion by extending its own buffers with :meth:`columns`."""
+
     session_key: str
-    states: pa.Table
-    messages: pa.Table
-    quarantine: pa.Table
     file_reports: list[dict] = field(default_factory=list)
     secrets: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    _columns: dict[str, dict[str, list]] = field(default_factory=dict, repr=False)
+    _tables: dict[str, pa.Table] = field(default_factory=dict, repr=False)
+
+    def columns(self, table: str) -> dict[str, list]:
+        """Column lists of ``trace_states`` / ``trace_messages`` / ``quarantine``."""
+        return self._columns[table]
+
+    def _table(self, name: str) -> pa.Table:
+        t = self._tables.get(name)
+        if t is None:
+            t = self._tables[name] = pa.table(self._columns[name], schema=tables.SCHEMAS[name])
+        return t
+
+    @property
+    def states(self) -> pa.Table:
+        return self._table("trace_states")
+
+    @property
+    def messages(self) -> pa.Table:
+        return self._table("trace_messages")
+
+    @property
+    def quarantine(self) -> pa.Table:
+        return self._table("quarantine")
 
 
 def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None) -> IngestResult:
@@ -76,14 +101,15 @@ def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None) -> Inge
         "states": len(build.states["state_id"]),
         "messages": len(build.messages["uuid"]),
     }
+    qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
+    # column lists are built in exactly the schema's order and types (tables.py), so the Arrow
+    # tables need no conform() step
     return IngestResult(
         session_key=sf.key,
-        states=tables.conform(pa.table(build.states, schema=tables.TRACE_STATES), "trace_states"),
-        messages=tables.conform(pa.table(build.messages, schema=tables.TRACE_MESSAGES), "trace_messages"),
-        quarantine=tables.conform(pa.Table.from_pylist(quarantine, schema=tables.QUARANTINE), "quarantine"),
         file_reports=reports,
         secrets=dict(scrubber.counts),
         stats=stats,
+        _columns={"trace_states": build.states, "trace_messages": build.messages, "quarantine": qcols},
     )
 
 
