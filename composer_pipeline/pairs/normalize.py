@@ -290,26 +290,36 @@ def normalize_pairs(pairs: pa.Table, recipe: NormalizeRecipe | None = None) -> N
         else:
             alive.append(i)
 
-    with data_juicer_guard():
-        from data_juicer.ops.base_op import Deduplicator, Filter
-        from data_juicer.ops.load import load_ops
+    if alive:  # nothing to normalize: skip data-juicer's import (~3 s) altogether
+        with data_juicer_guard():
+            _apply_ops(recipe, alive, texts, pair_ids, drop)
+    alive = [i for i in range(n) if i not in drop]
+    return _result(pairs, alive, drop, n, t0)
 
-        ops = load_ops([{name: {**args, "skip_op_error": False}} for name, args in recipe.process])
-        for op in ops:
-            if not isinstance(op, (Filter, Deduplicator)):
-                raise ValueError(
-                    f"normalize recipe: {op._name} is a {type(op).__bases__[0].__name__}; only filters and "
-                    "deduplicators are supported (a mapper would change chosen_text but not the chosen action)"
-                )
-        for op in ops:
-            if not alive:
-                break
-            key = op.text_key
-            if isinstance(op, Filter):
-                alive = _run_filter(op, key, alive, texts[key], drop)
-            else:
-                alive = _run_dedup(op, key, alive, texts[key], pair_ids, drop)
 
+def _apply_ops(recipe: NormalizeRecipe, alive: list[int], texts: dict, pair_ids: list, drop: dict) -> None:
+    """Run the recipe's ops in order over the surviving rows; every drop is recorded in ``drop``."""
+    from data_juicer.ops.base_op import Deduplicator, Filter
+    from data_juicer.ops.load import load_ops
+
+    ops = load_ops([{name: {**args, "skip_op_error": False}} for name, args in recipe.process])
+    for op in ops:
+        if not isinstance(op, (Filter, Deduplicator)):
+            raise ValueError(
+                f"normalize recipe: {op._name} is a {type(op).__bases__[0].__name__}; only filters and "
+                "deduplicators are supported (a mapper would change chosen_text but not the chosen action)"
+            )
+    for op in ops:
+        if not alive:
+            break
+        key = op.text_key
+        if isinstance(op, Filter):
+            alive = _run_filter(op, key, alive, texts[key], drop)
+        else:
+            alive = _run_dedup(op, key, alive, texts[key], pair_ids, drop)
+
+
+def _result(pairs: pa.Table, alive: list[int], drop: dict, n: int, t0: float) -> NormalizeResult:
     kept = pairs.take(pa.array(alive, pa.int64()))
     dropped_idx = sorted(drop)
     dropped = pairs.take(pa.array(dropped_idx, pa.int64()))
