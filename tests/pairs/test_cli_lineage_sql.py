@@ -61,7 +61,11 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
 
 
 def test_local_end_to_end(tmp_path, session_tables, capsys):
-    _pairs_then_lineage_and_sql(str(tmp_path / "run"), session_tables, capsys)
+    store, _ = _pairs_then_lineage_and_sql(str(tmp_path / "run"), session_tables, capsys)
+    pos = store.read_table("agreement_positives").column("pair_id")[0].as_py()
+    chain = trace_pair(store, pos)
+    assert chain["pair"]["tables"] == [{"table": "agreement_positives", "status": "positive"}]
+    assert [r["line_no"] for r in chain["records"]] == [2] and chain["records"][0]["uuid"] == "a1"
 
 
 def test_s3_end_to_end(moto_s3, session_tables, capsys):
