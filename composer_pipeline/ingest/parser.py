@@ -29,7 +29,9 @@ _SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*true')
 
 
 class Record:
-    """One parsed line. ``obj`` is the decoded JSON object (``None`` for a salvaged damaged line)."""
+    """One parsed line. ``obj`` is the decoded JSON object (``None`` for a salvaged damaged line);
+    ``raw`` the scrubbed line as UTF-8 ``bytes`` (``str`` for a repaired or damaged line): Arrow
+    takes either for a string column, so the hot path never decodes it."""
 
     __slots__ = ("line_no", "file", "obj", "raw", "type", "uuid", "parent", "is_sidechain")
 
@@ -118,7 +120,7 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
         u = obj.get("uuid")
         p = obj.get("parentUuid")
         append(
-            Record(i, rel, obj, raw or line.decode("utf-8", "replace"), t if isinstance(t, str) else "<none>",
+            Record(i, rel, obj, raw or line, t if isinstance(t, str) else "<none>",
                    u if isinstance(u, str) else None, p if isinstance(p, str) else None,
                    obj.get("isSidechain") is True)
         )

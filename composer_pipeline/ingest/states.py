@@ -48,6 +48,11 @@ def _dumps(v) -> str | None:
     return None if v is None else orjson.dumps(v).decode()
 
 
+def _dumpb(v) -> bytes | None:
+    """JSON as UTF-8 bytes for message columns (Arrow string columns accept bytes: no decode)."""
+    return None if v is None else orjson.dumps(v)
+
+
 @dataclass
 class Stream:
     stream_id: str
@@ -361,7 +366,7 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
             lp = o.get("logicalParentUuid")
             vals = (s.stream_id, session_key, r.uuid, r.parent, lp if isinstance(lp, str) else None, r.type,
                     st if isinstance(st, str) else None, ix.key.get(r.uuid), msg.get("role") if msg else None,
-                    _dumps(content), _dumps(o.get("toolUseResult")), o.get("isMeta") is True,
+                    _dumpb(content), _dumpb(o.get("toolUseResult")), o.get("isMeta") is True,
                     o.get("isCompactSummary") is True, r.is_sidechain, r.file, r.line_no,
                     o.get("timestamp") if isinstance(o.get("timestamp"), str) else None, r.raw)
         for c, v in zip(_MSG_COLS, vals):
