@@ -11,6 +11,7 @@ Simplified: sessions run one after another in-process (2 cores; the teacher serv
 bottleneck); a failed session is reported and the others go on.
 """
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -80,6 +81,8 @@ def _stop_started_servers(before: set[Path], state_dir: Path, echo) -> None:
 def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers=None,
              keep_teachers=False, echo=print) -> DemoReport:
     t0 = time.monotonic()
+    for noisy in ("alembic", "httpx"):  # instance migrations and per-request lines drown the progress
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     ensure_dagster_home()
     import dagster as dg
     from tqdm import tqdm

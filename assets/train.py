@@ -83,14 +83,16 @@ def trained_policy(
     model = str(metrics.get("model") or recipes.train_model or "")
     location = store.upload_dir(checkpoint, f"checkpoints/{context.run_id}") if store.store().is_remote else str(checkpoint)
     keys = sorted(set(training_set.column("session_key").to_pylist()))
-    version = context.instance.get_latest_data_version(dg.AssetKey("training_set"))  # lineage
+    ts_event = context.instance.get_latest_materialization_event(dg.AssetKey("training_set"))  # lineage
+    ts_tags = (ts_event.asset_materialization.tags or {}) if ts_event and ts_event.asset_materialization else {}
     meta = {
         "checkpoint": dg.MetadataValue.path(location),
         "base_model": model,
         "training_rows": training_set.num_rows,
         "training_rows_by_kind": dg.MetadataValue.json(counts(training_set.column("kind").to_pylist())),
         "training_partitions": dg.MetadataValue.json(keys),
-        "training_set_data_version": str(version.value) if version else "",
+        "training_set_data_version": ts_tags.get("dagster/data_version", ""),
+        "training_set_run_id": ts_event.run_id if ts_event else "",
         "final_losses": dg.MetadataValue.json(metrics.get("final") or {}),
         "channels_off": dg.MetadataValue.json(metrics.get("channels_off") or {}),
         "data": dg.MetadataValue.json(metrics.get("data") or {}),
