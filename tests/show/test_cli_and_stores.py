@@ -1,0 +1,139 @@
+"""`show` options and failure modes: compaction after/full (flag and recipe), interrupted calls, clear
+errors with exit code 2, S3 (moto on 127.0.0.1) in the Dagster partitioned layout, Markdown."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow.compute as pc
+import pytest
+
+from composer_pipeline.render import INTERRUPTED
+from composer_pipeline.show import ShowError, format_view, gather, render_markdown, resolve_ids, state_views
+from composer_pipeline.store import Store
+
+from .conftest import cli
+from .test_real_traces import check_tool_answers
+
+COMPACTED = "c3d2e1f0-3333-4c4c-8c8c-000000000003"
+
+
+def _json(*argv) -> list[dict]:
+    rc, out, err = cli("show", *argv, "--json")
+    assert rc == 0, err
+    return [orjson.loads(line) for line in out.splitlines()]
+
+
+def _compacted_state(samples_store) -> dict:
+    """The last state of the sample session that was /compact-ed (its chain crosses the boundary)."""
+    states = Store(str(samples_store)).read_table("trace_states").to_pylist()
+    return [s for s in states if s["session_id"] == COMPACTED][-1]
+
+
+def test_compaction_after_by_default_full_on_request(samples_store, tmp_path):
+    sid = _compacted_state(samples_store)["state_id"]
+    (after,) = _json(sid, "--store", samples_store)
+    (full,) = _json(sid, "--store", samples_store, "--compaction", "full")
+    recipe = tmp_path / "ingest.yaml"
+    recipe.write_text("render:\n  compaction: full\n  strip_thinking: true\n")
+    (by_recipe,) = _json(sid, "--store", samples_store, "--recipe", recipe)
+    assert after["render"]["compaction"] == "after" and full["render"]["compaction"] == "full"
+    assert by_recipe["prefix"] == full["prefix"]
+    messages = Store(str(samples_store)).read_table("trace_messages")
+    summary = messages.filter(pc.equal(messages.column("is_compact_summary"), True)).to_pylist()
+    (summary,) = [m for m in summary if m["session_key"] == after["session_key"]]
+    summary_text = orjson.loads(summary["content"])
+    summary_text = summary_text if isinstance(summary_text, str) else summary_text[0]["text"]
+    # after: what the agent really had = the summary (first user message) and what follows
+    assert after["prefix"][1] == {"role": "user", "content": summary_text}
+    # full: the stitched pre-compaction history, without the now redundant summary
+    assert len(full["prefix"]) > len(after["prefix"])
+    assert all(m.get("content") != summary_text for m in full["prefix"])
+    assert full["prefix"][-(len(after["prefix"]) - 2):] == after["prefix"][2:]
+    for v in (after, full):
+        check_tool_answers(v["prefix"])
+
+
+def test_interrupted_calls_are_marked(samples_store):
+    views = _json("--all", "--store", samples_store)
+    assert len(views) == 22
+    interrupted = [v for v in views if check_tool_answers(v["prefix"])["interrupted"]]
+    assert interrupted
+    v = interrupted[0]
+    rc, out, _ = cli("show", v["state_id"], "--store", samples_store)
+    assert rc == 0 and "INTERRUPTED (no result before this step)" in out
+    md = render_markdown(next(gather(str(samples_store), [v["state_id"]])))
+    assert "*interrupted (no result before this step)*" in md
+    # 2.1.x subagents dir: the prefix starts at the subagent's own prompt
+    sub = [v for v in views if v["stream_kind"] == "subagents_dir"]
+    assert sub and all(v["prefix"][1]["content"] != views[0]["prefix"][1]["content"] for v in sub)
+    assert any(INTERRUPTED == m.get("content") for v in interrupted for m in v["prefix"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["zzzzzzzzzz"], "no state or pair with id 'zzzzzzzzzz'"),
+        (["abc"], "too short: give at least 6 characters"),
+        ([], "give at least one state or pair id"),
+        (["--all", "abcdef12"], "give IDs or --all, not both"),
+    ],
+)
+def test_bad_ids_exit_2_with_a_clear_message(samples_store, argv, message):
+    rc, out, err = cli("show", *argv, "--store", samples_store)
+    assert rc == 2 and out == ""
+    assert err.startswith("composer-pipeline show: error: ") and message in err and "Traceback" not in err
+
+
+def test_missing_store_and_ambiguous_prefix(tmp_path):
+    rc, _, err = cli("show", "abcdef123456", "--store", tmp_path / "nothing-here")
+    assert rc == 2 and "no trace_states or pair tables under" in err and "composer-pipeline ingest" in err
+    with pytest.raises(ShowError, match="ambiguous.*state abcdef0001.*pair abcdef0002"):
+        resolve_ids(["abcdef"], ["abcdef0001", "ffffff0001"], ["abcdef0002"], "here")
+    assert resolve_ids(["ABCDEF0002", "ffffff"], ["abcdef0001", "ffffff0001"], ["abcdef0002"], "x") == [
+        ("pair", "abcdef0002"), ("state", "ffffff0001")]
+
+
+def test_s3_partitioned_layout_matches_local(moto_s3, samples_store):
+    """The Dagster IO manager layout (<table>/<partition>.parquet) on a real S3-protocol server."""
+    local = Store(str(samples_store))
+    s3 = Store("s3://pairs-test/show-run")
+    for name in ("trace_states", "trace_messages"):
+        t = local.read_table(name)
+        for key in sorted(set(t.column("session_key").to_pylist())):
+            s3.write_table(name, t.filter(pc.equal(t.column("session_key"), key)), partition=key)
+    assert len(s3.files("trace_states")) == 3
+    ids = [s["state_id"] for s in local.read_table("trace_states").to_pylist()]
+    remote = _json("--all", "--store", "s3://pairs-test/show-run")
+    assert sorted(v["state_id"] for v in remote) == sorted(ids)
+    local_views = {v["state_id"]: v for v in _json("--all", "--store", samples_store)}
+    for v in remote:
+        assert v == local_views[v["state_id"]]
+    (one,) = _json(ids[3][:8], "--store", "s3://pairs-test/show-run")
+    assert one == local_views[ids[3]]
+
+
+def test_pair_whose_state_is_not_stored_shows_its_stored_prompt(replayed, tmp_path):
+    only_pairs = Store(str(tmp_path / "pairs-only"))
+    pairs = Store(replayed["root"]).read_table("normalized_dpo_pairs")
+    only_pairs.write_table("pairs", pairs)
+    p = pairs.to_pylist()[0]
+    (d,) = _json(p["pair_id"], "--store", only_pairs.root)
+    assert d["prefix"] == orjson.loads(p["prompt"]) and d["render"] == {"source": "pair.prompt"}
+    assert any("not stored (prefix is the pair's stored prompt)" in m for m in d["missing"])
+    # the replay rows live in another store: --store can be repeated
+    (d2,) = _json(p["pair_id"], "--store", only_pairs.root, "--store", replayed["root"])
+    assert [t["teacher"] for t in d2["teachers"]] == ["alpha", "beta"] and d2["prompt_matches_prefix"] is True
+
+
+def test_in_memory_views_and_markdown_for_dagster(samples_store):
+    store = Store(str(samples_store))
+    views = state_views(store.read_table("trace_states"), store.read_table("trace_messages"))
+    assert len(views) == 22
+    v = max(views, key=lambda v: len(v.prefix))
+    md = render_markdown(v)
+    assert md.startswith(f"### State `{v.state_id}`") and "#### What the agent did" in md
+    assert "*not replayed yet*" in md and md.count("```") % 2 == 0
+    short = render_markdown(v, max_messages=2)
+    assert f"*… {len(v.prefix) - 2} earlier messages not shown*" in short and len(short) < len(md)
+    text = format_view(v, width=100)
+    assert f"state {v.state_id}" in text and all(len(ln) <= 100 for ln in text.splitlines()[:1])
