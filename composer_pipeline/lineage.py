@@ -174,7 +174,9 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
     if t is None:
         missing.append("trace_messages: table not stored")
     else:
-        rows = [r for r in t.to_pylist() if r["line_no"] in set(lines)]
+        key = session["session_key"]
+        wanted = set(lines)
+        rows = [r for r in t.to_pylist() if r["line_no"] in wanted and (not key or r["session_key"] == key)]
         rows.sort(key=lambda r: r["line_no"])
         seen_lines = set()
         for r in rows:
