@@ -374,7 +374,7 @@ def _shorten(text: str, max_lines: int, max_chars: int = 240) -> str:
 
 def _value(v: Any, limit: int) -> str:
     s = orjson.dumps(v).decode()
-    return s if not limit or len(s) <= limit else s[:limit] + f"…({len(s)} chars)"
+    return s if not limit or len(s) <= limit else s[:limit] + f"…[{len(s)} chars]"
 
 
 def call_text(name: str, arguments: Any, limit: int = 160) -> str:

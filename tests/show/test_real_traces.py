@@ -169,3 +169,6 @@ def test_terminal_view_of_a_real_state(real_views, real_store):
     assert "more lines" in out  # long tool results are shortened ...
     rc, full, _ = cli("show", v["state_id"], "--store", real_store, "--width", "120", "--full")
     assert "more lines" not in full and len(full) > len(out)  # ... unless --full
+    rc, every, err = cli("show", "--all", "--store", real_store, "--width", "100")
+    assert rc == 0, err
+    assert every.count("━━ state ") == 232 and every.count("── what the agent did ") == 232
