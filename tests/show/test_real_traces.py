@@ -172,3 +172,17 @@ def test_terminal_view_of_a_real_state(real_views, real_store):
     rc, every, err = cli("show", "--all", "--store", real_store, "--width", "100")
     assert rc == 0, err
     assert every.count("━━ state ") == 232 and every.count("── what the agent did ") == 232
+
+
+def test_thinking_blocks_follow_the_recipe(real_views, real_store, tmp_path):
+    assert not any("<thinking>" in (m.get("content") or "") for v in real_views for m in v["prefix"] if m["role"] == "assistant")
+    recipe = tmp_path / "ingest.yaml"
+    recipe.write_text("render:\n  strip_thinking: false\n")
+    rc, out, err = cli("show", "--all", "--store", real_store, "--json", "--recipe", recipe)
+    assert rc == 0, err
+    kept = [orjson.loads(line) for line in out.splitlines()]
+    with_thinking = [v for v in kept if any((m.get("content") or "").startswith("<thinking>") for m in v["prefix"])]
+    assert with_thinking and all(v["render"]["strip_thinking"] is False for v in kept)
+    for v in with_thinking:  # same messages otherwise: thinking is only prepended to assistant text
+        plain = next(d for d in real_views if d["state_id"] == v["state_id"])
+        assert [m["role"] for m in v["prefix"]] == [m["role"] for m in plain["prefix"]]
