@@ -160,7 +160,7 @@ def print_report(r: DemoReport, echo=print) -> None:
         echo(f"eval {metric:<20} trained {fmt(v['trained'])}  base {fmt(v['base'])}")
     for k, why in r.failed.items():
         echo(f"FAILED {k}: {why}")
-    store_flag = "" if r.store == str((REPO_ROOT / ".store").resolve()) else f" --store {r.store}"
+    store_flag = f" --store {r.store}"
     echo("")
     echo("next:")
     echo(f"  composer-pipeline sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")

@@ -83,3 +83,18 @@ def test_parquet_io_manager_s3_roundtrip(moto_s3):
     assert sorted(p.rsplit("/", 1)[-1] for p in store.files("rows")) == ["sess_a.parquet", "sess_c.parquet"]
     assert store.fs.isfile("composer-test/pipeline/gathered.parquet")
     assert store.read_table("gathered").column("n").to_pylist() == [1, 2, 1, 2]
+
+
+def test_store_resource_uploads_checkpoint_dir_to_s3(moto_s3, tmp_path):
+    from resources.storage import StoreResource
+
+    ckpt = tmp_path / "checkpoint"
+    (ckpt / "sub").mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\x00" * 1000)
+    (ckpt / "sub" / "tokenizer.json").write_text('{"a": 1}')
+    res = StoreResource(root="s3://composer-test/pipeline")
+    url = res.upload_dir(ckpt, "checkpoints/run1")
+    assert url == "s3://composer-test/pipeline/checkpoints/run1"
+    fs = res.store().fs
+    assert fs.cat("composer-test/pipeline/checkpoints/run1/sub/tokenizer.json") == b'{"a": 1}'
+    assert fs.size("composer-test/pipeline/checkpoints/run1/model.safetensors") == 1000
