@@ -11,6 +11,9 @@ import argparse
 import json
 import sys
 
+# low-cardinality columns only: dictionary-encoding raw lines and JSON content wastes time
+DICTIONARY_COLUMNS = ("session_id", "session_key", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
+                      "source_file", "record_type", "subtype", "role", "model", "version", "reason")
 FLUSH_ROWS = 4000  # messages per Parquet row group (bounds memory; avoids tiny row groups)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
     store.fs.makedirs(store.base, exist_ok=True)
     names = ("trace_states", "trace_messages", "quarantine")
     handles = {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in names}
-    writers = {n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1) for n in names}
+    writers = {
+        n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1,
+                            use_dictionary=[c for c in DICTIONARY_COLUMNS if c in tables.SCHEMAS[n].names])
+        for n in names
+    }
     pending: dict[str, dict[str, list]] = {n: {f.name: [] for f in tables.SCHEMAS[n]} for n in names}
     pending_rows = 0
 
