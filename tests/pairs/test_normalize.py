@@ -174,3 +174,29 @@ def test_concurrent_calls_from_threads_agree(base):
         a, b = ex.map(lambda _: normalize_pairs(base, NormalizeRecipe.load(None)), range(2))
     assert a.kept.equals(b.kept) and a.kept.num_rows == base.num_rows
     assert logger.remove == real_remove  # patch undone
+
+
+def test_plain_single_pass_default_executor_has_the_trap_we_avoid(base, tmp_path):
+    """Why per-op stats matter: one plain DefaultExecutor pass keeps the rejected-side violator."""
+    import yaml
+
+    t = _with(base, 3, rejected_text="no")
+    data = tmp_path / "in.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"pair_id": p, "chosen_text": c, "rejected_text": r}) + b"\n"
+                              for p, c, r in zip(t["pair_id"].to_pylist(), t["chosen_text"].to_pylist(), t["rejected_text"].to_pylist())))
+    ops = [{"text_length_filter": {"text_key": "chosen_text", "min_len": 5}},
+           {"text_length_filter": {"text_key": "rejected_text", "min_len": 5}}]
+    cfg_path = tmp_path / "recipe.yaml"
+    cfg_path.write_text(yaml.safe_dump({"text_keys": "chosen_text", "skip_op_error": False, "process": ops}))
+    with data_juicer_guard():
+        from data_juicer.config import init_configs
+        from data_juicer.core import DefaultExecutor
+
+        cfg = init_configs(args=["--config", str(cfg_path), "--dataset_path", str(data),
+                                 "--export_path", str(tmp_path / "out.jsonl"), "--work_dir", str(tmp_path / "w")])
+        DefaultExecutor(cfg).run()
+    plain = [orjson.loads(x)["pair_id"] for x in (tmp_path / "out.jsonl").read_bytes().splitlines() if x.strip()]
+    ours = normalize_pairs(t, _recipe(*ops)).kept.column("pair_id").to_pylist()
+    victim = base["pair_id"][3].as_py()
+    assert victim in plain and victim not in ours
+    assert [p for p in plain if p != victim] == ours
