@@ -10,7 +10,7 @@ from conftest import SESSION_ID, write_teachers_yaml
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
-from resources.teachers import TeachersResource
+from resources.teachers import TeachersResource, api_key_envvars
 
 KEY = f"-home-dev-proj__{SESSION_ID}"
 CHAIN = [raw_sessions, ingest_session_tables, cost_plan, cost_plan_within_budget, teacher_replays]
@@ -45,10 +45,17 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     assert scripted_server.requests == []  # not one HTTP request reached the teacher
 
 
-def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_server):
-    teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
-    res = dg.materialize([*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=_instance(),
-                         resources=_resources(tmp_path, trace_root, teachers_yaml))
+def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_server, monkeypatch):
+    secret = "sk-test-" + "Zq9" * 12  # a key t0 needs; it may reach the teacher only
+    monkeypatch.setenv("COMPOSER_TEST_TEACHER_KEY", secret)
+    teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url, key_env="COMPOSER_TEST_TEACHER_KEY")
+    resources = _resources(tmp_path, trace_root, teachers_yaml)
+    resources["teachers"] = TeachersResource(recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache"),
+                                             api_keys=api_key_envvars(str(teachers_yaml)))
+    assert secret not in repr(resources["teachers"])  # the resource holds the variable's name only
+    instance = _instance()
+    res = dg.materialize([*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=instance,
+                         resources=resources)
     assert res.success
     checks = {(e.asset_key.to_user_string(), e.check_name): e for e in res.get_asset_check_evaluations()}
     failed = {k: c.metadata for k, c in checks.items() if not c.passed}
@@ -59,6 +66,11 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     assert replays.num_rows == 3 * states.num_rows
     assert len(scripted_server.requests) == replays.num_rows
     assert set(replays.column("status").to_pylist()) == {"answered"}
+    auth = {r.authorization for r in scripted_server.requests}
+    assert f"Bearer {secret}" in auth  # t0 got its key over HTTP ...
+    logs = instance.get_records_for_run(res.run_id).records
+    assert not any(secret in str(rec.event_log_entry) for rec in logs)  # ... and no event/metadata/log has it
+    assert not any(secret in str(t.to_pylist()) for t in map(store.read_table, store.table_names()))
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
     assert meta["teacher_replays"]["spend_usd"].value > 0
     assert set(meta["teacher_replays"]["spend_usd_by_teacher"].value) == {"t0", "t1", "t2"}
