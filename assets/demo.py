@@ -14,6 +14,7 @@ bottleneck); a failed session is reported and the others go on.
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class DemoReport:
     eval_metrics: dict[str, dict] = field(default_factory=dict)
     row_counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    dagster_home: str = str(DAGSTER_HOME)
 
 
 def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
@@ -62,6 +64,8 @@ def _first_failure(result) -> str:
         if ev.is_step_failure or ev.event_type_value == "RUN_FAILURE":
             data = ev.event_specific_data
             err = getattr(data, "error", None) or getattr(data, "error_info", None)
+            while err is not None and getattr(err, "cause", None) is not None:  # the user code's own error
+                err = err.cause
             return (err.message.strip().splitlines() or ["?"])[-1] if err else ev.message or "failed"
     failed_checks = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
     return f"blocking checks failed: {failed_checks}" if failed_checks else "failed"
@@ -79,11 +83,12 @@ def _stop_started_servers(before: set[Path], state_dir: Path, echo) -> None:
 
 
 def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers=None,
-             keep_teachers=False, echo=print) -> DemoReport:
+             keep_teachers=False, echo=print, dagster_home: Path = DAGSTER_HOME) -> DemoReport:
     t0 = time.monotonic()
+    warnings.filterwarnings("ignore", message=".*is currently in preview.*")  # partitioned asset checks
     for noisy in ("alembic", "httpx"):  # instance migrations and per-request lines drown the progress
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    ensure_dagster_home()
+    ensure_dagster_home(Path(dagster_home))
     import dagster as dg
     from tqdm import tqdm
 
@@ -108,9 +113,9 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     keys = sorted(sessions)
     existing = set(instance.get_dynamic_partitions(sessions_partitions.name))
     instance.add_dynamic_partitions(sessions_partitions.name, [k for k in keys if k not in existing])
-    echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {DAGSTER_HOME}")
+    echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
 
-    report = DemoReport(store=settings.store_root, sessions=keys)
+    report = DemoReport(store=settings.store_root, sessions=keys, dagster_home=str(dagster_home))
     state_dir = Path(settings.cache_dir).resolve().parent
     servers_before = set(state_dir.glob("teacher_server-*.pid"))
     chain = defs.resolve_job_def("session_chain")
@@ -166,5 +171,5 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"  composer-pipeline sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")
     echo(f"  composer-pipeline sql \"select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5\"{store_flag}")
     echo(f"  composer-pipeline lineage <pair_id>{store_flag}      composer-pipeline show <state_id|pair_id>{store_flag}")
-    echo(f"  UI: DAGSTER_HOME={DAGSTER_HOME} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000"
+    echo(f"  UI: DAGSTER_HOME={r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000"
          "   -> http://127.0.0.1:3000 (runs of this demo are under Runs)")

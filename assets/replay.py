@@ -129,7 +129,6 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     group_name=GROUP,
     kinds={"parquet", "openai"},
     pool="teachers",
-    deps=[cost_plan],
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "
     "budget ledger with per-call reservations).",
     check_specs=[
@@ -145,13 +144,15 @@ def teacher_replays(
     context: dg.AssetExecutionContext,
     trace_states: pa.Table,
     trace_messages: pa.Table,
+    cost_plan: pa.Table,
     teachers: TeachersResource,
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ):
     from composer_pipeline.teachers.replay import replay_states
 
-    teachers.ensure_local_servers(log=context.log)
+    uncached = set(cost_plan.filter(pc.invert(cost_plan.column("cached"))).column("teacher").to_pylist())
+    teachers.ensure_local_servers(log=context.log, only=uncached)  # all cached: no server needed
     cfg = teachers.load_config()
     led = ledger.open()
     step = {"last": -1}

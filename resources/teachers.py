@@ -68,11 +68,14 @@ class TeachersResource(dg.ConfigurableResource):
         Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
         return ResponseCache(self.cache_dir)
 
-    def ensure_local_servers(self, log=None) -> list[str]:
-        """Start the local teacher server for loopback base_urls nobody answers on; returns started URLs."""
+    def ensure_local_servers(self, log=None, only: Optional[set[str]] = None) -> list[str]:
+        """Start the local teacher server for loopback base_urls nobody answers on; returns started URLs.
+
+        ``only``: names of the teachers that will actually be called (None = all of them).
+        """
         cfg = self.load_config()
         started: list[str] = []
-        for base in sorted({t.base_url for t in cfg.teachers}):
+        for base in sorted({t.base_url for t in cfg.teachers if only is None or t.name in only}):
             u = urlparse(base)
             if u.hostname not in LOOPBACK or _answers(base):
                 continue
