@@ -1,0 +1,54 @@
+"""TeachersResource starts `composer-pipeline teachers serve` when a loopback teacher does not answer."""
+
+import os
+import socket
+import time
+
+import httpx
+import pytest
+import yaml
+
+from resources.teachers import TeachersResource
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_local_teacher_server_autostarts_and_answers(tmp_path, tiny_model_dir):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    recipe = tmp_path / "teachers.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "ceiling_usd": 1.0,
+        "serve": {"tiny": str(tiny_model_dir)},
+        "teachers": [{"name": "tiny", "base_url": url, "model": "tiny", "api_key_env": None,
+                      "input_usd_per_mtok": 0.1, "output_usd_per_mtok": 0.1, "budget_usd": 1.0,
+                      "max_concurrency": 1, "max_tokens": 8}],
+    }))
+    res = TeachersResource(recipe=str(recipe), cache_dir=str(tmp_path / "state" / "cache"), startup_timeout_s=240)
+    started = res.ensure_local_servers()
+    pid_file = tmp_path / "state" / f"teacher_server-{port}.pid"
+    try:
+        assert started == [url]
+        assert pid_file.is_file()
+        r = httpx.post(f"{url}/chat/completions", timeout=60,
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert res.ensure_local_servers() == []  # already answering: nothing started twice
+        assert (tmp_path / "state" / f"teacher_server-{port}.log").is_file()
+    finally:
+        if pid_file.is_file():
+            pid = int(pid_file.read_text())
+            os.kill(pid, 15)
+            for _ in range(50):
+                try:
+                    os.kill(pid, 0)
+                    os.waitpid(pid, os.WNOHANG)
+                except (ProcessLookupError, ChildProcessError):
+                    break
+                time.sleep(0.1)
