@@ -157,7 +157,8 @@ async def call_teacher(
     last_reason = ""
     async with semaphore:
         for attempt in range(1, teacher.max_retries + 2):
-            res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid))
+            res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid,
+                                               chunk_usd=2 * worst * teacher.max_concurrency))
             if not res.ok:
                 out.status = "budget_exhausted"
                 out.reason = f"budget_exhausted: {res.reason}" + (f" (after attempt {attempt - 1}: {last_reason})" if last_reason else "")

@@ -228,6 +228,7 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     finally:
         await asyncio.gather(*(c.aclose() for c in clients.values()))
+        await aledger.drain()  # every settle/keep/release is in the ledger before the run returns
     return results  # type: ignore[return-value]
 
 

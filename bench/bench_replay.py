@@ -1,0 +1,90 @@
+"""Replay client throughput against a local OpenAI-compatible server with a fixed artificial latency.
+
+For each (concurrency C, latency L): start the scripted server (its own process, every answer delayed
+by L seconds), replay N = rounds·C distinct requests through the real client path (reservation in the
+DuckDB ledger, HTTP with connection reuse, settle, atomic cache write, parse), and report
+
+* achieved calls/s and its ratio to the ideal C/L (target >= 0.9),
+* client overhead per call = C·wall/N − L (seconds a concurrency slot spends per call beyond L),
+* a no-latency run (L=0) whose calls/s bounds the client+server per-call cost.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay.py [--configs 8:0.5,32:0.5,64:1.0] [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
+from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.teachers.replay import make_request, replay_requests
+
+
+def start_server(latency: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.teachers.scripted_server", "0", str(latency)],
+                            stdout=subprocess.PIPE, text=True)
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise RuntimeError("scripted server did not start")
+    return proc, url
+
+
+def warm_up() -> None:
+    """Import-time costs (httpx, duckdb and the pandas it loads) are paid once per process: not per call."""
+    run_one(4, 0.0, 2, warm=True)
+
+
+def run_one(c: int, latency: float, rounds: int, warm: bool = False) -> dict:
+    proc, url = start_server(latency)
+    try:
+        cfg = parse_teachers({"ceiling_usd": 1e6, "teachers": [dict(
+            name="bench", base_url=url, model="scripted", api_key_env=None, input_usd_per_mtok=1.0, output_usd_per_mtok=2.0,
+            budget_usd=1e6, max_concurrency=c, max_tokens=64, temperature=0.0, timeout_s=30, max_retries=0)]})
+        n = rounds * c
+        tools = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}}}}]
+        reqs = [make_request(f"s{i}", "bench", cfg.teachers[0],
+                             [{"role": "system", "content": "You are a coding agent."},
+                              {"role": "user", "content": f"step {i}: " + "context " * 200}], tools) for i in range(n)]
+        with tempfile.TemporaryDirectory() as d:
+            ledger, cache = Ledger(Path(d) / "ledger.duckdb"), ResponseCache(Path(d) / "cache")
+            t0 = time.perf_counter()
+            res = replay_requests(reqs, cfg, {}, cache=cache, ledger=ledger, run_id="bench")
+            wall = time.perf_counter() - t0
+        s = res.summary
+        assert s["answered"] == n, s
+        out = {"C": c, "L_s": latency, "calls": n, "wall_s": round(wall, 3), "calls_per_s": round(n / wall, 2)}
+        if latency > 0:
+            ideal = c / latency
+            out |= {"ideal_calls_per_s": round(ideal, 2), "ratio": round(n / wall / ideal, 3),
+                    "overhead_per_call_ms": round(1000 * (c * wall / n - latency), 1)}
+        out |= {"latency_p50_s": s["latency_p50_s"], "latency_p95_s": s["latency_p95_s"]}
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="8:0.5,32:0.5,64:1.0", help="C:L pairs")
+    ap.add_argument("--rounds", type=int, default=10, help="calls per run = rounds x C")
+    ap.add_argument("--no-zero-latency", action="store_true")
+    args = ap.parse_args()
+    configs = [(int(c), float(l)) for c, l in (x.split(":") for x in args.configs.split(","))]
+    if not args.no_zero_latency:
+        configs.append((8, 0.0))
+    warm_up()
+    for c, l in configs:
+        print(json.dumps(run_one(c, l, args.rounds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
