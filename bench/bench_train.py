@@ -128,6 +128,8 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--max-prompt-tokens", type=int, default=384)
     ap.add_argument("--dpo-batch", type=int, default=2)
+    ap.add_argument("--tiny-hidden", type=int, default=64, help="hidden size of the tiny model (--model tiny)")
+    ap.add_argument("--tiny-layers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
 
@@ -137,7 +139,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_root = write_store(work / "data", n=48)
-    model = str(build_tiny_model(work / "tiny")) if args.model == "tiny" else args.model
+    model = str(build_tiny_model(work / "tiny", hidden=args.tiny_hidden, layers=args.tiny_layers)) if args.model == "tiny" else args.model
     recipe = TrainRecipe.from_dict(
         {
             "model": model,

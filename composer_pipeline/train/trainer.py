@@ -390,13 +390,20 @@ def resolve_model_path(model: str | None, out_dir: Path) -> str:
 def load_policy(model_path: str):
     """Tokenizer + model on the best device: CUDA bf16, else CPU fp32."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     cuda = torch.cuda.is_available()
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if cuda else torch.float32)
+    config = AutoConfig.from_pretrained(model_path)
+    qc = getattr(config, "quantization_config", None)
+    qmethod = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if qmethod == "gguf" and not any(Path(model_path).glob("*.gguf")):
+        # a plain safetensors copy of a dequantized GGUF model keeps the GGUF marker in its config;
+        # the weights are ordinary floats, so the model is trainable once the marker is dropped
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.bfloat16 if cuda else torch.float32)
     if cuda:
         model = model.to("cuda")
     return tok, model
