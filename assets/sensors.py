@@ -8,6 +8,7 @@ The cursor maps session key -> last requested fingerprint.
 """
 
 import json
+from pathlib import Path
 
 import dagster as dg
 
@@ -32,6 +33,9 @@ def build_sessions_sensor(target, minimum_interval_seconds: int = 60) -> dg.Sens
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def sessions_sensor(context: dg.SensorEvaluationContext, recipes: PipelineRecipes):
+        if not Path(recipes.trace_root).is_dir():
+            return dg.SkipReason(f"trace root {recipes.trace_root} does not exist: set trace_root in "
+                                 "recipes/pipeline.yaml or COMPOSER_TRACE_ROOT")
         seen = json.loads(context.cursor) if context.cursor else {}
         current = scan_sessions(recipes.trace_root)
         existing = set(context.instance.get_dynamic_partitions(sessions_partitions.name))

@@ -53,3 +53,10 @@ def test_sensor_adds_new_and_rerequests_changed(tmp_path):
     assert sorted(instance.get_dynamic_partitions("sessions")) == [key_a, key_b]
     new_a = next(r.run_key for r in runs if r.partition_key == key_a)
     assert new_a.startswith(key_a + ":") and new_a != first_run_key  # fingerprint changed -> new run
+
+
+def test_sensor_skips_with_reason_when_trace_root_missing(tmp_path):
+    sensor = build_sessions_sensor(session_chain_job, 30)
+    result, added, runs, _ = _tick(sensor, dg.DagsterInstance.ephemeral(), None, tmp_path / "nope")
+    assert isinstance(result, dg.SkipReason) and "does not exist" in result.skip_message
+    assert not added and not runs
