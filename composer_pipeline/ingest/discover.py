@@ -88,11 +88,12 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
                     get(main).subagent_files.append(d / name)
             continue
         mains = [n for n in sorted(filenames) if n.endswith(".jsonl") and not _is_agent(n)]
-        by_sid: dict[str, Path] = {}
+        # a file named <sessionId>.jsonl wins; otherwise the sessionId its first records carry
+        # (a resumed session can start with records of the session it continues)
+        by_sid: dict[str, Path] = {(d / n).stem: d / n for n in mains}
         for n in mains:
             p = d / n
             get(p)
-            by_sid.setdefault(p.stem, p)
             sid = _head_session_id(p)
             if sid:
                 by_sid.setdefault(sid, p)

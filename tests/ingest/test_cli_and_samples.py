@@ -164,3 +164,15 @@ def test_cli_writes_to_s3(repo_root, tmp_path):
             s3fs.S3FileSystem.clear_instance_cache()
     finally:
         server.stop()
+
+
+def test_agent_file_goes_to_the_session_named_by_its_id(tmp_path):
+    """A resumed file (sorted first) whose head carries the other session's id must not steal its agents."""
+    sid = "bbbbbbbb-0000-4000-8000-000000000002"
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "aaaaaaaa-0000-4000-8000-000000000001.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "uuid": "u1"}) + "\n")
+    (d / f"{sid}.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "uuid": "u2"}) + "\n")
+    (d / "agent-a1.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n")
+    owners = {s.main_file.name: [p.name for p in s.subagent_files] for s in discover_sessions(tmp_path)}
+    assert owners == {"aaaaaaaa-0000-4000-8000-000000000001.jsonl": [], f"{sid}.jsonl": ["agent-a1.jsonl"]}
