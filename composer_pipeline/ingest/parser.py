@@ -28,17 +28,22 @@ _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*true')
 
 
+_NO_MESSAGE: dict = {}  # shared, never mutated
+
+
 class Record:
     """One parsed line. ``obj`` is the decoded JSON object (``None`` for a salvaged damaged line);
     ``raw`` the scrubbed line as UTF-8 ``bytes`` (``str`` for a repaired or damaged line): Arrow
     takes either for a string column, so the hot path never decodes it."""
 
-    __slots__ = ("line_no", "file", "obj", "raw", "type", "uuid", "parent", "is_sidechain")
+    __slots__ = ("line_no", "file", "obj", "msg", "raw", "type", "uuid", "parent", "is_sidechain")
 
     def __init__(self, line_no: int, file: str, obj: dict | None, raw: str, type_: str, uuid, parent, sidechain):
         self.line_no = line_no
         self.file = file
         self.obj = obj
+        m = obj.get("message") if obj is not None else None
+        self.msg = m if type(m) is dict else _NO_MESSAGE  # the API message (user/assistant records)
         self.raw = raw
         self.type = type_
         self.uuid = uuid

@@ -73,8 +73,7 @@ class SessionBuild:
 
 
 def _message(r: Record) -> dict:
-    m = r.obj.get("message") if r.obj is not None else None
-    return m if isinstance(m, dict) else {}
+    return r.msg  # parsed once in parser.Record; {} when absent
 
 
 def _message_key(r: Record) -> str:
