@@ -8,6 +8,7 @@ default: a subprocess per step costs 5-8 s here and buys nothing on 2 cores.
 import dagster as dg
 
 from assets import ingest, pairs, replay, train
+from assets.executors import build_executor
 from assets.schedules import build_nightly_schedule, nightly_training_job, training_cron
 from assets.sensors import build_sessions_sensor
 from assets.settings import PipelineSettings, load_settings
@@ -36,7 +37,7 @@ def build_resources(s: PipelineSettings) -> dict:
         "recipes": PipelineRecipes.from_settings(s),
         "teachers": TeachersResource(recipe=teachers_recipe, api_keys=api_key_envvars(teachers_recipe), cache_dir=s.cache_dir),
         "ledger": LedgerResource(path=s.ledger_path),
-        "trainer": TrainerLauncher(),
+        "trainer": TrainerLauncher.from_deployment(s.deployment.trainer),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
 
@@ -55,7 +56,7 @@ def build_defs(settings: PipelineSettings | None = None) -> dg.Definitions:
         sensors=[build_sessions_sensor(session_chain_job, s.sensor_interval_s)],
         schedules=[build_nightly_schedule(training_cron(s.schedule_cron, s.recipe("train")))],
         resources=build_resources(s),
-        executor=dg.in_process_executor,
+        executor=build_executor(s),  # deployment.executor (default in_process; docs/SCALING.md)
     )
 
 

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import yaml
 
+from assets.deployment import DeploymentSettings
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "pipeline.yaml"
 _KEYS = {
     "trace_root", "store_root", "ledger_path", "cache_dir", "checkpoints_dir", "recipes",
-    "train", "sensor_interval_s", "schedule_cron", "checks",
+    "train", "sensor_interval_s", "schedule_cron", "checks", "deployment",
 }
 
 
@@ -50,6 +52,8 @@ class PipelineSettings:
     sensor_interval_s: int = 60
     schedule_cron: str | None = None
     checks: CheckThresholds = CheckThresholds()
+    # where steps and the trainer run (docs/SCALING.md); defaults: in-process executor, local subprocess
+    deployment: DeploymentSettings = DeploymentSettings()
 
     def recipe(self, name: str) -> str | None:
         """Absolute path of a stage recipe, or None when it does not exist (stage defaults apply)."""
@@ -79,4 +83,5 @@ def load_settings(path: str | Path | None = None) -> PipelineSettings:
         sensor_interval_s=int(raw.get("sensor_interval_s") or 60),
         schedule_cron=raw.get("schedule_cron"),
         checks=CheckThresholds(**(raw.get("checks") or {})),
+        deployment=DeploymentSettings.from_dict(raw.get("deployment"), REPO_ROOT),
     )

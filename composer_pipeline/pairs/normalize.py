@@ -71,6 +71,10 @@ class NormalizeRecipe:
     process: tuple[tuple[str, dict[str, Any]], ...]
     default_text_key: str = "chosen_text"
     path: str | None = None
+    # ``default``: the in-process path below; ``ray``: data-juicer's RayExecutor (normalize_ray.py)
+    executor: str = "default"
+    ray_address: str | None = None
+    ray_work_dir: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], path: str | None = None) -> "NormalizeRecipe":
@@ -99,7 +103,11 @@ class NormalizeRecipe:
         for name, args in ops:
             if args["text_key"] not in allowed:
                 raise ValueError(f"normalize recipe: {name}: text_key {args['text_key']!r} is not a pair column")
-        return cls(process=tuple(ops), default_text_key=default_key, path=path)
+        executor = str(d.get("executor") or "default")
+        if executor not in ("default", "ray"):
+            raise ValueError(f"normalize recipe: executor must be 'default' or 'ray', got {executor!r}")
+        return cls(process=tuple(ops), default_text_key=default_key, path=path, executor=executor,
+                   ray_address=d.get("ray_address"), ray_work_dir=d.get("ray_work_dir"))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "NormalizeRecipe":
@@ -273,6 +281,10 @@ def _run_dedup(op, key: str, idx: list[int], texts: list, pair_ids: list, drop) 
 def normalize_pairs(pairs: pa.Table, recipe: NormalizeRecipe | None = None) -> NormalizeResult:
     """Run the recipe's filters and deduplicators over ``pairs``; see the module docstring."""
     recipe = recipe or NormalizeRecipe.load(None)
+    if recipe.executor == "ray":  # same ops on data-juicer's RayExecutor (composer_pipeline/pairs/normalize_ray.py)
+        from composer_pipeline.pairs.normalize_ray import normalize_pairs_ray
+
+        return normalize_pairs_ray(pairs, recipe)
     t0 = time.perf_counter()
     pairs = tables.conform(pairs, "dpo_pairs")
     n = pairs.num_rows
