@@ -165,6 +165,10 @@ def print_report(r: DemoReport, echo=print) -> None:
         echo(f"eval {metric:<20} trained {fmt(v['trained'])}  base {fmt(v['base'])}")
     for k, why in r.failed.items():
         echo(f"FAILED {k}: {why}")
+    if r.row_counts.get("trace_states") and not r.row_counts.get("training_set"):
+        echo("no DPO pairs or positives: the teachers never reached consensus on any state (a pair needs "
+             "`agreement_threshold` teachers with parsed, non-empty answers; see the `stats` metadata of "
+             "dpo_pairs in the UI, or recipes/pairs.yaml and the teachers recipe)")
     store_flag = f" --store {r.store}"
     echo("")
     echo("next:")
