@@ -48,6 +48,7 @@ class DemoReport:
     row_counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     dagster_home: str = str(DAGSTER_HOME)
+    ui_env: str = ""  # env the UI needs to see the same sessions, store and teachers
 
 
 def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
@@ -116,6 +117,10 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
 
     report = DemoReport(store=settings.store_root, sessions=keys, dagster_home=str(dagster_home))
+    report.ui_env = " ".join([
+        f"DAGSTER_HOME={dagster_home}", f"COMPOSER_TRACE_ROOT={settings.trace_root}",
+        f"COMPOSER_STORE={settings.store_root}", f"COMPOSER_TEACHERS_RECIPE={settings.recipes['teachers']}",
+    ])
     state_dir = Path(settings.cache_dir).resolve().parent
     servers_before = set(state_dir.glob("teacher_server-*.pid"))
     chain = defs.resolve_job_def("session_chain")
@@ -175,5 +180,5 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"  composer-pipeline sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")
     echo(f"  composer-pipeline sql \"select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5\"{store_flag}")
     echo(f"  composer-pipeline lineage <pair_id>{store_flag}      composer-pipeline show <state_id|pair_id>{store_flag}")
-    echo(f"  UI: DAGSTER_HOME={r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000"
-         "   -> http://127.0.0.1:3000 (runs of this demo are under Runs)")
+    echo("  the UI (http://127.0.0.1:3000; this demo's runs are under Runs, the env makes it see the same sessions):")
+    echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
