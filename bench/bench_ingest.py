@@ -7,7 +7,13 @@ Generates a corpus of copies of the real traces (``../shared/traces``) with rewr
     session by session, in a child process whose peak RSS (ru_maxrss) is reported.
 Targets: ingest >= 0.4x the floor's MB/CPU-s; peak RSS < 300 MB.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--keep]
+Output check: before timing, the real traces and the bundled samples are ingested under three
+recipes (defaults; ``compaction: full`` + thinking kept; an extra secret pattern) and a hash of
+every row of the three tables, the file reports and the secret counts is compared with
+``bench/ingest_output_fingerprint.json`` (recorded from the code before any speed work), so a
+faster ingest that changes its output fails loudly. ``--record-fingerprint`` rewrites that file.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--keep] [--record-fingerprint]
 """
 
 from __future__ import annotations
@@ -50,6 +56,39 @@ def generate(corpus: Path, target_mb: float) -> tuple[int, int]:
     return copies, total
 
 
+FINGERPRINT = REPO / "bench" / "ingest_output_fingerprint.json"
+FINGERPRINT_RECIPES = {
+    "default": {},
+    "full_keep_thinking": {"render": {"compaction": "full", "strip_thinking": False}},
+    "extra_pattern": {"extra_secret_patterns": {"custom": "[0-9a-f]{8}-[0-9a-f]{4}-4"}},
+}
+
+
+def fingerprint() -> dict:
+    """sha256 over every output row (sorted-key JSON, table order) per recipe and table."""
+    import hashlib
+
+    import orjson
+
+    from composer_pipeline.ingest.pipeline import ingest_paths
+    from composer_pipeline.ingest.recipe import IngestRecipe
+
+    roots = [TRACES, REPO / "composer_pipeline" / "samples" / "projects"]
+    out = {}
+    for name, recipe in FINGERPRINT_RECIPES.items():
+        h = {t: hashlib.sha256() for t in ("trace_states", "trace_messages", "quarantine", "reports")}
+        rows = dict.fromkeys(h, 0)
+        for res in ingest_paths(roots, IngestRecipe.from_dict(recipe)):
+            for t, tab in (("trace_states", res.states), ("trace_messages", res.messages), ("quarantine", res.quarantine)):
+                for row in tab.to_pylist():
+                    h[t].update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
+                    rows[t] += 1
+            h["reports"].update(orjson.dumps([res.file_reports, res.secrets, res.stats], option=orjson.OPT_SORT_KEYS))
+            rows["reports"] += 1
+        out[name] = {t: f"{rows[t]}:{h[t].hexdigest()[:32]}" for t in h}
+    return out
+
+
 def floor(corpus: Path) -> float:
     import orjson
 
@@ -70,6 +109,7 @@ def child(corpus: Path, out: Path) -> None:
 
     import composer_pipeline.cli.ingest  # noqa: F401
     import composer_pipeline.ingest.pipeline  # noqa: F401
+    import composer_pipeline.store  # noqa: F401  (fsspec, pandas: imported by `run`, a fixed cost)
     from composer_pipeline.cli import main
 
     startup = time.process_time() - t0
@@ -90,12 +130,19 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=500)
     ap.add_argument("--corpus", default="/tmp/composer_bench_corpus")
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and output")
+    ap.add_argument("--record-fingerprint", action="store_true", help="rewrite the expected-output fingerprint")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     corpus, out = Path(args.corpus), Path(args.corpus + "_out")
     if args.child:
         child(corpus, out)
         return
+    got = fingerprint()
+    if args.record_fingerprint:
+        FINGERPRINT.write_text(json.dumps(got, indent=1) + "\n")
+    expected = json.loads(FINGERPRINT.read_text())
+    if got != expected:
+        sys.exit(f"ingest output changed (vs {FINGERPRINT.name}):\n{json.dumps(got, indent=1)}")
     copies, nbytes = generate(corpus, args.mb)
     mb = nbytes / 1e6
     f_cpu = floor(corpus)
@@ -106,6 +153,7 @@ def main() -> None:
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     floor_tp, ingest_tp = mb / f_cpu, mb / res["cpu_s"]
     report = {
+        "output_unchanged": True,  # checked above against the recorded fingerprint
         "corpus_mb": round(mb, 1), "copies": copies,
         "floor_cpu_s": round(f_cpu, 2), "floor_mb_per_cpu_s": round(floor_tp, 1),
         "ingest_cpu_s": round(res["cpu_s"], 2), "ingest_mb_per_cpu_s": round(ingest_tp, 1),
