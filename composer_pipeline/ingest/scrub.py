@@ -68,6 +68,15 @@ _ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456
 
 KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
 
+# RE2 (pyarrow.compute) prefilter: a line that holds no match of this cannot hold a match of any
+# built-in kind. Each alternative is necessary for its kinds (their literal prechecks, or for
+# ``password=``-style values the name followed by ``:``/``=`` as _ASSIGN requires); lookarounds are
+# left out, which only widens it. RE2's ``(?i)`` folds case at least as widely as Python's ASCII one.
+PREFILTER = (
+    r"PRIVATE KEY-----|AKIA|ASIA|(?i:aws_secret_access_key)|gh[pousr]_|github_pat_|sk-|xox|hooks\.slack\.com"
+    r"|AIza|eyJ|(?i:" + _ASSIGN_NAMES + r")(?:\\?[\"'])?[ \t]*[:=]"
+)
+
 
 _REGEX_CHARS = set("\\()[]|?*+{}")
 
@@ -116,6 +125,8 @@ class Scrubber:
                 self.patterns.append(_Pattern(str(kind), source, ()))
             except re.error as e:
                 raise ValueError(f"extra_secret_patterns[{kind!r}] is not a valid regex: {e}") from None
+        self.builtin = [p for p in self.patterns if p.pre]
+        self.extra = [p for p in self.patterns if not p.pre]
         self.counts: Counter[str] = Counter()
 
     def scrub(self, text: str) -> str:
@@ -131,26 +142,44 @@ class Scrubber:
     def scrub_bytes(self, data: bytes) -> bytes:
         """The ingest hot path over a whole file buffer.
 
+        One pass of :data:`PREFILTER` (RE2, via ``pyarrow.compute``) marks the lines that could hold
+        a built-in secret; only those lines go through :meth:`_scrub_lines` (the exact patterns, in
+        order). Every built-in kind matches within one line, so a line the prefilter rejects is
+        left unchanged by every kind and per-line scrubbing equals scrubbing the whole buffer
+        (tests/ingest/test_scrub.py checks both). Extra recipe patterns then run on the whole buffer.
+        """
+        pieces, pos = [], 0
+        for start, end in _candidate_lines(data):
+            line = data[start:end]
+            new = self._scrub_lines(line)
+            if new != line:  # rare: only lines with a secret change
+                pieces += (data[pos:start], new)
+                pos = end
+        if pieces:
+            pieces.append(data[pos:])
+            data = b"".join(pieces)
+        for p in self.extra:
+            data, n = p.rb.subn(f"[REDACTED:{p.kind}]".encode(), data)
+            if n:
+                self.counts[p.kind] += n
+        return data
+
+    def _scrub_lines(self, data: bytes) -> bytes:
+        """The built-in kinds over a buffer of lines (the exact path; also correct on a whole file).
+
         Each precheck is located with ``bytes.find`` (or a literal-prefixed regex) once per buffer
         and shared between kinds; a kind's regex then runs only on the lines holding a hit (no
         pattern matches across a newline in JSONL and every match contains a precheck, so this
         equals running it on the whole buffer: tests/ingest/test_scrub.py checks exactly that).
-        Extra patterns (no prechecks) run on the whole buffer.
         """
         lowered: bytes | None = None
         spans_cache: dict[str, list[tuple[int, int]]] = {}
-        for p in self.patterns:
+        for p in self.builtin:
             tag = f"[REDACTED:{p.kind}]".encode()
             repl = (lambda m, t=tag: m.group(1) + t) if p.assign else tag
             if p.assign:
                 lowered = data.lower() if lowered is None else lowered
                 data, n = _scrub_assignments(data, lowered, p, tag)
-                if n:
-                    self.counts[p.kind] += n
-                    lowered, spans_cache = None, {}
-                continue
-            if not p.pre:
-                data, n = p.rb.subn(repl, data)
                 if n:
                     self.counts[p.kind] += n
                     lowered, spans_cache = None, {}
@@ -206,6 +235,31 @@ def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> 
         pos = b
     pieces.append(data[pos:])
     return b"".join(pieces), len(pieces) // 2
+
+
+def _candidate_lines(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of the lines of ``data`` (split on ``\\n``) that match :data:`PREFILTER`.
+
+    The buffer becomes an Arrow binary array without copying (offsets = newline positions), so the
+    whole file is scanned by one RE2 DFA pass instead of one ``bytes.find`` per literal."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not data:
+        return []
+    nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    offsets = np.empty(len(nl) + 2, np.int64)
+    offsets[0] = 0
+    offsets[1:-1] = nl + 1
+    offsets[-1] = len(data) + 1  # a virtual newline after the last line
+    starts = offsets[:-1]
+    ends = offsets[1:] - 1  # exclusive, without the newline
+    lines = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(starts), [None, pa.py_buffer(np.append(starts, len(data))), pa.py_buffer(data)])
+    # the value offsets above include each line's newline except the last: harmless for a search
+    hit = np.flatnonzero(pc.match_substring_regex(lines, PREFILTER).to_numpy(zero_copy_only=False))
+    return [(int(starts[i]), int(ends[i])) for i in hit]
 
 
 def _line_spans(data: bytes, hay: bytes, needle, is_re: bool) -> list[tuple[int, int]]:

@@ -99,3 +99,25 @@ def test_no_secret_reaches_any_table(tmp_path):
     assert res.secrets["internal_ticket_token"] == 1 and res.secrets["slack_token"] == 1
     assert res.quarantine.num_rows == 1 and "[REDACTED:slack_token]" in res.quarantine.column("text")[0].as_py()
     assert set(res.secrets) >= {"anthropic_key", "github_token", "openai_key", "private_key", "aws_access_key", "jwt"}
+
+
+def test_prefilter_path_equals_exact_path_on_messy_buffers():
+    """scrub_bytes (RE2 prefilter, exact patterns only on candidate lines) == the exact path over the
+    whole buffer, on lines mixing secrets, near misses, mixed case, non-ASCII and invalid UTF-8."""
+    rng = random.Random(11)
+    pieces = list(SECRETS.values()) + [
+        "PassWord: 'Tr0ub4dor&3'", "API-KEY=abcdefgh", 'api_key\\": \\"zzzzzzzz', "Client_Secret = qwertyuiop",
+        "SECRET\t:\tvalue1234", "pwd=short", "AKIAIOSFODNN7EXAMPL", "xoxp-1", "sk-ant-short", "ghs_" + "z" * 36,
+        "ſecret: 12345678", "paſsword=abcdefgh", "Kelvin\u212a", "ünïcödé text", "eyJonly.eyJtwo", "task-sk-" + "a" * 30,
+    ]
+    lines = []
+    for i in range(600):
+        parts = [rng.choice(pieces) if rng.random() < 0.4 else "filler words here" for _ in range(rng.randint(1, 6))]
+        line = orjson.dumps({"i": i, "c": " ".join(parts)})
+        if rng.random() < 0.05:
+            line = line[: rng.randint(1, len(line))] + b"\xff\xfe" + line[rng.randint(0, len(line)):]
+        lines.append(line)
+    for data in (b"\n".join(lines), b"\n".join(lines) + b"\n", b"\n\n" + b"\r\n".join(lines[:50])):
+        fast, exact = Scrubber(), Scrubber()
+        assert fast.scrub_bytes(data) == exact._scrub_lines(data)
+        assert fast.counts == exact.counts and sum(fast.counts.values()) > 10
