@@ -6,7 +6,9 @@ DuckDB ledger, HTTP with connection reuse, settle, atomic cache write, parse), a
 
 * achieved calls/s and its ratio to the ideal C/L (target >= 0.9),
 * client overhead per call = C·wall/N − L (seconds a concurrency slot spends per call beyond L),
-* a no-latency run (L=0) whose calls/s bounds the client+server per-call cost.
+* a no-latency run (L=0) whose calls/s bounds the client+server per-call cost,
+* the same requests through a bare ``httpx.AsyncClient`` (no ledger/cache/parsing) as a baseline, so
+  the cost of the machine and the server is separated from the cost of the replay client.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay.py [--configs 8:0.5,32:0.5,64:1.0] [--rounds 10]
 """
@@ -37,6 +39,28 @@ def start_server(latency: float) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+def raw_httpx(url: str, c: int, reqs) -> float:
+    """Baseline: the same bodies posted with a bare httpx.AsyncClient (no ledger, cache or parsing)."""
+    import asyncio
+
+    import httpx
+    import orjson
+
+    async def go() -> float:
+        sem = asyncio.Semaphore(c)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=c), timeout=30) as client:
+            async def one(r):
+                async with sem:
+                    resp = await client.post(url + "/chat/completions", content=orjson.dumps(r.body))
+                    resp.json()
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(r) for r in reqs))
+            return time.perf_counter() - t0
+
+    return asyncio.run(go())
+
+
 def warm_up() -> None:
     """Import-time costs (httpx, duckdb and the pandas it loads) are paid once per process: not per call."""
     run_one(4, 0.0, 2, warm=True)
@@ -60,11 +84,16 @@ def run_one(c: int, latency: float, rounds: int, warm: bool = False) -> dict:
             wall = time.perf_counter() - t0
         s = res.summary
         assert s["answered"] == n, s
+        raw_wall = raw_httpx(url, c, reqs) if not warm else wall
         out = {"C": c, "L_s": latency, "calls": n, "wall_s": round(wall, 3), "calls_per_s": round(n / wall, 2)}
         if latency > 0:
             ideal = c / latency
             out |= {"ideal_calls_per_s": round(ideal, 2), "ratio": round(n / wall / ideal, 3),
-                    "overhead_per_call_ms": round(1000 * (c * wall / n - latency), 1)}
+                    "overhead_per_call_ms": round(1000 * (c * wall / n - latency), 1),
+                    "raw_httpx_ratio": round(n / raw_wall / ideal, 3),
+                    "overhead_vs_raw_httpx_ms": round(1000 * c * (wall - raw_wall) / n, 1)}
+        else:
+            out |= {"raw_httpx_calls_per_s": round(n / raw_wall, 2)}
         out |= {"latency_p50_s": s["latency_p50_s"], "latency_p95_s": s["latency_p95_s"]}
         return out
     finally:
