@@ -13,6 +13,7 @@ Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing s
 * other 4xx → release, fail (no retry);
 * connect error (nothing sent) → release, retry;
 * timeout, connection dropped before or while reading the body → keep (may be billed), retry;
+* any other transport error (decoding, protocol, proxy) → keep, fail (no retry);
 * 200 with a body that is not JSON / lacks ``choices[0].message`` → keep, fail (no retry).
 
 Retries are bounded by ``max_retries``; backoff is exponential with full jitter
@@ -187,6 +188,8 @@ async def call_teacher(
                 retry = True
                 kind = "truncated_body" if status_code is not None else "connection_dropped"
                 last_reason = f"{kind}: {type(e).__name__}: {_scrub(str(e), api_key, 120)}"
+            except httpx.HTTPError as e:  # protocol/decoding/proxy problems: sent, outcome unknown, not retried
+                last_reason = f"http_error: {type(e).__name__}: {_scrub(str(e), api_key, 120)}"
             else:
                 latency = time.perf_counter() - t0
                 if status_code == 200:

@@ -9,7 +9,9 @@ serialized messages and tools and assumes at least ``BYTES_PER_TOKEN`` bytes per
 fixed per-message template overhead. Byte-level BPE tokenizers of current chat models average
 3.5–4.5 bytes per token on English and code (JSON escaping only adds bytes), so 2.0 over-reserves
 by about 2× rather than risking an under-reservation; reservations are released on settle, so the
-margin only limits how many calls may be in flight at the edge of a budget.
+margin only limits how many calls may be in flight at the edge of a budget. Should a teacher still
+report more usage than was reserved, the actual cost is what is recorded (it was billed), so a budget
+can then be passed by at most that difference.
 """
 
 from __future__ import annotations
