@@ -71,7 +71,8 @@ class NormalizeRecipe:
     process: tuple[tuple[str, dict[str, Any]], ...]
     default_text_key: str = "chosen_text"
     path: str | None = None
-    # ``default``: the in-process path below; ``ray``: data-juicer's RayExecutor (normalize_ray.py)
+    # recipe ``executor_type``: ``default`` = the in-process path below; ``ray`` = data-juicer's
+    # RayExecutor (normalize_ray.py) at ``ray_address``, scratch JSONL under ``work_dir``
     executor: str = "default"
     ray_address: str | None = None
     ray_work_dir: str | None = None
@@ -103,11 +104,12 @@ class NormalizeRecipe:
         for name, args in ops:
             if args["text_key"] not in allowed:
                 raise ValueError(f"normalize recipe: {name}: text_key {args['text_key']!r} is not a pair column")
-        executor = str(d.get("executor") or "default")
+        # data-juicer's own keys, so the file stays a valid data-juicer recipe (normalize_ray.py)
+        executor = str(d.get("executor_type") or "default")
         if executor not in ("default", "ray"):
-            raise ValueError(f"normalize recipe: executor must be 'default' or 'ray', got {executor!r}")
+            raise ValueError(f"normalize recipe: executor_type must be 'default' or 'ray', got {executor!r}")
         return cls(process=tuple(ops), default_text_key=default_key, path=path, executor=executor,
-                   ray_address=d.get("ray_address"), ray_work_dir=d.get("ray_work_dir"))
+                   ray_address=d.get("ray_address"), ray_work_dir=d.get("work_dir") if executor == "ray" else None)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "NormalizeRecipe":

@@ -1,14 +1,14 @@
 """Normalise DPO pairs on Ray: data-juicer's ``RayExecutor`` running the same recipe ops.
 
 In:  a ``dpo_pairs`` table and a :class:`NormalizeRecipe` whose ``executor`` is ``ray`` (set
-     ``executor: ray`` and ``ray_address`` in ``recipes/normalize.yaml``; ``ray_address: local``
+     ``executor_type: ray`` and ``ray_address`` in ``recipes/normalize.yaml``; ``ray_address: local``
      starts an in-process Ray, ``auto`` joins the cluster of this node, ``ray://host:10001`` a
      remote one).
 Out: the same :class:`NormalizeResult` as :func:`normalize_pairs` (``kept``, ``dropped`` with
      ``drop_op``/``drop_reason``/``drop_stats``, ``stats``), so the Dagster asset does not change.
 
 How it runs: only ``pair_id`` and the text columns the ops name travel through Ray (JSONL in a
-scratch dir, which on a cluster must be a path every Ray node can read: set ``ray_work_dir``);
+scratch dir, which on a cluster must be a path every Ray node can read: set ``work_dir``);
 every other column is taken back from the input table by ``pair_id``. One ``RayExecutor`` pass per
 op, in recipe order, so each op gets its own stats (data-juicer's cross-key stats collision exists
 on Ray too) and every dropped row is attributed to the op that dropped it. ``document_deduplicator``

@@ -1,4 +1,4 @@
-"""``executor: ray`` in the normalize recipe: data-juicer's RayExecutor with the same ops.
+"""``executor_type: ray`` in the normalize recipe: data-juicer's RayExecutor with the same ops.
 
 One test builds the RayExecutor config with data-juicer's own parser; the other runs a small
 normalization on an in-process Ray (``ray_address: local``, no cluster) and compares it with the
@@ -23,8 +23,8 @@ def _small_recipe(**top) -> NormalizeRecipe:
 
 
 def test_bad_executor_name_is_refused():
-    with pytest.raises(ValueError, match="executor must be 'default' or 'ray'"):
-        NormalizeRecipe.from_dict({"executor": "spark", "process": [{"text_length_filter": {"min_len": 1}}]})
+    with pytest.raises(ValueError, match="executor_type must be 'default' or 'ray'"):
+        NormalizeRecipe.from_dict({"executor_type": "spark", "process": [{"text_length_filter": {"min_len": 1}}]})
 
 
 def test_ray_local_matches_default_executor():
