@@ -302,7 +302,9 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
 
 def build_session(session_key: str, main: ParsedFile | None, agents: list[ParsedFile], opts: RenderOptions,
                   drop_warmup: bool = True) -> SessionBuild:
-    out = SessionBuild(messages={c: [] for c in _MSG_COLS}, states={c: [] for c in _STATE_COLS})
+    out = SessionBuild()
+    msg_rows: list[tuple] = []
+    state_rows: list[tuple] = []
     streams: list[Stream] = []
     main_stream = None
     if main is not None:
@@ -335,41 +337,63 @@ def build_session(session_key: str, main: ParsedFile | None, agents: list[Parsed
         fc = out.file_counts.setdefault(s.file, Counter())
         if s.kind != "main" and s.parent_tool_use_id:
             fc["subagents_linked"] += 1
-        _emit_stream(s, session_key, session_id, opts, out, fc)
+        _emit_stream(s, session_key, session_id, opts, out, msg_rows, state_rows)
+    # rows -> column lists in one C-level transpose (cheaper than appending to each column per row)
+    out.messages = _columns(_MSG_COLS, msg_rows)
+    out.states = _columns(_STATE_COLS, state_rows)
     return out
 
 
-def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptions, out: SessionBuild, fc: Counter) -> None:
+def _columns(names: list[str], rows: list[tuple]) -> dict[str, list]:
+    if not rows:
+        return {c: [] for c in names}
+    return {c: list(v) for c, v in zip(names, zip(*rows))}
+
+
+def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptions, out: SessionBuild,
+                 msg_rows: list[tuple], state_rows: list[tuple]) -> None:
     ix = _StreamIndex(s)
-    m = out.messages
+    dumps = orjson.dumps
+    key_get = ix.key.get
+    sid = s.stream_id
+    append = msg_rows.append
     for r in s.records:
         o = r.obj
+        t = r.type
         if o is None:  # salvaged damaged line
-            vals = (s.stream_id, session_key, r.uuid, r.parent, None, "damaged", None, None, None, None, None,
-                    False, False, r.is_sidechain, r.file, r.line_no, None, r.raw)
+            append((sid, session_key, r.uuid, r.parent, None, "damaged", None, None, None, None, None,
+                    False, False, r.is_sidechain, r.file, r.line_no, None, r.raw))
+            continue
+        get = o.get
+        msg = r.msg
+        st = get("subtype")
+        if t == "assistant":
+            st = "synthetic" if _is_synthetic(r) else st
+        elif t == "progress":
+            d = get("data")
+            if type(d) is dict:
+                st = d.get("type")
+        elif t == "attachment":
+            a = get("attachment")
+            if type(a) is dict:
+                st = a.get("type")
+        lp = get("logicalParentUuid")
+        if type(lp) is not str:
+            lp = None
+        if t == "system" and st == "compact_boundary" and lp is not None and lp in ix.by_uuid:
+            out.file_counts.setdefault(r.file, Counter())["compactions_crossed"] += 1
+        if msg:
+            content = msg.get("content")
+            role = msg.get("role")
         else:
-            msg = _message(r)
-            st = o.get("subtype")
-            if r.type == "assistant":
-                st = "synthetic" if _is_synthetic(r) else st
-            elif r.type == "progress" and isinstance(o.get("data"), dict):
-                st = o["data"].get("type")
-            elif r.type == "attachment" and isinstance(o.get("attachment"), dict):
-                st = o["attachment"].get("type")
-            if r.type == "system" and st == "compact_boundary":
-                lp = o.get("logicalParentUuid")
-                if isinstance(lp, str) and lp in ix.by_uuid:
-                    fc_file = out.file_counts.setdefault(r.file, Counter())
-                    fc_file["compactions_crossed"] += 1
-            content = msg.get("content") if msg else o.get("content") if r.type == "system" else None
-            lp = o.get("logicalParentUuid")
-            vals = (s.stream_id, session_key, r.uuid, r.parent, lp if isinstance(lp, str) else None, r.type,
-                    st if isinstance(st, str) else None, ix.key.get(r.uuid), msg.get("role") if msg else None,
-                    _dumpb(content), _dumpb(o.get("toolUseResult")), o.get("isMeta") is True,
-                    o.get("isCompactSummary") is True, r.is_sidechain, r.file, r.line_no,
-                    o.get("timestamp") if isinstance(o.get("timestamp"), str) else None, r.raw)
-        for c, v in zip(_MSG_COLS, vals):
-            m[c].append(v)
+            content = get("content") if t == "system" else None
+            role = None
+        tur = get("toolUseResult")
+        ts = get("timestamp")
+        append((sid, session_key, r.uuid, r.parent, lp, t, st if type(st) is str else None, key_get(r.uuid), role,
+                None if content is None else dumps(content), None if tur is None else dumps(tur),
+                get("isMeta") is True, get("isCompactSummary") is True, r.is_sidechain, r.file, r.line_no,
+                ts if type(ts) is str else None, r.raw))
 
     # group assistant records into responses (first appearance order)
     groups: dict[str, list[Record]] = {}
@@ -378,7 +402,6 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
         if k is not None:
             groups.setdefault(k, []).append(r)
     counts = _prefix_counts(s, ix, opts)
-    st = out.states
     for k, recs in groups.items():
         if k in ix.synthetic_keys:
             continue
@@ -407,6 +430,5 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
             lm.get("model") or _message(first).get("model"), version if isinstance(version, str) else None,
             first.get("timestamp"), _dumps(lm.get("usage")),
         )
-        for c, v in zip(_STATE_COLS, row):
-            st[c].append(v)
+        state_rows.append(row)
         out.file_counts.setdefault(first.file, Counter())["states"] += 1
