@@ -16,8 +16,13 @@ Out: :class:`TrainData`: typed :class:`PromptRow` (one per trace state: the rend
 * Prompt text: the tokenizer's chat template (``add_generation_prompt``), left-truncated to the
   last ``max_prompt_tokens`` tokens (the end of a long agent context is the part that decides).
 
-Deliberately simplified: states without any replay/pair row are not rendered here (they have no
-consensus and no rendered prompt in the pair tables).
+* States with no pair/positive row (no teacher replay yet) come from ``trace_states`` +
+  ``trace_messages``, rendered by :func:`composer_pipeline.render.render_states` (the function
+  replay sends); they have no consensus (``consensus_match`` does not apply) and their hint, at an
+  error site, names the error only. So an ingest-only directory already trains GRPO + SDPO
+  (DPO reported off: no pairs).
+
+Deliberately simplified: every state is one prompt, however many pairs it has.
 """
 
 from __future__ import annotations
@@ -101,13 +106,22 @@ def _json_list(s: str | None, what: str) -> list:
     return v
 
 
-def load_train_data(data_root: str, *, heldout_fraction: float, hints: HintTemplates) -> TrainData:
-    """Read the pair tables (and trace_states) under ``data_root`` into train/held-out rows."""
+def load_train_data(
+    data_root: str,
+    *,
+    heldout_fraction: float,
+    hints: HintTemplates,
+    include_unpaired_states: bool = True,
+    render_recipe: str | None = None,
+) -> TrainData:
+    """Read the pair tables and trace states under ``data_root`` into train/held-out rows."""
     store = Store(data_root)
-    if not store.exists("normalized_dpo_pairs") and not store.exists("agreement_positives"):
+    has_pairs = store.exists("normalized_dpo_pairs") or store.exists("agreement_positives")
+    has_states = store.exists("trace_states") and store.exists("trace_messages")
+    if not has_pairs and not (include_unpaired_states and has_states):
         raise FileNotFoundError(
-            f"no pairs under {data_root}: expected pairs.parquet / positives.parquet "
-            "(normalized_dpo_pairs / agreement_positives) written by `composer-pipeline pairs`"
+            f"no training data under {data_root}: expected pairs.parquet / positives.parquet "
+            "(`composer-pipeline pairs`) or trace_states.parquet + trace_messages.parquet (`composer-pipeline ingest`)"
         )
     errors: dict[str, tuple[bool, str | None]] = {}
     if store.exists("trace_states"):
@@ -162,7 +176,45 @@ def load_train_data(data_root: str, *, heldout_fraction: float, hints: HintTempl
                 hint=hint,
             )
             (data.heldout_prompts if held else data.prompts).append(row)
+    if include_unpaired_states and has_states:
+        _add_unpaired_states(store, data, seen_states, heldout_fraction, hints, render_recipe)
     return data
+
+
+def _add_unpaired_states(store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, render_recipe: str | None) -> None:
+    from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+    states = store.read_table("trace_states")
+    todo = [r for r in states.to_pylist() if r["state_id"] not in seen]
+    if not todo:
+        return
+    conv = Conversation.from_table(store.read_table("trace_messages"))
+    opts = RenderOptions.from_recipe(render_recipe)
+    for st in todo:
+        try:
+            rendered = render_state(conv, st, opts)
+            if not rendered.messages:
+                raise ValueError("empty rendered prompt")
+            Action.from_json(st["action"])
+            has_error = bool(st.get("has_error"))
+            hint = build_hint(st["action"], st.get("error_after"), None, hints) if has_error else None
+        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
+            data.skipped.append(Skipped("trace_states", st.get("state_id") or "?", f"{type(e).__name__}: {e}"))
+            continue
+        seen.add(st["state_id"])
+        tools = rendered.tools
+        row = PromptRow(
+            state_id=st["state_id"],
+            messages=rendered.messages,
+            tools=tools,
+            tool_names=[(t.get("function") or t).get("name") for t in tools if isinstance(t, dict)],
+            agent_action=st["action"],
+            consensus="",
+            has_error=has_error,
+            error_after=st.get("error_after"),
+            hint=hint,
+        )
+        (data.heldout_prompts if is_heldout(st["state_id"], fraction) else data.prompts).append(row)
 
 
 # -- rendering -------------------------------------------------------------------------------

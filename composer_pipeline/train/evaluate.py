@@ -52,7 +52,13 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     if not isinstance(data, TrainData):
-        data = load_train_data(str(data), heldout_fraction=recipe.data.heldout_fraction, hints=recipe.sdpo.hint)
+        data = load_train_data(
+            str(data),
+            heldout_fraction=recipe.data.heldout_fraction,
+            hints=recipe.sdpo.hint,
+            include_unpaired_states=recipe.data.include_unpaired_states,
+            render_recipe=recipe.data.render_recipe,
+        )
     torch.manual_seed(recipe.optim.seed)
     tok, model = load_policy(str(model_path))
     model.eval()

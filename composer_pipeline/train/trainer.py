@@ -86,6 +86,8 @@ class DPOSection:
 class DataSection:
     max_prompt_tokens: int = 384
     heldout_fraction: float = 0.2
+    include_unpaired_states: bool = True  # trace states with no pair row become GRPO/SDPO prompts too
+    render_recipe: str | None = None  # YAML with a `render:` section (e.g. recipes/ingest.yaml); null = defaults
 
 
 @dataclass
@@ -497,7 +499,13 @@ def build_trainer(
     model_path = resolve_model_path(model or recipe.model, out_dir)
     torch.manual_seed(recipe.optim.seed)
 
-    data = load_train_data(data_root, heldout_fraction=recipe.data.heldout_fraction, hints=recipe.sdpo.hint)
+    data = load_train_data(
+        data_root,
+        heldout_fraction=recipe.data.heldout_fraction,
+        hints=recipe.sdpo.hint,
+        include_unpaired_states=recipe.data.include_unpaired_states,
+        render_recipe=recipe.data.render_recipe,
+    )
     if not data.prompts:
         raise ValueError(f"no training prompts under {data_root} (after the held-out split): {data.summary()}")
     w = recipe.weights
