@@ -144,3 +144,43 @@ def test_default_recipe_keeps_single_machine_behaviour(repo_root):
     defs = build_defs(s)
     assert defs.resolve_implicit_global_asset_job_def().executor_def is dg.in_process_executor
     assert defs.resources["trainer"].command() == [sys.executable, "-m", ENTRY_MODULE]
+
+
+def test_k8s_executor_instance_built_from_the_recipe(cluster_defs, tmp_path):
+    """Build the executor object Dagster creates at run start (K8sStepHandler) from the recipe's config.
+
+    A kubeconfig naming an API server on 127.0.0.1 that nobody serves stands in for the cluster
+    (loading the client makes no request); the step pods' container settings are read back.
+    """
+    import yaml
+    from dagster._config import process_config
+    from dagster._core.definitions.job_base import InMemoryJob
+    from dagster._core.executor.init import InitExecutorContext
+    from dagster_k8s import k8s_job_executor
+
+    _, defs = cluster_defs
+    job = defs.resolve_implicit_global_asset_job_def()
+    _, cfg = _executor_config(defs)
+    kubeconfig = tmp_path / "kubeconfig.yaml"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "not-a-secret"}}],
+    }))
+    res = process_config(k8s_job_executor.config_schema.config_type,
+                         {**cfg, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)})
+    assert res.success, res.errors
+    executor = k8s_job_executor.executor_creation_fn(InitExecutorContext(
+        job=InMemoryJob(job), executor_def=k8s_job_executor, executor_config=res.value,
+        instance=dg.DagsterInstance.ephemeral()))
+    handler = executor._step_handler  # noqa: SLF001 - what each step pod is built from
+    assert type(handler).__name__ == "K8sStepHandler" and executor._max_concurrent == 8  # noqa: SLF001
+    ctx = handler._executor_container_context  # noqa: SLF001
+    assert handler._executor_image == "ghcr.io/your-org/composer-pipeline:0.1.0"  # noqa: SLF001
+    assert ctx.namespace == "composer"
+    container = ctx.run_k8s_config.container_config
+    assert [e["secret_ref"]["name"] for e in container["env_from"]] == ["composer-teacher-keys", "composer-s3"]
+    assert {"name": "COMPOSER_PIPELINE_RECIPE", "value": "recipes/cluster.yaml"} in container["env"]
+    assert container["volume_mounts"][0]["mount_path"] == "/mnt/composer"
+    assert ctx.run_k8s_config.pod_spec_config["node_selector"] == {"composer/pool": "cpu"}
