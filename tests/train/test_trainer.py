@@ -123,5 +123,5 @@ def test_bad_recipe_and_missing_data_are_clear_errors(tiny_model_dir, tmp_path):
         TrainRecipe.from_dict({"weights": {"gamma": 1.0}})
     with pytest.raises(ValueError, match="all channel weights are 0"):
         train(str(tmp_path), _recipe(tiny_model_dir, grpo=0, alpha=0, beta=0), steps=1, out_dir=tmp_path / "o")
-    with pytest.raises(FileNotFoundError, match="no pairs"):
+    with pytest.raises(FileNotFoundError, match="no training data"):
         train(str(tmp_path), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
