@@ -53,6 +53,20 @@ def _convert_smollm2(out: Path) -> None:
     plain.generation_config = loaded.generation_config
     plain.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    _strip_gguf_marker(out)
+
+
+def _strip_gguf_marker(model_dir: Path) -> None:
+    """The copied config keeps ``quantization_config: {quant_method: gguf}`` although the weights are now
+    plain float32 safetensors; loaders (and trainers) must not look for a .gguf file. Idempotent."""
+    import json
+
+    cfg_path = Path(model_dir) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") == "gguf" and not any(Path(model_dir).glob("*.gguf")):
+        del cfg["quantization_config"]
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def _build_tiny(out: Path) -> None:
@@ -74,6 +88,8 @@ def resolve_model(name_or_path: str | Path) -> Path:
         raise ValueError(f"unknown model {name!r}: give a model directory or one of {list(KNOWN)}")
     out = models_home() / name
     if (out / "config.json").is_file():
+        if name == SMOLLM2:
+            _strip_gguf_marker(out)  # directories converted before the marker was stripped
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{name}.lock", "a+") as lockf:

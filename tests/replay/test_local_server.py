@@ -88,3 +88,16 @@ def test_resolve_model(tiny_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model(tmp_path / "empty")
+
+
+def test_converted_gguf_copy_loses_its_quantization_marker(tmp_path):
+    import json
+
+    from composer_pipeline.teachers.local_models import _strip_gguf_marker
+
+    cfg = {"model_type": "llama", "quantization_config": {"quant_method": "gguf", "gguf_file": "x.gguf"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _strip_gguf_marker(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama"}
+    _strip_gguf_marker(tmp_path)  # idempotent
+    assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama"}
