@@ -101,9 +101,11 @@ def test_no_secret_reaches_any_table(tmp_path):
     assert set(res.secrets) >= {"anthropic_key", "github_token", "openai_key", "private_key", "aws_access_key", "jwt"}
 
 
-def test_prefilter_path_equals_exact_path_on_messy_buffers():
-    """scrub_bytes (RE2 prefilter, exact patterns only on candidate lines) == the exact path over the
-    whole buffer, on lines mixing secrets, near misses, mixed case, non-ASCII and invalid UTF-8."""
+@pytest.mark.parametrize("backend", ["hyperscan", "re2"])
+def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
+    """scrub_bytes (prefilter, exact patterns only on candidate lines) == the exact path over the
+    whole buffer, on lines mixing secrets, near misses, mixed case, non-ASCII and invalid UTF-8.
+    Both prefilter backends: Hyperscan (installed on x86-64) and the RE2 fallback."""
     rng = random.Random(11)
     pieces = list(SECRETS.values()) + [
         "PassWord: 'Tr0ub4dor&3'", "API-KEY=abcdefgh", 'api_key\\": \\"zzzzzzzz', "Client_Secret = qwertyuiop",
@@ -119,5 +121,5 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers():
         lines.append(line)
     for data in (b"\n".join(lines), b"\n".join(lines) + b"\n", b"\n\n" + b"\r\n".join(lines[:50])):
         fast, exact = Scrubber(), Scrubber()
-        assert fast.scrub_bytes(data) == exact._scrub_lines(data)
+        assert fast.scrub_bytes(data, backend) == exact._scrub_lines(data)
         assert fast.counts == exact.counts and sum(fast.counts.values()) > 10
