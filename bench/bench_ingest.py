@@ -109,7 +109,8 @@ def child(corpus: Path, out: Path) -> None:
 
     import composer_pipeline.cli.ingest  # noqa: F401
     import composer_pipeline.ingest.pipeline  # noqa: F401
-    import composer_pipeline.store  # noqa: F401  (fsspec, pandas: imported by `run`, a fixed cost)
+    import composer_pipeline.store  # noqa: F401  (fsspec: imported by `run`, a fixed cost)
+    import pandas  # noqa: F401  (pyarrow imports it at the first pa.array call: 0.3-0.5 CPU-s once per process)
     from composer_pipeline.cli import main
 
     startup = time.process_time() - t0

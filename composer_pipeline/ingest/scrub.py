@@ -122,17 +122,30 @@ class _Pattern:
         return False
 
 
+_COMPILED: dict[tuple, list[_Pattern]] = {}
+
+
+def _compiled(extra: tuple[tuple[str, str], ...]) -> list[_Pattern]:
+    """The compiled patterns for a set of extra patterns, built once per process (one Scrubber per
+    session would otherwise recompile them for every session)."""
+    got = _COMPILED.get(extra)
+    if got is None:
+        got = [_Pattern(k, s, pre) for k, s, pre in _BUILTIN]
+        got.append(_Pattern("password_assignment", _ASSIGN, _ASSIGN_PRECHECK, assign=True))
+        for kind, source in extra:
+            try:
+                got.append(_Pattern(kind, source, ()))
+            except re.error as e:
+                raise ValueError(f"extra_secret_patterns[{kind!r}] is not a valid regex: {e}") from None
+        _COMPILED[extra] = got
+    return got
+
+
 class Scrubber:
     """Replace secrets; ``counts`` accumulates per-kind replacements over every call."""
 
     def __init__(self, extra_patterns: dict[str, str] | None = None):
-        self.patterns = [_Pattern(k, s, pre) for k, s, pre in _BUILTIN]
-        self.patterns.append(_Pattern("password_assignment", _ASSIGN, _ASSIGN_PRECHECK, assign=True))
-        for kind, source in (extra_patterns or {}).items():
-            try:
-                self.patterns.append(_Pattern(str(kind), source, ()))
-            except re.error as e:
-                raise ValueError(f"extra_secret_patterns[{kind!r}] is not a valid regex: {e}") from None
+        self.patterns = list(_compiled(tuple((str(k), str(v)) for k, v in (extra_patterns or {}).items())))
         self.builtin = [p for p in self.patterns if p.pre]
         self.extra = [p for p in self.patterns if not p.pre]
         self.counts: Counter[str] = Counter()
