@@ -48,7 +48,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
     from composer_pipeline.train import rewards as reward_mod
     from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_prompt
     from composer_pipeline.train.losses import completion_logits, completion_logps, generalized_jsd
-    from composer_pipeline.train.trainer import TrainRecipe, load_policy
+    from composer_pipeline.train.trainer import TrainRecipe, load_policy, resolve_model_path
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     if not isinstance(data, TrainData):
@@ -60,7 +60,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
             render_recipe=recipe.data.render_recipe,
         )
     torch.manual_seed(recipe.optim.seed)
-    tok, model = load_policy(str(model_path))
+    tok, model = load_policy(resolve_model_path(str(model_path)))
     model.eval()
     dev = model.device
     pad = tok.pad_token_id

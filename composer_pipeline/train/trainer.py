@@ -374,18 +374,20 @@ def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
 
 
 # -- entry point -------------------------------------------------------------------------------
-def resolve_model_path(model: str | None, out_dir: Path) -> str:
-    """``tiny`` → build the offline tiny model under ``out_dir/base-model``; else the name/path as given."""
+def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
+    """A loadable model: ``tiny`` / ``smollm2-135m-instruct`` (also as ``local:NAME``) resolve through
+    :func:`composer_pipeline.teachers.local_models.resolve_model` (built/converted once, cached, so
+    training and evaluation see the same base model); anything else is a path or hub name as given."""
     if not model:
-        raise ValueError("no model: pass --model PATH (or 'tiny') or set `model:` in the recipe")
-    if model == "tiny":
-        from composer_pipeline.train.tiny import build_tiny_model
+        raise ValueError("no model: pass --model PATH (or 'tiny', 'local:smollm2-135m-instruct') or set `model:` in the recipe")
+    name = model.split(":", 1)[1] if model.startswith("local:") else model
+    if not Path(model).is_dir():
+        from composer_pipeline.teachers.local_models import KNOWN, resolve_model
 
-        return str(build_tiny_model(out_dir / "base-model"))
-    if model.startswith("local:"):  # e.g. local:smollm2-135m-instruct (teachers.local_models)
-        from composer_pipeline.teachers.local_models import resolve_model
-
-        return str(resolve_model(model.split(":", 1)[1]))
+        if name in KNOWN:
+            return str(resolve_model(name))
+        if model.startswith("local:"):
+            raise ValueError(f"unknown local model {name!r}; known: {list(KNOWN)}")
     return model
 
 

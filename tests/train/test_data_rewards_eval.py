@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -162,3 +163,17 @@ def test_pipes_entry_runs_without_pipes(tiny_model_dir, synth_store, tmp_path, c
     assert pipes_entry.main(["--data-root", synth_store, "--model", str(tiny_model_dir), "--steps", "1", "--out-dir", str(tmp_path / "o")]) == 0
     last = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert last["materialization"]["steps"] == 1
+
+
+def test_model_names_resolve_through_local_models(tmp_path, monkeypatch, tiny_model_dir):
+    from composer_pipeline.train.trainer import resolve_model_path
+
+    monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))
+    p = resolve_model_path("tiny")
+    assert (tmp_path / "home").as_posix() in p and (Path(p) / "model.safetensors").is_file()
+    assert resolve_model_path("local:tiny") == p  # cached: train and eval see the same base model
+    assert resolve_model_path(str(tiny_model_dir)) == str(tiny_model_dir)
+    with pytest.raises(ValueError, match="unknown local model"):
+        resolve_model_path("local:nope")
+    with pytest.raises(ValueError, match="no model"):
+        resolve_model_path(None)
