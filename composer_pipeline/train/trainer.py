@@ -366,9 +366,10 @@ def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
         vals = [p[k] for p in pend if k in p]
         if vals:
             rec[k] = sum(vals) / len(vals)
-    rewards = trainer._metrics["train"].get("reward")
-    if rewards:
-        rec["reward"] = rewards[-1]
+    for key in ("reward", "reward_std"):  # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
+        vals = trainer._metrics["train"].get(key)
+        if vals:
+            rec[key] = vals[-1]
     rec["step_time_s"] = step_time
     return rec
 
