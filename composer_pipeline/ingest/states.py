@@ -212,19 +212,33 @@ class _StreamIndex:
         self.tool_uses: dict[str, str] = {}
         self.results: dict[str, tuple[Record, dict]] = {}
         self.synthetic_keys: set[str] = set()
+        # inlined _message_key / _is_synthetic / _tool_blocks (hot: once per record)
         for r in s.records:
-            if r.type == "assistant" and r.obj is not None:
-                k = _message_key(r)
+            o = r.obj
+            if o is None:
+                continue
+            t = r.type
+            if t == "assistant":
+                m = r.msg
+                k = m.get("id") or o.get("requestId") or r.uuid
+                k = str(k) if k is not None else f"line-{r.file}-{r.line_no}"
                 self.key[r.uuid] = k
-                if _is_synthetic(r):
+                if o.get("isApiErrorMessage") is True or m.get("model") == "<synthetic>":
                     self.synthetic_keys.add(k)
-                for b in _tool_blocks(r, "tool_use"):
-                    self.tool_uses[str(b.get("id"))] = str(b.get("name"))
-                    self.tools_of_key.setdefault(k, set()).add(str(b.get("id")))
-                    self.n_tools_of_key[k] = self.n_tools_of_key.get(k, 0) + 1
-            elif r.type == "user" and r.obj is not None:
-                for b in _tool_blocks(r, "tool_result"):
-                    self.results.setdefault(str(b.get("tool_use_id")), (r, b))
+                c = m.get("content")
+                if type(c) is list:
+                    for b in c:
+                        if type(b) is dict and b.get("type") == "tool_use":
+                            bid = str(b.get("id"))
+                            self.tool_uses[bid] = str(b.get("name"))
+                            self.tools_of_key.setdefault(k, set()).add(bid)
+                            self.n_tools_of_key[k] = self.n_tools_of_key.get(k, 0) + 1
+            elif t == "user":
+                c = r.msg.get("content")
+                if type(c) is list:
+                    for b in c:
+                        if type(b) is dict and b.get("type") == "tool_result":
+                            self.results.setdefault(str(b.get("tool_use_id")), (r, b))
 
 
 def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str, int]:
@@ -397,8 +411,8 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
 
     # group assistant records into responses (first appearance order)
     groups: dict[str, list[Record]] = {}
-    for r in s.records:
-        k = ix.key.get(r.uuid)
+    for r in s.records:  # by uuid, as before: a record sharing an assistant record's uuid joins its group
+        k = key_get(r.uuid)
         if k is not None:
             groups.setdefault(k, []).append(r)
     counts = _prefix_counts(s, ix, opts)
