@@ -83,7 +83,8 @@ def fingerprint() -> dict:
                 for row in tab.to_pylist():
                     h[t].update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
                     rows[t] += 1
-            h["reports"].update(orjson.dumps([res.file_reports, res.secrets, res.stats], option=orjson.OPT_SORT_KEYS))
+            h["reports"].update(orjson.dumps([res.file_reports, list(res.secrets.items()), res.stats],  # secrets: in order
+                                             option=orjson.OPT_SORT_KEYS))
             rows["reports"] += 1
         out[name] = {t: f"{rows[t]}:{h[t].hexdigest()[:32]}" for t in h}
     return out

@@ -170,22 +170,26 @@ class Scrubber:
         (tests/ingest/test_scrub.py checks both). Extra recipe patterns then run on the whole buffer.
         """
         pieces, pos = [], 0
+        found: Counter[str] = Counter()
         for start, end in _candidate_lines(data, backend):
             line = data[start:end]
-            new = self._scrub_lines(line)
+            new = self._scrub_lines(line, found)
             if new != line:  # rare: only lines with a secret change
                 pieces += (data[pos:start], new)
                 pos = end
         if pieces:
             pieces.append(data[pos:])
             data = b"".join(pieces)
+        for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
+            if found[p.kind]:
+                self.counts[p.kind] += found[p.kind]
         for p in self.extra:
             data, n = p.rb.subn(f"[REDACTED:{p.kind}]".encode(), data)
             if n:
                 self.counts[p.kind] += n
         return data
 
-    def _scrub_lines(self, data: bytes) -> bytes:
+    def _scrub_lines(self, data: bytes, counts: Counter | None = None) -> bytes:
         """The built-in kinds over a buffer of lines (the exact path; also correct on a whole file).
 
         Each precheck is located with ``bytes.find`` (or a literal-prefixed regex) once per buffer
@@ -193,6 +197,7 @@ class Scrubber:
         pattern matches across a newline in JSONL and every match contains a precheck, so this
         equals running it on the whole buffer: tests/ingest/test_scrub.py checks exactly that).
         """
+        counts = self.counts if counts is None else counts
         lowered: bytes | None = None
         spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.builtin:
@@ -202,7 +207,7 @@ class Scrubber:
                 lowered = data.lower() if lowered is None else lowered
                 data, n = _scrub_assignments(data, lowered, p, tag)
                 if n:
-                    self.counts[p.kind] += n
+                    counts[p.kind] += n
                     lowered, spans_cache = None, {}
                 continue
             spans: set[tuple[int, int]] = set()
@@ -229,7 +234,7 @@ class Scrubber:
             if total:
                 pieces.append(data[pos:])
                 data = b"".join(pieces)
-                self.counts[p.kind] += total
+                counts[p.kind] += total
                 lowered, spans_cache = None, {}  # offsets moved
         return data
 
