@@ -309,8 +309,19 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
             memo[r.uuid] = (n, crossed)
         return n, crossed
 
+    by_uuid = ix.by_uuid
     for r in s.records:
-        value(r.uuid)
+        u = r.uuid
+        if u in memo:
+            continue
+        r = by_uuid[u]  # the first record with this uuid, as value() resolves it
+        p = r.parent
+        if p is not None and p in memo and r.type != "system" and p != u:
+            # fast path (records come parent-first): one step on top of a known parent
+            n, crossed = memo[p]
+            memo[u] = (n + contrib(r, crossed), crossed)
+        else:
+            value(u)
     return {k: v[0] for k, v in memo.items()}
 
 
