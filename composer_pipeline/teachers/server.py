@@ -12,8 +12,21 @@ template when it uses them; otherwise the tool list is described in the system t
 Assistant ``tool_calls`` and ``tool`` messages are given to templates that cannot render them as
 plain text. Greedy decoding at ``temperature`` 0, sampling otherwise.
 
+Served names that resolve to the same model directory share one loaded copy of the weights (and
+its lock). Greedy memo: a ``temperature`` 0 generation is a pure function of (weights, prompt,
+``tools``, ``max_tokens``, ``stop``), so the server keeps an in-memory LRU of greedy results keyed by
+(resolved model directory, canonical JSON of ``messages`` + ``tools`` + ``max_tokens`` + ``stop``).
+An identical greedy request — under the same or another served name of the same weights — is
+answered from it without generating again. The response is the same answer with the same real
+token usage (the usage of that one generation), a fresh ``id`` and the requested ``model`` name; the
+client still gets, prices and bills every request as usual (the memo saves CPU, not accounting).
+``X-Composer-Memo: hit|miss|off`` on each completion and ``greedy_memo`` {hits, misses, entries} on
+``GET /health`` show it working. Sampled requests (``temperature`` > 0) never use it. The demo uses
+it to serve SmolLM2 under two teacher names without paying for the identical generation twice.
+
 Deliberately simplified: one generation at a time per model (a lock; CPU has no batching gain at
-this size), prompts longer than ``max_prompt_tokens`` lose their oldest non-system messages, then
+this size), the memo lives only as long as the process (``memo_size`` entries, LRU), prompts
+longer than ``max_prompt_tokens`` lose their oldest non-system messages, then
 their oldest tokens; the answer text is returned as ``content`` and tool calls are left in its
 ``<tool_call>`` blocks for the client to parse (as with a vLLM server without a tool parser).
 """
@@ -23,7 +36,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +47,7 @@ import orjson
 from composer_pipeline.actions import Action, ToolCall
 
 MAX_NEW_TOKENS = 1024
+MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
 TOOL_PROMPT = (
     "You can call these tools. To call one, answer with a block\n"
     '<tool_call>\n{"name": <tool name>, "arguments": {<argument>: <value>}}\n</tool_call>\n'
@@ -80,6 +95,46 @@ def _plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) ->
     return out
 
 
+class GreedyMemo:
+    """Thread-safe LRU of greedy generations: key -> (text, finish_reason, prompt_tokens, completion_tokens)."""
+
+    def __init__(self, max_entries: int = MEMO_SIZE):
+        self.max_entries = max_entries
+        self._data: OrderedDict[bytes, tuple[str, str, int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(path: Path, body: dict[str, Any], max_new: int) -> bytes:
+        canon = {"messages": body.get("messages"), "tools": body.get("tools") or None,
+                 "max_tokens": max_new, "stop": body.get("stop")}
+        return str(Path(path).resolve()).encode() + b"\0" + orjson.dumps(canon, option=orjson.OPT_SORT_KEYS)
+
+    def get(self, key: bytes) -> tuple[str, str, int, int] | None:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.hits += 1
+            return hit
+
+    def put(self, key: bytes, value: tuple[str, str, int, int]) -> None:
+        if self.max_entries <= 0:
+            return
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "entries": len(self._data)}
+
+
 @dataclass
 class LocalModel:
     name: str
@@ -88,6 +143,7 @@ class LocalModel:
     tokenizer: Any = None
     model: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    memo: GreedyMemo | None = None  # shared by every served name of the server
 
     def load(self) -> "LocalModel":
         import torch
@@ -130,6 +186,10 @@ class LocalModel:
         return ids[-budget:] if len(ids) > budget else ids
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.complete_with_memo(body)[0]
+
+    def complete_with_memo(self, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The completion and how the greedy memo served it: ``hit``, ``miss`` or ``off`` (sampling / no memo)."""
         import torch
 
         messages = body.get("messages")
@@ -138,6 +198,28 @@ class LocalModel:
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
         max_new = max(1, min(max_new, MAX_NEW_TOKENS))
         temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
+        memo_key = self.memo.key(self.path, body, max_new) if self.memo is not None and temperature <= 0 else None
+        with self.lock:  # shared by the served names of these weights: an identical request waits, then hits
+            cached = self.memo.get(memo_key) if memo_key is not None else None
+            if cached is None:
+                cached = self._generate(body, messages, max_new, temperature, torch)
+                if memo_key is not None:
+                    self.memo.put(memo_key, cached)
+                how = "off" if memo_key is None else "miss"
+            else:
+                how = "hit"
+        text, finish, n_prompt, n_new = cached
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_new, "total_tokens": n_prompt + n_new},
+        }, how
+
+    def _generate(self, body: dict[str, Any], messages: list[dict[str, Any]], max_new: int, temperature: float,
+                  torch: Any) -> tuple[str, str, int, int]:
         ids = self.prompt_ids(messages, body.get("tools"), max_new)
         gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new, "do_sample": temperature > 0,
                                       "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
@@ -147,7 +229,7 @@ class LocalModel:
                 gen_kwargs["top_p"] = float(body["top_p"])
         else:
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
-        with self.lock, torch.no_grad():
+        with torch.no_grad():
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             input_ids = torch.tensor([ids], dtype=torch.long)
@@ -157,14 +239,7 @@ class LocalModel:
         eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         finish = "stop" if (new and new[-1] in eos_ids) or len(new) < max_new else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.name,
-            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(new), "total_tokens": len(ids) + len(new)},
-        }
+        return text, finish, len(ids), len(new)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -175,9 +250,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.log:
             self.server.log(f"{self.address_string()} {format % args}")
 
-    def _json(self, status: int, obj: Any) -> None:
+    def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         payload = orjson.dumps(obj)
         self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -189,7 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         path = self.path.split("?")[0].rstrip("/")
         if path in ("/health", "/v1/health"):
-            self._json(200, {"status": "ok", "models": sorted(self.server.models)})
+            self._json(200, {"status": "ok", "models": sorted(self.server.models), "greedy_memo": self.server.memo.stats()})
         elif path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "local"} for n in sorted(self.server.models)]})
         else:
@@ -217,14 +294,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "stream=true is not supported", "invalid_request_error")
             return
         try:
-            resp = model.complete(body)
+            resp, how = model.complete_with_memo(body)
         except ValueError as e:
             self._error(400, str(e), "invalid_request_error")
             return
         except Exception as e:  # a model failure is the server's fault: 500, retryable
             self._error(500, f"{type(e).__name__}: {e}", "server_error")
             return
-        self._json(200, resp)
+        self._json(200, resp, {"X-Composer-Memo": how})
 
 
 class TeacherHTTPServer(ThreadingHTTPServer):
@@ -235,6 +312,10 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.models = models
         self.log = log
+        memos = {id(m.memo): m.memo for m in models.values() if m.memo is not None}
+        if len(memos) > 1:
+            raise ValueError("all served models must share one GreedyMemo")
+        self.memo = next(iter(memos.values()), None) or GreedyMemo(0)  # GreedyMemo(0): off, /health still reports
 
     @property
     def url(self) -> str:
@@ -242,17 +323,29 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/v1"
 
 
-def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024) -> dict[str, LocalModel]:
+def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024,
+                memo_size: int = MEMO_SIZE) -> dict[str, LocalModel]:
+    """Served name -> loaded model; names resolving to one directory share the weights, the lock and
+    the (server-wide) greedy memo. ``memo_size`` 0 turns the memo off."""
     from composer_pipeline.teachers.local_models import resolve_model
 
     if not models:
         raise ValueError("no models to serve")
-    return {name: LocalModel(name, resolve_model(p), max_prompt_tokens).load() for name, p in models.items()}
+    memo = GreedyMemo(memo_size) if memo_size > 0 else None
+    by_path: dict[Path, LocalModel] = {}
+    out: dict[str, LocalModel] = {}
+    for name, p in models.items():
+        path = resolve_model(p).resolve()
+        if path in by_path:
+            out[name] = replace(by_path[path], name=name)  # same tokenizer, model and lock objects
+        else:
+            out[name] = by_path[path] = LocalModel(name, path, max_prompt_tokens, memo=memo).load()
+    return out
 
 
 def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *, max_prompt_tokens: int = 1024,
-                log: Callable[[str], None] | None = None) -> TeacherHTTPServer:
-    return TeacherHTTPServer(load_models(models, max_prompt_tokens), host, port, log)
+                log: Callable[[str], None] | None = None, memo_size: int = MEMO_SIZE) -> TeacherHTTPServer:
+    return TeacherHTTPServer(load_models(models, max_prompt_tokens, memo_size), host, port, log)
 
 
 def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
