@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from composer_pipeline.ingest.parser import ParsedFile, Record
-from composer_pipeline.render import RenderOptions, action_from_blocks, flatten_content, user_parts
+from composer_pipeline.render import RenderOptions, action_from_blocks, flatten_content
 
 SPAWN_TOOLS = ("Task", "Agent")
 ERROR_TEXT_CHARS = 2000
@@ -241,6 +241,27 @@ class _StreamIndex:
                             self.results.setdefault(str(b.get("tool_use_id")), (r, b))
 
 
+_EMPTY: frozenset = frozenset()
+
+
+def _has_user_parts(content, known_tool_uses) -> bool:
+    """``bool(render.user_parts(content, known_tool_uses))`` without building the parts (hot path)."""
+    if isinstance(content, str):
+        return bool(content)
+    if not isinstance(content, list):
+        return False
+    for b in content:
+        if not isinstance(b, dict):
+            continue
+        t = b.get("type")
+        if t == "text":
+            if b.get("text"):
+                return True
+        elif t != "tool_result" or b.get("tool_use_id") not in known_tool_uses:
+            return True  # image, unknown block type, or an orphan tool result
+    return False
+
+
 def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str, int]:
     """uuid -> number of rendered messages (incl. system) of a prefix ending at that record.
 
@@ -254,7 +275,7 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
                 return 0
             # counted once per path: skip when the same response is already above (streaming split,
             # possibly through its own tool results and pass-through records)
-            own = ix.tools_of_key.get(k, set())
+            own = ix.tools_of_key.get(k, _EMPTY)
             u, hops = r.parent, 0
             while u and hops < 10000:
                 hops += 1
@@ -277,7 +298,7 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
         if r.type == "user" and r.obj is not None:
             if r.obj.get("isMeta") is True or (crossed and r.obj.get("isCompactSummary") is True):
                 return 0
-            return 1 if user_parts(_message(r).get("content"), ix.tool_uses) else 0
+            return 1 if _has_user_parts(r.msg.get("content"), ix.tool_uses) else 0
         return 0
 
     def value(u: str | None) -> tuple[int, bool]:
