@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from composer_pipeline.ingest.parser import ParsedFile, Record
-from composer_pipeline.render import RenderOptions, action_from_blocks, flatten_content
+from composer_pipeline.render import RenderOptions, flatten_content
 
 SPAWN_TOOLS = ("Task", "Agent")
 ERROR_TEXT_CHARS = 2000
@@ -242,6 +242,25 @@ class _StreamIndex:
 
 
 _EMPTY: frozenset = frozenset()
+
+
+def action_json_of(blocks: list[dict]) -> tuple[str, list[dict]]:
+    """``render.action_from_blocks(blocks).to_json()`` and its tool calls as dicts, without building the
+    frozen Action/ToolCall dataclasses (hot path: once per state). tests/ingest/test_fast_paths.py
+    checks it equals the general code on every real state and on odd block lists."""
+    texts, thinking, calls = [], [], []
+    for b in blocks:
+        t = b.get("type")
+        if t == "text":
+            texts.append(str(b.get("text") or ""))
+        elif t == "thinking":
+            thinking.append(str(b.get("thinking") or ""))
+        elif t == "tool_use":
+            args = b.get("input")
+            calls.append({"id": str(b.get("id") or ""), "name": str(b.get("name") or ""),
+                          "arguments": args if isinstance(args, dict) else {"input": args}})
+    text = "\n".join(t for t in texts if t.strip()).strip()
+    return orjson.dumps({"text": text, "thinking": "\n".join(thinking).strip(), "tool_calls": calls}).decode(), calls
 
 
 def _has_user_parts(content, known_tool_uses) -> bool:
@@ -457,14 +476,15 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
         while leaf in own and hops < len(recs):
             leaf, hops = ix.by_uuid[leaf].parent, hops + 1
         blocks = [b for r in recs for b in (_message(r).get("content") or []) if isinstance(b, dict)]
-        action = action_from_blocks(blocks)
+        action_json, calls = action_json_of(blocks)
         errors = []
-        for c in action.tool_calls:
-            res = ix.results.get(c.id)
+        for c in calls:
+            cid = c["id"]
+            res = ix.results.get(cid)
             if res and _is_error_result(*res):
                 tur = res[0].obj.get("toolUseResult")
                 text = flatten_content(res[1].get("content")) or (tur if isinstance(tur, str) else "")
-                errors.append({"tool_use_id": c.id, "tool_name": c.name, "content": text[:ERROR_TEXT_CHARS]})
+                errors.append({"tool_use_id": cid, "tool_name": c["name"], "content": text[:ERROR_TEXT_CHARS]})
         last = recs[-1]
         lm = _message(last)
         version = last.get("version")
@@ -472,7 +492,7 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
             state_id_of(session_key, s.stream_id, k), session_id, session_key, s.stream_id, s.kind, s.agent_id,
             s.parent_tool_use_id, first.file, [r.line_no for r in recs], [r.uuid for r in recs],
             _message(first).get("id"), first.get("requestId"), leaf, counts.get(leaf, 1) if leaf else 1,
-            action.to_json(), _dumps(errors) if errors else None, bool(errors),
+            action_json, _dumps(errors) if errors else None, bool(errors),
             lm.get("model") or _message(first).get("model"), version if isinstance(version, str) else None,
             first.get("timestamp"), _dumps(lm.get("usage")),
         )
