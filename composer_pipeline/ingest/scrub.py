@@ -292,13 +292,18 @@ def _candidate_lines(data: bytes, backend: str = "auto") -> list[tuple[int, int]
     if db:
         ends: list[int] = []
         db.scan(data, match_event_handler=lambda _id, _from, to, _flags, _ctx: ends.append(to))
-        lines: dict[int, int] = {}
+        ends.sort()
+        lines: list[tuple[int, int]] = []
+        line_end = -1
         for to in ends:  # a match never spans a newline; its last byte (to - 1) is not one
+            if to <= line_end:  # inside the line found last: no rescan (linear even for many hits per line)
+                continue
             start = data.rfind(b"\n", 0, to) + 1
-            if start not in lines:
-                end = data.find(b"\n", to)
-                lines[start] = len(data) if end == -1 else end
-        return sorted(lines.items())
+            line_end = data.find(b"\n", to)
+            if line_end == -1:
+                line_end = len(data)
+            lines.append((start, line_end))
+        return lines
     if backend == "hyperscan":
         raise RuntimeError("hyperscan is not available")
     return _candidate_lines_re2(data)

@@ -203,9 +203,8 @@ class _StreamIndex:
     """Per-stream lookups shared by the prefix-count memo and error_after."""
 
     def __init__(self, s: Stream):
-        self.by_uuid: dict[str, Record] = {}
-        for r in s.records:
-            self.by_uuid.setdefault(r.uuid, r)
+        # the first record wins for a duplicated uuid (reversed: earlier records are assigned last)
+        self.by_uuid: dict[str, Record] = {r.uuid: r for r in reversed(s.records)}
         self.key: dict[str, str] = {}  # uuid -> message_key (assistant records)
         self.tools_of_key: dict[str, set[str]] = {}
         self.n_tools_of_key: dict[str, int] = {}
@@ -433,7 +432,8 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
         msg = r.msg
         st = get("subtype")
         if t == "assistant":
-            st = "synthetic" if _is_synthetic(r) else st
+            if get("isApiErrorMessage") is True or msg.get("model") == "<synthetic>":  # _is_synthetic
+                st = "synthetic"
         elif t == "progress":
             d = get("data")
             if type(d) is dict:
