@@ -5,9 +5,10 @@ Out: the same text with every secret replaced, plus per-kind counts in ``Scrubbe
 
 Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column (content, raw line,
 quarantine text) is already clean. Replacements contain no quote or backslash, so a JSON line stays
-valid. Each built-in kind has cheap literal substrings that must occur for the regex to be able to
-match (a ``bytes.__contains__`` precheck over the whole buffer); the regex runs only when one does.
-Extra patterns from ``recipes/ingest.yaml`` (``extra_secret_patterns: {kind: regex}``) always run.
+valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
+lines that could hold a built-in secret; each kind's exact regex then runs only on those lines, and
+only where one of its literal prechecks occurs. Extra patterns from ``recipes/ingest.yaml``
+(``extra_secret_patterns: {kind: regex}``) always run on the whole buffer.
 
 Deliberately simplified: patterns follow the published token formats (gitleaks-style prefixes:
 AKIA/ASIA, ghp_/github_pat_, sk-/sk-ant-, xox?-, AIza, eyJ...JWT, PEM blocks); a key without a
