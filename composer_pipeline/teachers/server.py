@@ -65,8 +65,9 @@ def _text(content: Any) -> str:
     return orjson.dumps(content).decode()
 
 
-def _plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict[str, str]]:
-    """Messages any ChatML-ish template renders: string content, tool calls and results as text."""
+def plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict[str, str]]:
+    """Messages any ChatML-ish template renders: string content, tool calls and results as text
+    (also used by the trainer for policies whose template cannot take ``tools``)."""
     out: list[dict[str, str]] = []
     for m in messages:
         role, text = m.get("role", "user"), _text(m.get("content"))
@@ -172,7 +173,7 @@ class LocalModel:
                 return self._ids([{**m, "content": _text(m.get("content"))} for m in messages], tools or None)
             except Exception:
                 pass  # template cannot render these messages: fall back to the plain form
-        return self._ids(_plain_messages(messages, tools))
+        return self._ids(plain_messages(messages, tools))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new: int) -> list[int]:
         budget = max(16, self.max_prompt_tokens - max_new)

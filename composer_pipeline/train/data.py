@@ -242,7 +242,12 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
 
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
     """Chat-template text with the generation prompt, keeping the last ``max_prompt_tokens`` tokens."""
-    text = tokenizer.apply_chat_template(normalize_messages(messages), tools=tools or None, tokenize=False, add_generation_prompt=True)
+    if "tools" in (tokenizer.chat_template or ""):
+        text = tokenizer.apply_chat_template(normalize_messages(messages), tools=tools or None, tokenize=False, add_generation_prompt=True)
+    else:  # template without tool support (e.g. SmolLM2's): the plain form the local teacher server uses
+        from composer_pipeline.teachers.server import plain_messages
+
+        text = tokenizer.apply_chat_template(plain_messages(messages, tools), tokenize=False, add_generation_prompt=True)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) > max_prompt_tokens:
         text = tokenizer.decode(ids[-max_prompt_tokens:])
