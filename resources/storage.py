@@ -54,6 +54,17 @@ class ParquetUPathIOManager(dg.UPathIOManager):
         with path.open("rb") as f:
             return pq.read_table(f)
 
+    def load_input(self, context: dg.InputContext) -> Any:
+        # An unpartitioned asset reading a partitioned one (training_set <- every session) always
+        # gets ``{partition_key: Table}``: the base class hands back a bare Table when exactly one
+        # partition exists and None when there are none, which breaks a ``dict`` input.
+        if context.has_asset_key and context.has_asset_partitions and not context.has_partition_key:
+            keys = context.asset_partition_keys
+            paths = self._get_paths_for_partitions(context) if keys else {}
+            loaded = {k: self._load_partition_from_path(context, k, paths[k], None) for k in keys}
+            return {k: v for k, v in loaded.items() if v is not None}  # missing ones tolerated by metadata
+        return super().load_input(context)
+
     def get_metadata(self, context: dg.OutputContext, obj: Any) -> dict[str, Any]:
         if isinstance(obj, pa.Table):
             return {"dagster/row_count": obj.num_rows, "bytes_in_memory": obj.nbytes}

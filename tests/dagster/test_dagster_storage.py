@@ -57,6 +57,32 @@ def moto_s3():
     server.stop()
 
 
+one_session = dg.DynamicPartitionsDefinition(name="one_session")
+
+
+@dg.asset(partitions_def=one_session)
+def session_rows(context: dg.AssetExecutionContext) -> pa.Table:
+    return pa.table({"session_key": [context.partition_key]})
+
+
+@pytest.mark.parametrize("materialized", [True, False])
+def test_unpartitioned_downstream_gets_a_dict_with_a_single_partition(tmp_path, materialized):
+    """With exactly one session, the gathering asset still gets ``{key: Table}`` (or ``{}``), not a bare Table."""
+    io = ParquetIOManager(root=str(tmp_path / "store"))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("one_session", ["s1"])
+    if materialized:
+        assert dg.materialize([session_rows], partition_key="s1", resources={"io_manager": io}, instance=instance).success
+
+    @dg.asset(ins={"session_rows": dg.AssetIn(metadata={"allow_missing_partitions": True})})
+    def keys_seen(session_rows: dict) -> pa.Table:
+        return pa.table({"key": pa.array(sorted(session_rows), pa.string())})
+
+    res = dg.materialize([session_rows.to_source_asset(), keys_seen], resources={"io_manager": io}, instance=instance)
+    assert res.success
+    assert res.output_for_node("keys_seen").column("key").to_pylist() == (["s1"] if materialized else [])
+
+
 def _roundtrip(root: str) -> Store:
     io = ParquetIOManager(root=root)
     instance = dg.DagsterInstance.ephemeral()
