@@ -1,9 +1,12 @@
 """``composer-pipeline demo``: the whole chain through Dagster on a persistent local instance.
 
 In: a trace root (default: the bundled sample sessions), a store dir, the demo teachers recipe
-(two local models behind ``composer-pipeline teachers serve`` on 127.0.0.1, started on demand by the
-teachers resource), trainer steps. Out: every table under the store, a checkpoint, eval metrics,
-and runs recorded in ``<repo>/.dagster_home`` so ``dagster dev -w workspace.yaml`` shows them.
+(recipes/demo_teachers.yaml: SmolLM2 under two greedy teacher names plus a sampled random-init tiny
+model, behind ``composer-pipeline teachers serve`` on 127.0.0.1, started on demand by the teachers
+resource), trainer steps. Out: every table under the store, a checkpoint, eval metrics, runs
+recorded in ``<repo>/.dagster_home`` so ``dagster dev -w workspace.yaml`` shows them, and a printed
+report (rows per table, per-teacher answers and spend, pair agreement, how many steps each trainer
+channel fired, checkpoint, eval, next commands with a real pair id).
 
 Per session: the ``session_chain`` job (ingest -> cost_plan + blocking budget check -> replay ->
 pairs -> normalized pairs); then ``nightly_training`` (training_set -> trained_policy -> policy_eval).
@@ -49,6 +52,11 @@ class DemoReport:
     seconds: float = 0.0
     dagster_home: str = str(DAGSTER_HOME)
     ui_env: str = ""  # env the UI needs to see the same sessions, store and teachers
+    teachers_recipe: str = ""
+    teachers: dict[str, dict] = field(default_factory=dict)  # name -> answered, other, cached, spend
+    example_pair: str | None = None  # a normalized pair id for the `lineage` / `show` hints
+    agreement: dict[str, int] = field(default_factory=dict)  # "2/3" -> pairs
+    train: dict = field(default_factory=dict)  # steps, seconds, data counts, steps each channel fired
 
 
 def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
@@ -90,6 +98,9 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     for noisy in ("alembic", "httpx"):  # instance migrations and per-request lines drown the progress
         logging.getLogger(noisy).setLevel(logging.WARNING)
     ensure_dagster_home(Path(dagster_home))
+    # per-file "Loading weights"/"Writing model shards" bars of the teacher server and the trainer
+    # subprocess (both inherit this env) drown the progress; the user's own setting wins
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import dagster as dg
     from tqdm import tqdm
 
@@ -147,13 +158,62 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     st = Store(settings.store_root)
     for name in st.table_names():
         report.row_counts[name] = st.read_table(name).num_rows
+    report.teachers_recipe = settings.recipes["teachers"]
+    _summarize_tables(st, report)
     if not skip_train and res.success:
         tp = res.output_for_node("trained_policy").to_pylist()[0]
         report.checkpoint = tp["checkpoint"]
+        report.train = _train_summary(tp)
         ev = res.output_for_node("policy_eval").to_pylist()
         report.eval_metrics = {r["metric"]: {"trained": r["trained"], "base": r["base"]} for r in ev}
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _summarize_tables(st, report: DemoReport) -> None:
+    """Per-teacher answers/spend and the pairs' agreement counts, for the printed report."""
+    names = set(report.row_counts)
+    if "teacher_replays" in names:
+        for r in st.read_table("teacher_replays", ["teacher", "status", "cache_hit", "cost_usd"]).to_pylist():
+            t = report.teachers.setdefault(r["teacher"], {"answered": 0, "other": 0, "cached": 0, "spend": 0.0})
+            t["answered" if r["status"] == "answered" else "other"] += 1
+            t["cached"] += bool(r["cache_hit"])
+            t["spend"] += r["cost_usd"] or 0.0
+    if report.row_counts.get("normalized_dpo_pairs"):
+        rows = st.read_table("normalized_dpo_pairs", ["pair_id", "n_agreeing", "n_teachers", "has_error"]).to_pylist()
+        for r in rows:
+            key = f"{r['n_agreeing']}/{r['n_teachers']}"
+            report.agreement[key] = report.agreement.get(key, 0) + 1
+        report.example_pair = next((r["pair_id"] for r in rows if r["has_error"]), rows[0]["pair_id"])
+
+
+def _train_summary(tp: dict) -> dict:
+    """Steps, data counts and how many steps each loss channel fired (from the checkpoint's losses.jsonl)."""
+    import json
+
+    metrics = json.loads(tp.get("metrics") or "{}")
+    out = {"steps": metrics.get("steps"), "seconds": metrics.get("train_seconds"), "model": tp.get("base_model"),
+           "data": metrics.get("data") or {}, "fired": {}, "plots": None}
+    losses = Path(tp.get("local_dir") or "") / "losses.jsonl"
+    if losses.is_file():
+        steps = [json.loads(line) for line in losses.read_text().splitlines() if line.strip()]
+        out["fired"] = {ch: sum(1 for s in steps if s.get(ch) is not None) for ch in ("grpo", "sdpo", "dpo")}
+        out["plots"] = str(losses.parent / "loss_*.png")
+    return out
+
+
+def _cli_path() -> str:
+    """How to call the CLI from the current directory: the venv's script (relative when inside cwd)."""
+    import shutil
+    import sys
+
+    script = Path(sys.executable).parent / "composer-pipeline"
+    if not script.is_file() or shutil.which("composer-pipeline") == str(script):
+        return "composer-pipeline"  # on PATH (venv active) or not a venv install
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def print_report(r: DemoReport, echo=print) -> None:
@@ -163,8 +223,27 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"store (Parquet, one file per asset partition): {r.store}")
     for name, n in sorted(r.row_counts.items()):
         echo(f"  {name:<22} {n:>6} rows")
+    if r.teachers:
+        echo(f"teachers ({r.teachers_recipe}; local ones served over HTTP on loopback):")
+        for name, t in sorted(r.teachers.items()):
+            echo(f"  {name:<12} {t['answered']:>4} answered  {t['other']:>3} not answered  "
+                 f"{t['cached']:>4} from the response cache  ${t['spend']:.6f} this run")
+    if r.agreement:
+        agree = ", ".join(f"{n} with {k} teachers agreeing" for k, n in sorted(r.agreement.items()))
+        echo(f"pairs after data-juicer normalization: {sum(r.agreement.values())} ({agree})")
+    if r.train:
+        t, d = r.train, r.train.get("data") or {}
+        secs = f"{t['seconds']:.0f}s" if t.get("seconds") is not None else "?"
+        echo(f"training: {t.get('steps')} steps in {secs} on {t.get('model')}; data: {d.get('prompts', '?')} GRPO prompts, "
+             f"{d.get('error_sites', '?')} error sites (hint channel), {d.get('pairs', '?')} DPO pairs")
+        if t.get("fired"):
+            f = t["fired"]
+            echo(f"  channels fired (steps of {t.get('steps')}): GRPO {f['grpo']}, hint-SDPO {f['sdpo']}, DPO {f['dpo']}"
+                 "  (SDPO only fires on batches that contain an error site)")
     if r.checkpoint:
         echo(f"checkpoint: {r.checkpoint}")
+    if r.train.get("plots"):
+        echo(f"loss plots: {r.train['plots']}")
     for metric, v in r.eval_metrics.items():
         fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
         echo(f"eval {metric:<20} trained {fmt(v['trained'])}  base {fmt(v['base'])}")
@@ -175,10 +254,13 @@ def print_report(r: DemoReport, echo=print) -> None:
              "`agreement_threshold` teachers with parsed, non-empty answers; see the `stats` metadata of "
              "dpo_pairs in the UI, or recipes/pairs.yaml and the teachers recipe)")
     store_flag = f" --store {r.store}"
+    cp = _cli_path()
     echo("")
     echo("next:")
-    echo(f"  composer-pipeline sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")
-    echo(f"  composer-pipeline sql \"select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5\"{store_flag}")
-    echo(f"  composer-pipeline lineage <pair_id>{store_flag}      composer-pipeline show <state_id|pair_id>{store_flag}")
+    echo(f"  {cp} sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")
+    echo(f"  {cp} sql \"select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5\"{store_flag}")
+    pair = r.example_pair or "<pair_id>"
+    echo(f"  {cp} lineage {pair}{store_flag}")
+    echo(f"  {cp} show {pair}{store_flag}")
     echo("  the UI (http://127.0.0.1:3000; this demo's runs are under Runs, the env makes it see the same sessions):")
     echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
