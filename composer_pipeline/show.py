@@ -31,17 +31,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from composer_pipeline.lineage import MIN_PREFIX, PAIR_TABLES  # where a pair can live, and what that says
 from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions
 from composer_pipeline.store import Store
 
-MIN_PREFIX = 6
-# where a pair can live, and what that says about it (same order as lineage.py)
-PAIR_TABLES = (
-    ("normalized_dpo_pairs", "kept"),
-    ("agreement_positives", "positive"),
-    ("dropped_pairs", "dropped"),
-    ("dpo_pairs", "built"),
-)
 _STATE_META = ("session_key", "session_id", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
                "record_uuids", "model", "version", "timestamp", "has_error")
 _AGREEMENT = ("n_teachers", "n_agreeing", "agreeing_teachers", "agreement_score", "consensus_signature",

@@ -30,6 +30,45 @@ def shared_traces() -> Path:
     return SHARED_TRACES
 
 
+S3_BUCKETS = ("composer-test", "pairs-test", "ingest-test", "train-test")
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """One real S3-protocol server (moto) on 127.0.0.1 for the session, with the test buckets made.
+
+    Sets ``AWS_ENDPOINT_URL`` and dummy credentials (s3fs and boto3 read them) and yields the endpoint.
+    """
+    import socket
+
+    import boto3
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    for bucket in S3_BUCKETS:
+        client.create_bucket(Bucket=bucket)
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield env["AWS_ENDPOINT_URL"]
+    s3fs.S3FileSystem.clear_instance_cache()
+    mp.undo()
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """One offline tiny causal LM + tokenizer for the whole test session."""

@@ -1,8 +1,6 @@
 """The Parquet UPath IO manager: local and s3:// (moto's real S3-protocol server on 127.0.0.1)."""
 
 
-import socket
-
 import dagster as dg
 import pyarrow as pa
 import pytest
@@ -21,40 +19,6 @@ def rows(context: dg.AssetExecutionContext) -> pa.Table:
 @dg.asset(ins={"rows": dg.AssetIn(metadata={"allow_missing_partitions": True})})
 def gathered(rows: dict) -> pa.Table:
     return pa.concat_tables([rows[k] for k in sorted(rows)])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def moto_s3():
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    mp = pytest.MonkeyPatch()
-    for k, v in env.items():
-        mp.setenv(k, v)
-    import boto3
-
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="composer-test")
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
-    yield env["AWS_ENDPOINT_URL"]
-    s3fs.S3FileSystem.clear_instance_cache()
-    mp.undo()
-    server.stop()
 
 
 one_session = dg.DynamicPartitionsDefinition(name="one_session")

@@ -121,49 +121,20 @@ def test_samples_interrupt_and_compaction(samples, repo_root):
         RenderOptions.from_recipe({"strip_thinkin": True})
 
 
-def test_cli_writes_to_s3(repo_root, tmp_path):
+def test_cli_writes_to_s3(repo_root, moto_s3):
     """--out s3://... against a real S3-protocol server (moto) on loopback; read back through Store."""
     import os
-    import socket
-
-    import boto3
-    from moto.server import ThreadedMotoServer
 
     from composer_pipeline.store import Store
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="ingest-test")
-        p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest",
-                            str(repo_root / "composer_pipeline/samples/projects"), "--out", "s3://ingest-test/run1"],
-                           capture_output=True, text=True, env=env)
-        assert p.returncode == 0, p.stderr
-        assert json.loads(p.stdout.splitlines()[-1])["out"] == "s3://ingest-test/run1"
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            import s3fs
-
-            s3fs.S3FileSystem.clear_instance_cache()
-            store = Store("s3://ingest-test/run1")
-            assert store.read_table("trace_states").num_rows == 22
-            assert store.read_table("quarantine").num_rows == 1
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            s3fs.S3FileSystem.clear_instance_cache()
-    finally:
-        server.stop()
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest",
+                        str(repo_root / "composer_pipeline/samples/projects"), "--out", "s3://ingest-test/run1"],
+                       capture_output=True, text=True, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1])["out"] == "s3://ingest-test/run1"
+    store = Store("s3://ingest-test/run1")
+    assert store.read_table("trace_states").num_rows == 22
+    assert store.read_table("quarantine").num_rows == 1
 
 
 def test_agent_file_goes_to_the_session_named_by_its_id(tmp_path):

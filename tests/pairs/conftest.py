@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 
 import orjson
 import pyarrow as pa
@@ -100,36 +99,3 @@ def session_tables() -> dict[str, pa.Table]:
         "trace_messages": pa.Table.from_pylist(messages, schema=tables.TRACE_MESSAGES),
         "teacher_replays": pa.Table.from_pylist(replays, schema=tables.TEACHER_REPLAYS),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def moto_s3():
-    """A real S3-protocol server (moto) on 127.0.0.1 with bucket ``pairs-test``."""
-    import boto3
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    mp = pytest.MonkeyPatch()
-    for k, v in env.items():
-        mp.setenv(k, v)
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="pairs-test")
-    s3fs.S3FileSystem.clear_instance_cache()
-    yield env["AWS_ENDPOINT_URL"]
-    s3fs.S3FileSystem.clear_instance_cache()
-    mp.undo()
-    server.stop()

@@ -15,7 +15,6 @@ import yaml
 from composer_pipeline.cli import main
 from composer_pipeline.store import Store
 from composer_pipeline.teachers.scripted_server import ScriptedServer
-from pairs.conftest import moto_s3  # noqa: F401  (the pairs engineer's moto server on 127.0.0.1, reused)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import socket
 
 import pyarrow as pa
 import pytest
@@ -15,24 +14,8 @@ from composer_pipeline.train.trainer import TrainRecipe, train
 
 
 @pytest.fixture()
-def s3_root(monkeypatch):
-    import boto3
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="train-test")
-    s3fs.S3FileSystem.clear_instance_cache()
-    yield "s3://train-test/run1"
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+def s3_root(moto_s3):
+    return "s3://train-test/run1"
 
 
 def test_train_reads_partitioned_tables_from_s3(s3_root, tiny_model_dir, tmp_path):
