@@ -4,14 +4,15 @@ In:  a request body (OpenAI chat-completions JSON) and a :class:`TeacherConfig`.
 Out: estimated prompt tokens, the worst-case USD reserved before sending, the actual USD from the
      ``usage`` the teacher reports.
 
-Deliberately simplified: the prompt estimate is tokenizer-free. It counts UTF-8 bytes of the
-serialized messages and tools and assumes at least ``BYTES_PER_TOKEN`` bytes per token, plus a
-fixed per-message template overhead. Byte-level BPE tokenizers of current chat models average
-3.5–4.5 bytes per token on English and code (JSON escaping only adds bytes), so 2.0 over-reserves
-by about 2× rather than risking an under-reservation; reservations are released on settle, so the
-margin only limits how many calls may be in flight at the edge of a budget. Should a teacher still
-report more usage than was reserved, the actual cost is what is recorded (it was billed), so a budget
-can then be passed by at most that difference.
+Deliberately simplified: the prompt estimate is tokenizer-free, and a true upper bound for the
+tokenizers chat models use: byte-level BPE (GPT/Qwen/Llama-3 style) and SentencePiece with byte
+fallback never make a token of less than one byte of text, so the UTF-8 bytes of the serialized
+messages and tools (JSON escaping only adds bytes) bound the text tokens, and a per-message and
+fixed allowance covers the chat template's special tokens. Real prompts average 3.5–4.5 bytes per
+token on English and code, so this over-reserves by about 4×; reservations are released on settle,
+so the margin only limits how many calls may be in flight at the edge of a budget, never what is
+spent. With ``max_tokens`` always sent, the worst case bounds what an honest provider can bill; a
+provider that bills beyond it is recorded at what it billed (and shows up in the spend checks).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import orjson
 
 from composer_pipeline.teachers.config import TeacherConfig
 
-BYTES_PER_TOKEN = 2.0
+BYTES_PER_TOKEN = 1.0  # no token covers less than one byte (see module docstring)
 TOKENS_PER_MESSAGE = 8  # role markers, separators, tool-call framing of chat templates
 TOKENS_FIXED = 32  # generation prompt, BOS, tool-list framing
 
 
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Upper-bound-ish prompt tokens of a chat request (see module docstring)."""
+    """Upper bound of the prompt tokens of a chat request (see module docstring)."""
     messages = body.get("messages") or []
     tools = body.get("tools") or []
     n_bytes = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
