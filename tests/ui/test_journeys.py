@@ -212,6 +212,7 @@ def test_journey_4_nightly_training_from_the_schedule(start_dagster, page):
     # Markdown metadata opens in a dialog: the per-channel loss curves are a PNG inside it.
     page.locator("tr", has_text="loss_curves").get_by_text("Show Markdown").click()
     page.locator("[role=dialog] img[src^='data:image/png']").first.wait_for()
+    page.wait_for_timeout(800)  # let the dialog's fade-in finish before the screenshot
     shot(page, "journey4-loss-curves")
     page.keyboard.press("Escape")
     page.goto(ui.url + "/assets/policy_eval")
