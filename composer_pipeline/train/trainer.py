@@ -115,6 +115,11 @@ class EvalSection:
 
 
 @dataclass
+class ScheduleSection:
+    cron: str = "0 3 * * *"  # when the Dagster `nightly_training` schedule retrains (read by assets/schedules.py)
+
+
+@dataclass
 class TrainRecipe:
     model: str | None = None  # HF name or local path; "tiny" builds the offline tiny model
     weights: Weights = field(default_factory=Weights)
@@ -125,6 +130,7 @@ class TrainRecipe:
     lora: LoraSection = field(default_factory=LoraSection)
     optim: OptimSection = field(default_factory=OptimSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainRecipe":
