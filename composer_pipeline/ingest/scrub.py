@@ -170,17 +170,22 @@ class Scrubber:
         left unchanged by every kind and per-line scrubbing equals scrubbing the whole buffer
         (tests/ingest/test_scrub.py checks both). Extra recipe patterns then run on the whole buffer.
         """
-        pieces, pos = [], 0
         found: Counter[str] = Counter()
-        for start, end in _candidate_lines(data, backend):
-            line = data[start:end]
-            new = self._scrub_lines(line, found)
-            if new != line:  # rare: only lines with a secret change
-                pieces += (data[pos:start], new)
-                pos = end
-        if pieces:
-            pieces.append(data[pos:])
-            data = b"".join(pieces)
+        spans = _candidate_lines(data, backend)
+        if spans:
+            # the candidate lines as one buffer: one exact pass (it works line by line), then
+            # splice back the lines it changed (rare: only lines with a secret)
+            lines = [data[start:end] for start, end in spans]
+            joined = b"\n".join(lines)
+            new = self._scrub_lines(joined, found)
+            if new != joined:
+                pieces, pos = [], 0
+                for (start, end), old, line in zip(spans, lines, new.split(b"\n")):
+                    if line != old:
+                        pieces += (data[pos:start], line)
+                        pos = end
+                pieces.append(data[pos:])
+                data = b"".join(pieces)
         for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
             if found[p.kind]:
                 self.counts[p.kind] += found[p.kind]
