@@ -76,6 +76,16 @@ def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dic
     return {str(k): int(n) for k, n in dict(scrubber.counts).items() if n}
 
 
+def _with_content(messages: pa.Table) -> pa.Table:
+    """Rows of ``trace_messages`` with their message content (kept inside ``raw``) as a JSON column."""
+    from composer_pipeline.render import record_payload
+
+    content = [record_payload(raw, t)[0] for raw, t in zip(messages.column("raw").to_pylist(),
+                                                             messages.column("record_type").to_pylist())]
+    return messages.append_column("content", pa.array([None if c is None else json.dumps(c) for c in content],
+                                                      pa.string()))
+
+
 def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     from composer_pipeline.render import Conversation, render_state
 
@@ -160,7 +170,8 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
             "records_by_type": dg.MetadataValue.json(counts(messages.column("record_type").to_pylist())),
             "secrets_scrubbed": dg.MetadataValue.json(secrets),
             "secrets_scrubbed_total": sum(secrets.values()),
-            "preview": preview(messages, ["stream_id", "line_no", "record_type", "role", "content"]),
+            "preview": preview(_with_content(messages.slice(0, 5)),
+                               ["stream_id", "line_no", "record_type", "role", "content"]),
         },
     )
     yield dg.Output(
@@ -204,7 +215,7 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
     )
     leaked = {}
     for name, tbl, cols in (
-        ("trace_messages", messages, ["content", "tool_use_result", "raw"]),
+        ("trace_messages", messages, ["raw"]),  # (content and toolUseResult are stored inside raw)
         ("trace_states", states, ["action", "error_after"]),
         ("quarantine", quarantine, ["text"]),
     ):

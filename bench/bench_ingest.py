@@ -64,6 +64,24 @@ FINGERPRINT_RECIPES = {
 }
 
 
+def _message_row_v1(row: dict) -> dict:
+    """A ``trace_messages`` row in the column layout the fingerprint was recorded with: ``content`` and
+    ``tool_use_result`` (since stored only inside ``raw``) decoded from ``raw`` and re-serialized as the
+    recording code did, so the check proves they are still exactly recoverable."""
+    import orjson
+
+    from composer_pipeline.render import record_payload
+
+    content, tur = record_payload(row["raw"], row["record_type"])
+    v1 = {}
+    for k, v in row.items():
+        if k == "is_meta":
+            v1["content"] = None if content is None else orjson.dumps(content).decode()
+            v1["tool_use_result"] = None if tur is None else orjson.dumps(tur).decode()
+        v1[k] = v
+    return v1
+
+
 def fingerprint() -> dict:
     """sha256 over every output row (sorted-key JSON, table order) per recipe and table."""
     import hashlib
@@ -81,6 +99,8 @@ def fingerprint() -> dict:
         for res in ingest_paths(roots, IngestRecipe.from_dict(recipe)):
             for t, tab in (("trace_states", res.states), ("trace_messages", res.messages), ("quarantine", res.quarantine)):
                 for row in tab.to_pylist():
+                    if t == "trace_messages":
+                        row = _message_row_v1(row)
                     h[t].update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
                     rows[t] += 1
             h["reports"].update(orjson.dumps([res.file_reports, list(res.secrets.items()), res.stats],  # secrets: in order

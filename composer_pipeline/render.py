@@ -165,7 +165,27 @@ class _Stream:
 
 
 _COLUMNS = ["stream_id", "uuid", "parent_uuid", "logical_parent_uuid", "record_type", "subtype", "message_key",
-            "content", "is_meta", "is_compact_summary", "line_no", "tool_use_result"]
+            "is_meta", "is_compact_summary", "line_no", "raw"]
+
+
+def record_payload(raw: str | bytes | None, record_type: str | None) -> tuple[Any, Any]:
+    """``(content, toolUseResult)`` of a stored record, decoded from its ``raw`` line (``trace_messages``
+    keeps the payload once, there): ``message.content`` (a system record's own ``content``); ``None``
+    where absent or for a damaged line."""
+    if not raw or record_type == "damaged":
+        return None, None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None, None
+    if type(obj) is not dict:
+        return None, None
+    m = obj.get("message")
+    if type(m) is dict and m:
+        content = m.get("content")
+    else:
+        content = obj.get("content") if record_type == "system" else None
+    return content, obj.get("toolUseResult")
 
 
 class Conversation:
@@ -186,8 +206,7 @@ class Conversation:
         s = self.streams.get(row["stream_id"])
         if s is None:
             s = self.streams[row["stream_id"]] = _Stream()
-        c = row.get("content")
-        row["_content"] = orjson.loads(c) if c else None
+        row["_content"] = record_payload(row.pop("raw", None), row.get("record_type"))[0]
         u = row.get("uuid")
         if u and u not in s.by_uuid:
             s.by_uuid[u] = row

@@ -111,5 +111,25 @@ class Store:
 
         con = duckdb.connect()
         for name in self.table_names():
-            con.register(name, self.read_table(name))
+            table = self.read_table(name)
+            if name == "trace_messages" and "content" not in table.column_names:
+                # the payload is stored once, inside raw: offer it as JSON columns too
+                con.register("trace_messages_stored", table)
+                con.execute(_MESSAGES_VIEW)
+            else:
+                con.register(name, table)
         return con
+
+
+# trace_messages as users query it: the stored columns plus ``content`` (message.content, or a system
+# record's own content) and ``tool_use_result`` as JSON, read from ``raw`` (render.record_payload in SQL)
+_MESSAGES_VIEW = """
+CREATE VIEW trace_messages AS
+SELECT *,
+  CASE WHEN record_type <> 'damaged' AND json_valid(raw) THEN coalesce(
+    json_extract(raw, '$.message.content'),
+    CASE WHEN record_type = 'system' THEN json_extract(raw, '$.content') END) END AS content,
+  CASE WHEN record_type <> 'damaged' AND json_valid(raw) THEN json_extract(raw, '$.toolUseResult') END
+    AS tool_use_result
+FROM trace_messages_stored
+"""

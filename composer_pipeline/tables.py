@@ -54,17 +54,18 @@ TRACE_MESSAGES = pa.schema(
         ("subtype", _str),
         ("message_key", _str),  # assistant grouping key: message.id, else requestId, else uuid
         ("role", _str),
-        ("content", _str),  # JSON: scrubbed message.content (string or block list)
-        ("tool_use_result", _str),  # JSON: scrubbed toolUseResult
         ("is_meta", pa.bool_()),
         ("is_compact_summary", pa.bool_()),
         ("is_sidechain", pa.bool_()),
         ("source_file", _str),
         ("line_no", pa.int64()),
         ("timestamp", _str),
-        ("raw", _str),  # the scrubbed JSONL line, for lineage
+        ("raw", _str),  # the scrubbed JSONL line: lineage, and the one copy of the record's payload
     ]
 )
+# The message payload (``message.content``, ``toolUseResult``) is stored once, inside ``raw``:
+# render.record_payload decodes it, and the DuckDB view of this table (store.py) adds it as the JSON
+# columns ``content`` and ``tool_use_result``.
 
 QUARANTINE = pa.schema(
     [

@@ -30,11 +30,10 @@ def run(args: argparse.Namespace) -> int:
     import gc
     from collections import Counter
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from composer_pipeline import tables
-    from composer_pipeline.ingest.pipeline import ingest_paths
+    from composer_pipeline.ingest.pipeline import ingest_paths, to_table
     from composer_pipeline.ingest.recipe import IngestRecipe
     from composer_pipeline.store import Store
 
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         for n in names:
             cols = pending[n]
             if cols[tables.SCHEMAS[n].names[0]]:
-                writers[n].write_table(pa.table(cols, schema=tables.SCHEMAS[n]))
+                writers[n].write_table(to_table(n, cols))
                 pending[n] = {f.name: [] for f in tables.SCHEMAS[n]}
         pending_rows = 0
         if not frozen:  # pyarrow has now imported pandas (at its first pa.array): freeze those objects too

@@ -8,6 +8,17 @@ when the damage left them readable. A salvaged line becomes a ``damaged`` pass-t
 parentUuid chain through it is not broken.
 
 The whole buffer is scrubbed before any parsing (see scrub.py), so nothing downstream sees a secret.
+
+Decoding reads only what ingest uses. Each line is decoded by msgspec straight into the typed
+:class:`Record` below: the keys it names become attributes, every other key (``cwd``, ``gitBranch``,
+a tool result's payload, ``toolUseResult``, a progress record's copied message, thinking signatures:
+most of the bytes) is skipped without building Python objects, and the two payloads ingest may need
+later (``toolUseResult``, a tool result block's ``content``) stay undecoded JSON (``msgspec.Raw``).
+The line itself is kept as ``raw`` for the message store. A line the typed decoder refuses (a key
+with an unexpected type, a non-object, malformed JSON) goes through the general path: orjson into
+dicts, then :func:`record_from_obj`, which applies the same reading rules leniently (a wrong-typed
+value reads as absent) -- tests check both paths give equal records on every real line.
+
 Deliberately simplified: a line with invalid UTF-8 is decoded with replacement characters and kept
 (counted in ``utf8_repaired``) rather than quarantined, because its JSON structure is usually intact.
 """
@@ -17,9 +28,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
+import msgspec
+import numpy as np
 import orjson
+import pyarrow as pa
 
 from composer_pipeline.ingest.scrub import Scrubber
 
@@ -27,31 +41,131 @@ _UUID_RE = re.compile(r'"uuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*true')
 
+NO_RAW = msgspec.Raw()  # an absent payload (empty, falsy); JSON null is Raw(b"null")
 
-_NO_MESSAGE: dict = {}  # shared, never mutated
+
+class Block(msgspec.Struct, gc=False):
+    """One message content block: only the keys ingest reads. A tool result's ``content`` stays raw JSON."""
+
+    type: Any = None
+    text: Any = None
+    thinking: Any = None
+    id: Any = None
+    name: Any = None
+    input: Any = None
+    tool_use_id: Any = None
+    is_error: Any = None
+    content: msgspec.Raw = NO_RAW
 
 
-class Record:
-    """One parsed line. ``obj`` is the decoded JSON object (``None`` for a salvaged damaged line);
-    ``raw`` the scrubbed line as UTF-8 ``bytes`` (``str`` for a repaired or damaged line): Arrow
-    takes either for a string column, so the hot path never decodes it."""
+class Message(msgspec.Struct, gc=False):
+    """The API message of a user/assistant record. ``content`` is a string or a list of blocks."""
 
-    __slots__ = ("line_no", "file", "obj", "msg", "raw", "type", "uuid", "parent", "is_sidechain")
+    id: Any = None
+    role: Union[str, None] = None
+    model: Union[str, None] = None
+    content: Union[str, list[Block], None] = None
+    usage: Any = None
 
-    def __init__(self, line_no: int, file: str, obj: dict | None, raw: str, type_: str, uuid, parent, sidechain):
-        self.line_no = line_no
-        self.file = file
-        self.obj = obj
-        m = obj.get("message") if obj is not None else None
-        self.msg = m if type(m) is dict else _NO_MESSAGE  # the API message (user/assistant records)
-        self.raw = raw
-        self.type = type_
-        self.uuid = uuid
-        self.parent = parent
-        self.is_sidechain = sidechain
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.obj.get(key, default) if self.obj is not None else default
+class Data(msgspec.Struct, gc=False):
+    """A progress record's ``data`` (its ``type``; ``agentId`` of a 2.1.x agent_progress)."""
+
+    type: Any = None
+    agentId: Any = None  # noqa: N815 (the JSON key)
+
+
+class Attachment(msgspec.Struct, gc=False):
+    type: Any = None
+
+
+def _f(name: str, default: Any = None) -> Any:
+    return msgspec.field(default=default, name=name)
+
+
+class Record(msgspec.Struct, gc=False):
+    """One parsed line: the keys ingest reads (JSON names in ``_f``), plus where it came from.
+
+    ``raw`` is the scrubbed line as UTF-8 ``bytes`` (``str`` for a repaired or damaged line): Arrow
+    takes either for a string column, so the hot path never decodes it. ``damaged``: a salvaged
+    pass-through record (only ``uuid``/``parent``/``is_sidechain`` are known)."""
+
+    type: str = "<none>"
+    uuid: Union[str, None] = None
+    parent: Union[str, None] = _f("parentUuid")
+    logical_parent: Union[str, None] = _f("logicalParentUuid")
+    is_sidechain: Any = _f("isSidechain", False)  # tested with ``is True``, like the other flags
+    is_meta: Any = _f("isMeta")
+    is_compact_summary: Any = _f("isCompactSummary")
+    subtype: Any = None
+    session_id: Any = _f("sessionId")
+    timestamp: Union[str, None] = None
+    version: Union[str, None] = None
+    request_id: Any = _f("requestId")
+    api_error: Any = _f("isApiErrorMessage")
+    parent_tool_use_id: Any = _f("parentToolUseID")
+    message: Union[Message, None] = None
+    tool_use_result: msgspec.Raw = _f("toolUseResult", NO_RAW)
+    data: Union[Data, None] = None
+    attachment: Union[Attachment, None] = None
+    # set by the parser, never read from JSON ('@' names no Claude Code key)
+    line_no: int = _f("@line_no", 0)
+    file: str = _f("@file", "")
+    raw: Any = _f("@raw")
+    damaged: bool = _f("@damaged", False)
+
+
+_decoder = msgspec.json.Decoder(Record)
+_decode, _decode_lines = _decoder.decode, _decoder.decode_lines
+_BLOCK_KEYS = ("type", "text", "thinking", "id", "name", "input", "tool_use_id", "is_error")
+
+
+def raw_json(v: Any) -> msgspec.Raw:
+    return msgspec.Raw(orjson.dumps(v))
+
+
+def loads_raw(raw: msgspec.Raw) -> Any:
+    """Decode a kept payload (``None`` when absent or null)."""
+    return orjson.loads(bytes(raw)) if raw else None
+
+
+def block_from_dict(b: dict) -> Block:
+    return Block(*(b.get(k) for k in _BLOCK_KEYS), content=raw_json(b["content"]) if "content" in b else NO_RAW)
+
+
+def content_from_obj(c: Any) -> str | list[Block] | None:
+    """A decoded ``message.content`` as the typed decoder reads it: a string, blocks (non-object
+    entries skipped, as every reader of content does), or ``None`` for any other value."""
+    if type(c) is list:
+        return [block_from_dict(b) for b in c if type(b) is dict]
+    return c if type(c) is str else None
+
+
+def _str(v: Any) -> str | None:
+    return v if type(v) is str else None
+
+
+def record_from_obj(obj: dict) -> Record:
+    """The general path: a decoded JSON object -> :class:`Record`, reading a wrong-typed value as absent."""
+    g = obj.get
+    m = g("message")
+    msg = None
+    if type(m) is dict:
+        msg = Message(id=m.get("id"), role=_str(m.get("role")), model=_str(m.get("model")),
+                      content=content_from_obj(m.get("content")),
+                      usage=m.get("usage"))
+    d, a = g("data"), g("attachment")
+    t = g("type")
+    return Record(
+        type=t if type(t) is str else "<none>", uuid=_str(g("uuid")), parent=_str(g("parentUuid")),
+        logical_parent=_str(g("logicalParentUuid")), is_sidechain=g("isSidechain", False), is_meta=g("isMeta"),
+        is_compact_summary=g("isCompactSummary"), subtype=g("subtype"), session_id=g("sessionId"),
+        timestamp=_str(g("timestamp")), version=_str(g("version")), request_id=g("requestId"),
+        api_error=g("isApiErrorMessage"), parent_tool_use_id=g("parentToolUseID"), message=msg,
+        tool_use_result=raw_json(obj["toolUseResult"]) if "toolUseResult" in obj else NO_RAW,
+        data=Data(type=d.get("type"), agentId=d.get("agentId")) if type(d) is dict else None,
+        attachment=Attachment(type=a.get("type")) if type(a) is dict else None,
+    )
 
 
 @dataclass
@@ -80,9 +194,47 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
     )
     if u:  # keep the chain link: a pass-through record carrying only the salvaged ids
         out.records.append(
-            Record(line_no, out.path, None, text, "damaged", u.group(1), p.group(1) if p else None,
-                   bool(_SIDECHAIN_RE.search(text)))
+            Record(type="damaged", uuid=u.group(1), parent=p.group(1) if p else None,
+                   is_sidechain=bool(_SIDECHAIN_RE.search(text)), line_no=line_no, file=out.path, raw=text,
+                   damaged=True)
         )
+
+
+def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int) -> Record | None:
+    """orjson path for a line the typed decoder refused: repair, quarantine, or a lenient record."""
+    try:
+        obj = orjson.loads(line)
+        raw = line
+    except orjson.JSONDecodeError as e:
+        raw = line.decode("utf-8", "replace")
+        if not line.strip():
+            _quarantine(out, session_key, i, "empty line", raw, limit)
+            return None
+        try:  # invalid UTF-8 inside an otherwise valid line
+            obj = orjson.loads(raw)
+            out.utf8_repaired += 1
+        except orjson.JSONDecodeError:
+            _quarantine(out, session_key, i, f"invalid JSON: {e}", raw, limit)
+            return None
+    if type(obj) is not dict:
+        _quarantine(out, session_key, i, f"not a JSON object ({type(obj).__name__})",
+                    raw if type(raw) is str else line.decode("utf-8", "replace"), limit)
+        return None
+    r = record_from_obj(obj)
+    r.raw = raw
+    return r
+
+
+def _valid_utf8(data: bytes) -> bool:
+    """Whole-buffer UTF-8 check at SIMD speed (Arrow's validator; Python's decode is ~10x slower)."""
+    if data.isascii():
+        return True
+    offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int32))
+    try:
+        pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)]).validate(full=True)
+        return True
+    except pa.ArrowInvalid:
+        return False
 
 
 def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:
@@ -92,7 +244,7 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
     except OSError as e:
         _quarantine(out, session_key, 0, f"unreadable file: {e.strerror or e}", "", quarantine_chars)
         return out
-    if not data.strip():
+    if not data or data.isspace():  # (isspace stops at the first other byte; strip would copy)
         out.empty = True
         return out
     data = scrubber.scrub_bytes(data)
@@ -100,33 +252,38 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
     if lines and not lines[-1]:
         lines.pop()
     out.lines = len(lines)
-    loads = orjson.loads
+    # msgspec skips the keys it does not read without checking their UTF-8, so a file with invalid
+    # UTF-8 anywhere sends its lines through the general path, which repairs them as before
+    if len(data) < 2**31 and _valid_utf8(data):
+        try:  # the whole file in one call (the common case: every line a well-formed record)
+            records = _decode_lines(data)
+        except msgspec.DecodeError:
+            records = None
+        if records is not None and len(records) == len(lines):  # (blank lines would shift numbering)
+            for i, r in enumerate(records):
+                r.line_no = i + 1
+                r.raw = lines[i]
+                r.file = rel
+            out.records = records
+            return out
+        decode = _decode
+    else:
+        decode = None
     append = out.records.append
-    for i, line in enumerate(lines, 1):
-        try:
-            obj = loads(line)
-            raw = None
-        except orjson.JSONDecodeError as e:
-            raw = line.decode("utf-8", "replace")
-            if not line.strip():
-                _quarantine(out, session_key, i, "empty line", raw, quarantine_chars)
+    for i, line in enumerate(lines, 1):  # line by line: find, repair or quarantine the bad ones
+        if decode is not None:
+            try:
+                r = decode(line)
+                r.raw = line
+            except msgspec.DecodeError:  # malformed, or a key of an unexpected type (ValidationError)
+                r = _general(out, session_key, i, line, quarantine_chars)
+                if r is None:
+                    continue
+        else:
+            r = _general(out, session_key, i, line, quarantine_chars)
+            if r is None:
                 continue
-            try:  # invalid UTF-8 inside an otherwise valid line
-                obj = loads(raw)
-                out.utf8_repaired += 1
-            except orjson.JSONDecodeError:
-                _quarantine(out, session_key, i, f"invalid JSON: {e}", raw, quarantine_chars)
-                continue
-        if type(obj) is not dict:
-            _quarantine(out, session_key, i, f"not a JSON object ({type(obj).__name__})",
-                        raw or line.decode("utf-8", "replace"), quarantine_chars)
-            continue
-        t = obj.get("type")
-        u = obj.get("uuid")
-        p = obj.get("parentUuid")
-        append(
-            Record(i, rel, obj, raw or line, t if isinstance(t, str) else "<none>",
-                   u if isinstance(u, str) else None, p if isinstance(p, str) else None,
-                   obj.get("isSidechain") is True)
-        )
+        r.line_no = i
+        r.file = rel
+        append(r)
     return out

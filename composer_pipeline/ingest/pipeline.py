@@ -46,7 +46,7 @@ class IngestResult:
     def _table(self, name: str) -> pa.Table:
         t = self._tables.get(name)
         if t is None:
-            t = self._tables[name] = pa.table(self._columns[name], schema=tables.SCHEMAS[name])
+            t = self._tables[name] = to_table(name, self._columns[name])
         return t
 
     @property
@@ -60,6 +60,22 @@ class IngestResult:
     @property
     def quarantine(self) -> pa.Table:
         return self._table("quarantine")
+
+
+# columns that hold whole JSONL lines or JSON documents (mostly UTF-8 ``bytes``): converted as binary,
+# then validated as UTF-8 in one vectorized cast (about twice as fast as a per-value string conversion)
+_BULK_TEXT = ("raw", "action")
+
+
+def to_table(name: str, columns: dict[str, list]) -> pa.Table:
+    """Column lists (as ingest builds them) -> an Arrow table with exactly the contract's schema."""
+    schema = tables.SCHEMAS[name]
+    arrays = [
+        pa.array(columns[f.name], pa.binary()).cast(pa.string()) if f.name in _BULK_TEXT
+        else pa.array(columns[f.name], f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None) -> IngestResult:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from composer_pipeline.ingest.parser import ParsedFile, Record
+from composer_pipeline.ingest.parser import Block, ParsedFile, Record, loads_raw
 from composer_pipeline.render import RenderOptions, flatten_content
 
 SPAWN_TOOLS = ("Task", "Agent")
@@ -44,12 +44,19 @@ def state_id_of(session_key: str, stream_id: str, message_key: str) -> str:
     return hashlib.sha256(f"{session_key}|{stream_id}|{message_key}".encode()).hexdigest()[:20]
 
 
-def _dumps(v) -> str | None:
-    return None if v is None else orjson.dumps(v).decode()
+def _state_ids(session_key: str, stream_id: str, keys) -> list[str]:
+    """``state_id_of`` for many keys of one stream: the shared prefix is hashed once."""
+    base = hashlib.sha256(f"{session_key}|{stream_id}|".encode())
+    out = []
+    for k in keys:
+        h = base.copy()
+        h.update(k.encode())
+        out.append(h.hexdigest()[:20])
+    return out
 
 
-def _dumpb(v) -> bytes | None:
-    """JSON as UTF-8 bytes for message columns (Arrow string columns accept bytes: no decode)."""
+def _dumps(v) -> bytes | None:
+    """JSON as UTF-8 bytes, None for None (Arrow takes bytes for a string column: no decode)."""
     return None if v is None else orjson.dumps(v)
 
 
@@ -72,26 +79,17 @@ class SessionBuild:
     warmup_dropped: int = 0
 
 
-def _message(r: Record) -> dict:
-    return r.msg  # parsed once in parser.Record; {} when absent
-
-
-def _message_key(r: Record) -> str:
-    m = _message(r)
-    k = m.get("id") or (r.obj.get("requestId") if r.obj else None) or r.uuid
-    return str(k) if k is not None else f"line-{r.file}-{r.line_no}"
-
-
-def _is_synthetic(r: Record) -> bool:
-    return r.obj is not None and (r.obj.get("isApiErrorMessage") is True or _message(r).get("model") == "<synthetic>")
+def _content(r: Record):
+    m = r.message
+    return m.content if m is not None else None
 
 
 def _first_text(r: Record) -> str:
-    c = _message(r).get("content")
-    if isinstance(c, str):
+    c = _content(r)
+    if type(c) is str:
         return c
-    if isinstance(c, list):
-        return "".join(b.get("text", "") for b in c if isinstance(b, dict) and b.get("type") == "text")
+    if type(c) is list:
+        return "".join(b.text for b in c if b.type == "text" and type(b.text) is str)
     return ""
 
 
@@ -102,15 +100,26 @@ def _is_warmup(records: list[Record]) -> bool:
     return False
 
 
+def _tool_use_result_text(r: Record) -> str | None:
+    """``toolUseResult`` when it is a string (error messages are), decoded only then."""
+    raw = r.tool_use_result
+    if raw and memoryview(raw)[0] == 34:  # '"': peek without copying the payload
+        return orjson.loads(bytes(raw))
+    return None
+
+
 def _split_main(pf: ParsedFile, session_key: str) -> list[Stream]:
     main = Stream(f"{session_key}:main", "main", pf.path)
-    side_by_uuid = {r.uuid: r for r in pf.records if r.is_sidechain and r.uuid}
+    side_by_uuid = {r.uuid: r for r in pf.records if r.is_sidechain is True and r.uuid}
+    if not side_by_uuid:  # 2.x files: no inline sidechains
+        main.records = [r for r in pf.records if r.uuid]
+        return [main]
     root_of: dict[str, str] = {}
     sides: dict[str, Stream] = {}
     for r in pf.records:
         if not r.uuid:
             continue
-        if not r.is_sidechain:
+        if r.is_sidechain is not True:
             main.records.append(r)
             continue
         # walk to the sidechain root (memoised), guarding against cycles
@@ -146,27 +155,29 @@ def _link(streams: list[Stream], main: Stream | None) -> None:
     by_agent: dict[str, str] = {}
     prompts: dict[str, list[str]] = {}
     for r in main.records:
-        if r.obj is None:
-            continue
-        if r.type == "progress":
-            d = r.obj.get("data")
-            if isinstance(d, dict) and d.get("agentId") and r.obj.get("parentToolUseID"):
-                by_agent.setdefault(str(d["agentId"]), str(r.obj["parentToolUseID"]))
-        elif r.type == "user":
-            tur = r.obj.get("toolUseResult")
-            if isinstance(tur, dict) and tur.get("agentId"):
-                c = _message(r).get("content")
-                ids = [b.get("tool_use_id") for b in c if isinstance(b, dict) and b.get("type") == "tool_result"] if isinstance(c, list) else []
-                if ids:
-                    by_agent.setdefault(str(tur["agentId"]), str(ids[0]))
-        elif r.type == "assistant":
-            c = _message(r).get("content")
-            if isinstance(c, list):
+        t = r.type
+        if t == "progress":
+            d = r.data
+            if d is not None and d.agentId and r.parent_tool_use_id:
+                by_agent.setdefault(str(d.agentId), str(r.parent_tool_use_id))
+        elif t == "user":
+            raw = r.tool_use_result
+            # a Task/Agent result names its agent: decode the payload only then (the line holds it)
+            if raw and (type(r.raw) is str or b'"agentId"' in r.raw):
+                tur = orjson.loads(bytes(raw))
+                if isinstance(tur, dict) and tur.get("agentId"):
+                    c = _content(r)
+                    ids = [b.tool_use_id for b in c if b.type == "tool_result"] if type(c) is list else []
+                    if ids:
+                        by_agent.setdefault(str(tur["agentId"]), str(ids[0]))
+        elif t == "assistant":
+            c = _content(r)
+            if type(c) is list:
                 for b in c:
-                    if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") in SPAWN_TOOLS:
-                        inp = b.get("input") if isinstance(b.get("input"), dict) else {}
+                    if b.type == "tool_use" and b.name in SPAWN_TOOLS:
+                        inp = b.input if isinstance(b.input, dict) else {}
                         if isinstance(inp.get("prompt"), str):
-                            prompts.setdefault(inp["prompt"].strip(), []).append(str(b.get("id")))
+                            prompts.setdefault(inp["prompt"].strip(), []).append(str(b.id))
     for s in streams:
         if s.kind in ("sibling_agent_file", "subagents_dir"):
             s.parent_tool_use_id = by_agent.get(s.agent_id or "")
@@ -178,25 +189,18 @@ def _link(streams: list[Stream], main: Stream | None) -> None:
 
 
 _MSG_COLS = ["stream_id", "session_key", "uuid", "parent_uuid", "logical_parent_uuid", "record_type", "subtype",
-             "message_key", "role", "content", "tool_use_result", "is_meta", "is_compact_summary", "is_sidechain",
+             "message_key", "role", "is_meta", "is_compact_summary", "is_sidechain",
              "source_file", "line_no", "timestamp", "raw"]
 _STATE_COLS = ["state_id", "session_id", "session_key", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
                "source_file", "source_lines", "record_uuids", "message_id", "request_id", "prefix_leaf_uuid",
                "n_prefix_messages", "action", "error_after", "has_error", "model", "version", "timestamp", "usage"]
 
 
-def _tool_blocks(r: Record, kind: str) -> list[dict]:
-    c = _message(r).get("content")
-    if not isinstance(c, list):
-        return []
-    return [b for b in c if isinstance(b, dict) and b.get("type") == kind]
-
-
-def _is_error_result(r: Record, block: dict) -> bool:
-    if block.get("is_error") is True:
+def _is_error_result(r: Record, block: Block) -> bool:
+    if block.is_error is True:
         return True
-    tur = r.obj.get("toolUseResult") if r.obj else None
-    return isinstance(tur, str) and "error" in tur.lower()
+    tur = _tool_use_result_text(r)
+    return tur is not None and "error" in tur.lower()
 
 
 class _StreamIndex:
@@ -209,165 +213,209 @@ class _StreamIndex:
         self.tools_of_key: dict[str, set[str]] = {}
         self.n_tools_of_key: dict[str, int] = {}
         self.tool_uses: dict[str, str] = {}
-        self.results: dict[str, tuple[Record, dict]] = {}
+        self.results: dict[str, tuple[Record, Block]] = {}
         self.synthetic_keys: set[str] = set()
-        # inlined _message_key / _is_synthetic / _tool_blocks (hot: once per record)
-        for r in s.records:
-            o = r.obj
-            if o is None:
-                continue
+        self.groups: dict[str, list[Record]] = {}  # message_key -> the response's records (first appearance order)
+        self.subtype_fixes: list[tuple[int, str | None]] = []  # (index, subtype) where it is not the record's own
+        self.compactions = 0  # compact boundaries whose logical parent is in this stream
+        by_uuid, keys, tool_uses, results = self.by_uuid, self.key, self.tool_uses, self.results
+        tools_of_key, n_tools_of_key, fixes = self.tools_of_key, self.n_tools_of_key, self.subtype_fixes
+        for i, r in enumerate(s.records):
             t = r.type
             if t == "assistant":
-                m = r.msg
-                k = m.get("id") or o.get("requestId") or r.uuid
+                m = r.message
+                k = (m.id if m is not None else None) or r.request_id or r.uuid
                 k = str(k) if k is not None else f"line-{r.file}-{r.line_no}"
-                self.key[r.uuid] = k
-                if o.get("isApiErrorMessage") is True or m.get("model") == "<synthetic>":
+                keys[r.uuid] = k
+                if r.api_error is True or (m is not None and m.model == "<synthetic>"):
                     self.synthetic_keys.add(k)
-                c = m.get("content")
+                    fixes.append((i, "synthetic"))
+                c = m.content if m is not None else None
                 if type(c) is list:
                     for b in c:
-                        if type(b) is dict and b.get("type") == "tool_use":
-                            bid = str(b.get("id"))
-                            self.tool_uses[bid] = str(b.get("name"))
-                            self.tools_of_key.setdefault(k, set()).add(bid)
-                            self.n_tools_of_key[k] = self.n_tools_of_key.get(k, 0) + 1
+                        if b.type == "tool_use":
+                            bid = str(b.id)
+                            tool_uses[bid] = str(b.name)
+                            tools_of_key.setdefault(k, set()).add(bid)
+                            n_tools_of_key[k] = n_tools_of_key.get(k, 0) + 1
             elif t == "user":
-                c = r.msg.get("content")
-                if type(c) is list:
-                    for b in c:
-                        if type(b) is dict and b.get("type") == "tool_result":
-                            self.results.setdefault(str(b.get("tool_use_id")), (r, b))
+                m = r.message
+                if m is not None:
+                    c = m.content
+                    if type(c) is list:
+                        for b in c:
+                            if b.type == "tool_result":
+                                results.setdefault(str(b.tool_use_id), (r, b))
+            elif t == "progress":
+                if r.data is not None:
+                    fixes.append((i, r.data.type))
+            elif t == "attachment":
+                if r.attachment is not None:
+                    fixes.append((i, r.attachment.type))
+            elif t == "system":
+                if r.subtype == "compact_boundary" and r.logical_parent is not None and r.logical_parent in by_uuid:
+                    self.compactions += 1
+        # a record sharing an assistant record's uuid joins its group (a second pass: keys are known now)
+        key_get = self.key.get
+        groups = self.groups
+        for r in s.records:
+            k = key_get(r.uuid)
+            if k is not None:
+                g = groups.get(k)
+                if g is None:
+                    groups[k] = [r]
+                else:
+                    g.append(r)
 
 
 _EMPTY: frozenset = frozenset()
 
 
-def action_json_of(blocks: list[dict]) -> tuple[str, list[dict]]:
+def action_json_of(blocks: list[Block]) -> tuple[bytes, list[dict]]:
     """``render.action_from_blocks(blocks).to_json()`` and its tool calls as dicts, without building the
     frozen Action/ToolCall dataclasses (hot path: once per state). tests/ingest/test_fast_paths.py
-    checks it equals the general code on every real state and on odd block lists."""
+    checks it equals the general code on every real state and on odd block lists. The JSON is UTF-8
+    ``bytes`` (Arrow takes them for a string column without a decode)."""
     texts, thinking, calls = [], [], []
     for b in blocks:
-        t = b.get("type")
+        t = b.type
         if t == "text":
-            texts.append(str(b.get("text") or ""))
+            texts.append(str(b.text or ""))
         elif t == "thinking":
-            thinking.append(str(b.get("thinking") or ""))
+            thinking.append(str(b.thinking or ""))
         elif t == "tool_use":
-            args = b.get("input")
-            calls.append({"id": str(b.get("id") or ""), "name": str(b.get("name") or ""),
+            args = b.input
+            calls.append({"id": str(b.id or ""), "name": str(b.name or ""),
                           "arguments": args if isinstance(args, dict) else {"input": args}})
-    text = "\n".join(t for t in texts if t.strip()).strip()
-    return orjson.dumps({"text": text, "thinking": "\n".join(thinking).strip(), "tool_calls": calls}).decode(), calls
+    text = "\n".join(t for t in texts if t and not t.isspace()).strip()  # (no per-block strip copies)
+    return orjson.dumps({"text": text, "thinking": "\n".join(thinking).strip(), "tool_calls": calls}), calls
 
 
 def _has_user_parts(content, known_tool_uses) -> bool:
-    """``bool(render.user_parts(content, known_tool_uses))`` without building the parts (hot path)."""
-    if isinstance(content, str):
+    """``bool(render.user_parts(content, known_tool_uses))`` on parsed blocks, without building the parts."""
+    if type(content) is str:
         return bool(content)
-    if not isinstance(content, list):
+    if type(content) is not list:
         return False
     for b in content:
-        if not isinstance(b, dict):
-            continue
-        t = b.get("type")
+        t = b.type
         if t == "text":
-            if b.get("text"):
+            if b.text:
                 return True
-        elif t != "tool_result" or b.get("tool_use_id") not in known_tool_uses:
+        elif t != "tool_result" or b.tool_use_id not in known_tool_uses:
             return True  # image, unknown block type, or an orphan tool result
     return False
 
 
 def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str, int]:
-    """uuid -> number of rendered messages (incl. system) of a prefix ending at that record.
+    """uuid -> ``2 * n + crossed``: n = rendered messages (incl. system) of a prefix ending at that
+    record, crossed = it lies behind a crossed compaction. Read n as ``value >> 1``.
 
     Mirrors render.render_state: memo over parents, so the whole stream costs O(records)."""
-    memo: dict[str, tuple[int, bool]] = {}
+    memo: dict[str, int] = {}
+    key_get = ix.key.get
+    synthetic = ix.synthetic_keys
+    by_uuid = ix.by_uuid
+    tool_uses = ix.tool_uses
 
-    def contrib(r: Record, crossed: bool) -> int:
-        if r.type == "assistant":
-            k = ix.key.get(r.uuid)
-            if k is None or k in ix.synthetic_keys:
-                return 0
-            # counted once per path: skip when the same response is already above (streaming split,
-            # possibly through its own tool results and pass-through records)
-            own = ix.tools_of_key.get(k, _EMPTY)
-            u, hops = r.parent, 0
-            while u and hops < 10000:
-                hops += 1
-                p = ix.by_uuid.get(u)
-                if p is None:
+    def assistant(r: Record) -> int:
+        k = key_get(r.uuid)
+        if k is None or k in synthetic:
+            return 0
+        # counted once per path: skip when the same response is already above (streaming split,
+        # possibly through its own tool results and pass-through records)
+        own = ix.tools_of_key.get(k, _EMPTY)
+        u, hops = r.parent, 0
+        while u and hops < 10000:
+            hops += 1
+            p = by_uuid.get(u)
+            if p is None:
+                break
+            if p.type == "assistant":
+                pk = key_get(p.uuid)
+                if pk == k:
+                    return 0
+                if pk not in synthetic:
                     break
-                if p.type == "assistant":
-                    if ix.key.get(p.uuid) == k:
-                        return 0
-                    if ix.key.get(p.uuid) not in ix.synthetic_keys:
-                        break
-                elif p.type == "user":
-                    c = _message(p).get("content")
-                    if not (isinstance(c, list) and c and all(
-                            isinstance(b, dict) and b.get("type") == "tool_result" and str(b.get("tool_use_id")) in own
-                            for b in c)):
-                        break
-                u = p.parent
-            return 1 + ix.n_tools_of_key.get(k, 0)
-        if r.type == "user" and r.obj is not None:
-            if r.obj.get("isMeta") is True or (crossed and r.obj.get("isCompactSummary") is True):
-                return 0
-            return 1 if _has_user_parts(r.msg.get("content"), ix.tool_uses) else 0
+            elif p.type == "user":
+                c = _content(p)
+                if not (type(c) is list and c and all(
+                        b.type == "tool_result" and str(b.tool_use_id) in own for b in c)):
+                    break
+            u = p.parent
+        return 1 + ix.n_tools_of_key.get(k, 0)
+
+    def user(r: Record, crossed: int) -> int:
+        if r.is_meta is True or (crossed and r.is_compact_summary is True):
+            return 0
+        return 1 if _has_user_parts(_content(r), tool_uses) else 0
+
+    def contrib(r: Record, crossed: int) -> int:
+        t = r.type
+        if t == "assistant":
+            return assistant(r)
+        if t == "user":
+            return user(r, crossed)
         return 0
 
-    def value(u: str | None) -> tuple[int, bool]:
+    def value(u: str | None) -> int:
         # iterative: collect the unresolved chain, then fill the memo from the top down
         stack: list[Record] = []
         seen: set[str] = set()
-        base = (1, False)
+        base = 2  # the system prompt, not crossed
         while u is not None:
             if u in memo:
                 base = memo[u]
                 break
-            r = ix.by_uuid.get(u)
+            r = by_uuid.get(u)
             if r is None or u in seen:
                 break
             seen.add(u)
-            if r.obj is not None and r.obj.get("subtype") == "compact_boundary" and r.type == "system":
-                lp = r.obj.get("logicalParentUuid")
-                if opts.compaction == "full" and isinstance(lp, str) and lp in ix.by_uuid and lp not in seen:
-                    memo[u] = (*value(lp)[:1], True)
+            if r.type == "system" and r.subtype == "compact_boundary":
+                lp = r.logical_parent
+                if opts.compaction == "full" and lp is not None and lp in by_uuid and lp not in seen:
+                    memo[u] = (value(lp) & ~1) | 1
                 else:
-                    memo[u] = (1, False)
+                    memo[u] = 2
                 base = memo[u]
                 break
             stack.append(r)
             u = r.parent
-        n, crossed = base
+        v = base
+        crossed = v & 1
         for r in reversed(stack):
-            n += contrib(r, crossed)
-            memo[r.uuid] = (n, crossed)
-        return n, crossed
+            v += 2 * contrib(r, crossed)
+            memo[r.uuid] = v
+        return v
 
-    by_uuid = ix.by_uuid
+    memo_get = memo.get
     for r in s.records:
         u = r.uuid
         if u in memo:
             continue
         r = by_uuid[u]  # the first record with this uuid, as value() resolves it
         p = r.parent
-        if p is not None and p in memo and r.type != "system" and p != u:
-            # fast path (records come parent-first): one step on top of a known parent
-            n, crossed = memo[p]
-            memo[u] = (n + contrib(r, crossed), crossed)
-        else:
-            value(u)
-    return {k: v[0] for k, v in memo.items()}
+        if p is not None and p != u:
+            v = memo_get(p)
+            if v is not None:  # fast path (records come parent-first): one step on a known parent
+                t = r.type
+                if t == "user":
+                    memo[u] = v + 2 * user(r, v & 1)
+                    continue
+                if t == "assistant":
+                    memo[u] = v + 2 * assistant(r)
+                    continue
+                if t != "system":
+                    memo[u] = v
+                    continue
+        value(u)
+    return memo
 
 
 def build_session(session_key: str, main: ParsedFile | None, agents: list[ParsedFile], opts: RenderOptions,
                   drop_warmup: bool = True) -> SessionBuild:
     out = SessionBuild()
-    msg_rows: list[tuple] = []
+    msg_cols: dict[str, list] = {c: [] for c in _MSG_COLS}
     state_rows: list[tuple] = []
     streams: list[Stream] = []
     main_stream = None
@@ -387,7 +435,7 @@ def build_session(session_key: str, main: ParsedFile | None, agents: list[Parsed
     session_id = None
     for pf in ([main] if main else []) + agents:
         for r in pf.records:
-            sid = r.get("sessionId")
+            sid = r.session_id
             if isinstance(sid, str):
                 session_id = sid
                 break
@@ -401,9 +449,9 @@ def build_session(session_key: str, main: ParsedFile | None, agents: list[Parsed
         fc = out.file_counts.setdefault(s.file, Counter())
         if s.kind != "main" and s.parent_tool_use_id:
             fc["subagents_linked"] += 1
-        _emit_stream(s, session_key, session_id, opts, out, msg_rows, state_rows)
-    # rows -> column lists in one C-level transpose (cheaper than appending to each column per row)
-    out.messages = _columns(_MSG_COLS, msg_rows)
+        _emit_stream(s, session_key, session_id, opts, out, msg_cols, state_rows)
+    out.messages = msg_cols
+    # state rows -> column lists in one C-level transpose (cheaper than appending to each column per row)
     out.states = _columns(_STATE_COLS, state_rows)
     return out
 
@@ -415,86 +463,68 @@ def _columns(names: list[str], rows: list[tuple]) -> dict[str, list]:
 
 
 def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptions, out: SessionBuild,
-                 msg_rows: list[tuple], state_rows: list[tuple]) -> None:
+                 msg_cols: dict[str, list], state_rows: list[tuple]) -> None:
     ix = _StreamIndex(s)
-    dumps = orjson.dumps
     key_get = ix.key.get
-    sid = s.stream_id
-    append = msg_rows.append
-    for r in s.records:
-        o = r.obj
-        t = r.type
-        if o is None:  # salvaged damaged line
-            append((sid, session_key, r.uuid, r.parent, None, "damaged", None, None, None, None, None,
-                    False, False, r.is_sidechain, r.file, r.line_no, None, r.raw))
-            continue
-        get = o.get
-        msg = r.msg
-        st = get("subtype")
-        if t == "assistant":
-            if get("isApiErrorMessage") is True or msg.get("model") == "<synthetic>":  # _is_synthetic
-                st = "synthetic"
-        elif t == "progress":
-            d = get("data")
-            if type(d) is dict:
-                st = d.get("type")
-        elif t == "attachment":
-            a = get("attachment")
-            if type(a) is dict:
-                st = a.get("type")
-        lp = get("logicalParentUuid")
-        if type(lp) is not str:
-            lp = None
-        if t == "system" and st == "compact_boundary" and lp is not None and lp in ix.by_uuid:
-            out.file_counts.setdefault(r.file, Counter())["compactions_crossed"] += 1
-        if msg:
-            content = msg.get("content")
-            role = msg.get("role")
-        else:
-            content = get("content") if t == "system" else None
-            role = None
-        tur = get("toolUseResult")
-        ts = get("timestamp")
-        append((sid, session_key, r.uuid, r.parent, lp, t, st if type(st) is str else None, key_get(r.uuid), role,
-                None if content is None else dumps(content), None if tur is None else dumps(tur),
-                get("isMeta") is True, get("isCompactSummary") is True, r.is_sidechain, r.file, r.line_no,
-                ts if type(ts) is str else None, r.raw))
+    by_uuid = ix.by_uuid
+    recs = s.records
+    n = len(recs)
+    # trace_messages: one column at a time (a comprehension per column is cheaper than a row tuple)
+    subtypes = [r.subtype for r in recs]
+    for i, r in ix.subtype_fixes:
+        subtypes[i] = r
+    add = msg_cols
+    add["stream_id"] += [s.stream_id] * n
+    add["session_key"] += [session_key] * n
+    add["uuid"] += [r.uuid for r in recs]
+    add["parent_uuid"] += [r.parent for r in recs]
+    add["logical_parent_uuid"] += [r.logical_parent for r in recs]
+    add["record_type"] += [r.type for r in recs]
+    add["subtype"] += [st if type(st) is str else None for st in subtypes]
+    add["message_key"] += [None if r.damaged else key_get(r.uuid) for r in recs]
+    add["role"] += [None if (m := r.message) is None else m.role for r in recs]
+    add["is_meta"] += [r.is_meta is True for r in recs]
+    add["is_compact_summary"] += [r.is_compact_summary is True for r in recs]
+    add["is_sidechain"] += [r.is_sidechain is True for r in recs]
+    add["source_file"] += [s.file] * n
+    add["line_no"] += [r.line_no for r in recs]
+    add["timestamp"] += [r.timestamp for r in recs]
+    add["raw"] += [r.raw for r in recs]
+    if ix.compactions:
+        out.file_counts.setdefault(s.file, Counter())["compactions_crossed"] += ix.compactions
 
-    # group assistant records into responses (first appearance order)
-    groups: dict[str, list[Record]] = {}
-    for r in s.records:  # by uuid, as before: a record sharing an assistant record's uuid joins its group
-        k = key_get(r.uuid)
-        if k is not None:
-            groups.setdefault(k, []).append(r)
     counts = _prefix_counts(s, ix, opts)
-    for k, recs in groups.items():
-        if k in ix.synthetic_keys:
-            continue
-        first = recs[0]
-        own = {r.uuid for r in recs}
-        leaf, hops = first.parent, 0
-        while leaf in own and hops < len(recs):
-            leaf, hops = ix.by_uuid[leaf].parent, hops + 1
-        blocks = [b for r in recs for b in (_message(r).get("content") or []) if isinstance(b, dict)]
+    results_get = ix.results.get
+    keys = [k for k in ix.groups if k not in ix.synthetic_keys]
+    for k, state_id in zip(keys, _state_ids(session_key, s.stream_id, keys)):
+        grp = ix.groups[k]
+        first = grp[0]
+        last = grp[-1]
+        leaf = first.parent
+        if len(grp) > 1:
+            own = {r.uuid for r in grp}
+            hops = 0
+            while leaf in own and hops < len(grp):
+                leaf, hops = by_uuid[leaf].parent, hops + 1
+        blocks = [b for r in grp if type(c := _content(r)) is list for b in c]
         action_json, calls = action_json_of(blocks)
-        errors = []
+        errors = None
         for c in calls:
-            cid = c["id"]
-            res = ix.results.get(cid)
-            if res and _is_error_result(*res):
-                tur = res[0].obj.get("toolUseResult")
-                text = flatten_content(res[1].get("content")) or (tur if isinstance(tur, str) else "")
-                errors.append({"tool_use_id": cid, "tool_name": c["name"], "content": text[:ERROR_TEXT_CHARS]})
-        last = recs[-1]
-        lm = _message(last)
-        version = last.get("version")
-        row = (
-            state_id_of(session_key, s.stream_id, k), session_id, session_key, s.stream_id, s.kind, s.agent_id,
-            s.parent_tool_use_id, first.file, [r.line_no for r in recs], [r.uuid for r in recs],
-            _message(first).get("id"), first.get("requestId"), leaf, counts.get(leaf, 1) if leaf else 1,
-            action_json, _dumps(errors) if errors else None, bool(errors),
-            lm.get("model") or _message(first).get("model"), version if isinstance(version, str) else None,
-            first.get("timestamp"), _dumps(lm.get("usage")),
-        )
-        state_rows.append(row)
-        out.file_counts.setdefault(first.file, Counter())["states"] += 1
+            res = results_get(c["id"])
+            if res is not None and _is_error_result(*res):
+                text = flatten_content(loads_raw(res[1].content)) or _tool_use_result_text(res[0]) or ""
+                (errors := errors or []).append(
+                    {"tool_use_id": c["id"], "tool_name": c["name"], "content": text[:ERROR_TEXT_CHARS]})
+        fm, lm = first.message, last.message
+        mid = fm.id if fm is not None else None
+        rid = first.request_id
+        state_rows.append((
+            state_id, session_id, session_key, s.stream_id, s.kind, s.agent_id,
+            s.parent_tool_use_id, s.file, [r.line_no for r in grp], [r.uuid for r in grp],
+            mid if type(mid) is str else None, rid if type(rid) is str else None, leaf,
+            counts[leaf] >> 1 if leaf in counts else 1, action_json, _dumps(errors), errors is not None,
+            (lm.model if lm is not None else None) or (fm.model if fm is not None else None), last.version,
+            first.timestamp, _dumps(lm.usage if lm is not None else None),
+        ))
+    if keys:
+        out.file_counts.setdefault(s.file, Counter())["states"] += len(keys)

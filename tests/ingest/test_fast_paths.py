@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+from composer_pipeline.ingest.parser import block_from_dict, content_from_obj
 from composer_pipeline.ingest.states import _has_user_parts
 from composer_pipeline.render import user_parts
 
@@ -19,7 +20,7 @@ def test_has_user_parts_equals_bool_of_user_parts():
     contents = ["", "text", None, 3, {"type": "text"}, []]
     contents += [list(c) for n in (1, 2) for c in itertools.product(BLOCKS, repeat=n)]
     for c in contents:
-        assert _has_user_parts(c, known) == bool(user_parts(c, known)), c
+        assert _has_user_parts(content_from_obj(c), known) == bool(user_parts(c, known)), c
 
 
 def test_action_json_of_equals_action_from_blocks(shared_traces):
@@ -48,7 +49,7 @@ def test_action_json_of_equals_action_from_blocks(shared_traces):
                 n += 1
     assert n > 100
     for blocks in odd:
-        got, calls = action_json_of(blocks)
+        got, calls = action_json_of([block_from_dict(b) for b in blocks])
         action = action_from_blocks(blocks)
-        assert got == action.to_json()
+        assert got.decode() == action.to_json()
         assert [(c["id"], c["name"]) for c in calls] == [(c.id, c.name) for c in action.tool_calls]

@@ -34,7 +34,7 @@ def _msg(line, uuid, parent, rtype, content, message_key=None):
     return {
         "stream_id": STREAM, "session_key": KEY, "uuid": uuid, "parent_uuid": parent, "logical_parent_uuid": None,
         "record_type": rtype, "subtype": None, "message_key": message_key or uuid, "role": rtype,
-        "content": orjson.dumps(content).decode(), "tool_use_result": None, "is_meta": False,
+        "is_meta": False,
         "is_compact_summary": False, "is_sidechain": False, "source_file": SRC, "line_no": line,
         "timestamp": f"2026-01-01T00:00:0{line}Z", "raw": orjson.dumps(record).decode(),
     }

@@ -57,6 +57,11 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
     assert got[0] == ["state_id", "teacher"] and len(got) == 12
     table = _run(capsys, "sql", "select kind, count(*) as n from agreement_positives group by kind", "--store", root)
     assert "positive" in table and "(1 row)" in table
+    # the message payload, stored once inside raw, is offered by the view as JSON columns
+    q = "select line_no, content, tool_use_result from trace_messages where record_type = 'user' order by line_no"
+    rows = orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))
+    assert orjson.loads(rows[0]["content"]) == "Please fix the failing test in src/app.py"
+    assert orjson.loads(rows[1]["content"])[0]["tool_use_id"] == "toolu_1" and rows[1]["tool_use_result"] is None
     return store, pid
 
 

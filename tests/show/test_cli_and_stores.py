@@ -7,7 +7,7 @@ import orjson
 import pyarrow.compute as pc
 import pytest
 
-from composer_pipeline.render import INTERRUPTED
+from composer_pipeline.render import INTERRUPTED, record_payload
 from composer_pipeline.show import ShowError, format_view, gather, render_markdown, resolve_ids, state_views
 from composer_pipeline.store import Store
 
@@ -41,7 +41,7 @@ def test_compaction_after_by_default_full_on_request(samples_store, tmp_path):
     messages = Store(str(samples_store)).read_table("trace_messages")
     summary = messages.filter(pc.equal(messages.column("is_compact_summary"), True)).to_pylist()
     (summary,) = [m for m in summary if m["session_key"] == after["session_key"]]
-    summary_text = orjson.loads(summary["content"])
+    summary_text = record_payload(summary["raw"], summary["record_type"])[0]
     summary_text = summary_text if isinstance(summary_text, str) else summary_text[0]["text"]
     # after: what the agent really had = the summary (first user message) and what follows
     assert after["prefix"][1] == {"role": "user", "content": summary_text}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from composer_pipeline.render import INTERRUPTED
+from composer_pipeline.render import INTERRUPTED, record_payload
 from composer_pipeline.show import StateView, view_from_dict
 from composer_pipeline.store import Store
 
@@ -22,7 +22,10 @@ def real_views(real_store) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def real_messages(real_store) -> list[dict]:
-    return Store(str(real_store)).read_table("trace_messages").to_pylist()
+    rows = Store(str(real_store)).read_table("trace_messages").to_pylist()
+    for r in rows:  # the payload is stored once, inside raw
+        r["content"] = record_payload(r["raw"], r["record_type"])[0]
+    return rows
 
 
 def check_tool_answers(prefix: list[dict]) -> dict[str, int]:
@@ -79,7 +82,7 @@ def test_order_follows_parent_uuid_chain(real_views, real_messages, real_store):
     for r in real_messages:
         by_stream.setdefault(r["stream_id"], {}).setdefault(r["uuid"], r)
         if r["record_type"] == "assistant" and r["content"]:
-            for b in orjson.loads(r["content"]):
+            for b in r["content"]:
                 if isinstance(b, dict) and b.get("type") == "tool_use":
                     key_of_call[b["id"]] = r["message_key"]
     states = {s["state_id"]: s for s in Store(str(real_store)).read_table("trace_states").to_pylist()}
@@ -97,7 +100,7 @@ def test_order_follows_parent_uuid_chain(real_views, real_messages, real_store):
         expected = []
         for r in chain:
             if r["record_type"] == "assistant" and r["message_key"] != own and r["message_key"] not in expected:
-                blocks = orjson.loads(r["content"]) if r["content"] else []
+                blocks = r["content"] or []
                 if any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks):
                     expected.append(r["message_key"])
         got = []
@@ -115,8 +118,8 @@ def test_order_follows_parent_uuid_chain(real_views, real_messages, real_store):
 def test_list_tool_results_are_flattened_text(real_views, real_messages):
     list_results = {}
     for r in real_messages:
-        if r["record_type"] == "user" and r["content"] and r["content"].startswith("["):
-            for b in orjson.loads(r["content"]):
+        if r["record_type"] == "user" and isinstance(r["content"], list):
+            for b in r["content"]:
                 if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("content"), list):
                     list_results[b["tool_use_id"]] = [x.get("text") for x in b["content"] if x.get("type") == "text"]
     assert list_results
@@ -136,7 +139,7 @@ def test_subagent_prefix_starts_at_its_own_prompt(real_views, real_messages):
     task_prompt = {}
     for r in real_messages:
         if r["record_type"] == "assistant" and r["content"]:
-            for b in orjson.loads(r["content"]):
+            for b in r["content"]:
                 if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") in ("Task", "Agent"):
                     task_prompt[b["id"]] = b["input"].get("prompt")
     mains = {v["session_key"]: v["prefix"][1]["content"] for v in real_views if v["stream_kind"] == "main"}
