@@ -36,6 +36,9 @@ class SessionFiles:
         return ([self.main_file] if self.main_file else []) + list(self.subagent_files)
 
     def rel(self, p: Path) -> str:
+        root, path = str(self.root), str(p)
+        if path.startswith(root) and path[len(root):len(root) + 1] == os.sep:  # (pathlib's relative_to is slow)
+            return path[len(root) + 1:].replace(os.sep, "/")
         return p.relative_to(self.root).as_posix()
 
 
