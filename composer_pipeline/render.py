@@ -33,6 +33,7 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline.actions import Action
+from composer_pipeline.jsonutil import dumps
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a coding agent working in the user's repository through tools. "
@@ -102,7 +103,7 @@ def flatten_content(content: Any) -> str:
                 else:
                     parts.append(f"[{t}]")
         return "\n".join(parts)
-    return orjson.dumps(content).decode()
+    return dumps(content).decode()
 
 
 def user_parts(content: Any, known_tool_uses: set | dict) -> list[str]:
@@ -122,7 +123,8 @@ def user_parts(content: Any, known_tool_uses: set | dict) -> list[str]:
         elif t == "image":
             parts.append(IMAGE_PLACEHOLDER)
         elif t == "tool_result":
-            if b.get("tool_use_id") not in known_tool_uses:
+            tid = b.get("tool_use_id")
+            if not (type(tid) is str and tid in known_tool_uses):  # (known ids are strings; an odd id may not hash)
                 parts.append(f"[tool result for a call not in this transcript]\n{flatten_content(b.get('content'))}")
         else:
             parts.append(f"[{t}]")

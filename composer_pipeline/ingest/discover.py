@@ -22,6 +22,7 @@ from pathlib import Path
 
 _SESSION_ID_RE = re.compile(rb'"sessionId"\s*:\s*"([^"]+)"')
 _HEAD_BYTES = 65536
+_FIRST_READ = 8192  # the first record usually carries it: read more only when it does not
 
 
 @dataclass
@@ -46,10 +47,15 @@ def session_key(rel_without_suffix: str) -> str:
     return rel_without_suffix.replace("\\", "/").replace("/", "__")
 
 
-def _head_session_id(p: Path) -> str | None:
+def _head_session_id(p: str | Path) -> str | None:
+    """The first ``sessionId`` in the first 64 KiB of a file (summary and snapshot records carry none)."""
     try:
         with open(p, "rb") as f:
-            m = _SESSION_ID_RE.search(f.read(_HEAD_BYTES))
+            head = f.read(_FIRST_READ)
+            m = _SESSION_ID_RE.search(head)
+            if m is None or m.end() == len(head):  # not found yet, or the match may run past the read
+                head += f.read(_HEAD_BYTES - len(head))
+                m = _SESSION_ID_RE.search(head)
     except OSError:
         return None
     return m.group(1).decode("utf-8", "replace") if m else None
@@ -65,50 +71,56 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         return _discover_single(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no such trace path: {root}")
-    sessions: dict[Path, SessionFiles] = {}  # keyed by the (would-be) main file path
+    # paths are handled as strings here (pathlib's parsing was most of the cost on many small files);
+    # every file becomes a Path once, in its SessionFiles
+    root_s = os.fspath(root)
+    sep = os.sep
+    prefix = root_s if root_s.endswith(sep) else root_s + sep  # (root "/" ends with it already)
+    sessions: dict[str, SessionFiles] = {}  # keyed by the (would-be) main file path
 
-    def get(main: Path) -> SessionFiles:
+    def get(main: str, known_file: bool) -> SessionFiles:
         sf = sessions.get(main)
         if sf is None:
-            rel = main.relative_to(root).as_posix()[: -len(".jsonl")]
-            sf = sessions[main] = SessionFiles(session_key(rel), root, main if main.is_file() else None)
+            rel = main[len(prefix): -len(".jsonl")].replace(sep, "/")
+            # an agent-*.jsonl is never a main file: an agent file without a sessionId names the
+            # session after itself, and must not also be ingested as its own parent
+            is_file = known_file or (not _is_agent(os.path.basename(main)) and os.path.isfile(main))
+            sf = sessions[main] = SessionFiles(session_key(rel), root, Path(main) if is_file else None)
         return sf
 
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root_s):
         dirnames.sort()
-        d = Path(dirpath)
-        parts = d.relative_to(root).parts
+        parts = dirpath[len(prefix):].split(sep) if dirpath != root_s else []
         if "tool-results" in parts:
             continue
         if "subagents" in parts:
             i = len(parts) - 1 - parts[::-1].index("subagents")
-            owner = root.joinpath(*parts[:i])  # .../<session>/subagents/...
             if not parts[:i]:
                 continue
-            main = owner.parent / f"{owner.name}.jsonl"
+            main = prefix + sep.join([*parts[:i - 1], parts[i - 1] + ".jsonl"])  # .../<session>/subagents/...
             for name in sorted(filenames):
                 if _is_agent(name):
-                    get(main).subagent_files.append(d / name)
+                    get(main, False).subagent_files.append(Path(dirpath + sep + name))
             continue
         mains = [n for n in sorted(filenames) if n.endswith(".jsonl") and not _is_agent(n)]
         # a file named <sessionId>.jsonl wins; otherwise the sessionId its first records carry
         # (a resumed session can start with records of the session it continues)
-        by_sid: dict[str, Path] = {(d / n).stem: d / n for n in mains}
+        by_sid: dict[str, str] = {n[: -len(".jsonl")]: dirpath + sep + n for n in mains}
         for n in mains:
-            p = d / n
-            get(p)
+            p = dirpath + sep + n
+            get(p, os.path.isfile(p))
             sid = _head_session_id(p)
             if sid:
                 by_sid.setdefault(sid, p)
         for n in sorted(filenames):
             if not _is_agent(n):
                 continue
-            p = d / n
+            p = dirpath + sep + n
             sid = _head_session_id(p)
             main = by_sid.get(sid) if sid else None
             if main is None:  # parent session not here: keep the agent file as its own session
-                main = d / f"{sid or p.stem}.jsonl"
-            get(main).subagent_files.append(p)
+                main = dirpath + sep + f"{sid or n[: -len('.jsonl')]}.jsonl"
+            get(main, False).subagent_files.append(Path(p))
     return sorted(sessions.values(), key=lambda s: s.key)
 
 

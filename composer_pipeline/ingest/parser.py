@@ -108,7 +108,8 @@ class Record(msgspec.Struct, gc=False):
     tool_use_result: msgspec.Raw = _f("toolUseResult", NO_RAW)
     data: Union[Data, None] = None
     attachment: Union[Attachment, None] = None
-    # set by the parser, never read from JSON ('@' names no Claude Code key)
+    # set by the parser, never from JSON: msgspec would decode a JSON key of the same name into them,
+    # so the parser overwrites all four after decoding ('@' names no Claude Code key)
     line_no: int = _f("@line_no", 0)
     file: str = _f("@file", "")
     raw: Any = _f("@raw")
@@ -125,8 +126,14 @@ def raw_json(v: Any) -> msgspec.Raw:
 
 
 def loads_raw(raw: msgspec.Raw) -> Any:
-    """Decode a kept payload (``None`` when absent or null)."""
-    return orjson.loads(bytes(raw)) if raw else None
+    """Decode a kept payload (``None`` when absent or null, or when it cannot be decoded: msgspec keeps
+    a payload holding a number beyond float range, e.g. ``1e400``, that orjson refuses)."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(bytes(raw))
+    except orjson.JSONDecodeError:
+        return None
 
 
 def block_from_dict(b: dict) -> Block:
@@ -237,17 +244,35 @@ def _valid_utf8(data: bytes) -> bool:
         return False
 
 
-def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:
-    out = ParsedFile(rel)
+def read_session_file(path: Path) -> tuple[bytes | None, str | None]:
+    """A session file's bytes, or ``(None, reason)`` when it cannot be read (a quarantine row, line 0)."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes(), None
     except OSError as e:
-        _quarantine(out, session_key, 0, f"unreadable file: {e.strerror or e}", "", quarantine_chars)
+        return None, f"unreadable file: {e.strerror or e}"
+
+
+def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:
+    data, error = read_session_file(path)
+    if error is not None:
+        out = ParsedFile(rel)
+        _quarantine(out, session_key, 0, error, "", quarantine_chars)
         return out
-    if not data or data.isspace():  # (isspace stops at the first other byte; strip would copy)
+    return parse_buffer(scrubber.scrub_bytes(data) if data and not data.isspace() else data, rel, session_key,
+                        quarantine_chars)
+
+
+def is_empty(data: bytes) -> bool:
+    """A 0-byte or all-whitespace file: no lines (isspace stops at the first other byte; strip would copy)."""
+    return not data or data.isspace()
+
+
+def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:
+    """One file's (already scrubbed) bytes -> records and quarantine rows."""
+    out = ParsedFile(rel)
+    if is_empty(data):
         out.empty = True
         return out
-    data = scrubber.scrub_bytes(data)
     lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()
@@ -257,13 +282,14 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
     if len(data) < 2**31 and _valid_utf8(data):
         try:  # the whole file in one call (the common case: every line a well-formed record)
             records = _decode_lines(data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # (msgspec raises RecursionError on deep nesting)
             records = None
         if records is not None and len(records) == len(lines):  # (blank lines would shift numbering)
             for i, r in enumerate(records):
                 r.line_no = i + 1
                 r.raw = lines[i]
                 r.file = rel
+                r.damaged = False  # (the bookkeeping fields are set here, never from a JSON key)
             out.records = records
             return out
         decode = _decode
@@ -275,7 +301,8 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
             try:
                 r = decode(line)
                 r.raw = line
-            except msgspec.DecodeError:  # malformed, or a key of an unexpected type (ValidationError)
+                r.damaged = False
+            except (msgspec.DecodeError, RecursionError):  # malformed, a key of an unexpected type, too deep
                 r = _general(out, session_key, i, line, quarantine_chars)
                 if r is None:
                     continue
@@ -287,3 +314,21 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
         r.file = rel
         append(r)
     return out
+
+
+def classify_line(line: bytes, rel: str, session_key: str, line_no: int, quarantine_chars: int = 2000) -> tuple | None:
+    """What :func:`parse_buffer` makes of one line of a valid UTF-8 file that the native reader
+    refused: ``None`` if it is a record after all (only this Python reader can build it: the native
+    path hands the session back), else the quarantine row's ``(reason, text, salvaged_uuid,
+    salvaged_parent_uuid, salvaged_is_sidechain)``."""
+    try:
+        _decode(line)
+        return None
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    out = ParsedFile(rel)
+    if _general(out, session_key, line_no, line, quarantine_chars) is not None:
+        return None
+    q = out.quarantine[0]
+    side = bool(out.records and out.records[0].is_sidechain)
+    return q["reason"], q["text"], q["salvaged_uuid"], q["salvaged_parent_uuid"], side

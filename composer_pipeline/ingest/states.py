@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from composer_pipeline.jsonutil import dumps
 from composer_pipeline.ingest.parser import Block, ParsedFile, Record, loads_raw
 from composer_pipeline.render import RenderOptions, flatten_content
 
@@ -57,7 +58,7 @@ def _state_ids(session_key: str, stream_id: str, keys) -> list[str]:
 
 def _dumps(v) -> bytes | None:
     """JSON as UTF-8 bytes, None for None (Arrow takes bytes for a string column: no decode)."""
-    return None if v is None else orjson.dumps(v)
+    return None if v is None else dumps(v)
 
 
 @dataclass
@@ -140,11 +141,17 @@ def _split_main(pf: ParsedFile, session_key: str) -> list[Stream]:
     return [main, *sides.values()]
 
 
-def _agent_stream(pf: ParsedFile, session_key: str) -> Stream:
-    name = pf.path.rsplit("/", 1)[-1]
+def agent_stream_meta(rel: str, session_key: str) -> tuple[str, str, str]:
+    """``(stream_id, kind, agent_id)`` of an agent file's stream (``rel``: its path under the trace root)."""
+    name = rel.rsplit("/", 1)[-1]
     agent_id = name[len("agent-"):-len(".jsonl")] if name.startswith("agent-") else name
-    kind = "subagents_dir" if "/subagents/" in f"/{pf.path}" else "sibling_agent_file"
-    s = Stream(f"{session_key}:agent-{agent_id}", kind, pf.path, agent_id=agent_id)
+    kind = "subagents_dir" if "/subagents/" in f"/{rel}" else "sibling_agent_file"
+    return f"{session_key}:agent-{agent_id}", kind, agent_id
+
+
+def _agent_stream(pf: ParsedFile, session_key: str) -> Stream:
+    stream_id, kind, agent_id = agent_stream_meta(pf.path, session_key)
+    s = Stream(stream_id, kind, pf.path, agent_id=agent_id)
     s.records = [r for r in pf.records if r.uuid]
     return s
 
@@ -164,7 +171,7 @@ def _link(streams: list[Stream], main: Stream | None) -> None:
             raw = r.tool_use_result
             # a Task/Agent result names its agent: decode the payload only then (the line holds it)
             if raw and (type(r.raw) is str or b'"agentId"' in r.raw):
-                tur = orjson.loads(bytes(raw))
+                tur = loads_raw(raw)
                 if isinstance(tur, dict) and tur.get("agentId"):
                     c = _content(r)
                     ids = [b.tool_use_id for b in c if b.type == "tool_result"] if type(c) is list else []
@@ -288,7 +295,7 @@ def action_json_of(blocks: list[Block]) -> tuple[bytes, list[dict]]:
             calls.append({"id": str(b.id or ""), "name": str(b.name or ""),
                           "arguments": args if isinstance(args, dict) else {"input": args}})
     text = "\n".join(t for t in texts if t and not t.isspace()).strip()  # (no per-block strip copies)
-    return orjson.dumps({"text": text, "thinking": "\n".join(thinking).strip(), "tool_calls": calls}), calls
+    return dumps({"text": text, "thinking": "\n".join(thinking).strip(), "tool_calls": calls}), calls
 
 
 def _has_user_parts(content, known_tool_uses) -> bool:
@@ -302,8 +309,8 @@ def _has_user_parts(content, known_tool_uses) -> bool:
         if t == "text":
             if b.text:
                 return True
-        elif t != "tool_result" or b.tool_use_id not in known_tool_uses:
-            return True  # image, unknown block type, or an orphan tool result
+        elif t != "tool_result" or not (type(b.tool_use_id) is str and b.tool_use_id in known_tool_uses):
+            return True  # image, unknown block type, or an orphan tool result (known ids are strings)
     return False
 
 
