@@ -160,6 +160,9 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
             "preview": preview(states, ["state_id", "stream_id", "n_prefix_messages", "action", "has_error"]),
             "rendered_example": dg.MetadataValue.md(_rendered_example(states, messages, recipe)),
             "stats": dg.MetadataValue.json(stats),
+            # native (the compiled engine) or python; why Python took the session over, if it did
+            "ingest_engine": res.engine,
+            **({"python_fallback_reason": res.fallback_reason} if res.fallback_reason else {}),
         },
     )
     yield dg.Output(

@@ -1,12 +1,22 @@
-"""One session in, conformed tables out: discover -> parse (scrub, quarantine) -> streams/states.
+"""Sessions in, conformed tables out: discover -> read + scrub -> parse (quarantine) -> streams/states.
 
 In:  :class:`SessionFiles` (or paths to discover) and an :class:`IngestRecipe`.
-Out: :class:`IngestResult` per session: ``states``/``messages``/``quarantine`` pyarrow tables
-(tables.py contracts), ``file_reports`` (one dict per input file: the CLI's JSON lines),
-``secrets`` (per-kind scrub counts) and ``stats``.
+Out: per session, the per-file reports (the CLI's JSON lines), per-kind secret counts and stats;
+the ``trace_states``/``trace_messages``/``quarantine`` rows as Arrow tables (tables.py contracts).
 
-``ingest_paths`` yields session by session, so memory is bounded by the largest session, not
-the corpus. This module is what both the CLI and the Dagster assets call.
+Two engines produce the rows, with identical output:
+
+* ``native`` (native.py, C++ in csrc/): reads, validates and decodes each line once and writes
+  Arrow buffers directly; used when the extension is built (``engine: auto``, the default).
+* ``python`` (parser.py + states.py): the reference, readable rule by rule. It also takes every
+  session the native code hands back (invalid UTF-8 to repair, a line only the Python reader can
+  read, a value only Python can re-serialize); :attr:`SessionReport.fallback_reason` says why.
+
+Both read and scrub the files here first, so secrets are scrubbed once, before either parses.
+:class:`SessionIngester` accumulates rows over many sessions (the CLI writes a Parquet row group
+per few thousand messages); :func:`ingest_session` is one session (the Dagster assets) and
+:func:`ingest_paths` yields one :class:`IngestResult` per session, streaming: memory is bounded by
+the largest session, not the corpus.
 """
 
 from __future__ import annotations
@@ -19,47 +29,37 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from composer_pipeline import tables
+from composer_pipeline.ingest import native
 from composer_pipeline.ingest.discover import SessionFiles, discover_sessions
-from composer_pipeline.ingest.parser import parse_file
+from composer_pipeline.ingest.parser import (
+    ParsedFile, _quarantine, classify_line, is_empty, parse_buffer, read_session_file,
+)
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.ingest.scrub import Scrubber
-from composer_pipeline.ingest.states import build_session
+from composer_pipeline.ingest.states import agent_stream_meta, build_session
+
+TABLES = ("trace_states", "trace_messages", "quarantine")
 
 
 @dataclass
-class IngestResult:
-    """One session's output. ``states``/``messages``/``quarantine`` are built on first access from
-    ``columns`` (plain lists), so a caller that batches many sessions (the CLI) can skip the
-    per-session Arrow conversion by extending its own buffers with :meth:`columns`."""
+class SessionReport:
+    """What ingesting one session reported (its rows went to the ingester's pending tables)."""
 
     session_key: str
     file_reports: list[dict] = field(default_factory=list)
     secrets: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
-    _columns: dict[str, dict[str, list]] = field(default_factory=dict, repr=False)
-    _tables: dict[str, pa.Table] = field(default_factory=dict, repr=False)
+    engine: str = "python"  # the engine that produced the rows: native | python
+    fallback_reason: str | None = None  # why the native engine handed this session to Python
 
-    def columns(self, table: str) -> dict[str, list]:
-        """Column lists of ``trace_states`` / ``trace_messages`` / ``quarantine``."""
-        return self._columns[table]
 
-    def _table(self, name: str) -> pa.Table:
-        t = self._tables.get(name)
-        if t is None:
-            t = self._tables[name] = to_table(name, self._columns[name])
-        return t
+@dataclass
+class IngestResult(SessionReport):
+    """One session's report and its three tables."""
 
-    @property
-    def states(self) -> pa.Table:
-        return self._table("trace_states")
-
-    @property
-    def messages(self) -> pa.Table:
-        return self._table("trace_messages")
-
-    @property
-    def quarantine(self) -> pa.Table:
-        return self._table("quarantine")
+    states: pa.Table = field(default=None, repr=False)
+    messages: pa.Table = field(default=None, repr=False)
+    quarantine: pa.Table = field(default=None, repr=False)
 
 
 # columns that hold whole JSONL lines or JSON documents (mostly UTF-8 ``bytes``): converted as binary,
@@ -68,7 +68,7 @@ _BULK_TEXT = ("raw", "action")
 
 
 def to_table(name: str, columns: dict[str, list]) -> pa.Table:
-    """Column lists (as ingest builds them) -> an Arrow table with exactly the contract's schema."""
+    """Column lists (as the Python engine builds them) -> an Arrow table with exactly the contract's schema."""
     schema = tables.SCHEMAS[name]
     arrays = [
         pa.array(columns[f.name], pa.binary()).cast(pa.string()) if f.name in _BULK_TEXT
@@ -78,60 +78,188 @@ def to_table(name: str, columns: dict[str, list]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None) -> IngestResult:
-    recipe = recipe or IngestRecipe()
-    scrubber = Scrubber(recipe.extra_secret_patterns)
-    q = recipe.quarantine_text_chars
-    main = parse_file(sf.main_file, sf.rel(sf.main_file), scrubber, sf.key, q) if sf.main_file else None
-    agents = [parse_file(p, sf.rel(p), scrubber, sf.key, q) for p in sf.subagent_files]
-    build = build_session(sf.key, main, agents, recipe.render, recipe.drop_warmup)
-    parsed = ([main] if main else []) + agents
-    quarantine = [row for pf in parsed for row in pf.quarantine]
-    reports = []
-    for pf in parsed:
-        fc = build.file_counts.get(pf.path, Counter())
-        skipped = Counter(r.type for r in pf.records if not r.uuid)
-        reports.append(
-            {
-                "file": pf.path,
-                "session_key": sf.key,
-                "states": fc["states"],
-                "bad_lines": len(pf.quarantine),
-                "subagents_linked": fc["subagents_linked"],
-                "compactions_crossed": fc["compactions_crossed"],
-                "lines": pf.lines,
-                "records": len(pf.records),
+@dataclass
+class _File:
+    rel: str
+    data: bytes | None  # scrubbed; None when unreadable
+    error: str | None  # why it could not be read
+
+
+class SessionIngester:
+    """Ingest sessions one after another; :meth:`take` hands over the rows gathered so far, in order.
+
+    ``engine``: ``auto`` (native when built, else python), ``native`` (required), ``python``;
+    default: the recipe's ``engine``."""
+
+    def __init__(self, recipe: IngestRecipe | None = None, engine: str | None = None):
+        self.recipe = recipe or IngestRecipe()
+        engine = engine or self.recipe.engine
+        if engine not in ("auto", "native", "python"):
+            raise ValueError(f"ingest engine must be auto, native or python, not {engine!r}")
+        if engine == "native" and not native.AVAILABLE:
+            raise RuntimeError(f"ingest engine 'native' requested but the extension is not built ({native.IMPORT_ERROR})")
+        self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
+        self._native = native.Builder() if self.engine == "native" else None
+        self._pending: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
+        self._python_rows = 0
+        self._python_bytes = 0
+        self.fallbacks: Counter[str] = Counter()  # reason -> sessions the Python engine took over
+        self._scrubber = Scrubber(self.recipe.extra_secret_patterns)  # compiled once; counts reset per session
+
+    # ---- one session ------------------------------------------------------------------------------
+    def add(self, sf: SessionFiles) -> SessionReport:
+        scrubber = self._scrubber
+        scrubber.counts = Counter()
+        files = []
+        for p in sf.files:
+            data, error = read_session_file(p)
+            if data is not None and not is_empty(data):
+                data = scrubber.scrub_bytes(data)
+            files.append(_File(sf.rel(p), data, error))
+        reason = None
+        if self._native is not None:
+            rep = self._add_native(sf, files, scrubber)
+            if isinstance(rep, SessionReport):
+                return rep
+            reason = rep
+            self.fallbacks[reason] += 1
+        rep = self._add_python(sf, files, scrubber)
+        rep.fallback_reason = reason
+        return rep
+
+    def _add_native(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport | str:
+        q = self.recipe.quarantine_text_chars
+        specs = []
+        for i, f in enumerate(files):
+            is_main = i == 0 and sf.main_file is not None
+            stream_id, kind, agent_id = (None, None, None) if is_main else agent_stream_meta(f.rel, sf.key)
+            data = None if f.data is None or is_empty(f.data) else f.data
+            specs.append((f.rel, data, is_main, stream_id, kind, agent_id,
+                          (0, f.error, "") if f.error is not None else None))
+
+        def classify(i: int, line_no: int, line: bytes) -> tuple | None:
+            return classify_line(line, files[i].rel, sf.key, line_no, q)
+
+        got = self._native.add_session(sf.key, sf.key.rsplit("__", 1)[-1], specs, classify,
+                                       self.recipe.render.compaction == "full", self.recipe.drop_warmup)
+        if not got[0]:
+            return got[1]
+        (streams, warmup_dropped, states, messages), per_file = got[1], got[2]
+        # stream counters are per file path, as in the Python engine (a path listed twice shares them)
+        counted: dict[str, list[int]] = {}
+        for f, row in zip(files, per_file):
+            c = counted.setdefault(f.rel, [0, 0, 0, 0])
+            for i, v in enumerate(row[4:]):
+                c[i] += v
+        reports = []
+        for f, (lines, records, bad, no_uuid, *_) in zip(files, per_file):
+            n_states, linked, crossed, warmup = counted[f.rel]
+            reports.append({
+                "file": f.rel, "session_key": sf.key, "states": n_states, "bad_lines": bad,
+                "subagents_linked": linked, "compactions_crossed": crossed, "lines": lines, "records": records,
+                "no_uuid_records": dict(no_uuid), "warmup_dropped": warmup, "utf8_repaired": 0,
+                "empty_file": f.data is not None and is_empty(f.data),
+            })
+        stats = {
+            "records": sum(r["records"] for r in reports),
+            "bad_lines": sum(r["bad_lines"] for r in reports),
+            "streams": streams,
+            "subagents_linked": sum(r["subagents_linked"] for r in reports),  # (as the Python engine sums them)
+            "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
+            "warmup_dropped": warmup_dropped,
+            "states": states,
+            "messages": messages,
+        }
+        return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="native")
+
+    def _add_python(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport:
+        q = self.recipe.quarantine_text_chars
+        parsed = []
+        for f in files:
+            if f.error is not None:
+                pf = ParsedFile(f.rel)
+                _quarantine(pf, sf.key, 0, f.error, "", q)
+            else:
+                pf = parse_buffer(f.data, f.rel, sf.key, q)
+            parsed.append(pf)
+        main = parsed[0] if sf.main_file is not None else None
+        agents = parsed[1:] if main is not None else parsed
+        build = build_session(sf.key, main, agents, self.recipe.render, self.recipe.drop_warmup)
+        quarantine = [row for pf in parsed for row in pf.quarantine]
+        reports = []
+        for pf in parsed:
+            fc = build.file_counts.get(pf.path, Counter())
+            skipped = Counter(r.type for r in pf.records if not r.uuid)
+            reports.append({
+                "file": pf.path, "session_key": sf.key, "states": fc["states"], "bad_lines": len(pf.quarantine),
+                "subagents_linked": fc["subagents_linked"], "compactions_crossed": fc["compactions_crossed"],
+                "lines": pf.lines, "records": len(pf.records),
                 "no_uuid_records": dict(skipped),  # summary / snapshot / queue-operation: not chain links
-                "warmup_dropped": fc["warmup_dropped"],
-                "utf8_repaired": pf.utf8_repaired,
-                "empty_file": pf.empty,
-            }
-        )
-    stats = {
-        "records": sum(len(pf.records) for pf in parsed),
-        "bad_lines": len(quarantine),
-        "streams": build.streams,
-        "subagents_linked": sum(r["subagents_linked"] for r in reports),
-        "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
-        "warmup_dropped": build.warmup_dropped,
-        "states": len(build.states["state_id"]),
-        "messages": len(build.messages["uuid"]),
-    }
-    qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
-    # column lists are built in exactly the schema's order and types (tables.py), so the Arrow
-    # tables need no conform() step
-    return IngestResult(
-        session_key=sf.key,
-        file_reports=reports,
-        secrets=dict(scrubber.counts),
-        stats=stats,
-        _columns={"trace_states": build.states, "trace_messages": build.messages, "quarantine": qcols},
-    )
+                "warmup_dropped": fc["warmup_dropped"], "utf8_repaired": pf.utf8_repaired, "empty_file": pf.empty,
+            })
+        stats = {
+            "records": sum(len(pf.records) for pf in parsed),
+            "bad_lines": len(quarantine),
+            "streams": build.streams,
+            "subagents_linked": sum(r["subagents_linked"] for r in reports),
+            "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
+            "warmup_dropped": build.warmup_dropped,
+            "states": len(build.states["state_id"]),
+            "messages": len(build.messages["uuid"]),
+        }
+        qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
+        self._flush_native()  # keep session order in the pending tables
+        for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
+            t = to_table(name, cols)
+            if t.num_rows:
+                self._pending[name].append(t)
+                self._python_bytes += t.nbytes
+        self._python_rows += stats["messages"]
+        return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="python")
+
+    # ---- pending rows -------------------------------------------------------------------------------
+    def pending_rows(self) -> int:
+        """trace_messages rows not yet taken."""
+        return self._python_rows + (self._native.rows() if self._native is not None else 0)
+
+    def pending_bytes(self) -> int:
+        return self._python_bytes + (self._native.nbytes() if self._native is not None else 0)
+
+    def _flush_native(self) -> None:
+        if self._native is None:
+            return
+        for name, t in self._native.take().items():
+            if t.num_rows:
+                self._pending[name].append(t)
+
+    def take(self) -> dict[str, pa.Table]:
+        """The rows gathered since the last call, one table each (empty tables where none)."""
+        self._flush_native()
+        out = {}
+        for name in TABLES:
+            parts = self._pending[name]
+            out[name] = (parts[0] if len(parts) == 1 else pa.concat_tables(parts)) if parts else tables.empty(name)
+            self._pending[name] = []
+        self._python_rows = self._python_bytes = 0
+        return out
 
 
-def ingest_paths(paths: Iterable[str | Path], recipe: IngestRecipe | None = None) -> Iterator[IngestResult]:
+def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None, engine: str | None = None) -> IngestResult:
+    """One session -> its report and tables (what the Dagster ingest asset calls)."""
+    ing = SessionIngester(recipe, engine)
+    return _result(ing.add(sf), ing.take())
+
+
+def _result(rep: SessionReport, t: dict[str, pa.Table]) -> IngestResult:
+    return IngestResult(rep.session_key, rep.file_reports, rep.secrets, rep.stats, rep.engine, rep.fallback_reason,
+                        states=t["trace_states"], messages=t["trace_messages"], quarantine=t["quarantine"])
+
+
+def ingest_paths(paths: Iterable[str | Path], recipe: IngestRecipe | None = None,
+                 engine: str | None = None) -> Iterator[IngestResult]:
     """Discover sessions under each path (dir or file) and ingest them one at a time."""
-    recipe = recipe or IngestRecipe()
+    ing = SessionIngester(recipe, engine)
     for p in paths:
         for sf in discover_sessions(Path(p)):
-            yield ingest_session(sf, recipe)
+            rep = ing.add(sf)
+            yield _result(rep, ing.take())

@@ -22,6 +22,11 @@ class IngestRecipe:
     extra_secret_patterns: dict[str, str] = field(default_factory=dict)  # kind -> regex
     drop_warmup: bool = True  # drop "Warmup" stub agents (counted in stats.warmup_dropped)
     quarantine_text_chars: int = 2000  # how much of a bad line the quarantine keeps
+    engine: str = "auto"  # auto (native when built) | native | python (the reference); same output
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("auto", "native", "python"):
+            raise ValueError(f"ingest recipe: engine must be auto, native or python, not {self.engine!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "IngestRecipe":

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from assets.ingest import ingest_session_tables, raw_sessions
+from composer_pipeline.ingest import native
 from composer_pipeline.store import Store
 from conftest import FAKE_GITHUB_TOKEN, SESSION_ID
 from resources.recipes import PipelineRecipes
@@ -38,6 +39,8 @@ def test_ingest_chain_materializes_partition(trace_root, tmp_path):
     meta = mats["trace_states"].materialization.metadata
     assert meta["dagster/row_count"].value == 4
     assert "Fix the failing test" in meta["rendered_example"].value
+    assert meta["ingest_engine"].value == ("native" if native.AVAILABLE else "python")
+    assert "python_fallback_reason" not in meta
     assert mats["trace_messages"].materialization.metadata["secrets_scrubbed"].value == {"github_token": 1}
     raw_meta = mats["raw_sessions"].materialization.metadata
     assert raw_meta["n_files"].value == 1 and raw_meta["total_bytes"].value > 0

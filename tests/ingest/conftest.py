@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.pipeline import ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.render import Conversation
+
+from .engines import ingest_checked
 
 
 class Ingested:
@@ -15,7 +16,7 @@ class Ingested:
 
     def __init__(self, root: Path, recipe: IngestRecipe | None = None):
         self.root = root
-        self.results = [ingest_session(sf, recipe or IngestRecipe()) for sf in discover_sessions(root)]
+        self.results = [ingest_checked(sf, recipe or IngestRecipe()) for sf in discover_sessions(root)]
         self.by_key = {r.session_key: r for r in self.results}
 
     def states(self, key: str) -> list[dict]:

@@ -8,15 +8,15 @@ import orjson
 import pytest
 
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.pipeline import ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions, action_of, render_state
 
 from .builders import Session, text, thinking, tool, uid
+from .engines import ingest_checked
 
 
 def ingest_dir(root, recipe=None):
-    res = [ingest_session(sf, recipe or IngestRecipe()) for sf in discover_sessions(root)]
+    res = [ingest_checked(sf, recipe or IngestRecipe()) for sf in discover_sessions(root)]
     assert len(res) == 1
     return res[0]
 
@@ -40,7 +40,7 @@ def test_1_invalid_lines_quarantined_and_chain_salvaged(tmp_path):
     s.raw("not json at all")
     s.write(tmp_path / "p" / "sess.jsonl")
     (tmp_path / "p" / "empty.jsonl").write_bytes(b"")  # 0-byte file from --resume
-    results = [ingest_session(sf, IngestRecipe()) for sf in discover_sessions(tmp_path)]
+    results = [ingest_checked(sf, IngestRecipe()) for sf in discover_sessions(tmp_path)]
     empty = next(r for r in results if r.session_key == "p__empty")
     assert empty.states.num_rows == 0 and empty.file_reports[0]["empty_file"]
     res = next(r for r in results if r.session_key == "p__sess")
@@ -186,7 +186,7 @@ def test_8_three_subagent_layouts_warmup_and_no_double_count(tmp_path):
     d.write(proj / sid / "subagents" / "agent-a2c.jsonl")
     (sf,) = discover_sessions(tmp_path)
     assert sf.main_file.name == f"{sid}.jsonl" and len(sf.subagent_files) == 3
-    res = ingest_session(sf, IngestRecipe())
+    res = ingest_checked(sf, IngestRecipe())
     st = {s["stream_kind"]: s for s in res.states.to_pylist() if s["stream_kind"] != "main"}
     assert {k: (v["parent_tool_use_id"], v["session_id"]) for k, v in st.items()} == {
         "inline_sidechain": ("tk_inline", sid), "sibling_agent_file": ("tk_sib", sid), "subagents_dir": ("tk_dir", sid)}
@@ -265,3 +265,37 @@ def test_12_anonymised_and_platform_fields(tmp_path):
     res = ingest_dir(s.write(tmp_path / "p" / "s.jsonl").parent.parent)
     (st,) = res.states.to_pylist()
     assert rendered(res, st)[1]["content"] == "hi [REDACTED_EMAIL] in C:\\Users\\me"
+
+
+def test_odd_values_never_abort_the_ingest(tmp_path):
+    """Valid JSON that the readers take but Python chokes on used to abort the whole ingest: an integer
+    beyond 64 bits in a tool input or usage (orjson cannot write it), a non-string tool_use_id (not
+    hashable), nesting deeper than msgspec's recursion limit, a number beyond float range inside a kept
+    payload. And a JSON key named like a bookkeeping field must not set it."""
+    s = Session()
+    s.user("go")
+    s.assistant(tool("Bash", "t1", command="echo", n=2**70))
+    s.result("t1", [{"type": "text", "text": "boom"}], is_error=True)
+    s.user([{"type": "tool_result", "tool_use_id": {"not": "hashable"}, "content": "x"}])
+    s.assistant(text("after"), tool("Read", "t2", file_path="a.py"))
+    u = uid()
+    s.raw('{"type":"user","uuid":"%s","parentUuid":"%s","message":{"role":"user","content":[{"type":"tool_result",'
+          '"tool_use_id":"t2","is_error":true,"content":[1e400]}]}}' % (u, s.last))
+    forged = uid()
+    s.raw('{"type":"user","uuid":"%s","parentUuid":"%s","@damaged":true,"message":{"role":"user","content":"hi"}}'
+          % (forged, u))
+    s.last = forged
+    s.raw('{"type":"user","uuid":"%s","x":%s}' % (uid(), "[" * 3000 + "]" * 3000))
+    s.assistant(text("end"))
+    res = ingest_dir(s.write(tmp_path / "p" / "s.jsonl").parent.parent)
+    states = res.states.to_pylist()
+    call = json.loads(states[0]["action"])["tool_calls"][0]
+    assert call["arguments"]["n"] == 2**70  # written exactly, by the standard library
+    assert states[0]["has_error"] and "boom" in states[0]["error_after"]
+    msgs = {m["uuid"]: m for m in res.messages.to_pylist()}
+    assert msgs[forged]["record_type"] == "user" and msgs[forged]["message_key"] is None
+    (q,) = res.quarantine.to_pylist()
+    assert q["reason"].startswith("invalid JSON: depth limit exceeded") and q["line_no"] == 9
+    assert len(states) == 3
+    # the result whose payload cannot be decoded is still an error, with no text
+    assert json.loads(states[1]["error_after"]) == [{"tool_use_id": "t2", "tool_name": "Read", "content": ""}]
