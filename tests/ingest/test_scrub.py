@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.pipeline import ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.ingest.scrub import KINDS, Scrubber, scan
 
 from .builders import Session, text, tool
+from .engines import ingest_checked
 
 # fake secrets in each published format (none of them is real)
 SECRETS = {
@@ -93,7 +93,7 @@ def test_no_secret_reaches_any_table(tmp_path):
     s.write(tmp_path / "p" / "s.jsonl")
     recipe = IngestRecipe.load("recipes/ingest.yaml")  # has an extra pattern: internal_ticket_token
     (sf,) = discover_sessions(tmp_path)
-    res = ingest_session(sf, recipe)
+    res = ingest_checked(sf, recipe)
     dump = json.dumps([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
     assert not any(v in dump for v in SECRET_VALUES) and "TKT-0123" not in dump
     assert res.secrets["internal_ticket_token"] == 1 and res.secrets["slack_token"] == 1
@@ -120,6 +120,12 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
         "PassWord: 'Tr0ub4dor&3'", "API-KEY=abcdefgh", 'api_key\\": \\"zzzzzzzz', "Client_Secret = qwertyuiop",
         "SECRET\t:\tvalue1234", "pwd=short", "AKIAIOSFODNN7EXAMPL", "xoxp-1", "sk-ant-short", "ghs_" + "z" * 36,
         "ſecret: 12345678", "paſsword=abcdefgh", "Kelvin\u212a", "ünïcödé text", "eyJonly.eyJtwo", "task-sk-" + "a" * 30,
+        # each kind at its length threshold and one short of it (the prefilter cuts ``{n,}`` to ``{n}``)
+        "sk-" + "b" * 20, "sk-" + "b" * 19, "sk-ant-" + "c" * 20, "sk-proj-" + "d" * 19, "xoxb-" + "1" * 10, "xoxb-" + "1" * 9,
+        "AKIA" + "Z" * 16, "ASIA" + "Z" * 15, "AIza" + "k" * 35, "AIza" + "k" * 34, "gho_" + "m" * 30, "ghr_" + "m" * 29,
+        "github_pat_" + "n" * 22, "github_pat_" + "n" * 21, "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 8,
+        "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 7, "passwd:abcdef", "passwd:abcde", 'secret_key \\"= 123456',
+        "https://hooks.slack.com/services/T0/B1/xyz", "hooks.slack.com/services/", "AWS_SECRET_ACCESS_KEY: " + "w" * 40,
     ]
     lines = []
     for i in range(600):
