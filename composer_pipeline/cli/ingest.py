@@ -16,8 +16,8 @@ DICTIONARY_COLUMNS = ("session_id", "session_key", "stream_id", "stream_kind", "
                       "source_file", "record_type", "subtype", "role", "model", "version", "reason")
 # large JSON/text columns: min/max statistics of them help no reader and cost ~10 % of the write
 NO_STATISTICS_COLUMNS = ("raw", "content", "tool_use_result", "action", "usage", "error_after", "text")
-FLUSH_ROWS = 16000  # messages per Parquet row group (bounds memory; small row groups cost ~10 % more to write)
-FLUSH_BYTES = 64 << 20  # ...or sooner, for sessions with very large lines
+FLUSH_ROWS = 8000  # messages per Parquet row group (bounds memory; 4000-row groups cost ~10 % more to write)
+FLUSH_BYTES = 32 << 20  # ...or sooner, for sessions with very large lines
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ingest", help="parse Claude Code session JSONL into trace states (Parquet)")

@@ -112,8 +112,8 @@ def py_strip(text: str) -> str:
     return _native.py_strip(text)
 
 
-def sha256_hex(data: bytes) -> str:
-    return _native.sha256_hex(data)
+def sha256_hex(data: bytes, portable: bool = False) -> str:
+    return _native.sha256_hex(data, portable)
 
 
 def utf8_valid(data: bytes) -> bool:

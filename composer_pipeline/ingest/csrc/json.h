@@ -48,6 +48,13 @@ inline bool utf8_valid(const unsigned char* s, size_t n) {
   size_t i = 0;
   while (i < n) {
 #if defined(__SSE2__)
+    while (i + 64 <= n) {  // ASCII fast path: 64 bytes per test
+      const __m128i* q = reinterpret_cast<const __m128i*>(s + i);
+      __m128i x = _mm_or_si128(_mm_or_si128(_mm_loadu_si128(q), _mm_loadu_si128(q + 1)),
+                               _mm_or_si128(_mm_loadu_si128(q + 2), _mm_loadu_si128(q + 3)));
+      if (_mm_movemask_epi8(x)) break;
+      i += 64;
+    }
     while (i + 16 <= n) {
       __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
       if (_mm_movemask_epi8(x)) break;
@@ -122,6 +129,7 @@ struct Scanner {
   Scanner(const char* b, const char* e) : p(b), end(e) {}
 
   bool ws() {  // skip whitespace; false at end of input
+    if (p < end && static_cast<unsigned char>(*p) > ' ') return true;  // the common case: none
     while (p < end) {
       char c = *p;
       if (c == ' ' || c == '\t' || c == '\r' || c == '\n') ++p;

@@ -408,11 +408,13 @@ static PyObject* fn_strip(PyObject*, PyObject* arg) {
   return PyUnicode_FromStringAndSize(r.data(), Py_ssize_t(r.size()));
 }
 
-static PyObject* fn_sha256_hex(PyObject*, PyObject* arg) {
+static PyObject* fn_sha256_hex(PyObject*, PyObject* args) {
   char* s;
   Py_ssize_t n;
-  if (PyBytes_AsStringAndSize(arg, &s, &n) < 0) return nullptr;
+  int portable = 0;
+  if (!PyArg_ParseTuple(args, "y#|p", &s, &n, &portable)) return nullptr;
   Sha256 h;
+  h.set_portable(portable != 0);
   h.update(s, size_t(n));
   std::string d = h.hexdigest();
   return PyUnicode_FromStringAndSize(d.data(), Py_ssize_t(d.size()));
@@ -439,7 +441,7 @@ static PyObject* fn_valid_line(PyObject*, PyObject* arg) {  // would the record 
 static PyMethodDef module_methods[] = {
     {"canonical_json", fn_canonical, METH_O, "Canonical re-serialization of a JSON value (None: ask Python)."},
     {"py_strip", fn_strip, METH_O, "str.strip() as the native code implements it."},
-    {"sha256_hex", fn_sha256_hex, METH_O, "SHA-256 hex digest."},
+    {"sha256_hex", fn_sha256_hex, METH_VARARGS, "SHA-256 hex digest (portable=True: without SHA-NI)."},
     {"utf8_valid", fn_utf8_valid, METH_O, "Strict UTF-8 check."},
     {"reads_line", fn_valid_line, METH_O, "Whether the native record parser reads this line."},
     {nullptr, nullptr, 0, nullptr},

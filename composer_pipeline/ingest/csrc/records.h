@@ -124,7 +124,9 @@ class KeyIndex {
   Key operator()(std::string_view k) const {
     if (k.size() >= kMaxLen) return K_OTHER;
     for (const KeyName& e : by_len_[k.size()])
-      if (e.name[0] == k[0] && std::memcmp(e.name.data(), k.data(), k.size()) == 0) return e.key;
+      if (e.name[0] == k[0] && e.name[k.size() - 1] == k[k.size() - 1] &&
+          std::memcmp(e.name.data(), k.data(), k.size()) == 0)
+        return e.key;
     return K_OTHER;
   }
 
