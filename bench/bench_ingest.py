@@ -4,7 +4,9 @@ Generates a corpus of copies of the real traces (``../shared/traces``) with rewr
 /tmp (default ~500 MB), then in the same run measures
   * floor:  read every file and ``orjson.loads`` every line (nothing else), CPU seconds;
   * ingest: the CLI's work: discover + scrub + parse + streams/states + Parquet (zstd) writing,
-    session by session, in a child process whose peak RSS (ru_maxrss) is reported.
+    session by session, in a child process whose peak RSS (ru_maxrss) is reported. The default engine
+    runs (the compiled one where built: ``engine`` and ``python_fallback_sessions`` say what ran);
+    ``--compare-python`` also times the Python reference engine, with its own floor run.
 Targets: ingest >= 0.4x the floor's MB/CPU-s; peak RSS < 300 MB.
 
 Output check: before timing, the real traces and the bundled samples are ingested under three
@@ -13,7 +15,8 @@ every row of the three tables, the file reports and the secret counts is compare
 ``bench/ingest_output_fingerprint.json`` (recorded from the code before any speed work), so a
 faster ingest that changes its output fails loudly. ``--record-fingerprint`` rewrites that file.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--repeat 3] [--keep] [--record-fingerprint]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--repeat 3] [--compare-python] [--keep]
+                                                             [--record-fingerprint]
 """
 
 from __future__ import annotations
@@ -123,8 +126,10 @@ def floor(corpus: Path) -> float:
     return time.process_time() - t
 
 
-def child(corpus: Path, out: Path) -> None:
+def child(corpus: Path, out: Path, engine: str) -> None:
     """The ingest run (same code path as `composer-pipeline ingest`), reporting its own CPU and RSS."""
+    import io
+
     t0 = time.process_time()
     import pyarrow.parquet  # noqa: F401  (imports are startup, reported separately)
 
@@ -135,16 +140,26 @@ def child(corpus: Path, out: Path) -> None:
     from composer_pipeline.cli import main
 
     startup = time.process_time() - t0
+    captured = io.StringIO()  # the CLI's JSON lines (one per file, then the totals line)
     t = time.process_time()
-    with open(os.devnull, "w") as devnull:
-        stdout, sys.stdout = sys.stdout, devnull
-        try:
-            rc = main(["ingest", str(corpus), "--out", str(out)])
-        finally:
-            sys.stdout = stdout
+    stdout, sys.stdout = sys.stdout, captured
+    try:
+        rc = main(["ingest", str(corpus), "--out", str(out), "--engine", engine])
+    finally:
+        sys.stdout = stdout
     cpu = time.process_time() - t
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rc": rc, "cpu_s": cpu, "startup_cpu_s": startup, "peak_rss_mb": rss_mb}))
+    totals = json.loads(captured.getvalue().splitlines()[-1])
+    print(json.dumps({"rc": rc, "cpu_s": cpu, "startup_cpu_s": startup, "peak_rss_mb": rss_mb,
+                      "engine": totals["engine"], "python_fallback_sessions": totals["python_fallback_sessions"]}))
+
+
+def run_child(corpus: Path, engine: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", "--corpus", str(corpus), "--engine", engine],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode:
+        sys.exit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -154,11 +169,14 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and output")
     ap.add_argument("--repeat", type=int, default=1, help="floor+ingest pairs to run; the median ratio is reported")
     ap.add_argument("--record-fingerprint", action="store_true", help="rewrite the expected-output fingerprint")
+    ap.add_argument("--compare-python", action="store_true",
+                    help="also time the Python reference engine once, back to back with a floor run")
+    ap.add_argument("--engine", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     corpus, out = Path(args.corpus), Path(args.corpus + "_out")
     if args.child:
-        child(corpus, out)
+        child(corpus, out, args.engine)
         return
     got = fingerprint()
     if args.record_fingerprint:
@@ -171,11 +189,7 @@ def main() -> None:
     runs = []  # each run: floor then ingest back to back, so both see about the same machine load
     for _ in range(args.repeat):
         f_cpu = floor(corpus)
-        proc = subprocess.run([sys.executable, __file__, "--child", "--corpus", str(corpus)], capture_output=True,
-                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if proc.returncode:
-            sys.exit(proc.stderr)
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        res = run_child(corpus, "auto")
         runs.append((f_cpu / res["cpu_s"], f_cpu, res))
     runs.sort(key=lambda r: r[0])
     ratio, f_cpu, res = runs[len(runs) // 2]  # the median run by ratio
@@ -190,7 +204,14 @@ def main() -> None:
         "ratio_all_runs": [round(r[0], 3) for r in runs],
         "peak_rss_mb": round(max(r[2]["peak_rss_mb"] for r in runs), 1), "target_rss_mb": 300,
         "output_mb": round(sum(p.stat().st_size for p in out.glob("*.parquet")) / 1e6, 1),
+        "engine": res["engine"], "python_fallback_sessions": max(r[2]["python_fallback_sessions"] for r in runs),
     }
+    if args.compare_python:  # the reference engine on the same corpus, with its own floor run
+        f_cpu = floor(corpus)
+        ref = run_child(corpus, "python")
+        report["python_engine"] = {"cpu_s": round(ref["cpu_s"], 2), "ratio_vs_floor": round(f_cpu / ref["cpu_s"], 3),
+                                   "peak_rss_mb": round(ref["peak_rss_mb"], 1)}
+        report["speedup_vs_python_engine"] = round(ref["cpu_s"] / res["cpu_s"], 2)
     print(json.dumps(report, indent=1))
     if not args.keep:
         shutil.rmtree(corpus, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""``composer-pipeline ingest PATH... --out DIR [--recipe FILE]``: sessions -> Parquet, no Dagster.
+"""``composer-pipeline ingest PATH... --out DIR [--recipe FILE] [--engine auto|native|python]``: sessions -> Parquet.
 
 Writes ``trace_states.parquet``, ``trace_messages.parquet`` and ``quarantine.parquet`` under DIR
 (local or ``s3://``), streaming session by session; prints one JSON line per input file and a
-final totals line (with secrets scrubbed per kind).
+final totals line (with secrets scrubbed per kind, the engine that ran, and how many sessions the
+compiled engine handed to the Python one, with why).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="session file or directory (walked recursively)")
     p.add_argument("--out", required=True, help="output directory (local path or s3://bucket/prefix)")
     p.add_argument("--recipe", default=None, help="ingest recipe YAML (default: built-in defaults)")
+    p.add_argument("--engine", choices=("auto", "native", "python"), default=None,
+                   help="parser engine (default: the recipe's, auto): native = compiled, python = the reference; "
+                        "same output")
     p.set_defaults(func=run)
 
 
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.store import Store
 
     recipe = IngestRecipe.load(args.recipe)
-    ingester = SessionIngester(recipe)
+    ingester = SessionIngester(recipe, args.engine)
     store = Store(args.out)
     store.fs.makedirs(store.base, exist_ok=True)
     handles = {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in TABLES}

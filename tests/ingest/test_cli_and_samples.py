@@ -48,6 +48,23 @@ def test_cli_writes_tables_and_reports(cli_out):
     assert "sk-ant-api03-FAKE" not in str(msgs.column("raw").to_pylist())
 
 
+def test_cli_engines_write_the_same_tables(cli_out, tmp_path, repo_root):
+    """--engine python (the reference) and the default (compiled where built) write equal tables; the
+    totals line says which engine ran and how many sessions it handed to Python."""
+    from composer_pipeline.ingest import native
+
+    out, lines = cli_out
+    ref = run_cli(str(repo_root / "composer_pipeline/samples/projects"), "--out", str(tmp_path),
+                  "--recipe", str(repo_root / "recipes/ingest.yaml"), "--engine", "python")
+    assert lines[-1]["engine"] == ("native" if native.AVAILABLE else "python")
+    assert lines[-1]["python_fallback_sessions"] == 0 and "python_fallback_reasons" not in lines[-1]
+    assert ref[-1]["engine"] == "python"
+    assert [{k: v for k, v in r.items() if k not in ("engine", "out")} for r in ref] == [
+        {k: v for k, v in r.items() if k not in ("engine", "out")} for r in lines]
+    for name in ("trace_states", "trace_messages", "quarantine"):
+        assert pq.read_table(out / f"{name}.parquet").equals(pq.read_table(tmp_path / f"{name}.parquet")), name
+
+
 def test_state_ids_stable_across_runs_and_single_file(cli_out, tmp_path, repo_root):
     out, _ = cli_out
     main = repo_root / "composer_pipeline/samples/projects/-home-demo-calc/a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl"
