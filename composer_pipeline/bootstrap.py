@@ -38,10 +38,10 @@ def _has_cuda() -> bool:
 
 
 def _stamp() -> str:
-    """Changes when the install must be redone: the pins, the build (setup.py) or the C++ ingest engine."""
+    """Changes when the install must be redone: the pins and build (pyproject.toml) or the C++ ingest engine."""
     h = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
     h.update(sys.version.encode())
-    for p in [ROOT / "setup.py", *sorted((ROOT / "composer_pipeline" / "ingest" / "csrc").glob("*"))]:
+    for p in sorted((ROOT / "composer_pipeline" / "ingest" / "csrc").glob("*")):
         if p.is_file():
             h.update(p.name.encode() + p.read_bytes())
     return h.hexdigest()[:16]

@@ -15,13 +15,13 @@ Why it exists: bench/RESULTS.md. Decoding into Python objects and transposing th
 cost more than 2.5x orjson's bare decode; here each line is validated and read in one pass and
 the columns are written as Arrow buffers directly.
 
-The extension is optional (setup.py): where it did not compile, :data:`AVAILABLE` is False and
-ingest runs the Python path.
+The extension is optional (``[[tool.setuptools.ext-modules]]`` in pyproject.toml): where it did not
+compile, or its sources changed after it was built, :data:`AVAILABLE` is False (:data:`IMPORT_ERROR`
+says why) and ingest runs the Python engine.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,30 +32,28 @@ from composer_pipeline import tables
 CSRC = Path(__file__).with_name("csrc")
 
 
-def source_hash(csrc: Path = CSRC) -> str | None:
-    """setup.py's hash of the C++ sources (None where they are not shipped, e.g. a wheel install)."""
+def stale_sources(module_file: str | Path, csrc: Path = CSRC) -> list[str]:
+    """C++ sources modified after the compiled module was built (a pull or checkout that changes them
+    updates their times); empty where the sources are not shipped (a wheel install)."""
     if not csrc.is_dir():
-        return None
-    h = hashlib.sha256()
-    for p in sorted(csrc.iterdir()):
-        if p.suffix in (".h", ".cpp"):
-            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
+        return []
+    built = Path(module_file).stat().st_mtime
+    return sorted(p.name for p in csrc.iterdir() if p.suffix in (".h", ".cpp") and p.stat().st_mtime > built)
 
 
 try:
     from composer_pipeline.ingest import _native
-except ImportError as e:  # not compiled here: the Python path is used
+except ImportError as e:  # not compiled here: the Python engine is used
     _native = None
     IMPORT_ERROR: str | None = str(e)
 else:
     IMPORT_ERROR = None
-    _src = source_hash()
-    if _src is not None and _native.SOURCE_HASH != _src:
-        # an in-place build older than the sources beside it (e.g. after a pull): its rules may differ
-        # from the Python reference, so it is not used until rebuilt
-        IMPORT_ERROR = ("the compiled ingest engine is older than composer_pipeline/ingest/csrc; rebuild it with "
-                        "`.venv/bin/pip install -e .` (or `python3 -m composer_pipeline.bootstrap test`)")
+    _stale = stale_sources(_native.__file__)
+    if _stale:
+        # an in-place build older than the sources beside it: its rules may differ from the Python
+        # reference, so it is not used until rebuilt
+        IMPORT_ERROR = (f"the compiled ingest engine is older than {', '.join(_stale)} in composer_pipeline/ingest/csrc; "
+                        "rebuild it with `.venv/bin/pip install -e .` (or `python3 -m composer_pipeline.bootstrap test`)")
         _native = None
 
 AVAILABLE = _native is not None

@@ -34,8 +34,8 @@ needs_native = pytest.mark.skipif(not native.AVAILABLE, reason=f"native engine n
 
 
 def test_native_engine_is_built_where_a_compiler_is():
-    """setup.py builds the extension as optional; on this platform (and CI) it must be there, so the
-    engine tests below run rather than skip."""
+    """pyproject.toml builds the extension as optional; on this platform (and CI) it must be there, so
+    the engine tests below run rather than skip."""
     if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and shutil.which("g++"):
         assert native.AVAILABLE, native.IMPORT_ERROR
     assert IngestRecipe().engine == "auto"
@@ -344,13 +344,21 @@ def test_engines_agree_on_mutated_sessions(tmp_path, shared_traces):
 
 
 def test_a_build_older_than_its_sources_is_refused(tmp_path):
-    """native.py compares the hash compiled into the extension with the C++ sources beside it: an
-    in-place build left over from before a pull must not run (its rules could differ)."""
-    copy = tmp_path / "csrc"
-    shutil.copytree(native.CSRC, copy)
-    assert native.source_hash(copy) == native.source_hash()
-    if native.AVAILABLE:
-        assert native._native.SOURCE_HASH == native.source_hash()
-    (copy / "json.h").write_text((copy / "json.h").read_text() + "\n// edited\n")
-    assert native.source_hash(copy) != native.source_hash()
-    assert native.source_hash(tmp_path / "absent") is None  # a wheel install ships no sources: no check
+    """An in-place build left over from before a pull or checkout that changed the C++ must not run
+    (its rules could differ from the Python reference): native.py compares modification times."""
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for name in ("json.h", "module.cpp", "notes.txt"):
+        (csrc / name).write_text(name)
+    module = tmp_path / "_native.so"
+    module.write_bytes(b"")
+    os.utime(csrc / "json.h", (1_000, 1_000))
+    os.utime(csrc / "module.cpp", (1_000, 1_000))
+    os.utime(csrc / "notes.txt", (9_000, 9_000))  # not a source
+    os.utime(module, (5_000, 5_000))
+    assert native.stale_sources(module, csrc) == []
+    os.utime(csrc / "json.h", (6_000, 6_000))
+    assert native.stale_sources(module, csrc) == ["json.h"]
+    assert native.stale_sources(module, tmp_path / "absent") == []  # a wheel install ships no sources
+    if native.AVAILABLE:  # the build in use is current
+        assert native.stale_sources(native._native.__file__) == []

@@ -454,19 +454,10 @@ static PyModuleDef module_def = {
 
 }  // namespace cp
 
-#ifndef COMPOSER_NATIVE_SOURCE_HASH
-#define COMPOSER_NATIVE_SOURCE_HASH "unknown"
-#endif
-
 PyMODINIT_FUNC PyInit__native(void) {
   if (PyType_Ready(&cp::BufType) < 0 || PyType_Ready(&cp::BuilderType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&cp::module_def);
   if (!m) return nullptr;
-  // setup.py's hash of the sources this was compiled from (native.py compares it with the files)
-  if (PyModule_AddStringConstant(m, "SOURCE_HASH", COMPOSER_NATIVE_SOURCE_HASH) < 0) {
-    Py_DECREF(m);
-    return nullptr;
-  }
   Py_INCREF(&cp::BuilderType);
   if (PyModule_AddObject(m, "Builder", reinterpret_cast<PyObject*>(&cp::BuilderType)) < 0) {
     Py_DECREF(&cp::BuilderType);
