@@ -57,6 +57,7 @@ class DemoReport:
     example_pair: str | None = None  # a normalized pair id for the `lineage` / `show` hints
     agreement: dict[str, int] = field(default_factory=dict)  # "2/3" -> pairs
     train: dict = field(default_factory=dict)  # steps, seconds, data counts, steps each channel fired
+    ingest_engines: dict[str, int] = field(default_factory=dict)  # engine (or "python: <why>") -> sessions
 
 
 def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
@@ -142,6 +143,13 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
             if not res.success:
                 report.failed[key] = _first_failure(res)
                 echo(f"session {key}: FAILED ({report.failed[key]})")
+            for ev in res.get_asset_materialization_events():  # which ingest engine read the session
+                if ev.asset_key.to_user_string() == "trace_states":
+                    meta = ev.materialization.metadata
+                    engine = meta["ingest_engine"].value if "ingest_engine" in meta else "?"
+                    if "python_fallback_reason" in meta:
+                        engine = f"{engine} ({meta['python_fallback_reason'].value})"
+                    report.ingest_engines[engine] = report.ingest_engines.get(engine, 0) + 1
     finally:
         if not keep_teachers:
             _stop_started_servers(servers_before, state_dir, echo)
@@ -223,6 +231,9 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"store (Parquet, one file per asset partition): {r.store}")
     for name, n in sorted(r.row_counts.items()):
         echo(f"  {name:<22} {n:>6} rows")
+    if r.ingest_engines:
+        engines = ", ".join(f"{engine}: {n} of {len(r.sessions)} sessions" for engine, n in sorted(r.ingest_engines.items()))
+        echo(f"ingest engine ({'compiled C++' if 'native' in r.ingest_engines else 'Python'}): {engines}")
     if r.teachers:
         echo(f"teachers ({r.teachers_recipe}; local ones served over HTTP on loopback):")
         for name, t in sorted(r.teachers.items()):

@@ -31,3 +31,7 @@ def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monk
     print_report(report, echo=lines.append)
     text = "\n".join(lines)
     assert f"--store {tmp_path / 'store'}" in text and "dagster dev -w workspace.yaml" in text
+    from composer_pipeline.ingest import native
+
+    engine = "native" if native.AVAILABLE else "python"
+    assert report.ingest_engines == {engine: 2} and f"{engine}: 2 of 2 sessions" in text
