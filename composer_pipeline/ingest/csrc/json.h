@@ -526,12 +526,10 @@ struct Canon {
     size_t n = v.n;
     bool neg = p[0] == '-';
     size_t digits = n - (neg ? 1 : 0);
-    if (digits > 20) return false;
-    if (digits >= 19) {  // orjson: [-2^63, 2^64 - 1]
-      unsigned __int128 x = 0;
-      for (size_t i = neg ? 1 : 0; i < n; ++i) x = x * 10 + unsigned(p[i] - '0');
-      if (neg ? x > (unsigned __int128)(uint64_t(1) << 63) : x > (unsigned __int128)UINT64_MAX) return false;
-    }
+    // orjson writes [-2^63, 2^64 - 1]: compare the digits (no leading zeros in JSON) with the bound's
+    const std::string_view bound = neg ? "9223372036854775808" : "18446744073709551615";
+    std::string_view d(p + (neg ? 1 : 0), digits);
+    if (d.size() > bound.size() || (d.size() == bound.size() && d > bound)) return false;
     if (neg && digits == 1 && p[1] == '0') { out.push_back('0'); return true; }  // -0 -> 0
     out.append(p, n);
     return true;

@@ -677,7 +677,7 @@ class SessionBuild {
     }
     if (ix.compactions) (*out_)[s.file].compactions_crossed += ix.compactions;
 
-    Counts counts{*this, s, ix, {}, 0};
+    Counts counts{*this, s, ix, FlatMap<int64_t>(s.recs.size()), 0};
     counts.run();
 
     StatesCols& st = t_.states;
