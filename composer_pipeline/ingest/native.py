@@ -4,12 +4,13 @@ In:  one session's scrubbed file buffers (pipeline.py reads and scrubs them).
 Out: rows appended to a :class:`Builder` (``_native``, C++ in ``ingest/csrc/``), handed over as
 ``trace_states``/``trace_messages``/``quarantine`` Arrow tables by :meth:`Builder.take`.
 
-It is the twin of parser.py + states.py, rule for rule: the Python code is the reference, and
-tests/ingest/test_native.py ingests every real trace, the samples, every pitfall fixture and
-mutated sessions both ways and requires identical tables, reports and counts. A session the
-native code cannot reproduce exactly (invalid UTF-8 to repair, a line only the Python reader
-accepts, ``str()`` of a non-string id, a float to re-serialize) is reported back with the reason
-and ingested by the Python path instead; ``IngestResult.engine`` says which path ran.
+It is the twin of parser.py + states.py, rule for rule: the Python code is the reference, and every
+ingest test (tests/ingest/engines.py) runs every real trace, the samples, each pitfall fixture and
+fuzzed sessions (test_native.py) through both and requires identical tables, reports and counts. A
+session the native code cannot reproduce exactly (invalid UTF-8 to repair, a line only the Python
+reader accepts, ``str()`` of a non-string id, a float or 64+-bit integer to re-serialize) is
+reported back with the reason and ingested by the Python engine instead; ``IngestResult.engine``
+and ``fallback_reason`` say which engine ran and why.
 
 Why it exists: bench/RESULTS.md. Decoding into Python objects and transposing them into Arrow
 cost more than 2.5x orjson's bare decode; here each line is validated and read in one pass and
