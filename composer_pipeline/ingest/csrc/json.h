@@ -318,64 +318,53 @@ struct Scanner {
     }
   }
 
-  bool container(bool& nonempty) {
-    if (++depth > kMaxDepth) return false;
-    char open = *p++;
-    char close = open == '{' ? '}' : ']';
-    nonempty = false;
-    if (!ws()) return false;
-    if (*p == close) { ++p; --depth; return true; }
-    nonempty = true;
-    JVal tmp;
+  // Object/array iteration. ``members(f)`` at '{' calls ``f(key)`` with the cursor at each member's
+  // value; ``elements(f)`` at '[' calls ``f()`` at each element. ``f`` consumes the value and returns
+  // false when it is invalid; both return false on invalid JSON.
+  template <class F>
+  bool members(F&& f) {
+    if (!begin('{')) return false;
+    bool first = true;
+    JVal key;
     for (;;) {
-      if (open == '{') {
-        if (*p != '"' || !string(tmp)) return false;
-        if (!expect(':')) return false;
-        if (!ws()) return false;
-      }
-      if (!value(tmp)) return false;
-      if (!ws()) return false;
-      if (*p == ',') {
-        ++p;
-        if (!ws()) return false;
-        continue;
-      }
-      if (*p == close) { ++p; --depth; return true; }
-      return false;
+      int r = next('}', first);
+      if (r <= 0) return r == 0;
+      if (*p != '"' || !string(key) || !expect(':') || !ws() || !f(key)) return false;
+    }
+  }
+  template <class F>
+  bool elements(F&& f) {
+    if (!begin('[')) return false;
+    bool first = true;
+    for (;;) {
+      int r = next(']', first);
+      if (r <= 0) return r == 0;
+      if (!f()) return false;
     }
   }
 
-  // Object/array iteration. begin_* at the opening bracket; then next_* until it returns 0 (closed)
-  // or -1 (invalid). ``first`` is the caller's iteration state (true before the first call).
+  // A container skipped (validated); ``nonempty``: it has an item.
+  bool container(bool& nonempty) {
+    nonempty = false;
+    JVal item;
+    auto skip = [&](auto&&...) {
+      nonempty = true;
+      return value(item);
+    };
+    return *p == '{' ? members(skip) : elements(skip);
+  }
+
+ private:
   bool begin(char open) {
     if (p >= end || *p != open) return false;
     if (++depth > kMaxDepth) return false;
     ++p;
     return true;
   }
-  // 1: ``key`` set and the cursor at the member's value (whitespace skipped).
-  int next_member(JVal& key, bool& first) {
+  // 0: the container closed; 1: the cursor at the next item (after a ',' but the first); -1: invalid.
+  int next(char close, bool& first) {
     if (!ws()) return -1;
-    if (*p == '}') {
-      ++p;
-      --depth;
-      return 0;
-    }
-    if (!first) {
-      if (*p != ',') return -1;
-      ++p;
-      if (!ws()) return -1;
-    }
-    first = false;
-    if (*p != '"' || !string(key)) return -1;
-    if (!expect(':')) return -1;
-    if (!ws()) return -1;
-    return 1;
-  }
-  // 1: the cursor at the next element (whitespace skipped).
-  int next_element(bool& first) {
-    if (!ws()) return -1;
-    if (*p == ']') {
+    if (*p == close) {
       ++p;
       --depth;
       return 0;
@@ -536,43 +525,35 @@ struct Canon {
   }
 
   bool array(Scanner& s) {
-    if (!s.begin('[')) return false;
     out.push_back('[');
-    bool first = true, any = false;
-    for (;;) {
-      int r = s.next_element(first);
-      if (r < 0) return false;
-      if (r == 0) break;
-      if (any) out.push_back(',');
-      any = true;
-      if (!value(s)) return false;
-    }
+    bool any = false;
+    if (!s.elements([&] {
+          if (any) out.push_back(',');
+          any = true;
+          return value(s);
+        }))
+      return false;
     out.push_back(']');
     return true;
   }
 
   bool object(Scanner& s) {
-    if (!s.begin('{')) return false;
     out.push_back('{');
     std::string_view small[16];
     std::vector<std::string_view> many;
     size_t n = 0;
-    bool first = true;
-    for (;;) {
-      JVal k;
-      int r = s.next_member(k, first);
-      if (r < 0) return false;
-      if (r == 0) break;
-      if (n) out.push_back(',');
+    bool ok = s.members([&](const JVal& k) {
       if (k.esc) return false;  // an escaped key (rare): Python checks it for repeats
+      if (n) out.push_back(',');
       write_json_string(out, k);
       std::string_view key(k.p, k.n);
       if (n < 16) small[n] = key;
       else many.push_back(key);
       ++n;
       out.push_back(':');
-      if (!value(s)) return false;
-    }
+      return value(s);
+    });
+    if (!ok) return false;
     out.push_back('}');
     if (n > 1) {  // a repeated key: Python keeps the first position and the last value
       if (n <= 16) {

@@ -182,22 +182,12 @@ class RecordParser {
 
  private:
   bool record(Scanner& s, Rec& r) {
-    if (!s.ws() || !s.begin('{')) return false;
-    bool first = true;
-    JVal k, v;
-    for (;;) {
-      int m = s.next_member(k, first);
-      if (m < 0) return false;
-      if (m == 0) return true;
+    if (!s.ws()) return false;
+    JVal v;
+    return s.members([&](const JVal& k) {
       Key key = key_of(k, kRecordIndex);
-      if (key == K_MESSAGE) {
-        if (!message(s, r)) return false;
-        continue;
-      }
-      if (key == K_DATA || key == K_ATTACHMENT) {
-        if (!small_object(s, r, key)) return false;
-        continue;
-      }
+      if (key == K_MESSAGE) return message(s, r);
+      if (key == K_DATA || key == K_ATTACHMENT) return small_object(s, r, key);
       if (!s.value(v)) return false;
       switch (key) {
         case K_TYPE: r.type = v.is_str() ? (v.esc ? arena_.keep(decoded(v)) : std::string_view(v.p, v.n))
@@ -218,7 +208,8 @@ class RecordParser {
         case K_TOOL_USE_RESULT: r.tool_use_result = v; break;
         default: break;
       }
-    }
+      return true;
+    });
   }
 
   // "message": an object -> Message (all its fields reset: the last "message" key wins); any other
@@ -230,23 +221,12 @@ class RecordParser {
     r.content_str = JVal{};
     r.b0 = r.b1 = 0;
     r.usage = JVal{};
-    if (*s.p != '{') {
-      JVal v;
-      return s.value(v);
-    }
+    JVal v;
+    if (*s.p != '{') return s.value(v);
     r.has_msg = true;
-    if (!s.begin('{')) return false;
-    bool first = true;
-    JVal k, v;
-    for (;;) {
-      int m = s.next_member(k, first);
-      if (m < 0) return false;
-      if (m == 0) return true;
+    return s.members([&](const JVal& k) {
       Key key = key_of(k, kMessageIndex);
-      if (key == K_CONTENT) {
-        if (!content(s, r)) return false;
-        continue;
-      }
+      if (key == K_CONTENT) return content(s, r);
       if (!s.value(v)) return false;
       switch (key) {
         case K_ID: r.msg_id = make_val(v, arena_); break;
@@ -255,15 +235,16 @@ class RecordParser {
         case K_USAGE: r.usage = v; break;
         default: break;
       }
-    }
+      return true;
+    });
   }
 
   // "content": a string, a list (object entries become blocks, others are skipped), else None.
   bool content(Scanner& s, Rec& r) {
     r.content = Content::None;
     r.content_str = JVal{};
+    JVal v;
     if (*s.p != '[') {
-      JVal v;
       if (!s.value(v)) return false;
       if (v.is_str()) {
         r.content = Content::Str;
@@ -271,34 +252,20 @@ class RecordParser {
       }
       return true;
     }
-    if (!s.begin('[')) return false;
     r.content = Content::List;
     r.b0 = uint32_t(blocks_.size());
-    bool first = true;
-    for (;;) {
-      int m = s.next_element(first);
-      if (m < 0) return false;
-      if (m == 0) break;
-      if (*s.p == '{') {
-        blocks_.emplace_back();
-        if (!block(s, blocks_.back())) return false;
-      } else {
-        JVal v;
-        if (!s.value(v)) return false;
-      }
-    }
+    bool ok = s.elements([&] {
+      if (*s.p != '{') return s.value(v);
+      blocks_.emplace_back();
+      return block(s, blocks_.back());
+    });
     r.b1 = uint32_t(blocks_.size());
-    return true;
+    return ok;
   }
 
   bool block(Scanner& s, Block& b) {
-    if (!s.begin('{')) return false;
-    bool first = true;
-    JVal k, v;
-    for (;;) {
-      int m = s.next_member(k, first);
-      if (m < 0) return false;
-      if (m == 0) break;
+    JVal v;
+    bool ok = s.members([&](const JVal& k) {
       Key key = key_of(k, kBlockIndex);
       if (!s.value(v)) return false;
       switch (key) {
@@ -313,14 +280,15 @@ class RecordParser {
         case K_CONTENT: b.content = v; break;
         default: break;
       }
-    }
+      return true;
+    });
     b.btype = !b.type.is_str() ? BType::Other
               : b.type.s == "text" ? BType::Text
               : b.type.s == "thinking" ? BType::Thinking
               : b.type.s == "tool_use" ? BType::ToolUse
               : b.type.s == "tool_result" ? BType::ToolResult
               : BType::Other;
-    return true;
+    return ok;
   }
 
   // "data" (progress) / "attachment": an object -> its ``type`` (and data's ``agentId``); else None.
@@ -328,24 +296,16 @@ class RecordParser {
     bool is_data = which == K_DATA;
     if (is_data) { r.has_data = false; r.data_type = r.data_agent_id = Val{}; }
     else { r.has_attachment = false; r.attachment_type = Val{}; }
-    if (*s.p != '{') {
-      JVal v;
-      return s.value(v);
-    }
-    if (is_data) r.has_data = true;
-    else r.has_attachment = true;
-    if (!s.begin('{')) return false;
-    bool first = true;
-    JVal k, v;
-    for (;;) {
-      int m = s.next_member(k, first);
-      if (m < 0) return false;
-      if (m == 0) return true;
+    JVal v;
+    if (*s.p != '{') return s.value(v);
+    (is_data ? r.has_data : r.has_attachment) = true;
+    return s.members([&](const JVal& k) {
       Key key = is_data ? key_of(k, kDataIndex) : key_of(k, kAttachmentIndex);
       if (!s.value(v)) return false;
       if (key == K_TYPE) (is_data ? r.data_type : r.attachment_type) = make_val(v, arena_);
       else if (key == K_AGENT_ID) r.data_agent_id = make_val(v, arena_);
-    }
+      return true;
+    });
   }
 
   std::vector<Block>& blocks_;

@@ -340,16 +340,13 @@ class SessionBuild {
   // The value of ``key`` in a validated object span (the last occurrence); absent if missing.
   static JVal object_member(const JVal& obj, SV key) {
     Scanner s(obj.p, obj.p + obj.n);
-    JVal found, k, v;
-    bool first = true;
-    if (!s.begin('{')) return found;
-    for (;;) {
-      int m = s.next_member(k, first);
-      if (m <= 0) break;
+    JVal found, v;
+    s.members([&](const JVal& k) {
       bool match = k.esc ? decoded(k) == key : SV(k.p, k.n) == key;
-      if (!s.value(v)) break;
+      if (!s.value(v)) return false;
       if (match) found = v;
-    }
+      return true;
+    });
     return found;
   }
 
@@ -590,13 +587,10 @@ class SessionBuild {
       case Kind::String: decode_string(v, out); return;
       case Kind::Array: {
         Scanner s(v.p, v.p + v.n);
-        s.begin('[');
-        bool first = true, any = false;
+        bool any = false;
         JVal item;
-        for (;;) {
-          int m = s.next_element(first);
-          if (m <= 0) break;
-          if (!s.value(item)) break;
+        s.elements([&] {
+          if (!s.value(item)) return false;
           if (item.kind == Kind::String) {
             if (any) out.push_back('\n');
             any = true;
@@ -622,7 +616,8 @@ class SessionBuild {
               throw Bail{"non-string content block type"};
             }
           }
-        }
+          return true;
+        });
         return;
       }
       default: {  // number, bool, object: orjson.dumps(content).decode()

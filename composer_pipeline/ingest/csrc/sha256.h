@@ -16,12 +16,8 @@
 
 namespace cp {
 
-#ifdef CP_SHA_NI
-// One 64-byte block with the x86 SHA extensions (SHA256RNDS2 does two rounds on the state held as
-// ABEF/CDGH; SHA256MSG1/MSG2 compute the message schedule four words at a time). Chosen at run
-// time where the CPU has them; the tests compare both paths with hashlib.
-__attribute__((target("sha,sse4.1"))) inline void sha256_block_ni(uint32_t h[8], const uint8_t* data) {
-  static const uint32_t k[64] = {
+// Round constants (FIPS 180-4 §4.2.2), shared by the SHA-NI and the portable rounds.
+inline constexpr uint32_t kSha256K[64] = {
       0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
       0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
       0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
@@ -30,6 +26,12 @@ __attribute__((target("sha,sse4.1"))) inline void sha256_block_ni(uint32_t h[8],
       0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
       0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
       0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+#ifdef CP_SHA_NI
+// One 64-byte block with the x86 SHA extensions (SHA256RNDS2 does two rounds on the state held as
+// ABEF/CDGH; SHA256MSG1/MSG2 compute the message schedule four words at a time). Chosen at run
+// time where the CPU has them; the tests compare both paths with hashlib.
+__attribute__((target("sha,sse4.1"))) inline void sha256_block_ni(uint32_t h[8], const uint8_t* data) {
   const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
   // state words a..h -> ABEF and CDGH (lane 3 holds the first letter)
   __m128i dcba = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));      // lanes: a b c d
@@ -52,7 +54,7 @@ __attribute__((target("sha,sse4.1"))) inline void sha256_block_ni(uint32_t h[8],
       cur = _mm_sha256msg2_epu32(t, w[(g + 3) & 3]);
       w[g & 3] = cur;
     }
-    __m128i wk = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 4 * g)));
+    __m128i wk = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kSha256K + 4 * g)));
     cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
     abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
   }
@@ -138,15 +140,6 @@ class Sha256 {
   }
 
   void block_portable(const uint8_t* b) {
-    static const uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
     uint32_t w[64];
     for (int i = 0; i < 16; ++i)
       w[i] = (uint32_t(b[4 * i]) << 24) | (uint32_t(b[4 * i + 1]) << 16) | (uint32_t(b[4 * i + 2]) << 8) |
@@ -160,7 +153,7 @@ class Sha256 {
     for (int i = 0; i < 64; ++i) {
       uint32_t S1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
       uint32_t ch = (e & f) ^ (~e & g);
-      uint32_t t1 = h + S1 + ch + k[i] + w[i];
+      uint32_t t1 = h + S1 + ch + kSha256K[i] + w[i];
       uint32_t S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
       uint32_t maj = (a & bb) ^ (a & c) ^ (bb & c);
       uint32_t t2 = S0 + maj;
