@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="session file or directory (walked recursively)")
     p.add_argument("--out", required=True, help="output directory (local path or s3://bucket/prefix)")
     p.add_argument("--recipe", default=None, help="ingest recipe YAML (default: built-in defaults)")
+    # recipe.ENGINES, spelled out: importing the recipe module here would load pyarrow for every command
     p.add_argument("--engine", choices=("auto", "native", "python"), default=None,
                    help="parser engine (default: the recipe's, auto): native = compiled, python = the reference; "
                         "same output")

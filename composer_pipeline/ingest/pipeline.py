@@ -34,7 +34,7 @@ from composer_pipeline.ingest.discover import SessionFiles, discover_sessions
 from composer_pipeline.ingest.parser import (
     ParsedFile, _quarantine, classify_line, is_empty, parse_buffer, read_session_file,
 )
-from composer_pipeline.ingest.recipe import IngestRecipe
+from composer_pipeline.ingest.recipe import ENGINES, IngestRecipe
 from composer_pipeline.ingest.scrub import Scrubber
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
 
@@ -94,8 +94,8 @@ class SessionIngester:
     def __init__(self, recipe: IngestRecipe | None = None, engine: str | None = None):
         self.recipe = recipe or IngestRecipe()
         engine = engine or self.recipe.engine
-        if engine not in ("auto", "native", "python"):
-            raise ValueError(f"ingest engine must be auto, native or python, not {engine!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"ingest engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         if engine == "native" and not native.AVAILABLE:
             raise RuntimeError(f"ingest engine 'native' requested but the extension is not built ({native.IMPORT_ERROR})")
         self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
@@ -145,31 +145,13 @@ class SessionIngester:
         if not got[0]:
             return got[1]
         (streams, warmup_dropped, states, messages), per_file = got[1], got[2]
-        # stream counters are per file path, as in the Python engine (a path listed twice shares them)
-        counted: dict[str, list[int]] = {}
-        for f, row in zip(files, per_file):
-            c = counted.setdefault(f.rel, [0, 0, 0, 0])
-            for i, v in enumerate(row[4:]):
-                c[i] += v
-        reports = []
-        for f, (lines, records, bad, no_uuid, *_) in zip(files, per_file):
-            n_states, linked, crossed, warmup = counted[f.rel]
-            reports.append({
-                "file": f.rel, "session_key": sf.key, "states": n_states, "bad_lines": bad,
-                "subagents_linked": linked, "compactions_crossed": crossed, "lines": lines, "records": records,
-                "no_uuid_records": dict(no_uuid), "warmup_dropped": warmup, "utf8_repaired": 0,
-                "empty_file": f.data is not None and is_empty(f.data),
-            })
-        stats = {
-            "records": sum(r["records"] for r in reports),
-            "bad_lines": sum(r["bad_lines"] for r in reports),
-            "streams": streams,
-            "subagents_linked": sum(r["subagents_linked"] for r in reports),  # (as the Python engine sums them)
-            "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
-            "warmup_dropped": warmup_dropped,
-            "states": states,
-            "messages": messages,
-        }
+        reports = [
+            _file_report(sf.key, f.rel, lines=lines, records=records, bad_lines=bad, no_uuid=dict(no_uuid),
+                         states=n_states, linked=linked, crossed=crossed, warmup=warmup, utf8_repaired=0,
+                         empty=f.data is not None and is_empty(f.data))
+            for f, (lines, records, bad, no_uuid, n_states, linked, crossed, warmup) in zip(files, per_file)
+        ]
+        stats = _session_stats(reports, streams, warmup_dropped, states, messages)
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="native")
 
     def _add_python(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport:
@@ -189,24 +171,13 @@ class SessionIngester:
         reports = []
         for pf in parsed:
             fc = build.file_counts.get(pf.path, Counter())
-            skipped = Counter(r.type for r in pf.records if not r.uuid)
-            reports.append({
-                "file": pf.path, "session_key": sf.key, "states": fc["states"], "bad_lines": len(pf.quarantine),
-                "subagents_linked": fc["subagents_linked"], "compactions_crossed": fc["compactions_crossed"],
-                "lines": pf.lines, "records": len(pf.records),
-                "no_uuid_records": dict(skipped),  # summary / snapshot / queue-operation: not chain links
-                "warmup_dropped": fc["warmup_dropped"], "utf8_repaired": pf.utf8_repaired, "empty_file": pf.empty,
-            })
-        stats = {
-            "records": sum(len(pf.records) for pf in parsed),
-            "bad_lines": len(quarantine),
-            "streams": build.streams,
-            "subagents_linked": sum(r["subagents_linked"] for r in reports),
-            "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
-            "warmup_dropped": build.warmup_dropped,
-            "states": len(build.states["state_id"]),
-            "messages": len(build.messages["uuid"]),
-        }
+            reports.append(_file_report(
+                sf.key, pf.path, lines=pf.lines, records=len(pf.records), bad_lines=len(pf.quarantine),
+                no_uuid=dict(Counter(r.type for r in pf.records if not r.uuid)), states=fc["states"],
+                linked=fc["subagents_linked"], crossed=fc["compactions_crossed"], warmup=fc["warmup_dropped"],
+                utf8_repaired=pf.utf8_repaired, empty=pf.empty))
+        stats = _session_stats(reports, build.streams, build.warmup_dropped, len(build.states["state_id"]),
+                               len(build.messages["uuid"]))
         qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
         self._flush_native()  # keep session order in the pending tables
         for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
@@ -242,6 +213,30 @@ class SessionIngester:
             self._pending[name] = []
         self._python_rows = self._python_bytes = 0
         return out
+
+
+def _file_report(session_key: str, rel: str, *, lines: int, records: int, bad_lines: int, no_uuid: dict,
+                 states: int, linked: int, crossed: int, warmup: int, utf8_repaired: int, empty: bool) -> dict:
+    """One input file's line of the CLI report (keys in the order the CLI prints them)."""
+    return {
+        "file": rel, "session_key": session_key, "states": states, "bad_lines": bad_lines,
+        "subagents_linked": linked, "compactions_crossed": crossed, "lines": lines, "records": records,
+        "no_uuid_records": no_uuid,  # summary / snapshot / queue-operation: not chain links
+        "warmup_dropped": warmup, "utf8_repaired": utf8_repaired, "empty_file": empty,
+    }
+
+
+def _session_stats(reports: list[dict], streams: int, warmup_dropped: int, states: int, messages: int) -> dict:
+    return {
+        "records": sum(r["records"] for r in reports),
+        "bad_lines": sum(r["bad_lines"] for r in reports),
+        "streams": streams,
+        "subagents_linked": sum(r["subagents_linked"] for r in reports),
+        "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
+        "warmup_dropped": warmup_dropped,
+        "states": states,
+        "messages": messages,
+    }
 
 
 def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None, engine: str | None = None) -> IngestResult:

@@ -14,6 +14,8 @@ import yaml
 
 from composer_pipeline.render import RenderOptions
 
+ENGINES = ("auto", "native", "python")  # auto: the compiled engine where built, else python
+
 
 @dataclass
 class IngestRecipe:
@@ -25,8 +27,8 @@ class IngestRecipe:
     engine: str = "auto"  # auto (native when built) | native | python (the reference); same output
 
     def __post_init__(self) -> None:
-        if self.engine not in ("auto", "native", "python"):
-            raise ValueError(f"ingest recipe: engine must be auto, native or python, not {self.engine!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"ingest recipe: engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "IngestRecipe":
