@@ -24,6 +24,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# Boundaries as a reader of the decoded text sees them. The patterns run on the raw JSONL bytes, where
+# a key at a line start or after a tab stands right behind a JSON escape (``\n``, ``\t``, ``\u0009``;
+# ``\\n`` in a JSON string nested in a JSON string): its last character is a letter or hex digit, so a
+# plain ``(?<![A-Za-z0-9])`` would refuse the match. ``_start(cls)`` also accepts a position right after
+# a backslash + an escape letter or ``\uXXXX`` (whatever the escape decodes to: erring on the side of
+# redaction). An escape of an ASCII letter *inside* a key (``s\u006b-...``) is not decoded: no JSON
+# encoder writes one (JSON.stringify, orjson and json.dumps escape only quotes, backslashes, control
+# characters and, optionally, non-ASCII).
+_ESCAPE_BEFORE = r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4}))"  # case-sensitive even in a (?i) pattern
+
+
+def _start(cls: str) -> str:
+    """A match start not preceded by a character of ``cls`` (a character class), or right after an escape."""
+    return rf"(?:(?<!{cls})|{_ESCAPE_BEFORE})"
+
+
+# Between a secret-sounding name and its value: a quote (escaped at any depth: ``\"``, ``\\\"``), blanks
+# (a tab is ``\t`` in JSON), ``:`` or ``=``, blanks, a quote.
+_QUOTE = r"""(?:\\*[\"'])?"""
+_BLANKS = r"(?:[ \t]|\\t)*"
+_SEP = _QUOTE + _BLANKS + "[:=]" + _BLANKS + _QUOTE
+
 # kind -> (regex source, prechecks). Every match of the regex contains a match of one precheck
 # (literals, or regexes that start with a literal so ``re`` can use its fast prefix search).
 # Prechecks in lower case run on the lower-cased buffer. Order matters: anthropic before openai.
@@ -33,26 +55,26 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----|[A-Za-z0-9+/=\\\s]*)",
         ("PRIVATE KEY-----",),
     ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL)
-    ("aws_access_key", r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
+    ("aws_access_key", _start("[A-Z0-9]") + r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
-        r"(?i)(?<=aws_secret_access_key)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?[A-Za-z0-9/+]{40}",
+        r"(?i)(?<=aws_secret_access_key)" + _SEP + r"[A-Za-z0-9/+]{40}",
         ("secret",),
     ),
     (
         "github_token",
-        r"(?<![A-Za-z0-9_])(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
+        _start("[A-Za-z0-9_]") + r"(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
         (r"gh(?:[pousr]_|ithub_pat_)",),
     ),
-    ("anthropic_key", r"(?<![A-Za-z0-9_])sk-ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
-    ("openai_key", r"(?<![A-Za-z0-9_\-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
+    ("anthropic_key", _start("[A-Za-z0-9_]") + r"sk-ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
+    ("openai_key", _start(r"[A-Za-z0-9_\-]") + r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
     (
         "slack_token",
-        r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
+        _start("[A-Za-z0-9]") + r"xox[abposr]-[A-Za-z0-9\-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
         ("xox", r"hooks\.slack\.com"),
     ),
-    ("google_api_key", r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}", ("AIza",)),
-    ("jwt", r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyJ",)),
+    ("google_api_key", _start("[A-Za-z0-9]") + r"AIza[0-9A-Za-z_\-]{35}", ("AIza",)),
+    ("jwt", _start("[A-Za-z0-9]") + r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyJ",)),
 ]
 
 # ``password = "..."``, ``DB_PASSWORD: ...``, ``"api_key": "..."`` (also inside JSON-escaped strings).
@@ -61,14 +83,15 @@ _ASSIGN_NAMES = (
     r"password|passwd|pwd|secret|client[_\-]?secret|secret[_\-]?key|api[_\-]?key|access[_\-]?token"
     r"|auth[_\-]?token|refresh[_\-]?token|private[_\-]?key"
 )
-_ASSIGN = (
-    r"(?i)(?<![A-Za-z0-9])((?:" + _ASSIGN_NAMES + r")(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?)"
+_ASSIGN_BODY = (
+    r"((?:" + _ASSIGN_NAMES + r")" + _SEP + r")"
     r"(?!\[REDACTED)([^\s\"'\\,;&<>(){}\[\]`]{6,})"
 )
+_ASSIGN = "(?i)" + _start("[A-Za-z0-9]") + _ASSIGN_BODY
 # on the lower-cased text: every name above starts with one of these
 _ASSIGN_PRECHECK = ("pass", "pwd", "secret", "client", "api", "access", "auth", "refresh", "private")
 # the same pattern anchored at a precheck hit (the bytes path matches only there: no scanning)
-_ASSIGN_AT = re.compile(_ASSIGN.replace("(?<![A-Za-z0-9])", "", 1).encode())
+_ASSIGN_AT = re.compile(("(?i)" + _ASSIGN_BODY).encode())
 _ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 
 KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
@@ -83,7 +106,7 @@ _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (
 PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("PRIVATE KEY-----", False),
     ("(?:AKIA|ASIA)[0-9A-Z]{16}", False),
-    (r"""aws_secret_access_key(?:\\?["'])?[ \t]*[:=]""", True),
+    ("aws_secret_access_key" + _QUOTE + _BLANKS + "[:=]", True),
     ("gh[pousr]_[A-Za-z0-9]{30}", False),
     ("github_pat_[A-Za-z0-9_]{22}", False),
     (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
@@ -91,7 +114,7 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     (r"hooks\.slack\.com/services/[A-Za-z0-9/_\-]", False),
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
-    ("(?:" + _ASSIGN_NAMES + r""")(?:\\?["'])?[ \t]*[:=][ \t]*(?:\\?["'])?""" + _VALUE_CHAR + "{6}", True),
+    ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
 ]
 PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS)  # the RE2 form
 
@@ -254,13 +277,26 @@ class Scrubber:
         return data
 
 
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def starts_word(data: bytes, i: int) -> bool:
+    """``_start("[A-Za-z0-9]")`` at offset ``i`` of ``data``: no letter or digit before it, or an escape
+    (backslash + ``nrtbf``, or ``\\uXXXX``) right before it."""
+    if i == 0 or data[i - 1] not in _ALNUM:
+        return True
+    if i >= 2 and data[i - 2] == 92 and data[i - 1] in b"nrtbf":
+        return True
+    return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4:i])
+
+
 def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> tuple[bytes, int]:
     """``name = value`` secrets: try the anchored pattern only where a name starts."""
     cuts: list[tuple[int, int]] = []
     for _key, _is_re, _low, needle in p.pre:
         i = lowered.find(needle)
         while i != -1:
-            if i == 0 or data[i - 1] not in _ALNUM:
+            if starts_word(data, i):
                 m = _ASSIGN_AT.match(data, i)
                 if m:
                     cuts.append((m.start(2), m.end(2)))
@@ -357,3 +393,16 @@ def scan(text: str, extra_patterns: dict[str, str] | None = None) -> dict[str, i
     s = Scrubber(extra_patterns)
     s.scrub(text)
     return dict(s.counts)
+
+
+def scrub_obj(obj, scrubber: Scrubber | None = None):
+    """A decoded JSON value with every string in it (object keys included) scrubbed: what a teacher
+    answered, before it is cached, stored in ``teacher_replays`` or logged."""
+    s = scrubber or Scrubber()
+    if isinstance(obj, str):
+        return s.scrub(obj)
+    if isinstance(obj, list):
+        return [scrub_obj(v, s) for v in obj]
+    if isinstance(obj, dict):
+        return {s.scrub(k) if isinstance(k, str) else k: scrub_obj(v, s) for k, v in obj.items()}
+    return obj
