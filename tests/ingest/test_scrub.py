@@ -57,8 +57,10 @@ def test_bytes_fast_path_equals_regex_on_json_lines():
     for i in range(400):
         parts = [rng.choice(filler) for _ in range(rng.randint(1, 5))]
         if rng.random() < 0.3:
-            parts.insert(rng.randint(0, len(parts)), rng.choice(list(SECRETS.values())))
-        lines.append(orjson.dumps({"i": i, "message": {"content": " ".join(parts)}, "tur": {"k": " ".join(parts)}}))
+            parts.insert(rng.randint(0, len(parts)), rng.choice(["", "\n", "\t", "\u00e9"]) + rng.choice(list(SECRETS.values())))
+        # half the lines escape non-ASCII (json.dumps), half keep UTF-8 (orjson): both boundary forms
+        dump = orjson.dumps if i % 2 else (lambda o: json.dumps(o).encode())
+        lines.append(dump({"i": i, "message": {"content": " ".join(parts)}, "tur": {"k": json.dumps(" ".join(parts))}}))
     data = b"\n".join(lines) + b"\n"
     fast = Scrubber()
     out = fast.scrub_bytes(data)
@@ -126,11 +128,15 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
         "github_pat_" + "n" * 22, "github_pat_" + "n" * 21, "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 8,
         "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 7, "passwd:abcdef", "passwd:abcde", 'secret_key \\"= 123456',
         "https://hooks.slack.com/services/T0/B1/xyz", "hooks.slack.com/services/", "AWS_SECRET_ACCESS_KEY: " + "w" * 40,
+        # behind the escapes a decoded line start, tab, CR or non-ASCII character becomes; nested JSON
+        "\n" + SECRETS["jwt"], "\t" + SECRETS["github_token"], "\r" + SECRETS["aws_access_key"], "\u00e9" + SECRETS["openai_key"],
+        json.dumps({"in": "\n" + SECRETS["slack_token"]}), json.dumps(json.dumps({"pwd": "\tletmein99"})),
+        "password\t:\tabcdefgh", "\nAKIA" + "Q" * 15, "\ntask-sk-" + "a" * 30, "\n" + SECRETS["password_assignment"],
     ]
     lines = []
     for i in range(600):
         parts = [rng.choice(pieces) if rng.random() < 0.4 else "filler words here" for _ in range(rng.randint(1, 6))]
-        line = orjson.dumps({"i": i, "c": " ".join(parts)})
+        line = orjson.dumps({"i": i, "c": " ".join(parts)}) if i % 2 else json.dumps({"i": i, "c": " ".join(parts)}).encode()
         if rng.random() < 0.05:
             line = line[: rng.randint(1, len(line))] + b"\xff\xfe" + line[rng.randint(0, len(line)):]
         lines.append(line)
