@@ -212,10 +212,11 @@ RAW_VALUES = ["1e400", "-1e400", "1e-400", "123456789012345678901234567890", "-0
 
 
 # keys planted into string values behind each boundary a decoded string has (JSON escapes once written);
-# a kept key's tail is its fragment: a line cut inside a key leaves no fragment without the whole key
+# the whole key is the fragment looked for (a line cut inside a key leaves an incomplete one, which no
+# pattern can tell from text), for a private key its last body line (its header is redacted with the rest)
 BOUNDARIES = ["", "\n", "\t", "\r\n", "\r", "\b", "\f", "\u00e9", "\u2192", "\x00", "\\", '"', "=", ": ", "Bearer ",
               "export X=", "\\n"]
-PLANT_FRAGMENTS = [k[-12:] if kind != "private_key" else "QkLmNoPq==" for kind, (k, _) in KEYS.items()]
+PLANT_FRAGMENTS = [k if kind != "private_key" else "QkLmNoPq==" for kind, (k, _) in KEYS.items()]
 
 
 def _planted(rng: random.Random) -> str:
