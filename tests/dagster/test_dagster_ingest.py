@@ -5,7 +5,7 @@ import dagster as dg
 from assets.ingest import ingest_session_tables, raw_sessions
 from composer_pipeline.ingest import native
 from composer_pipeline.store import Store
-from conftest import FAKE_GITHUB_TOKEN, SESSION_ID
+from conftest import FAKE_GITHUB_TOKEN, SESSION_ID, session_lines
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
 
@@ -60,8 +60,6 @@ def test_metadata_and_event_log_hold_no_secret(tmp_path):
     task = "Use these:\n" + "\n".join(LINE_START_KEYS.values()) + "\n\t" + LINE_START_KEYS["openai_key"]
     d = root / "-home-dev-proj"
     d.mkdir(parents=True)
-    from conftest import session_lines
-
     (d / f"{sid}.jsonl").write_text("\n".join(session_lines(sid, 3, task=task)) + "\n")
     key = f"-home-dev-proj__{sid}"
     instance = dg.DagsterInstance.ephemeral()
