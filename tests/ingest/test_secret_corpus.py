@@ -203,3 +203,25 @@ def _collect(v) -> list[str]:
     got: list[str] = []
     _strings(v, got)
     return got
+
+
+def test_the_prefix_is_scrubbed_again_as_sent(tmp_path):
+    """Defense in depth: a key a writer spelled with a letter escape (``s\\u006b-...``; no JSON encoder
+    Claude Code uses writes one) is invisible to the raw-line scrub, but the rendered prefix is
+    scrubbed again as the JSON it is sent as, so neither a teacher nor ``show`` sees it."""
+    from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+    key = KEYS["openai_key"][0]
+    s = Session(sid="c0ffee00-0000-4000-8000-0000000000e5")
+    s.user("PLACEHOLDER")
+    s.assistant(text("ok"))
+    s.lines[0] = s.lines[0].replace("PLACEHOLDER", "key:\\n s\\u006b" + key[2:])
+    s.write(tmp_path / "p" / "s.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    res = ingest_checked(sf)
+    assert not res.secrets  # the raw line shows no key
+    (state,) = res.states.to_pylist()
+    rendered = render_state(Conversation.from_table(res.messages), state, RenderOptions())
+    sent = json.dumps(rendered.messages)
+    assert key not in sent and "[REDACTED:openai_key]" in sent
+    assert rendered.messages[1]["content"].startswith("key:\n [REDACTED:openai_key]")
