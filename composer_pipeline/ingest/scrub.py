@@ -58,13 +58,18 @@ _SEP = _QUOTE + _BLANKS + "[:=]" + _BLANKS + _QUOTE
 _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private_key",
-        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----|[A-Za-z0-9+/=\\\s]*)",
+        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
+        r"|(?:[A-Za-z0-9+/=\s]|\\+[nrt])*)",
         ("PRIVATE KEY-----",),
-    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL)
+    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). Without
+    # its END line (cut off) the body runs on while it is base64, blanks or newline escapes at any
+    # nesting depth (a run of backslashes + n/r/t), never into the backslashes before a quote: every
+    # JSON string around it, nested or not, stays valid
     ("aws_access_key", _keyed("[A-Z0-9]", "AKIA|ASIA") + r"[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
-        r"(?i)(?<=aws_secret_access_key)" + _SEP + r"[A-Za-z0-9/+]{40}",
+        # the separator is group 1 and stays (as for password=): it may hold a string's closing quote
+        r"(?i)(?<=aws_secret_access_key)(" + _SEP + r")[A-Za-z0-9/+]{40}",
         ("secret",),
     ),
     (
@@ -132,9 +137,9 @@ class _Pattern:
     """One secret kind. ``pre``: prechecks every match contains; for a case-insensitive ``(?i)``
     pattern they are lower-case and run on the lower-cased text."""
 
-    __slots__ = ("kind", "rs", "rb", "pre", "assign")
+    __slots__ = ("kind", "rs", "rb", "pre", "assign", "keep")
 
-    def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False):
+    def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False, keep: bool = False):
         self.kind = kind
         self.rs = re.compile(source)
         self.rb = re.compile(source.encode())
@@ -148,6 +153,7 @@ class _Pattern:
             for p in prechecks
         )
         self.assign = assign
+        self.keep = keep or assign  # the replacement keeps group 1 (name and separator) before the tag
 
     def hit_in(self, text: str) -> bool:
         low = None
@@ -169,7 +175,7 @@ def _compiled(extra: tuple[tuple[str, str], ...]) -> list[_Pattern]:
     session would otherwise recompile them for every session)."""
     got = _COMPILED.get(extra)
     if got is None:
-        got = [_Pattern(k, s, pre) for k, s, pre in _BUILTIN]
+        got = [_Pattern(k, s, pre, keep=k == "aws_secret_key") for k, s, pre in _BUILTIN]
         got.append(_Pattern("password_assignment", _ASSIGN, _ASSIGN_PRECHECK, assign=True))
         for kind, source in extra:
             try:
@@ -193,7 +199,7 @@ class Scrubber:
         for p in self.patterns:
             if p.pre and not p.hit_in(text):
                 continue
-            repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.assign else f"[REDACTED:{p.kind}]"
+            repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.keep else f"[REDACTED:{p.kind}]"
             text, n = p.rs.subn(repl, text)
             if n:
                 self.counts[p.kind] += n
@@ -246,7 +252,7 @@ class Scrubber:
         spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.builtin:
             tag = f"[REDACTED:{p.kind}]".encode()
-            repl = (lambda m, t=tag: m.group(1) + t) if p.assign else tag
+            repl = (lambda m, t=tag: m.group(1) + t) if p.keep else tag
             if p.assign:
                 lowered = data.lower() if lowered is None else lowered
                 data, n = _scrub_assignments(data, lowered, p, tag)

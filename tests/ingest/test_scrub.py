@@ -68,12 +68,32 @@ def test_bytes_fast_path_equals_regex_on_json_lines():
     expected = data
     for p in slow.patterns:  # reference: every regex over the whole buffer, no prechecks
         tag = f"[REDACTED:{p.kind}]".encode()
-        expected, n = p.rb.subn((lambda m, t=tag: m.group(1) + t) if p.assign else tag, expected)
+        expected, n = p.rb.subn((lambda m, t=tag: m.group(1) + t) if p.keep else tag, expected)
         slow.counts[p.kind] += n
     assert out == expected and fast.counts == +slow.counts and sum(fast.counts.values()) > 50
     for line in out.split(b"\n")[:-1]:
         orjson.loads(line)  # still valid JSON
     assert not any(v.encode() in out for v in SECRET_VALUES)
+
+
+def test_a_redaction_keeps_every_line_valid_json_at_any_nesting_depth():
+    """Only the key (or the value of a name = value pair) is replaced: quotes and backslashes around it
+    stay, so a line stays valid JSON and a JSON document nested in it (at any depth) stays one too."""
+    for kind, secret in SECRETS.items():
+        for inner in ({"k": "\n" + secret + "\t"}, {"k": SECRETS["private_key"].split("-----END")[0]}, {"aws_secret_access_key": "w" * 40}, {"password\\": "hunter22"},
+                      {"api_key": secret}):
+            for depth in range(3):
+                doc = inner
+                for _ in range(depth + 1):
+                    doc = json.dumps(doc)
+                line = json.dumps({"c": doc}).encode()
+                s = Scrubber()
+                out = s.scrub_bytes(line)
+                assert s.counts, (kind, depth, line)
+                got = json.loads(out)["c"]
+                for _ in range(depth + 1):
+                    got = json.loads(got)  # each level still decodes
+                assert not any(v in json.dumps(got) for v in SECRET_VALUES), (kind, depth, got)
 
 
 def test_extra_patterns_and_scan():
