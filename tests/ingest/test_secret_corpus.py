@@ -225,3 +225,18 @@ def test_the_prefix_is_scrubbed_again_as_sent(tmp_path):
     sent = json.dumps(rendered.messages)
     assert key not in sent and "[REDACTED:openai_key]" in sent
     assert rendered.messages[1]["content"].startswith("key:\n [REDACTED:openai_key]")
+
+
+def test_a_secret_in_a_session_id_reaches_no_key_or_path(tmp_path):
+    """Discovery reads ``sessionId`` from the raw file (before scrubbing) to key agent files whose parent
+    is missing; an id holding a key is not used: the agent file names its session."""
+    key = KEYS["github_token"][0]
+    a = Session(sid="\t" + key, agent_id="a0", sidechain=True)
+    a.user("explore")
+    a.assistant(text("ok"))
+    a.write(tmp_path / "p" / "agent-a0.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    assert sf.key == "p__agent-a0"
+    res = ingest_checked(sf)
+    stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.file_reports])
+    assert key not in stored and "[REDACTED:github_token]" in stored
