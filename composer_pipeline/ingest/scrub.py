@@ -4,7 +4,10 @@ In:  text (``str``) or a whole file buffer (``bytes``, the ingest hot path).
 Out: the same text with every secret replaced, plus per-kind counts in ``Scrubber.counts``.
 
 Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column (content, raw line,
-quarantine text) is already clean. Replacements contain no quote or backslash, so a JSON line stays
+quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
+the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, or the doubled
+escapes of a JSON document nested in a string, matches; see ``_start``). Replacements contain no
+quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
 valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret; each kind's exact regex then runs only on those lines, and
 only where one of its literal prechecks occurs. Extra patterns from ``recipes/ingest.yaml``
