@@ -63,7 +63,12 @@ def _head_session_id(p: str | Path) -> str | None:
         return None
     sid = m.group(1).decode("utf-8", "replace")
     # read before scrubbing and used in session keys and paths: a value holding a secret is no id
+    if _UUID.fullmatch(sid):  # (what Claude Code writes: no secret fits in one)
+        return sid
     return None if _scrubber().scrub(sid) != sid else sid
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 _SCRUBBER = None
