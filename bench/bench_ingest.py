@@ -291,6 +291,8 @@ def main() -> None:
         report[kind] = measure(corpus, out, nbytes / 1e6, copies, args.repeat, args.compare_python)
         if planted:
             report[kind]["planted"] = planted
+            if report[kind]["secrets_scrubbed"] < planted["keys"] or report[kind]["bad_lines"] != planted["cut_lines"]:
+                sys.exit(f"planted keys or cut lines not all caught: {report[kind]}")
     print(json.dumps(report, indent=1))
     if not args.keep:
         shutil.rmtree(corpus, ignore_errors=True)
