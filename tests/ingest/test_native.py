@@ -4,7 +4,8 @@ The other ingest tests already run both engines on every fixture (engines.ingest
 the helpers the C++ code relies on are checked against Python itself (str.strip, orjson/msgspec
 re-serialization, SHA-256, UTF-8), the hand-back to Python is exercised, rows batched over many
 sessions equal the per-session tables, and a seeded fuzzer mutates real and synthetic sessions
-(broken lines, odd value types, repeated keys, escapes, numbers, cycles) and compares the engines.
+(broken lines, odd value types, repeated keys, escapes, numbers, cycles, keys planted behind every
+boundary a decoded string has) and compares the engines; no planted key may survive in any table.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from composer_pipeline.ingest.recipe import IngestRecipe
 
 from .builders import Session, text, thinking, tool, uid
 from .engines import assert_same, ingest_checked
+from .test_secret_corpus import KEYS
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason=f"native engine not built: {native.IMPORT_ERROR}")
 
@@ -209,6 +211,21 @@ RAW_VALUES = ["1e400", "-1e400", "1e-400", "123456789012345678901234567890", "-0
               '"\\u00e9\\/x"', '"\\u0041"', '"Warmup"', '" Warmup\\n"', '"ERROR: failed"', '{"agentId":"ag1"}']
 
 
+# keys planted into string values behind each boundary a decoded string has (JSON escapes once written);
+# the whole key is the fragment looked for (a line cut inside a key leaves an incomplete one, which no
+# pattern can tell from text), for a private key its last body line (its header is redacted with the rest)
+BOUNDARIES = ["", "\n", "\t", "\r\n", "\r", "\b", "\f", "\u00e9", "\u2192", "\x00", "\\", '"', "=", ": ", "Bearer ",
+              "export X=", "\\n"]
+PLANT_FRAGMENTS = [k if kind != "private_key" else "QkLmNoPq==" for kind, (k, _) in KEYS.items()]
+
+
+def _planted(rng: random.Random) -> str:
+    v = rng.choice(BOUNDARIES) + rng.choice(list(KEYS.values()))[0] + rng.choice(["", "\n", '"', " tail", "\u00e9"])
+    for _ in range(rng.choice([0, 0, 1, 2])):  # a JSON document in a string (a tool input that is JSON)
+        v = json.dumps({"in": v} if rng.random() < 0.5 else v, ensure_ascii=rng.random() < 0.5)
+    return v
+
+
 def _synthetic_sessions(root: Path, rng: random.Random) -> None:
     """A main session with every feature ingest handles, inline sidechains, and agent files."""
     sid = "f0220000-0000-4000-8000-00000000000%d" % rng.randint(0, 9)
@@ -279,6 +296,8 @@ def _mutate_line(line: str, rng: random.Random, uuids: list[str]) -> str:
         target[key] = rng.choice(uuids)
     elif r < 0.7:
         target.pop(key, None)
+    elif r < 0.85:
+        target[rng.choice([key, "text", "thinking", "content", "input"])] = _planted(rng)
     else:
         raw_value = rng.choice(RAW_VALUES)
         target[key] = "@@RAW@@"
@@ -329,6 +348,8 @@ def _fuzz_round(tmp: Path, rng: random.Random, shared_traces: Path) -> list:
     for sf in discover_sessions(base):
         res = ingest_checked(sf, recipe)
         out.append(res.engine)
+        stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
+        assert not [f for f in PLANT_FRAGMENTS if f in stored], sf.key
     shutil.rmtree(base)
     return out
 
