@@ -48,7 +48,6 @@ class Corpus:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "real_traces: runs over the real sessions named by COMPOSER_REAL_TRACES")
     real = os.environ.get(REAL_TRACES_ENV)
     if real and not Path(real).is_dir():
         raise pytest.UsageError(f"{REAL_TRACES_ENV}={real} is not a directory")
