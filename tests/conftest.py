@@ -144,7 +144,7 @@ def moto_s3():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """One offline tiny causal LM + tokenizer for the whole test session."""
-    from composer_pipeline.train.tiny import build_tiny_model
+    from composer_pipeline.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-model")
     build_tiny_model(out)
