@@ -1,8 +1,9 @@
 """Ingest benchmark: throughput (MB per CPU-second) vs the orjson decode floor, and peak RSS.
 
-Generates a corpus of copies of the real traces (``../shared/traces``) with rewritten uuids into
-/tmp (default ~500 MB), and a second one, "real-world text", from the same copies with keys, near
-misses and cut lines planted (:func:`realistic`); on each, in the same run, it measures
+Generates a corpus of copies of the real traces (the directory ``COMPOSER_REAL_TRACES`` names: the
+fingerprint below was recorded on that set) with rewritten uuids into /tmp (default ~500 MB), and a
+second one, "real-world text", from the same copies with keys, near misses and cut lines planted
+(:func:`realistic`); on each, in the same run, it measures
   * floor:  read every file and ``orjson.loads`` every line (nothing else), CPU seconds;
   * ingest: the CLI's work: discover + scrub + parse + streams/states + Parquet (zstd) writing,
     session by session, in a child process whose peak RSS (ru_maxrss) is reported. The default engine
@@ -16,7 +17,7 @@ every row of the three tables, the file reports and the secret counts is compare
 ``bench/ingest_output_fingerprint.json`` (recorded from the code before any speed work), so a
 faster ingest that changes its output fails loudly. ``--record-fingerprint`` rewrites that file.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--repeat 3] [--compare-python] [--keep]
+    COMPOSER_REAL_TRACES=<dir> OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ingest.py [--mb 500] [--repeat 3] [--compare-python] [--keep]
                                                              [--record-fingerprint]
 """
 
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TRACES = Path(os.environ.get("COMPOSER_SHARED_TRACES", REPO.parent / "shared" / "traces"))
+TRACES = Path(os.environ.get("COMPOSER_REAL_TRACES", ""))
 UUID_RE = re.compile(rb"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-)([0-9a-f]{12})")
 
 
@@ -278,6 +279,9 @@ def main() -> None:
     if args.child:
         child(corpus, out, args.engine)
         return
+    if not TRACES.name or not TRACES.is_dir():
+        sys.exit("set COMPOSER_REAL_TRACES to the directory of real Claude Code sessions the fingerprint was "
+                 f"recorded on (got {str(TRACES)!r})")
     got = fingerprint()
     if args.record_fingerprint:
         FINGERPRINT.write_text(json.dumps(got, indent=1) + "\n")

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import os
 import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from composer_pipeline.home import default_home  # noqa: F401  (where callers found it before home.py)
 
 EPS = 1e-12  # float slack when comparing sums of dollars
 FLUSH_DELAY_S = 0.25  # AsyncLedger: how long closes may wait to be written together
@@ -404,7 +405,3 @@ class AsyncLedger:
             if ids:
                 await asyncio.to_thread(self.ledger.release_credits, ids)
 
-
-def default_home() -> Path:
-    """``$COMPOSER_PIPELINE_HOME`` or ``~/.cache/composer-pipeline``: ledger, cache, converted models."""
-    return Path(os.environ.get("COMPOSER_PIPELINE_HOME") or Path.home() / ".cache" / "composer-pipeline").expanduser()

@@ -14,7 +14,7 @@ from pathlib import Path
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.render import Conversation, RenderOptions, render_state
 
-from .builders import Session, text, tool
+from composer_pipeline.testing.sessions import Session, text, tool
 from .engines import ingest_checked
 
 SID = "b41d6e00-0000-4000-8000-000000000001"

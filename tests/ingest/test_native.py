@@ -3,8 +3,8 @@
 The other ingest tests already run both engines on every fixture (engines.ingest_checked). Here:
 the helpers the C++ code relies on are checked against Python itself (str.strip, orjson/msgspec
 re-serialization, SHA-256, UTF-8), the hand-back to Python is exercised, rows batched over many
-sessions equal the per-session tables, and a seeded fuzzer mutates real and synthetic sessions
-(broken lines, odd value types, repeated keys, escapes, numbers, cycles, keys planted behind every
+sessions equal the per-session tables, and a seeded fuzzer mutates the corpora's sessions and synthetic
+ones (broken lines, odd value types, repeated keys, escapes, numbers, cycles, keys planted behind every
 boundary a decoded string has) and compares the engines; no planted key may survive in any table.
 """
 
@@ -28,7 +28,7 @@ from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.pipeline import TABLES, SessionIngester, ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
 
-from .builders import Session, text, thinking, tool, uid
+from composer_pipeline.testing.sessions import Session, text, thinking, tool, uid
 from .engines import assert_same, ingest_checked
 from .test_secret_corpus import KEYS
 
@@ -183,10 +183,10 @@ def test_floats_in_tool_input_hand_the_session_back_with_the_reason(tmp_path):
 
 
 @needs_native
-def test_batched_rows_equal_per_session_tables(shared_traces, repo_root):
+def test_batched_rows_equal_per_session_tables(corpus, repo_root):
     """The CLI gathers many sessions (and a Python fallback among them) into one builder: the rows
     come out in session order, equal to the per-session tables."""
-    roots = [shared_traces, repo_root / "composer_pipeline" / "samples" / "projects"]
+    roots = [corpus.root, repo_root / "composer_pipeline" / "samples" / "projects"]
     sfs = [sf for r in roots for sf in discover_sessions(r)]
     ing = SessionIngester(engine="native")
     reports = [ing.add(sf) for sf in sfs]
@@ -310,12 +310,12 @@ def _mutate_line(line: str, rng: random.Random, uuids: list[str]) -> str:
     return out
 
 
-def _fuzz_round(tmp: Path, rng: random.Random, shared_traces: Path) -> list:
+def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
     base = tmp / "base"
     if rng.random() < 0.5:
         _synthetic_sessions(base, rng)
     else:
-        shutil.copytree(shared_traces, base, dirs_exist_ok=True)
+        shutil.copytree(corpus_root, base, dirs_exist_ok=True)
     files = sorted(base.rglob("*.jsonl"))
     uuids = []
     for f in files:
@@ -355,11 +355,11 @@ def _fuzz_round(tmp: Path, rng: random.Random, shared_traces: Path) -> list:
 
 
 @needs_native
-def test_engines_agree_on_mutated_sessions(tmp_path, shared_traces):
+def test_engines_agree_on_mutated_sessions(tmp_path, corpus):
     rng = random.Random(int(os.environ.get("COMPOSER_FUZZ_SEED", "20261124")))
     engines = []
     for _ in range(int(os.environ.get("COMPOSER_FUZZ_ROUNDS", "120"))):
-        engines += _fuzz_round(tmp_path, rng, shared_traces)
+        engines += _fuzz_round(tmp_path, rng, corpus.root)
     # the comparison only means something if most sessions really ran natively
     assert engines.count("native") > 0.6 * len(engines), (engines.count("native"), len(engines))
 

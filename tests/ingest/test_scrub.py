@@ -12,7 +12,7 @@ from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.ingest.scrub import KINDS, Scrubber, scan
 
-from .builders import Session, text, tool
+from composer_pipeline.testing.sessions import Session, text, tool
 from .engines import ingest_checked
 
 # fake secrets in each published format (none of them is real)
