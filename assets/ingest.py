@@ -66,7 +66,7 @@ def render_options(recipes: PipelineRecipes):
 
 def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dict[str, int]:
     """Secrets the scrubber would still find in what is about to be stored (should be none)."""
-    from composer_pipeline.ingest.scrub import Scrubber
+    from composer_pipeline.scrub import Scrubber
 
     scrubber = Scrubber(extra_patterns or None)
     for col in columns:

@@ -324,13 +324,13 @@ _EGRESS = None  # the built-in secret patterns, for _scrubbed
 def _scrubbed(rs: RenderedState) -> RenderedState:
     """The prefix scrubbed once more, in the form it leaves the machine in (defense in depth).
 
-    Ingest already scrubbed the raw lines (escape-aware, ingest/scrub.py). Here the decoded text is
+    Ingest already scrubbed the raw lines (escape-aware, scrub.py). Here the decoded text is
     re-encoded by orjson (which escapes no ASCII letter), so a key that a writer had spelled with
     escapes (``s\\u006b-...``), invisible in the raw line, is visible and caught. One Hyperscan pass
     over the JSON; the exact patterns run only on the rare candidate lines (one line here)."""
     global _EGRESS
     if _EGRESS is None:
-        from composer_pipeline.ingest.scrub import Scrubber
+        from composer_pipeline.scrub import Scrubber
 
         _EGRESS = Scrubber()
     data = orjson.dumps([rs.messages, rs.tools])

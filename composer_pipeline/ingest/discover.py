@@ -77,7 +77,7 @@ _SCRUBBER = None
 def _scrubber():
     global _SCRUBBER
     if _SCRUBBER is None:
-        from composer_pipeline.ingest.scrub import Scrubber
+        from composer_pipeline.scrub import Scrubber
 
         _SCRUBBER = Scrubber()
     return _SCRUBBER

@@ -38,7 +38,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from composer_pipeline.ingest.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber
 
 _UUID_RE = re.compile(r'"uuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')

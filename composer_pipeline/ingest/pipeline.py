@@ -35,7 +35,7 @@ from composer_pipeline.ingest.parser import (
     ParsedFile, _quarantine, classify_line, is_empty, parse_buffer, read_session_file,
 )
 from composer_pipeline.ingest.recipe import ENGINES, IngestRecipe
-from composer_pipeline.ingest.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
 
 TABLES = ("trace_states", "trace_messages", "quarantine")

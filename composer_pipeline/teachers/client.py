@@ -38,7 +38,7 @@ import httpx
 import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_chat_message
-from composer_pipeline.ingest.scrub import scrub_obj
+from composer_pipeline.scrub import scrub_obj
 from composer_pipeline.teachers.cache import ResponseCache, canonical_json
 from composer_pipeline.teachers.config import TeacherConfig
 from composer_pipeline.teachers.ledger import AsyncLedger, Reserve

@@ -10,7 +10,7 @@ import pytest
 
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.recipe import IngestRecipe
-from composer_pipeline.ingest.scrub import KINDS, Scrubber, scan
+from composer_pipeline.scrub import KINDS, Scrubber, scan
 
 from composer_pipeline.testing.sessions import Session, text, tool
 from .engines import ingest_checked
@@ -127,7 +127,7 @@ def test_hyperscan_prefilter_present_where_declared():
     """pyproject declares hyperscan for x86-64; elsewhere the RE2 fallback is used."""
     import platform
 
-    from composer_pipeline.ingest.scrub import _hyperscan_db
+    from composer_pipeline.scrub import _hyperscan_db
 
     assert bool(_hyperscan_db()) == (platform.machine() in ("x86_64", "AMD64"))
 

@@ -25,7 +25,7 @@ import pytest
 from composer_pipeline.cli import main
 from composer_pipeline.ingest import native
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.scrub import KINDS, Scrubber
+from composer_pipeline.scrub import KINDS, Scrubber
 
 from composer_pipeline.testing.sessions import Session, text, thinking, tool
 from .engines import ingest_checked

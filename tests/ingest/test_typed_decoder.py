@@ -9,7 +9,7 @@ import pytest
 from composer_pipeline.ingest.parser import (
     NO_RAW, Block, Message, Record, _decode, parse_file, record_from_obj,
 )
-from composer_pipeline.ingest.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber
 from composer_pipeline.render import record_payload
 
 
