@@ -21,7 +21,8 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
 Each step's per-channel losses are logged; a channel with weight 0 or with no inputs is reported
 in ``off`` with its reason (its value is ``null``, never a silent 0).
 
-Deliberately simplified: one process / one device (no DeepSpeed/FSDP); the DPO batch cycles
+Data-parallel under torchrun/accelerate (:mod:`.distributed`: N ranks train one model on N shards;
+rank 0 writes the checkpoint). Deliberately simplified: no DeepSpeed/FSDP; the DPO batch cycles
 through the pairs in a fixed order; the hint teacher is the *current* policy (OPSD uses the
 step-0 policy as teacher).
 """
