@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = [
     "lineage",  # lineage PAIR_ID [--store] [--json]
     "sql",  # sql "<query>" [--store]
     "demo",  # demo: the main job end to end through Dagster
+    "experiment",  # experiment read-before-edit --out DIR: does the data make a better policy?
 ]
 
 

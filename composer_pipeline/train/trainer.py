@@ -681,8 +681,10 @@ def train(
     steps: int | None = None,
     out_dir: Path,
     on_step: Callable[[dict], None] | None = None,
+    callbacks: list | None = None,
 ) -> TrainResult:
-    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots."""
+    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots.
+    ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps)."""
     from transformers import TrainerCallback
 
     from composer_pipeline.train.plots import plot_losses
@@ -708,6 +710,8 @@ def train(
                 on_step(rec)
 
     trainer.add_callback(_StepLog())
+    for cb in callbacks or []:
+        trainer.add_callback(cb)
     t_start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t_start
