@@ -17,7 +17,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("read-before-edit", help="does training teach Read before Edit on held-out states?")
     r.add_argument("--out", required=True, help="output directory (data stores, checkpoints, results, plots)")
     r.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick: 1)")
-    r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 40; --quick: 30)")
+    r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 40; --quick: 20)")
     r.add_argument("--model", default=None, help="tiny | local:smollm2-135m-instruct | a model path (default tiny)")
     r.add_argument("--quick", action="store_true", help="tiny model, 1 seed, small sizes (<= 10 min on 2 CPU cores)")
     r.add_argument("--arms", default=None, help="comma-separated subset of start,grpo,sdpo,dpo,all")

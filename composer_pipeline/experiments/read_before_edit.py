@@ -59,7 +59,7 @@ class ExperimentConfig:
     @classmethod
     def quick(cls, out: Path, **kw) -> "ExperimentConfig":
         """Tiny model, one seed, small sizes (≤ 10 minutes on 2 CPU cores)."""
-        base = dict(model="tiny", seeds=1, steps=30, train_sessions=40, heldout_sessions=12, sft_steps=250,
+        base = dict(model="tiny", seeds=1, steps=20, train_sessions=40, heldout_sessions=12, sft_steps=200,
                     sft_lr=2e-3, learning_rate=1e-4, eval_every=10)
         base.update({k: v for k, v in kw.items() if v is not None})
         return cls(out=out, **base)
