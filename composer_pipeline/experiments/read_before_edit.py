@@ -12,7 +12,9 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`.ses
 5. start policy: the base model supervised on the agents' own actions (:mod:`.sft`), so it edits an
    unread file about as often as the agents did;
 6. arms from the same start: ``start`` (no training), ``grpo``, ``sdpo`` (hint distillation),
-   ``dpo``, ``all`` (the three channels), each through the normal ``train()``, for N seeds;
+   ``dpo``, ``all`` (the three channels), each through the normal ``train()``, for N seeds. The
+   ``sdpo`` arm trains on the error-site states only (the only rows its loss reads; a step whose
+   batch held none would have nothing to distill); the others on all train states;
 7. held-out metrics by greedy decoding: ``read_when_unread`` (the next action reads the target file
    when it is unread) and the control ``edit_when_read`` (edits it once it was read: always reading
    must not win), every ``eval_every`` steps and at the end.
@@ -144,8 +146,20 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     store.write_table("pairs", norm.kept)
     store.write_table("positives", pairs.positives)
     store.write_table("dropped_pairs", norm.dropped)
+    # the hint arm reads error sites only: a view of the same tables restricted to them, so that every
+    # step's batch holds one (a step without any would have nothing to distill)
+    import pyarrow as pa
+
+    err_ids = pa.array(sorted(set(states.filter(pc.field("has_error")).column("state_id").to_pylist())))
+    hint_root = work / "error_site_store"
+    hint_store = Store(str(hint_root))
+    for name in ("trace_states", "pairs", "positives"):
+        t = store.read_table(name)
+        hint_store.write_table(name, t.filter(pc.is_in(t["state_id"], value_set=err_ids)))
+    hint_store.write_table("trace_messages", messages)
     return {
-        "train_store": str(train_root), "heldout_store": str(heldout_root), "ingest": counts,
+        "train_store": str(train_root), "heldout_store": str(heldout_root), "error_site_store": str(hint_root),
+        "error_sites": len(err_ids), "ingest": counts,
         "edit_first_sessions": sum(p.edit_first for p in train_plans), "train_sessions": len(train_plans),
         "task_states": len(task), "teacher_calls_http": calls, "replay": {k: res.summary[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
         "pairs": norm.kept.num_rows, "positives": pairs.positives.num_rows, "dropped": norm.dropped.num_rows,
@@ -270,7 +284,8 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
                 metrics, steps = start_metrics, 0
             else:
                 recipe = arm_recipe(base, arm, cfg, start, seed)
-                res = train(data_info["train_store"], recipe, out_dir=out / f"seed{seed}" / arm,
+                root = data_info["error_site_store"] if arm == "sdpo" else data_info["train_store"]
+                res = train(root, recipe, out_dir=out / f"seed{seed}" / arm,
                             callbacks=[_probe_callback(tok, cases, cfg.eval_every, curve)])
                 if curve[-1]["step"] != cfg.steps:
                     tok2, final = load_policy(str(res.checkpoint))

@@ -50,6 +50,7 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     assert data["ingest"]["train"]["quarantine"] == 0 and data["ingest"]["heldout"]["trace_states"] > 0
     assert data["teacher_calls_http"] == data["replay"]["calls"] == 2 * data["task_states"]
     assert data["pairs"] > 0 and data["positives"] > 0  # pairs where agents edited first, agreement elsewhere
+    assert data["error_sites"] > 0  # the hint arm's states
     assert [(r["arm"], r["seed"]) for r in rows] == [(a, 0) for a in ("start", "grpo", "sdpo", "dpo", "all")]
     for r in rows:
         assert {"arm", "seed", "read_when_unread", "edit_when_read", "steps", "seconds"} <= r.keys()
