@@ -29,6 +29,8 @@ SIGNATURES = {
     "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
                                            "batch_size", "compute_entropy", "compute_aux_loss"],
     "_compute_loss": ["self", "model", "inputs"],
+    # the data-parallel rollout sampler (train/distributed.py): returns (completion_ids, logprobs)
+    "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
 }
 # overridden method -> (TRL method that calls it, keyword arguments of that call the override reads)
 CALL_POINTS = {
@@ -36,11 +38,13 @@ CALL_POINTS = {
     "_get_per_token_logps_and_entropies": [("_compute_loss", {"compute_entropy", "compute_aux_loss"}),
                                            ("_generate_and_score_completions", {"batch_size"})],
     "_compute_loss": [("compute_loss", set())],
+    "_generate_single_turn": [("_generate", set())],
 }
 # keys of _generate_and_score_completions' output the overrides read
 BATCH_KEYS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask"}
 # attributes the overrides read: set in GRPOTrainer.__init__ / in transformers.Trainer
-GRPO_ATTRIBUTES = ["temperature"]
+GRPO_ATTRIBUTES = ["temperature", "use_vllm", "use_transformers_continuous_batching", "generation_kwargs",
+                   "max_completion_length", "eos_token_ids", "_tokenizer"]
 TRAINER_ATTRIBUTES = ["processing_class", "accelerator", "current_gradient_accumulation_steps"]
 
 
@@ -95,6 +99,13 @@ def test_get_per_token_logps_returns_three_values():
     ret = inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).return_annotation
     assert "tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]" in str(ret), (
         f"_get_per_token_logps_and_entropies now returns {ret}; the override returns (logps, entropies, None)")
+
+
+def test_generate_single_turn_returns_ids_and_logprobs():
+    """The rollout override returns (completion_ids, None); TRL's caller must still unpack two values."""
+    src = inspect.getsource(GRPOTrainer._generate)
+    assert "completion_ids, logprobs = self._generate_single_turn(" in src, (
+        "GRPOTrainer._generate no longer unpacks (completion_ids, logprobs) from _generate_single_turn")
 
 
 def test_generation_batch_keys_and_attributes():
