@@ -19,6 +19,7 @@ from assets.ingest import render_options
 from assets.metadata import chat_markdown, counts, preview
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.teachers.run_report import replay_summary
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
@@ -98,14 +99,6 @@ def cost_plan_within_budget(
     )
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    v = sorted(values)
-    pick = lambda q: float(v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))])  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": float(v[-1])}
-
-
 def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes: PipelineRecipes) -> str:
     from composer_pipeline.render import Conversation, render_state
 
@@ -174,8 +167,7 @@ def teacher_replays(
     for r in rows:
         spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["cost_usd"] or 0.0)
     failed = [r for r in rows if r["status"] != "answered"]
-    cache_hits = sum(1 for r in rows if r["cache_hit"])
-    latencies = [float(r["latency_s"]) for r in rows if r["latency_s"] is not None and not r["cache_hit"]]
+    summary = replay_summary(table)
     total = sum(spend.values())
 
     yield dg.Output(
@@ -184,12 +176,12 @@ def teacher_replays(
             "dagster/row_count": table.num_rows,
             "spend_usd": total,
             "spend_usd_by_teacher": dg.MetadataValue.json(spend),
-            "calls_by_teacher": dg.MetadataValue.json(counts(r["teacher"] for r in rows)),
-            "cache_hits": cache_hits,
+            # the counts, each named for what it counts (composer_pipeline/teachers/run_report.py)
+            "http_requests": summary["http_requests"],
+            "cache_hits": summary["from_cache"],
             "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
-            "latency_s": dg.MetadataValue.json(_percentiles(latencies)),
-            "summary": dg.MetadataValue.json(res.summary),
-            "preview": preview(table, ["teacher", "state_id", "status", "action", "cost_usd", "latency_s"]),
+            "summary": dg.MetadataValue.json(summary),
+            "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "latency_s"]),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },
     )

@@ -47,7 +47,11 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
     assert orjson.loads(rec["raw"])["message"]["content"][0]["input"] == {"command": "pytest -q"}
     assert chain["missing"] == []
     text = _run(capsys, "lineage", pid, "--store", root)
-    assert "line 4  assistant  uuid=a2" in text and '"pytest -q"' in text and "2/3" in text
+    assert "line 4  assistant  uuid=a2" in text and '"pytest -q"' in text
+    # which kind of agreement, in words, and the consensus itself (not only its signature)
+    assert "agreement cross_model: 2 of 3 models" in text and chain["pair"]["agreement_kind"] == "cross_model"
+    consensus = text.split("  consensus: ", 1)[1]
+    assert consensus.splitlines()[1].startswith("    │ ") and '"Edit"' in consensus.split("  agent:", 1)[0]
 
     # sql over the stored tables, three output forms
     q = "select pair_id, n_agreeing, agreeing_teachers from normalized_dpo_pairs"

@@ -117,10 +117,11 @@ def write_teachers(path: Path, url: str, *, ceiling_usd: float = 5.0) -> Path:
     path.write_text(yaml.safe_dump({
         "ceiling_usd": ceiling_usd,
         "teachers": [
-            {"name": name, "base_url": url, "model": "scripted", "api_key_env": None,
+            {"name": name, "base_url": url, "model": model, "api_key_env": None,
              "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0, "budget_usd": 10.0,
              "max_concurrency": 2, "max_tokens": 64, "temperature": 0.0, "timeout_s": 30, "max_retries": 1}
-            for name in ("teacher_a", "teacher_b")
+            # two model names on the scripted server: two distinct models (a vote is base_url + model)
+            for name, model in (("teacher_a", "scripted-a"), ("teacher_b", "scripted-b"))
         ],
     }))
     return path
