@@ -125,13 +125,12 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
         ),
     },
     check_specs=[
-        dg.AssetCheckSpec("parse_success_ratio", asset="trace_states", description="Parsed lines / all lines ≥ threshold."),
-        dg.AssetCheckSpec("quarantine_count", asset="quarantine", description="Quarantined lines ≤ threshold."),
-        dg.AssetCheckSpec("schema", asset="trace_states", blocking=True, description="All three tables match tables.py."),
+        dg.AssetCheckSpec("parse_success_ratio", asset="trace_states", description="Parsed lines / all lines ≥ threshold.", partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("quarantine_count", asset="quarantine", description="Quarantined lines ≤ threshold.", partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("schema", asset="trace_states", blocking=True, description="All three tables match tables.py.", partitions_def=sessions_partitions),
         dg.AssetCheckSpec(
             "no_secrets", asset="trace_messages", blocking=True,
-            description="Secret scan of the stored messages/states/quarantine finds nothing (blocks replay).",
-        ),
+            description="Secret scan of the stored messages/states/quarantine finds nothing (blocks replay).", partitions_def=sessions_partitions),
     ],
 )
 def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRecipes):

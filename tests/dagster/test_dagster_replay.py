@@ -60,6 +60,8 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     checks = {(e.asset_key.to_user_string(), e.check_name): e for e in res.get_asset_check_evaluations()}
     failed = {k: c.metadata for k, c in checks.items() if not c.passed}
     assert not failed, failed
+    # every check of these partitioned assets reports for the session it ran on (the UI's Partition column)
+    assert len(checks) == 13 and {c.partition for c in checks.values()} == {KEY}
     store = Store(str(tmp_path / "store"))
     replays = store.read_table("teacher_replays")
     states = store.read_table("trace_states")
