@@ -328,6 +328,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {path}", "not_found")
 
     def do_POST(self):
+        self.server.last_request = time.monotonic()
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -367,6 +368,7 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.models = models
         self.log = log
+        self.last_request = time.monotonic()  # completions only (health checks do not keep it alive)
         memos = {id(m.memo): m.memo for m in models.values() if m.memo is not None}
         if len(memos) > 1:
             raise ValueError("all served models must share one GreedyMemo")
@@ -404,12 +406,28 @@ def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: in
     return TeacherHTTPServer(load_models(models, max_prompt_tokens, memo_size), host, port, log)
 
 
+def _stop_when_idle(srv: TeacherHTTPServer, idle_exit_s: float, on_exit: Callable[[str], None] | None) -> None:
+    while True:
+        idle = time.monotonic() - srv.last_request
+        if idle >= idle_exit_s:
+            if on_exit:
+                on_exit(f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g}): stopping")
+            srv.shutdown()
+            return
+        time.sleep(min(5.0, max(0.2, idle_exit_s - idle)))
+
+
 def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
-          on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None) -> None:
-    """Load the models and serve until interrupted (blocking)."""
+          on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None,
+          idle_exit_s: float | None = None) -> None:
+    """Load the models and serve until interrupted, or until ``idle_exit_s`` pass without a completion
+    request (the Dagster resource starts it so: a server a UI run started does not outlive its use)."""
     srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens, log=log)
     if on_ready:
         on_ready(srv.url)
+    if idle_exit_s:
+        threading.Thread(target=_stop_when_idle, args=(srv, idle_exit_s, on_ready and (lambda m: print(m, flush=True))),
+                         daemon=True, name="idle-exit").start()
     try:
         srv.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

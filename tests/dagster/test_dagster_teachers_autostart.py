@@ -52,3 +52,37 @@ def test_local_teacher_server_autostarts_and_answers(tmp_path, tiny_model_dir):
                 except (ProcessLookupError, ChildProcessError):
                     break
                 time.sleep(0.1)
+
+
+def test_a_started_server_is_stoppable_and_stops_itself_when_idle(tmp_path, tiny_model_dir):
+    """No undocumented leftover: `composer-pipeline teachers stop` ends it now, and idle it ends itself."""
+    from composer_pipeline.cli import main
+    from composer_pipeline.cli.teachers import _running
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    recipe = tmp_path / "teachers.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "ceiling_usd": 1.0, "serve": {"tiny": str(tiny_model_dir)},
+        "teachers": [{"name": "tiny", "base_url": url, "model": "tiny", "api_key_env": None,
+                      "input_usd_per_mtok": 0.1, "output_usd_per_mtok": 0.1, "budget_usd": 1.0,
+                      "max_concurrency": 1, "max_tokens": 8}],
+    }))
+    state = tmp_path / "state"
+    pid_file = state / f"teacher_server-{port}.pid"
+    res = TeachersResource(recipe=str(recipe), cache_dir=str(state / "cache"), startup_timeout_s=240)
+    assert res.ensure_local_servers() == [url]
+    pid = int(pid_file.read_text())
+    assert _running(pid)
+    assert main(["teachers", "stop", "--state-dir", str(state)]) == 0
+    assert not _running(pid) and not pid_file.exists()
+
+    idle = TeachersResource(recipe=str(recipe), cache_dir=str(state / "cache"), startup_timeout_s=240,
+                            local_server_idle_s=2)
+    assert idle.ensure_local_servers() == [url]
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(pid) and not pid_file.exists()  # it left by itself and took its pid file along
+    assert "idle_exit_s 2" in (state / f"teacher_server-{port}.log").read_text()
