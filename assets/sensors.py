@@ -5,8 +5,10 @@ In: ``discover_sessions(trace_root)`` and ``session_fingerprint``. Out: ``Sensor
 add-partition requests and one ``RunRequest`` per new/changed session (run_key
 ``<session_key>:<fingerprint>``, so a changed file runs again and an unchanged one never does).
 The cursor maps session key -> last requested fingerprint. A session the cursor does not know yet
-(every session on the first tick, or after the cursor was reset) whose ``raw_sessions`` partition was
-already materialized with the same fingerprint is recorded in the cursor without a run: it is done.
+(every session on the first tick, or after the cursor was reset) whose chain already went through
+(``normalized_dpo_pairs`` materialized, ``raw_sessions`` last materialized with the same fingerprint)
+is recorded in the cursor without a run: it is done. One whose chain stopped (e.g. a failed cost
+check) still gets its run.
 """
 
 import json
@@ -23,6 +25,9 @@ def scan_sessions(trace_root: str) -> dict[str, str]:
     from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
 
     return {sf.key: session_fingerprint(sf) for sf in discover_sessions(trace_root)}
+
+
+CHAIN_END = "normalized_dpo_pairs"  # the last asset of a session's chain (session_chain)
 
 
 def materialized_fingerprints(instance, keys: list[str], page: int = 1000) -> dict[str, str]:
@@ -63,7 +68,8 @@ def build_sessions_sensor(target, minimum_interval_seconds: int = 60) -> dg.Sens
         current = scan_sessions(recipes.trace_root)
         existing = set(context.instance.get_dynamic_partitions(sessions_partitions.name))
         new_keys = sorted(k for k in current if k not in existing)
-        unknown = sorted(k for k in current if k not in seen and k in existing)
+        finished = set(context.instance.get_materialized_partitions(dg.AssetKey(CHAIN_END)))
+        unknown = sorted(k for k in current if k not in seen and k in existing and k in finished)
         done = {k: fp for k, fp in materialized_fingerprints(context.instance, unknown).items() if current[k] == fp}
         seen = {**seen, **done}  # already materialized with these very files: no run, just remembered
         changed = sorted(k for k, fp in current.items() if seen.get(k) != fp)

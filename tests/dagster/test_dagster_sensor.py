@@ -74,13 +74,16 @@ def test_first_tick_requests_no_run_for_sessions_already_materialized(tmp_path):
     key_a = "-home-dev-a__aaaaaaaa-0000-0000-0000-000000000001"
     key_b = "-home-dev-b__bbbbbbbb-0000-0000-0000-000000000002"
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(sessions_partitions.name, [key_a])
+    instance.add_dynamic_partitions(sessions_partitions.name, [key_a, key_b])
     recipes = PipelineRecipes(trace_root=str(root))
-    assert dg.materialize([raw_sessions], partition_key=key_a, instance=instance, resources={"recipes": recipes}).success
+    for key in (key_a, key_b):
+        assert dg.materialize([raw_sessions], partition_key=key, instance=instance, resources={"recipes": recipes}).success
+    # a's chain went through to its last asset; b's stopped after raw_sessions (e.g. a failed cost check)
+    instance.report_runless_asset_event(dg.AssetMaterialization("normalized_dpo_pairs", partition=key_a))
 
     sensor = build_sessions_sensor(session_chain_job, 30)
     _, added, runs, cursor = _tick(sensor, instance, None, root)
-    assert added == [key_b] and [r.partition_key for r in runs] == [key_b]  # a: done already, no run
+    assert added == [] and [r.partition_key for r in runs] == [key_b]  # a: done already, no run; b: unfinished
     assert key_a in json.loads(cursor)
     skip, _, runs, cursor = _tick(sensor, instance, cursor, root)
     assert isinstance(skip, dg.SkipReason) and not runs
