@@ -29,6 +29,8 @@ def register(subparsers) -> None:
     s.add_argument("--verbose", action="store_true", help="log every request to stderr")
     s.add_argument("--idle-exit-s", type=float, default=None,
                    help="exit after this many seconds without a completion request (default: serve until stopped)")
+    s.add_argument("--exit-with-pid", type=int, default=None,
+                   help="exit when this process exits (the Dagster resource passes the code location's process)")
     s.add_argument("--pid-file", default=None, help="write the server's pid here; removed when it exits")
     s.set_defaults(func=run_serve)
 
@@ -88,7 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         pid_file.write_text(str(os.getpid()))
     try:
         serve(models, args.host, args.port, max_prompt_tokens=args.max_prompt_tokens, on_ready=ready, log=log,
-              idle_exit_s=args.idle_exit_s)
+              idle_exit_s=args.idle_exit_s, exit_with_pid=args.exit_with_pid)
     finally:
         if pid_file and pid_file.is_file() and pid_file.read_text().strip() == str(os.getpid()):
             pid_file.unlink()

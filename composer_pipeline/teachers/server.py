@@ -406,28 +406,44 @@ def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: in
     return TeacherHTTPServer(load_models(models, max_prompt_tokens, memo_size), host, port, log)
 
 
-def _stop_when_idle(srv: TeacherHTTPServer, idle_exit_s: float, on_exit: Callable[[str], None] | None) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int | None,
+           on_exit: Callable[[str], None] | None) -> None:
+    """Stop the server when it has been idle too long, or when the process it belongs to is gone."""
     while True:
         idle = time.monotonic() - srv.last_request
-        if idle >= idle_exit_s:
+        why = None
+        if idle_exit_s and idle >= idle_exit_s:
+            why = f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g})"
+        elif exit_with_pid and not _alive(exit_with_pid):
+            why = f"process {exit_with_pid} (exit_with_pid) is gone"
+        if why:
             if on_exit:
-                on_exit(f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g}): stopping")
+                on_exit(f"{why}: stopping")
             srv.shutdown()
             return
-        time.sleep(min(5.0, max(0.2, idle_exit_s - idle)))
+        time.sleep(1.0 if exit_with_pid else min(5.0, max(0.2, idle_exit_s - idle)))
 
 
 def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
           on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None,
-          idle_exit_s: float | None = None) -> None:
-    """Load the models and serve until interrupted, or until ``idle_exit_s`` pass without a completion
-    request (the Dagster resource starts it so: a server a UI run started does not outlive its use)."""
+          idle_exit_s: float | None = None, exit_with_pid: int | None = None) -> None:
+    """Load the models and serve until interrupted, until ``idle_exit_s`` pass without a completion
+    request, or until process ``exit_with_pid`` exits (the Dagster resource starts it so: a server a UI
+    run started goes with the code location and does not outlive its use)."""
     srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens, log=log)
     if on_ready:
         on_ready(srv.url)
-    if idle_exit_s:
-        threading.Thread(target=_stop_when_idle, args=(srv, idle_exit_s, on_ready and (lambda m: print(m, flush=True))),
-                         daemon=True, name="idle-exit").start()
+    if idle_exit_s or exit_with_pid:
+        threading.Thread(target=_watch, args=(srv, idle_exit_s, exit_with_pid, lambda m: print(m, flush=True)),
+                         daemon=True, name="exit-watch").start()
     try:
         srv.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

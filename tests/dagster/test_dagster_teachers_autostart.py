@@ -86,3 +86,36 @@ def test_a_started_server_is_stoppable_and_stops_itself_when_idle(tmp_path, tiny
         time.sleep(0.2)
     assert not _running(pid) and not pid_file.exists()  # it left by itself and took its pid file along
     assert "idle_exit_s 2" in (state / f"teacher_server-{port}.log").read_text()
+
+
+def test_a_server_exits_with_the_process_it_belongs_to(tmp_path, tiny_model_dir):
+    """`--exit-with-pid`: under dagster dev the resource names the code location's process, so stopping
+    the UI stops the teacher server its runs started."""
+    import subprocess
+    import sys
+
+    from composer_pipeline.cli.teachers import _running
+
+    owner = subprocess.Popen(["sleep", "600"])
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen([sys.executable, "-m", "composer_pipeline", "teachers", "serve", "--model",
+                               f"tiny={tiny_model_dir}", "--port", str(port), "--exit-with-pid", str(owner.pid)],
+                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert _running(server.pid)
+        owner.kill()
+        owner.wait()
+        assert server.wait(timeout=30) == 0
+        assert f"process {owner.pid} (exit_with_pid) is gone" in log.read_text()
+    finally:
+        for p in (owner, server):
+            if p.poll() is None:
+                p.kill()
