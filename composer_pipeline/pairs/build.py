@@ -277,13 +277,20 @@ def find_consensus(answers: dict[str, tuple[Action, str, str]], voters: dict[str
                      agreeing_models)
 
 
-def _last_user_text(prompt_json: str) -> str:
+def _last_input_texts(prompt_json: str) -> list[str]:
+    """What the model read last: the last user message and any tool results after it."""
     from composer_pipeline.render import flatten_content
 
+    out: list[str] = []
     for m in reversed(orjson.loads(prompt_json)):
-        if m.get("role") == "user":
-            return flatten_content(m.get("content"))
-    return ""
+        if m.get("role") == "tool":
+            out.append(flatten_content(m.get("content")))
+        elif m.get("role") == "user":
+            out.append(flatten_content(m.get("content")))
+            break
+        elif m.get("role") == "assistant" and out:
+            break
+    return [t for t in out if t.strip()]
 
 
 def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str, tools_json: str,
@@ -294,12 +301,13 @@ def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str
       or a tool the signature rules know (``signature.key_arguments``: Claude Code's own tools);
     * ``require_key_arguments``: every call has its tool's key arguments (``signature.key_arguments``),
       e.g. a ``Bash`` call without ``command`` decides nothing;
-    * ``reject_prompt_echo``: a text answer that repeats the last user message (word-bag similarity at
-      ``signature.text_similarity_threshold``) parrots its input, e.g. ``<command-name>/init``.
+    * ``reject_prompt_echo``: a text answer that repeats what it was just given (the last user message
+      or tool result; word-bag similarity at ``signature.text_similarity_threshold``) parrots its input,
+      e.g. ``<command-name>/init`` or a tool's error message.
     """
     rules = recipe.signature
     offered = {(t.get("function") or t).get("name") for t in orjson.loads(tools_json or "[]")} | set(rules.key_arguments)
-    last_user = None
+    last_inputs = None
     out = {}
     for t, (action, cid, model) in answers.items():
         if action.tool_calls:
@@ -312,9 +320,9 @@ def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str
                 stats["answers_missing_key_arguments"] += 1
                 continue
         elif recipe.reject_prompt_echo:
-            if last_user is None:
-                last_user = _last_user_text(prompt_json)
-            if last_user.strip() and text_similarity(action.text, last_user) >= rules.text_similarity_threshold:
+            if last_inputs is None:
+                last_inputs = _last_input_texts(prompt_json)
+            if any(text_similarity(action.text, t) >= rules.text_similarity_threshold for t in last_inputs):
                 stats["answers_echo_prompt"] += 1
                 continue
         out[t] = (action, cid, model)

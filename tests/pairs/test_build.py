@@ -218,22 +218,24 @@ def test_distinct_models_outrank_samples(session_tables):
 
 
 def test_answers_that_decide_nothing_are_not_votes(session_tables):
-    # a hallucinated tool, a Bash call without its command, and a text that parrots the user's message
+    # a hallucinated tool, a Bash call without its command, texts that parrot the user's message / a tool result
     url = "http://127.0.0.1:8765/v1"
     cfg = _teachers(("m1", url, "a", 0.0), ("m2", url, "b", 0.0), ("m3", url, "c", 0.0), ("m4", url, "d", 0.0),
                     ("m5", url, "e", 0.0), ("m6", url, "f", 0.0))
     mean = Action(tool_calls=(ToolCall("Mean", {"file_path": "/repo/src/app.py"}),))
     bare_bash = Action(tool_calls=(ToolCall("Bash", {}),))
     echo = Action(text="Please fix the failing test in src/app.py")
+    echo_tool = Action(text="1 failed")  # the tool result the BASH state's prefix ends with
     rows = [replay("s_read_000000000001", t, a) for t, a in
             (("m1", mean), ("m2", mean), ("m3", bare_bash), ("m4", bare_bash), ("m5", echo), ("m6", echo))]
+    rows += [replay("s_done_000000000003", t, echo_tool) for t in ("m1", "m2")]
     t = _with_replays(session_tables, rows)
     res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
                       RenderOptions(), teachers=cfg)
     assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
     s = res.stats
-    assert (s["answers_unknown_tool"], s["answers_missing_key_arguments"], s["answers_echo_prompt"]) == (2, 2, 2)
+    assert (s["answers_unknown_tool"], s["answers_missing_key_arguments"], s["answers_echo_prompt"]) == (2, 2, 4)
     loose = PairRecipe.from_dict({"require_offered_tools": False, "require_key_arguments": False,
                                   "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0})
     res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], loose, RenderOptions(), teachers=cfg)
-    assert res.pairs.num_rows == 1  # the same answers count when the recipe says so
+    assert res.pairs.num_rows + res.positives.num_rows == 2  # the same answers count when the recipe says so
