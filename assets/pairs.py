@@ -115,7 +115,8 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
         "dropped_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs removed, with the op and reason."),
     },
     check_specs=[
-        dg.AssetCheckSpec("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py.", partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py.",
+                          partitions_def=sessions_partitions),
         dg.AssetCheckSpec("non_empty_chosen_rejected", asset="normalized_dpo_pairs", blocking=True,
                           description="Every kept pair has a non-blank chosen and rejected text.",
                           partitions_def=sessions_partitions),
@@ -123,8 +124,10 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
                           description="No kept pair prefers an action over the identical action.",
                           partitions_def=sessions_partitions),
         dg.AssetCheckSpec("resolves_to_raw_lines", asset="normalized_dpo_pairs", blocking=True,
-                          description="Every pair's records and source lines exist in trace_messages.", partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold.", partitions_def=sessions_partitions),
+                          description="Every pair's records and source lines exist in trace_messages.",
+                          partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold.",
+                          partitions_def=sessions_partitions),
     ],
 )
 def normalized_pairs(

@@ -126,11 +126,14 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     "budget ledger with per-call reservations).",
     check_specs=[
         dg.AssetCheckSpec("spend_within_ceiling", asset="teacher_replays", blocking=True,
-                          description="Actual spend of this run ≤ the ceiling of one run.", partitions_def=sessions_partitions),
+                          description="Actual spend of this run ≤ the ceiling of one run.",
+                          partitions_def=sessions_partitions),
         dg.AssetCheckSpec("teachers_within_budget", asset="teacher_replays", blocking=True,
-                          description="Each teacher's lifetime spend in the ledger ≤ its budget.", partitions_def=sessions_partitions),
+                          description="Each teacher's lifetime spend in the ledger ≤ its budget.",
+                          partitions_def=sessions_partitions),
         dg.AssetCheckSpec("error_rate", asset="teacher_replays", blocking=True,
-                          description="Failed calls / all calls ≤ threshold.", partitions_def=sessions_partitions),
+                          description="Failed calls / all calls ≤ threshold.",
+                          partitions_def=sessions_partitions),
     ],
 )
 def teacher_replays(
