@@ -1,8 +1,8 @@
 """``composer-pipeline demo``: the whole chain through Dagster on a persistent local instance.
 
 In: a trace root (default: the bundled sample sessions), a store dir, the demo teachers recipe
-(recipes/demo_teachers.yaml: SmolLM2 under two greedy teacher names plus a sampled random-init tiny
-model, behind ``composer-pipeline teachers serve`` on 127.0.0.1, started on demand by the teachers
+(recipes/demo_teachers.yaml: two sampled entries of SmolLM2, i.e. self-consistency, plus a sampled
+random-init tiny model as a second, dissenting model, behind ``composer-pipeline teachers serve`` on 127.0.0.1, started on demand by the teachers
 resource), trainer steps. Out: every table under the store, a checkpoint, eval metrics, runs
 recorded in ``<repo>/.dagster_home`` so ``dagster dev -w workspace.yaml`` shows them, and a printed
 report (rows per table, per-teacher answers and spend, pair agreement, how many steps each trainer
@@ -55,7 +55,7 @@ class DemoReport:
     teachers_recipe: str = ""
     teachers: dict[str, dict] = field(default_factory=dict)  # name -> answered, other, cached, spend
     example_pair: str | None = None  # a normalized pair id for the `lineage` / `show` hints
-    agreement: dict[str, int] = field(default_factory=dict)  # "2/3" -> pairs
+    agreement: dict[str, int] = field(default_factory=dict)  # "self_consistency: 2 of 2 samples ..." -> pairs
     train: dict = field(default_factory=dict)  # steps, seconds, data counts, steps each channel fired
     ingest_engines: dict[str, int] = field(default_factory=dict)  # engine (or "python: <why>") -> sessions
 
@@ -188,9 +188,13 @@ def _summarize_tables(st, report: DemoReport) -> None:
             t["cached"] += bool(r["cache_hit"])
             t["spend"] += r["cost_usd"] or 0.0
     if report.row_counts.get("normalized_dpo_pairs"):
-        rows = st.read_table("normalized_dpo_pairs", ["pair_id", "n_agreeing", "n_teachers", "has_error"]).to_pylist()
+        from composer_pipeline.pairs.build import agreement_label
+
+        cols = ["pair_id", "agreement_kind", "n_teachers", "n_models", "n_models_agreeing", "n_agreeing",
+                "agreement_score", "has_error"]
+        rows = st.read_table("normalized_dpo_pairs", cols).to_pylist()
         for r in rows:
-            key = f"{r['n_agreeing']}/{r['n_teachers']}"
+            key = f"{r['agreement_kind']}, {agreement_label(r)}"
             report.agreement[key] = report.agreement.get(key, 0) + 1
         report.example_pair = next((r["pair_id"] for r in rows if r["has_error"]), rows[0]["pair_id"])
 
@@ -240,7 +244,7 @@ def print_report(r: DemoReport, echo=print) -> None:
             echo(f"  {name:<12} {t['answered']:>4} answered  {t['other']:>3} not answered  "
                  f"{t['cached']:>4} from the response cache  ${t['spend']:.6f} this run")
     if r.agreement:
-        agree = ", ".join(f"{n} with {k} teachers agreeing" for k, n in sorted(r.agreement.items()))
+        agree = "; ".join(f"{n} {k}" for k, n in sorted(r.agreement.items()))
         echo(f"pairs after data-juicer normalization: {sum(r.agreement.values())} ({agree})")
     if r.train:
         t, d = r.train, r.train.get("data") or {}

@@ -17,10 +17,25 @@ from assets.ingest import render_options
 from assets.metadata import counts, preview
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.pairs.build import agreement_label
 from resources.recipes import PipelineRecipes
+from resources.teachers import TeachersResource
 
 GROUP = "pairs"
-PAIR_PREVIEW = ["pair_id", "state_id", "n_agreeing", "n_teachers", "chosen_text", "rejected_text"]
+PAIR_PREVIEW = ["pair_id", "agreement_kind", "agreement", "chosen_text", "rejected_text"]
+
+
+def pair_preview(table: pa.Table, columns=PAIR_PREVIEW) -> dg.MetadataValue:
+    """The preview table with an `agreement` column that says which kind and how many agreed."""
+    if table.num_rows and "agreement" in columns:
+        head = table.slice(0, 5)
+        labels = [agreement_label(r) for r in head.to_pylist()]
+        table = head.append_column("agreement", pa.array(labels, pa.string()))
+    return preview(table, columns)
+
+
+def kinds_md(table: pa.Table) -> dict:
+    return counts(table.column("agreement_kind").to_pylist()) if table.num_rows else {}
 
 
 def _scalar_stats(stats: dict) -> dict:
@@ -52,23 +67,27 @@ def consensus_pairs(
     trace_messages: pa.Table,
     teacher_replays: pa.Table,
     recipes: PipelineRecipes,
+    teachers: TeachersResource,
 ):
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
 
-    res = build_pairs(trace_states, trace_messages, teacher_replays, PairRecipe.load(recipes.pairs), render_options(recipes))
+    res = build_pairs(trace_states, trace_messages, teacher_replays, PairRecipe.load(recipes.pairs), render_options(recipes),
+                      teachers=teachers.load_config())
     pairs = tables.conform(res.pairs, "dpo_pairs")
     positives = tables.conform(res.positives, "agreement_positives")
     stats = _scalar_stats(res.stats)
     yield dg.Output(pairs, output_name="dpo_pairs", metadata={
         "dagster/row_count": pairs.num_rows,
+        "pairs_by_agreement_kind": dg.MetadataValue.json(kinds_md(pairs)),
         "stats": dg.MetadataValue.json(stats),
-        "preview": preview(pairs, PAIR_PREVIEW),
+        "preview": pair_preview(pairs),
         "example": dg.MetadataValue.md(example_pair_md(pairs, "dpo_pairs", trace_states, trace_messages, teacher_replays,
                                                        render_options(recipes))),
     })
     yield dg.Output(positives, output_name="agreement_positives", metadata={
         "dagster/row_count": positives.num_rows,
-        "preview": preview(positives, PAIR_PREVIEW),
+        "positives_by_agreement_kind": dg.MetadataValue.json(kinds_md(positives)),
+        "preview": pair_preview(positives),
     })
 
 
@@ -93,12 +112,19 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
         "dropped_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs removed, with the op and reason."),
     },
     check_specs=[
-        dg.AssetCheckSpec("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py."),
-        dg.AssetCheckSpec("non_empty_chosen_rejected", asset="normalized_dpo_pairs", blocking=True),
-        dg.AssetCheckSpec("chosen_differs_from_rejected", asset="normalized_dpo_pairs", blocking=True),
+        dg.AssetCheckSpec("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py.",
+                          partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("non_empty_chosen_rejected", asset="normalized_dpo_pairs", blocking=True,
+                          description="Every kept pair has a non-blank chosen and rejected text.",
+                          partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("chosen_differs_from_rejected", asset="normalized_dpo_pairs", blocking=True,
+                          description="No kept pair prefers an action over the identical action.",
+                          partitions_def=sessions_partitions),
         dg.AssetCheckSpec("resolves_to_raw_lines", asset="normalized_dpo_pairs", blocking=True,
-                          description="Every pair's records and source lines exist in trace_messages."),
-        dg.AssetCheckSpec("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold."),
+                          description="Every pair's records and source lines exist in trace_messages.",
+                          partitions_def=sessions_partitions),
+        dg.AssetCheckSpec("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold.",
+                          partitions_def=sessions_partitions),
     ],
 )
 def normalized_pairs(
@@ -113,8 +139,9 @@ def normalized_pairs(
     yield dg.Output(kept, output_name="normalized_dpo_pairs", metadata={
         "dagster/row_count": kept.num_rows,
         "input_pairs": dpo_pairs.num_rows,
+        "pairs_by_agreement_kind": dg.MetadataValue.json(kinds_md(kept)),
         "stats": dg.MetadataValue.json(_scalar_stats(res.stats)),
-        "preview": preview(kept, PAIR_PREVIEW),
+        "preview": pair_preview(kept),
         "example": dg.MetadataValue.md(example_pair_md(kept, "normalized_dpo_pairs")),
     })
     yield dg.Output(dropped, output_name="dropped_pairs", metadata={
@@ -167,5 +194,6 @@ def training_set(
         "pairs_by_session": dg.MetadataValue.json({k: normalized_dpo_pairs[k].num_rows for k in sorted(normalized_dpo_pairs)}),
         "partitions_included": dg.MetadataValue.json(included),
         "partitions_missing": dg.MetadataValue.json(sorted(set(all_keys) - set(included))),
-        "preview": preview(table, ["kind", *PAIR_PREVIEW]),
+        "rows_by_agreement_kind": dg.MetadataValue.json(kinds_md(table)),
+        "preview": pair_preview(table, ["kind", *PAIR_PREVIEW]),
     })

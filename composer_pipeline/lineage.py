@@ -102,7 +102,10 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
             "kind",
             "state_id",
             "session_key",
+            "agreement_kind",
             "n_teachers",
+            "n_models",
+            "n_models_agreeing",
             "n_agreeing",
             "agreeing_teachers",
             "agreement_score",
@@ -206,6 +209,13 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
     }
 
 
+def _clip(text: str, lines: int = 12, chars: int = 1500) -> str:
+    """The first lines of a consensus/agent text, saying how much is left out."""
+    kept = text[:chars].splitlines()[:lines] or [""]
+    rest = len(text) - len("\n".join(kept))
+    return "\n".join(kept) + (f"\n… ({rest} more characters: --json has all)" if rest > 0 else "")
+
+
 def format_lineage(chain: dict[str, Any]) -> str:
     """A readable, indented rendering of :func:`trace_pair`'s chain."""
     p = chain["pair"]
@@ -213,12 +223,16 @@ def format_lineage(chain: dict[str, Any]) -> str:
     for a in p["tables"]:
         if a["table"] == "dropped_pairs":
             out.append(f"  dropped by {a['drop_op']}: {a['drop_reason']}")
+    from composer_pipeline.pairs.build import agreement_label
+
     out.append(
-        f"  agreement {p['n_agreeing']}/{p['n_teachers']} ({p['agreement_score']:.2f}) "
-        f"teachers={','.join(p['agreeing_teachers'] or [])}  cost=${(p['cost_usd'] or 0):.6f}"
+        f"  agreement {p.get('agreement_kind') or 'kind not recorded'}: {agreement_label(p)} "
+        f"(score {p['agreement_score']:.2f}) teachers={','.join(p['agreeing_teachers'] or [])}  cost=${(p['cost_usd'] or 0):.6f}"
     )
     out.append(f"  consensus: {p['consensus_signature']}")
+    out.append(textwrap.indent(_clip(p.get("chosen_text") or ""), "    │ "))
     out.append(f"  agent:     {p['agent_signature']}")
+    out.append(textwrap.indent(_clip(p.get("rejected_text") or ""), "    │ "))
     out.append(f"  replay calls ({len(chain['replays'])}):")
     for r in chain["replays"]:
         cost = r["cost_usd"] if r["cost_usd"] is not None else 0.0

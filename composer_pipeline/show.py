@@ -31,13 +31,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.lineage import MIN_PREFIX, PAIR_TABLES  # where a pair can live, and what that says
 from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions
 from composer_pipeline.store import Store
 
 _STATE_META = ("session_key", "session_id", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
                "record_uuids", "model", "version", "timestamp", "has_error")
-_AGREEMENT = ("n_teachers", "n_agreeing", "agreeing_teachers", "agreement_score", "consensus_signature",
+_AGREEMENT = ("agreement_kind", "n_teachers", "n_models", "n_models_agreeing", "n_agreeing", "agreeing_teachers", "agreement_score", "consensus_signature",
               "agent_signature", "cost_usd", "chosen_text", "rejected_text")
 
 
@@ -556,7 +557,7 @@ def _format_pair(p: PairView, width: int, full: bool) -> str:
         f"{t['table']}: {t['status']}" + (f" by {t.get('drop_op')} ({t.get('drop_reason')})" if t.get("drop_op") else "")
         for t in p.tables))
     score = a.get("agreement_score")
-    head.append(f"agree    {a.get('n_agreeing')}/{a.get('n_teachers')} teachers ({', '.join(agreeing)})"
+    head.append(f"agree    {a.get('agreement_kind') or 'kind not recorded'}: {agreement_label(a)} ({', '.join(agreeing)})"
                 + (f" · score {score:.2f}" if score is not None else "") + f" · pair cost {_money(a.get('cost_usd'))}")
     if p.prompt_matches_prefix is not None:
         head.append("prompt   " + ("the pair's stored prompt equals the prefix shown below" if p.prompt_matches_prefix
@@ -603,7 +604,7 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
         out.append("")
         tables_txt = ", ".join(f"{t['table']} ({t['status']})" for t in view.tables)
         out.append(f"- tables: {tables_txt}")
-        out.append(f"- agreement: {a.get('n_agreeing')}/{a.get('n_teachers')} ({', '.join(agreeing)})"
+        out.append(f"- agreement: **{a.get('agreement_kind') or 'kind not recorded'}**, {agreement_label(a)} ({', '.join(agreeing)})"
                    + (f", score {a['agreement_score']:.2f}" if a.get("agreement_score") is not None else ""))
         out.append(f"- state: `{sv.state_id}`")
         if view.prompt_matches_prefix is not None:

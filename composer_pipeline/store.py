@@ -26,6 +26,26 @@ def _storage_options() -> dict:
     return {}
 
 
+DEFAULT_STORE = ".store"  # recipes/pipeline.yaml store_root: where the demo and the Dagster assets write
+
+
+def default_store() -> str:
+    """The store a command reads when given none: ``$COMPOSER_STORE``, else ``.store`` (relative to cwd)."""
+    import os
+
+    return os.environ.get("COMPOSER_STORE") or DEFAULT_STORE
+
+
+def read_parquet(f, where: str, columns: Iterable[str] | None = None) -> pa.Table:
+    """``pq.read_table`` whose error names the file: pyarrow's own says ``<Buffer>`` for an open file
+    object, which leaves a user with a truncated or foreign file nothing to look for."""
+    try:
+        return pq.read_table(f, columns=list(columns) if columns else None)
+    except pa.ArrowInvalid as e:  # not OSError: a network failure is not a damaged file
+        raise ValueError(f"{where}: not a readable Parquet file ({type(e).__name__}: "
+                         f"{str(e).replace('<Buffer>', 'the file')}); a write cut short? delete or rewrite it") from e
+
+
 @dataclass
 class Store:
     root: str
@@ -48,6 +68,10 @@ class Store:
     def url(self, *parts: str) -> str:
         """A user-facing location (``s3://...`` or a local path)."""
         p = self.path(*parts)
+        return f"{self.root.split('://', 1)[0]}://{p}" if self.is_remote else p
+
+    def _user_path(self, p: str) -> str:
+        """A file path as found by ``files`` (bucket/key for s3), the way a user would type it."""
         return f"{self.root.split('://', 1)[0]}://{p}" if self.is_remote else p
 
     def _candidates(self, name: str) -> list[str]:
@@ -87,7 +111,7 @@ class Store:
         parts = []
         for p in files:
             with self.fs.open(p, "rb") as f:
-                parts.append(pq.read_table(f, columns=list(columns) if columns else None))
+                parts.append(read_parquet(f, self._user_path(p), columns))
         return pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
 
     def table_names(self) -> list[str]:

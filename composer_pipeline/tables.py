@@ -130,8 +130,11 @@ _PAIR_FIELDS = [
     ("rejected", _str),  # JSON Action (the agent's); for positives: the agent's action too
     ("chosen_text", _str),  # Action.to_text()
     ("rejected_text", _str),
-    ("n_teachers", pa.int64()),
-    ("n_agreeing", pa.int64()),
+    ("agreement_kind", _str),  # cross_model (distinct models agree) | self_consistency (samples of one model)
+    ("n_teachers", pa.int64()),  # teacher entries with a parsed answer
+    ("n_models", pa.int64()),  # distinct models (base_url + model) among them
+    ("n_models_agreeing", pa.int64()),  # distinct models whose answer is the consensus decision
+    ("n_agreeing", pa.int64()),  # votes in the consensus: models (cross_model) or samples (self_consistency)
     ("agreeing_teachers", _strs),
     ("agreement_score", pa.float64()),
     ("consensus_signature", _str),

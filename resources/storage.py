@@ -51,8 +51,10 @@ class ParquetUPathIOManager(dg.UPathIOManager):
             pq.write_table(obj, f, compression="zstd")
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pa.Table:
+        from composer_pipeline.store import read_parquet
+
         with path.open("rb") as f:
-            return pq.read_table(f)
+            return read_parquet(f, str(path))
 
     def load_input(self, context: dg.InputContext) -> Any:
         # An unpartitioned asset reading a partitioned one (training_set <- every session) always

@@ -9,8 +9,11 @@ as a dict for ``replay_states`` (never logged), a ``ResponseCache``.
 for each teacher whose base_url is loopback and where nothing answers, it starts
 ``composer-pipeline teachers serve`` for the recipe's ``serve`` models as a detached process
 (logging to ``<cache_dir>/../teacher_server-<port>.log``) and waits until ``/v1/models`` answers.
-Simplified: the server is left running for later runs (it is cheap and idle); stop it by pid
-(written beside the log).
+The server outlives the run that started it, so the next run does not load the models again, but
+not the code location: it exits with the process that launched the run's worker (under ``dagster
+dev``: the code location server, so stopping ``dagster dev`` stops it; ``stop_with_parent``), after
+``local_server_idle_s`` (default 600) without a completion request, or on ``composer-pipeline teachers
+stop`` (pid file beside the log). The run's log says which process it is and how it ends.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class TeachersResource(dg.ConfigurableResource):
     cache_dir: str = ".state/teacher_cache"
     autostart_local: bool = True
     startup_timeout_s: float = 180.0
+    local_server_idle_s: int = 600  # a server a run started exits after this long without requests
+    stop_with_parent: bool = True  # ... and when the process that launched this one exits (dagster dev: the code location)
 
     def load_config(self):
         from composer_pipeline.teachers.config import load_teachers
@@ -88,16 +93,24 @@ class TeachersResource(dg.ConfigurableResource):
                 raise ConnectionError(f"{u.hostname}:{port} is taken by something that is not an OpenAI-compatible server")
             log_path = Path(self.cache_dir).resolve().parent / f"teacher_server-{port}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
+            pid_path = log_path.with_suffix(".pid")
             cmd = [sys.executable, "-m", "composer_pipeline", "teachers", "serve",
-                   "--config", str(self.recipe), "--host", u.hostname, "--port", str(port)]
+                   "--config", str(self.recipe), "--host", u.hostname, "--port", str(port),
+                   "--idle-exit-s", str(self.local_server_idle_s), "--pid-file", str(pid_path)]
+            owner = os.getppid() if self.stop_with_parent else None
+            if owner and owner > 1:
+                cmd += ["--exit-with-pid", str(owner)]
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                 )
-            log_path.with_suffix(".pid").write_text(str(proc.pid))
+            pid_path.write_text(str(proc.pid))
             if log:
-                log.info(f"started local teacher server pid={proc.pid} at {base} (log: {log_path})")
+                log.info(f"started local teacher server pid={proc.pid} at {base} (log: {log_path}); it stops with "
+                         + (f"process {owner} (the code location) or " if owner and owner > 1 else "")
+                         + f"after {self.local_server_idle_s}s without requests; `composer-pipeline teachers stop "
+                         f"--state-dir {log_path.parent}` stops it now")
             deadline = time.monotonic() + self.startup_timeout_s
             while not _answers(base):
                 if proc.poll() is not None:

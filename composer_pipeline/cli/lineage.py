@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def register(subparsers) -> None:
@@ -13,7 +12,7 @@ def register(subparsers) -> None:
         "--store",
         action="append",
         default=None,
-        help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .)",
+        help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .store)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable chain")
     p.set_defaults(func=run)
@@ -21,9 +20,9 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from composer_pipeline.lineage import format_lineage, to_json, trace_pair
-    from composer_pipeline.store import Store
+    from composer_pipeline.store import Store, default_store
 
-    roots = args.store or [os.environ.get("COMPOSER_STORE", ".")]
+    roots = args.store or [default_store()]
     chain = trace_pair([Store(r) for r in roots], args.pair_id)
     print(to_json(chain) if args.json else format_lineage(chain))
     return 0

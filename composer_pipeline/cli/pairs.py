@@ -15,6 +15,9 @@ def register(subparsers) -> None:
     p.add_argument("--replays", required=True, help="dir or s3:// prefix holding replays.parquet")
     p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states/trace_messages")
     p.add_argument("--out", required=True, help="dir or s3:// prefix to write pair tables into")
+    p.add_argument("--teachers", default=None,
+                   help="the teachers recipe the replay used: which entries are one model (base_url + model) and "
+                        "which sample (temperature > 0); without it each distinct model field is one greedy model")
     p.add_argument("--recipe", default=None, help="pairs recipe (default recipes/pairs.yaml)")
     p.add_argument("--normalize-recipe", default=None, help="data-juicer recipe (default recipes/normalize.yaml)")
     p.add_argument("--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)")
@@ -27,6 +30,12 @@ def _render_opts(path: str | None):
     return render.RenderOptions.from_recipe(path)
 
 
+def _kinds(table) -> dict[str, int]:
+    from collections import Counter
+
+    return dict(Counter(table.column("agreement_kind").to_pylist())) if table.num_rows else {}
+
+
 def run(args: argparse.Namespace) -> int:
     import orjson
     from loguru import logger
@@ -34,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
     from composer_pipeline.store import Store
+    from composer_pipeline.teachers.config import load_teachers
 
     logger.remove()
     logger.add(__import__("sys").stderr, level="WARNING")
@@ -52,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         replays_store.read_table("teacher_replays"),
         recipe,
         _render_opts(args.ingest_recipe),
+        teachers=load_teachers(args.teachers) if args.teachers else None,
     )
     norm = normalize_pairs(res.pairs, nrecipe)
     out.write_table("dpo_pairs", res.pairs)
@@ -64,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         "built": res.pairs.num_rows,
         "dropped": norm.dropped.num_rows,
         "dropped_by_op": norm.stats["dropped_by_op"],
+        "pairs_by_agreement_kind": _kinds(norm.kept),
+        "votes_from": args.teachers or "model field of each replay row (no --teachers)",
         "normalize_seconds": norm.stats["seconds"],
         "build": res.stats,
         "out": out.root,

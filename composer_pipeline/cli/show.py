@@ -12,7 +12,6 @@ the same function replay sends (``teachers.replay.render_prompt``) with the reci
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -21,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("ids", nargs="*", metavar="ID", help="state id or pair id (or a unique prefix of >= 6 chars)")
     p.add_argument("--all", action="store_true", help="show every state in the store")
     p.add_argument("--store", action="append", default=None,
-                   help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .)")
+                   help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .store)")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of the terminal view")
     p.add_argument("--recipe", default=None,
                    help="ingest recipe whose render: section gives the render options (default: render defaults, as replay)")
@@ -39,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from composer_pipeline.render import RenderOptions
     from composer_pipeline.show import ShowError, format_view, gather, to_json_line
+    from composer_pipeline.store import default_store
 
     if args.all and args.ids:
         raise ShowError("give IDs or --all, not both")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         from composer_pipeline.teachers.config import load_teachers
 
         teachers = load_teachers(args.teachers)
-    roots = args.store or [os.environ.get("COMPOSER_STORE", ".")]
+    roots = args.store or [default_store()]
     first = True
     for view in gather(roots, args.ids, all_states=args.all, opts=opts, teachers_config=teachers):
         if args.json:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 MAX_CELL = 80
 
@@ -11,7 +10,7 @@ MAX_CELL = 80
 def register(subparsers) -> None:
     p = subparsers.add_parser("sql", help="run a DuckDB query over the stored tables")
     p.add_argument("query", help='e.g. "select drop_op, count(*) from dropped_pairs group by 1"')
-    p.add_argument("--store", default=None, help="dir or s3:// prefix (default $COMPOSER_STORE or .)")
+    p.add_argument("--store", default=None, help="dir or s3:// prefix (default $COMPOSER_STORE or .store: where the demo and Dagster write)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON array of row objects")
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
@@ -42,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
     import duckdb
     import orjson
 
-    from composer_pipeline.store import Store
+    from composer_pipeline.store import Store, default_store
 
-    store = Store(args.store or os.environ.get("COMPOSER_STORE", "."))
+    store = Store(args.store or default_store())
     con = store.duckdb()
     try:
         cur = con.execute(args.query)

@@ -9,7 +9,9 @@ prints each teacher's budget, spend and remaining budget from the ledger as JSON
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -25,7 +27,17 @@ def register(subparsers) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=1024,
                    help="longer prompts lose their oldest messages first (CPU speed; default 1024)")
     s.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    s.add_argument("--idle-exit-s", type=float, default=None,
+                   help="exit after this many seconds without a completion request (default: serve until stopped)")
+    s.add_argument("--exit-with-pid", type=int, default=None,
+                   help="exit when this process exits (the Dagster resource passes the code location's process)")
+    s.add_argument("--pid-file", default=None, help="write the server's pid here; removed when it exits")
     s.set_defaults(func=run_serve)
+
+    k = sub.add_parser("stop", help="stop the local teacher servers Dagster runs started (pid files in the state dir)")
+    k.add_argument("--state-dir", default=".state",
+                   help="where the servers' teacher_server-<port>.pid files are (default .state: the repo's)")
+    k.set_defaults(func=run_stop)
 
     b = sub.add_parser("budget", help="budget, spend and remaining budget per teacher (JSON lines)")
     b.add_argument("--teachers", required=True, help="teachers YAML")
@@ -48,6 +60,10 @@ def parse_models(specs: list[str]) -> dict[str, str]:
     return models
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from composer_pipeline.teachers.server import serve
 
@@ -65,8 +81,70 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"serving {sorted(models)} at {url} (POST {url}/chat/completions, GET {url}/models)", flush=True)
 
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
-    serve(models, args.host, args.port, max_prompt_tokens=args.max_prompt_tokens, on_ready=ready, log=log)
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `teachers stop`/kill: leave like Ctrl-C (pid file removed)
+    pid_file = Path(args.pid_file) if args.pid_file else None
+    if pid_file:
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid_file.write_text(str(os.getpid()))
+    try:
+        serve(models, args.host, args.port, max_prompt_tokens=args.max_prompt_tokens, on_ready=ready, log=log,
+              idle_exit_s=args.idle_exit_s, exit_with_pid=args.exit_with_pid)
+    finally:
+        if pid_file and pid_file.is_file() and pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
     return 0
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def stop_servers(state_dir: str | Path, timeout_s: float = 10.0) -> list[dict]:
+    """SIGTERM each server named by a ``teacher_server-*.pid`` file under ``state_dir`` (only a process
+    whose command line is a ``teachers serve``: a stale pid file never kills an unrelated process)."""
+    import signal
+    import time
+
+    out = []
+    for pid_file in sorted(Path(state_dir).glob("teacher_server-*.pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (ValueError, OSError):
+            pid_file.unlink(missing_ok=True)
+            out.append({"pid_file": str(pid_file), "status": "not running"})
+            continue
+        if "teachers serve" not in cmd:
+            pid_file.unlink(missing_ok=True)
+            out.append({"pid_file": str(pid_file), "pid": pid, "status": "pid reused by another process: left alone"})
+            continue
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = _running(pid)
+        if not alive:
+            pid_file.unlink(missing_ok=True)
+        out.append({"pid_file": str(pid_file), "pid": pid, "status": "still running" if alive else "stopped"})
+    return out
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    import orjson
+
+    results = stop_servers(args.state_dir)
+    for r in results:
+        print(orjson.dumps(r).decode())
+    if not results:
+        print(orjson.dumps({"state_dir": str(Path(args.state_dir).resolve()), "status": "no teacher server pid files"}).decode())
+    return 1 if any(r["status"] == "still running" for r in results) else 0
 
 
 def run_budget(args: argparse.Namespace) -> int:

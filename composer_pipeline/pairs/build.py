@@ -8,10 +8,21 @@ Out: :class:`PairsResult` with ``pairs`` (table ``dpo_pairs``: teachers agree, t
      teachers agree *with* the agent) and ``stats`` (counts of every reason a state gave no row).
 
 Per state: one answer per teacher (the latest answered, parsed replay row); answers grouped by
-:mod:`composer_pipeline.pairs.signature`; the largest group is the consensus when it has at least
-``agreement_threshold`` teachers and ``agreement_score = n_agreeing / n_teachers`` reaches
-``min_agreement_score``. ``cost_usd`` sums the cost of every replay call of the state (failed
-ones included: they were paid for to produce this row). ``pair_id`` = sha256(state_id|signature)[:20].
+:mod:`composer_pipeline.pairs.signature`. A vote is a distinct *model* (``base_url`` + ``model`` of
+the teachers recipe), not a teacher name: entries that send the same model at greedy decoding give
+the same answer by construction and count once; entries of one model at ``temperature`` > 0 are
+samples of it. :func:`find_consensus` labels each consensus with its kind:
+
+* ``cross_model``: at least ``agreement_threshold`` distinct models share a decision and they are at
+  least ``min_agreement_score`` of the models that answered (``agreement_score`` = that share);
+* ``self_consistency`` (only when distinct models do not agree, and ``allow_self_consistency``): at
+  least ``self_consistency_threshold`` samples of one model share a decision, at least
+  ``min_agreement_score`` of its samples. Weaker evidence: one model agreeing with itself.
+
+Every row carries ``agreement_kind``, ``n_models``, ``n_models_agreeing``, ``n_agreeing`` (votes in
+the consensus: models or samples) and ``agreeing_teachers`` (the entries behind them). ``cost_usd``
+sums the cost of every replay call of the state (failed ones included: they were paid for to produce
+this row). ``pair_id`` = sha256(state_id|signature)[:20].
 
 Deliberately simplified: one consensus per state (a 2-2 split is resolved by signature order
 only when ``allow_ties`` is set, otherwise skipped); representative = first agreeing teacher in
@@ -31,7 +42,14 @@ import yaml
 
 from composer_pipeline import tables
 from composer_pipeline.actions import Action
-from composer_pipeline.pairs.signature import SignatureRules, action_signature, group_actions, same_decision
+from composer_pipeline.pairs.signature import (
+    Group,
+    SignatureRules,
+    action_signature,
+    group_actions,
+    same_decision,
+    text_similarity,
+)
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pairs.yaml"
 
@@ -42,9 +60,21 @@ class PairRecipe:
     min_agreement_score: float = 0.5
     min_teachers: int = 2
     allow_ties: bool = False
+    allow_self_consistency: bool = True
+    self_consistency_threshold: int = 2
+    require_offered_tools: bool = True
+    require_key_arguments: bool = True
+    reject_prompt_echo: bool = True
     keep_error_states: bool = True
     teacher_preference: tuple[str, ...] = ()
     signature: SignatureRules = field(default_factory=SignatureRules)
+
+    @property
+    def min_votes(self) -> int:
+        """The fewest answers any kind of consensus can come from."""
+        if self.allow_self_consistency:
+            return min(self.agreement_threshold, self.self_consistency_threshold)
+        return self.agreement_threshold
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "PairRecipe":
@@ -54,7 +84,7 @@ class PairRecipe:
         if unknown:
             raise ValueError(f"pairs recipe: unknown keys {sorted(unknown)} (known: {sorted(known)})")
         kw: dict[str, Any] = {}
-        for k in ("agreement_threshold", "min_teachers"):
+        for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
             if k in d:
                 kw[k] = int(d[k])
                 if kw[k] < 1:
@@ -63,7 +93,8 @@ class PairRecipe:
             kw["min_agreement_score"] = float(d["min_agreement_score"])
             if not 0.0 <= kw["min_agreement_score"] <= 1.0:
                 raise ValueError("pairs recipe: min_agreement_score must be in [0, 1]")
-        for k in ("allow_ties", "keep_error_states"):
+        for k in ("allow_ties", "allow_self_consistency", "require_offered_tools", "require_key_arguments",
+                  "reject_prompt_echo", "keep_error_states"):
             if k in d:
                 kw[k] = bool(d[k])
         if "teacher_preference" in d:
@@ -93,9 +124,31 @@ def pair_id_for(state_id: str, consensus_signature: str) -> str:
     return hashlib.sha256(f"{state_id}|{consensus_signature}".encode()).hexdigest()[:20]
 
 
-def _teacher_answers(rows: list[dict], stats: dict[str, int]) -> dict[str, tuple[Action, str]]:
-    """One (action, call_id) per teacher: its latest answered row with a parseable action."""
-    best: dict[str, tuple[str, Action, str]] = {}
+@dataclass(frozen=True)
+class Voter:
+    """Who stands behind a teacher's answer: a model (``base_url`` + ``model``) and how it decodes.
+
+    Two teacher entries with the same ``model_key`` are one model. At greedy decoding
+    (``sampled`` false) their answers are the same answer twice and count once; at
+    ``temperature`` > 0 each entry is one sample of that model (self-consistency, not a second model).
+    """
+
+    teacher: str
+    model_key: str
+    sampled: bool
+
+
+def voters_from_config(config) -> dict[str, Voter]:
+    """teacher name -> :class:`Voter` from a :class:`~composer_pipeline.teachers.config.TeachersConfig`."""
+    return {
+        t.name: Voter(t.name, f"{t.base_url.rstrip('/')}|{t.model}", float(t.temperature or 0.0) > 0.0)
+        for t in config.teachers
+    }
+
+
+def _teacher_answers(rows: list[dict], stats: dict[str, int]) -> dict[str, tuple[Action, str, str]]:
+    """One (action, call_id, model) per teacher: its latest answered row with a parseable action."""
+    best: dict[str, tuple[str, Action, str, str]] = {}
     for r in rows:
         if r.get("status") != "answered" or not r.get("action"):
             stats["replays_not_answered"] += 1
@@ -111,8 +164,169 @@ def _teacher_answers(rows: list[dict], stats: dict[str, int]) -> dict[str, tuple
         key = r.get("created_at") or ""
         prev = best.get(r["teacher"])
         if prev is None or key >= prev[0]:
-            best[r["teacher"]] = (key, action, r["call_id"])
-    return {t: (a, cid) for t, (_, a, cid) in best.items()}
+            best[r["teacher"]] = (key, action, r["call_id"], r.get("model") or "")
+    return {t: (a, cid, m) for t, (_, a, cid, m) in best.items()}
+
+
+@dataclass
+class _Vote:
+    """One counted answer: a greedy model once (its duplicate entries folded in) or one sample."""
+
+    key: str
+    model_key: str
+    action: Action
+    teachers: list[str]
+
+
+@dataclass
+class Consensus:
+    """The agreement found at one state (see :func:`find_consensus`)."""
+
+    kind: str  # cross_model | self_consistency
+    signature: str
+    representative: Action
+    teachers: list[str]  # teacher entries whose answers are in the consensus
+    n_agreeing: int  # distinct models (cross_model) or samples of one model (self_consistency)
+    score: float  # n_agreeing / models that answered (cross_model) or / that model's samples
+    n_models: int  # distinct models that answered the state
+    n_models_agreeing: int
+
+
+def _votes(answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], pref: dict[str, int],
+           rules: SignatureRules, stats: dict[str, int]) -> list[_Vote]:
+    """Answers -> votes: identical greedy requests of one model count once."""
+    votes: dict[str, _Vote] = {}
+    for t in sorted(answers, key=lambda t: (pref.get(t, len(pref)), t)):
+        action, _, model = answers[t]
+        # without a teachers config the replay row's model field is all that is known: two names
+        # sending the same model field are taken as one greedy model (never as two votes)
+        v = voters.get(t) or Voter(t, f"?|{model}", False)
+        key = f"{v.model_key}|sample:{t}" if v.sampled else f"{v.model_key}|greedy"
+        if key not in votes:
+            votes[key] = _Vote(key, v.model_key, action, [t])
+            continue
+        stats["answers_greedy_duplicates"] += 1
+        if same_decision(votes[key].action, action, rules):
+            votes[key].teachers.append(t)
+    return list(votes.values())
+
+
+def _top(groups: list[Group]) -> Group | None:
+    """The largest group, or None when the first two are the same size (a tie)."""
+    if not groups or (len(groups) > 1 and len(groups[1].members) == len(groups[0].members)):
+        return None
+    return groups[0]
+
+
+def find_consensus(answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], recipe: "PairRecipe",
+                   stats: dict[str, int]) -> Consensus | str:
+    """Agreement among distinct models first, else self-consistency of one sampled model.
+
+    A model's vote is the decision most of its votes share (greedy: its one answer; sampled: the
+    plurality of its samples, none on a tie). ``cross_model``: at least ``agreement_threshold``
+    distinct models share a decision that is at least ``min_agreement_score`` of the models that
+    answered and not tied with another. ``self_consistency`` (when allowed): at least
+    ``self_consistency_threshold`` samples of one model share a decision, at least
+    ``min_agreement_score`` of its samples. Returns the reason as a string when there is none.
+    """
+    rules = recipe.signature
+    pref = {t: i for i, t in enumerate(recipe.teacher_preference)}
+    votes = _votes(answers, voters, pref, rules, stats)
+    by_model: dict[str, list[_Vote]] = {}
+    for v in votes:
+        by_model.setdefault(v.model_key, []).append(v)
+    model_groups = {m: group_actions([(v.key, v.action) for v in vs], rules) for m, vs in by_model.items()}
+    vote_by_key = {v.key: v for v in votes}
+    decisions = []
+    for m, groups in sorted(model_groups.items()):
+        top = _top(groups)
+        if top is not None:
+            decisions.append((m, top.representative))
+    n_models = len(by_model)
+    cross = group_actions(decisions, rules)
+    reason = "no_consensus"
+    if cross:
+        top = cross[0]
+        n = len(top.members)
+        tied = len(cross) > 1 and len(cross[1].members) == n
+        if n >= recipe.agreement_threshold and n / n_models >= recipe.min_agreement_score:
+            if not tied or recipe.allow_ties:
+                teachers = [t for m in top.members for k in _top(model_groups[m]).members
+                            for t in vote_by_key[k].teachers]
+                return Consensus("cross_model", top.signature, top.representative, teachers, n, n / n_models,
+                                 n_models, n)
+            reason = "tied"
+    if not recipe.allow_self_consistency:
+        return reason
+    best: tuple | None = None
+    for m, groups in sorted(model_groups.items()):
+        n_samples = len(by_model[m])
+        top = _top(groups)
+        if top is None or n_samples < 2:
+            continue
+        n, score = len(top.members), len(top.members) / n_samples
+        if n >= recipe.self_consistency_threshold and score >= recipe.min_agreement_score:
+            if best is None or (score, n) > (best[0], best[1]):
+                best = (score, n, m, top)
+    if best is None:
+        return reason
+    score, n, m, top = best
+    teachers = [t for k in top.members for t in vote_by_key[k].teachers]
+    agreeing_models = sum(1 for _, a in decisions if same_decision(a, top.representative, rules))
+    return Consensus("self_consistency", top.signature, top.representative, teachers, n, score, n_models,
+                     agreeing_models)
+
+
+def _last_input_texts(prompt_json: str) -> list[str]:
+    """What the model read last: the last user message and any tool results after it."""
+    from composer_pipeline.render import flatten_content
+
+    out: list[str] = []
+    for m in reversed(orjson.loads(prompt_json)):
+        if m.get("role") == "tool":
+            out.append(flatten_content(m.get("content")))
+        elif m.get("role") == "user":
+            out.append(flatten_content(m.get("content")))
+            break
+        elif m.get("role") == "assistant" and out:
+            break
+    return [t for t in out if t.strip()]
+
+
+def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str, tools_json: str,
+                   recipe: "PairRecipe", stats: dict[str, int]) -> dict[str, tuple[Action, str, str]]:
+    """Answers that are a decision at all (each rule is a recipe switch; every refusal is counted).
+
+    * ``require_offered_tools``: every tool call names a tool the prompt offered (the agent's tools)
+      or a tool the signature rules know (``signature.key_arguments``: Claude Code's own tools);
+    * ``require_key_arguments``: every call has its tool's key arguments (``signature.key_arguments``),
+      e.g. a ``Bash`` call without ``command`` decides nothing;
+    * ``reject_prompt_echo``: a text answer that repeats what it was just given (the last user message
+      or tool result; word-bag similarity at ``signature.text_similarity_threshold``) parrots its input,
+      e.g. ``<command-name>/init`` or a tool's error message.
+    """
+    rules = recipe.signature
+    offered = {(t.get("function") or t).get("name") for t in orjson.loads(tools_json or "[]")} | set(rules.key_arguments)
+    last_inputs = None
+    out = {}
+    for t, (action, cid, model) in answers.items():
+        if action.tool_calls:
+            if recipe.require_offered_tools and any(c.name not in offered for c in action.tool_calls):
+                stats["answers_unknown_tool"] += 1
+                continue
+            if recipe.require_key_arguments and any(
+                k not in c.arguments for c in action.tool_calls for k in rules.key_arguments.get(c.name) or ()
+            ):
+                stats["answers_missing_key_arguments"] += 1
+                continue
+        elif recipe.reject_prompt_echo:
+            if last_inputs is None:
+                last_inputs = _last_input_texts(prompt_json)
+            if any(text_similarity(action.text, t) >= rules.text_similarity_threshold for t in last_inputs):
+                stats["answers_echo_prompt"] += 1
+                continue
+        out[t] = (action, cid, model)
+    return out
 
 
 def _renderer(states: pa.Table, messages: pa.Table, render_opts):
@@ -129,11 +343,18 @@ def _renderer(states: pa.Table, messages: pa.Table, render_opts):
 
 
 def build_pairs(
-    states: pa.Table, messages: pa.Table, replays: pa.Table, recipe: PairRecipe | None = None, render_opts=None
+    states: pa.Table, messages: pa.Table, replays: pa.Table, recipe: PairRecipe | None = None, render_opts=None,
+    teachers=None,
 ) -> PairsResult:
-    """Compare teachers with each other and with the agent; see the module docstring."""
+    """Compare teachers with each other and with the agent; see the module docstring.
+
+    ``teachers`` (the :class:`~composer_pipeline.teachers.config.TeachersConfig` the replay used)
+    says which entries are the same model and which sample; without it, each distinct ``model``
+    field of the replay rows is one greedy model.
+    """
     recipe = recipe or PairRecipe()
     rules = recipe.signature
+    voters = voters_from_config(teachers) if teachers is not None else {}
     stats: dict[str, int] = {
         k: 0
         for k in (
@@ -143,6 +364,8 @@ def build_pairs(
             "states_too_few_teachers",
             "states_no_consensus",
             "states_tied",
+            "states_cross_model",
+            "states_self_consistency",
             "states_error_skipped",
             "states_no_messages",
             "states_render_error",
@@ -150,6 +373,10 @@ def build_pairs(
             "replays_bad_action_json",
             "replays_empty_action",
             "replays_unknown_state",
+            "answers_greedy_duplicates",
+            "answers_unknown_tool",
+            "answers_missing_key_arguments",
+            "answers_echo_prompt",
             "pairs",
             "positives",
         )
@@ -185,22 +412,9 @@ def build_pairs(
             continue
         answers = _teacher_answers(rows, stats)
         n_teachers = len(answers)
-        if n_teachers < max(recipe.min_teachers, recipe.agreement_threshold):
+        if n_teachers < max(recipe.min_teachers, recipe.min_votes):
             stats["states_too_few_teachers"] += 1
             continue
-        groups = group_actions(sorted((t, a) for t, (a, _) in answers.items()), rules)
-        top = groups[0]
-        n_agreeing = len(top.members)
-        score = n_agreeing / n_teachers
-        if n_agreeing < recipe.agreement_threshold or score < recipe.min_agreement_score:
-            stats["states_no_consensus"] += 1
-            continue
-        if len(groups) > 1 and len(groups[1].members) == n_agreeing and not recipe.allow_ties:
-            stats["states_tied"] += 1
-            continue
-        members = sorted(top.members, key=lambda t: (pref.get(t, len(pref)), t))
-        chosen = answers[members[0]][0]
-        agrees = same_decision(agent, top.representative, rules)
         if render_fn is None:
             render_fn = _renderer(states, messages, render_opts)
         try:
@@ -211,9 +425,18 @@ def build_pairs(
         if n_msgs <= 1:  # only the system prompt: the state's stream is not in trace_messages
             stats["states_no_messages"] += 1
             continue
+        answers = _valid_answers(answers, prompt, tools_json, recipe, stats)
+        found = find_consensus(answers, voters, recipe, stats)
+        if isinstance(found, str):
+            stats["states_tied" if found == "tied" else "states_no_consensus"] += 1
+            continue
+        stats[f"states_{found.kind}"] += 1
+        members = sorted(found.teachers, key=lambda t: (pref.get(t, len(pref)), t))
+        chosen = answers[members[0]][0]
+        agrees = same_decision(agent, found.representative, rules)
         call_ids = sorted(r["call_id"] for r in rows)
         row = {
-            "pair_id": pair_id_for(st["state_id"], top.signature),
+            "pair_id": pair_id_for(st["state_id"], found.signature),
             "kind": "positive" if agrees else "pair",
             "state_id": st["state_id"],
             "session_key": st["session_key"],
@@ -228,11 +451,14 @@ def build_pairs(
             "rejected": agent.to_json(),
             "chosen_text": chosen.to_text(),
             "rejected_text": agent.to_text(),
+            "agreement_kind": found.kind,
             "n_teachers": n_teachers,
-            "n_agreeing": n_agreeing,
+            "n_models": found.n_models,
+            "n_models_agreeing": found.n_models_agreeing,
+            "n_agreeing": found.n_agreeing,
             "agreeing_teachers": members,
-            "agreement_score": score,
-            "consensus_signature": top.signature,
+            "agreement_score": found.score,
+            "consensus_signature": found.signature,
             "agent_signature": action_signature(agent, rules),
             "cost_usd": float(sum(r.get("cost_usd") or 0.0 for r in rows)),
             "has_error": bool(st.get("has_error")),
@@ -245,6 +471,18 @@ def build_pairs(
         positives=_to_table(pos_rows, "agreement_positives"),
         stats=stats,
     )
+
+
+def agreement_label(r: dict) -> str:
+    """What agreed, in words: ``2 of 2 models`` or ``2 of 3 samples of one model (1 of 2 models)``."""
+    if r.get("agreement_kind") == "self_consistency":
+        score = r.get("agreement_score")
+        samples = round(r["n_agreeing"] / score) if score else r["n_agreeing"]
+        return (f"{r['n_agreeing']} of {samples} samples of one model "
+                f"({r.get('n_models_agreeing')} of {r.get('n_models')} models)")
+    if r.get("agreement_kind") == "cross_model":
+        return f"{r['n_agreeing']} of {r.get('n_models')} models"
+    return f"{r.get('n_agreeing')} of {r.get('n_teachers')} teachers (kind not recorded)"
 
 
 def _to_table(rows: list[dict], name: str) -> pa.Table:

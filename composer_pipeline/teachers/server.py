@@ -48,6 +48,7 @@ from composer_pipeline.chat import plain_messages, text_of
 
 MAX_NEW_TOKENS = 1024
 MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
+PROMPT_CACHE_SIZE = 4  # prefilled prompts kept per model (SmolLM2-135M at 1k tokens: ~90 MB each)
 
 
 class GreedyMemo:
@@ -90,6 +91,52 @@ class GreedyMemo:
             return {"hits": self.hits, "misses": self.misses, "entries": len(self._data)}
 
 
+class PromptCache:
+    """LRU of prefilled prompts: prompt token ids -> the model's KV cache over all but the last token.
+
+    Several samples of one model (the demo's ``smollm2-s1``/``-s2``, any self-consistency setup) send
+    the same prompt with different seeds; on a CPU the prompt's prefill is most of a generation, so
+    the second sample reuses it (``generate(past_key_values=<copy>)``, the reuse pattern of the
+    transformers cache docs) and only decodes. The answer is the one a full generation gives: the
+    same prompt, the same sampling stream (the seed is set just before decoding).
+    """
+
+    def __init__(self, max_entries: int = 4):
+        self.max_entries = max_entries
+        self._data: OrderedDict[bytes, Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_fill(self, model: Any, ids: list[int], torch: Any) -> Any | None:
+        """A private copy of the prefilled cache for ``ids`` (None when off or the prompt is one token).
+
+        Called under the model's lock (the cache belongs to one set of weights)."""
+        import copy
+
+        if self.max_entries <= 0 or len(ids) < 2:
+            return None
+        key = orjson.dumps(ids)
+        kv = self._data.get(key)
+        if kv is not None:
+            self._data.move_to_end(key)
+            self.hits += 1
+        else:
+            from transformers import DynamicCache
+
+            self.misses += 1
+            with torch.no_grad():
+                prefix = torch.tensor([ids[:-1]], dtype=torch.long)
+                kv = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=DynamicCache(),
+                           use_cache=True).past_key_values
+            self._data[key] = kv
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+        return copy.deepcopy(kv)
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._data)}
+
+
 @dataclass
 class LocalModel:
     name: str
@@ -99,6 +146,7 @@ class LocalModel:
     model: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     memo: GreedyMemo | None = None  # shared by every served name of the server
+    prompt_cache: PromptCache | None = None  # per weights (shared by the names of one directory)
 
     def load(self) -> "LocalModel":
         import torch
@@ -185,7 +233,11 @@ class LocalModel:
         else:
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
         with torch.no_grad():
-            if body.get("seed") is not None:
+            if self.prompt_cache is not None:
+                kv = self.prompt_cache.get_or_fill(self.model, ids, torch)
+                if kv is not None:
+                    gen_kwargs["past_key_values"] = kv
+            if body.get("seed") is not None:  # after the prefill: decoding draws the same stream either way
                 torch.manual_seed(int(body["seed"]))
             input_ids = torch.tensor([ids], dtype=torch.long)
             out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs)
@@ -221,13 +273,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         path = self.path.split("?")[0].rstrip("/")
         if path in ("/health", "/v1/health"):
-            self._json(200, {"status": "ok", "models": sorted(self.server.models), "greedy_memo": self.server.memo.stats()})
+            caches = {n: m.prompt_cache.stats() for n, m in sorted(self.server.models.items()) if m.prompt_cache is not None}
+            self._json(200, {"status": "ok", "models": sorted(self.server.models), "greedy_memo": self.server.memo.stats(),
+                             "prompt_cache": caches})
         elif path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "local"} for n in sorted(self.server.models)]})
         else:
             self._error(404, f"no route {path}", "not_found")
 
     def do_POST(self):
+        self.server.last_request = time.monotonic()
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -267,6 +322,7 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.models = models
         self.log = log
+        self.last_request = time.monotonic()  # completions only (health checks do not keep it alive)
         memos = {id(m.memo): m.memo for m in models.values() if m.memo is not None}
         if len(memos) > 1:
             raise ValueError("all served models must share one GreedyMemo")
@@ -279,7 +335,7 @@ class TeacherHTTPServer(ThreadingHTTPServer):
 
 
 def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024,
-                memo_size: int = MEMO_SIZE) -> dict[str, LocalModel]:
+                memo_size: int = MEMO_SIZE, prompt_cache_size: int = PROMPT_CACHE_SIZE) -> dict[str, LocalModel]:
     """Served name -> loaded model; names resolving to one directory share the weights, the lock and
     the (server-wide) greedy memo. ``memo_size`` 0 turns the memo off."""
     from composer_pipeline.models import resolve_model
@@ -294,7 +350,8 @@ def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024,
         if path in by_path:
             out[name] = replace(by_path[path], name=name)  # same tokenizer, model and lock objects
         else:
-            out[name] = by_path[path] = LocalModel(name, path, max_prompt_tokens, memo=memo).load()
+            pc = PromptCache(prompt_cache_size) if prompt_cache_size > 0 else None
+            out[name] = by_path[path] = LocalModel(name, path, max_prompt_tokens, memo=memo, prompt_cache=pc).load()
     return out
 
 
@@ -303,12 +360,44 @@ def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: in
     return TeacherHTTPServer(load_models(models, max_prompt_tokens, memo_size), host, port, log)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int | None,
+           on_exit: Callable[[str], None] | None) -> None:
+    """Stop the server when it has been idle too long, or when the process it belongs to is gone."""
+    while True:
+        idle = time.monotonic() - srv.last_request
+        why = None
+        if idle_exit_s and idle >= idle_exit_s:
+            why = f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g})"
+        elif exit_with_pid and not _alive(exit_with_pid):
+            why = f"process {exit_with_pid} (exit_with_pid) is gone"
+        if why:
+            if on_exit:
+                on_exit(f"{why}: stopping")
+            srv.shutdown()
+            return
+        time.sleep(1.0 if exit_with_pid else min(5.0, max(0.2, idle_exit_s - idle)))
+
+
 def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
-          on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None) -> None:
-    """Load the models and serve until interrupted (blocking)."""
+          on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None,
+          idle_exit_s: float | None = None, exit_with_pid: int | None = None) -> None:
+    """Load the models and serve until interrupted, until ``idle_exit_s`` pass without a completion
+    request, or until process ``exit_with_pid`` exits (the Dagster resource starts it so: a server a UI
+    run started goes with the code location and does not outlive its use)."""
     srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens, log=log)
     if on_ready:
         on_ready(srv.url)
+    if idle_exit_s or exit_with_pid:
+        threading.Thread(target=_watch, args=(srv, idle_exit_s, exit_with_pid, lambda m: print(m, flush=True)),
+                         daemon=True, name="exit-watch").start()
     try:
         srv.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

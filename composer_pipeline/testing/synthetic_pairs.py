@@ -76,7 +76,9 @@ def synthetic_pairs(n: int, seed: int = 0) -> pa.Table:
             "rejected": rejected.to_json(),
             "chosen_text": chosen_text,
             "rejected_text": rejected_text,
+            "agreement_kind": "cross_model",
             "n_teachers": 3,
+            "n_models": 3,
             "n_agreeing": rng.choice([2, 3]),
             "agreeing_teachers": ["alpha", "beta"],
             "agreement_score": 0.67,
@@ -86,6 +88,7 @@ def synthetic_pairs(n: int, seed: int = 0) -> pa.Table:
             "has_error": rng.random() < 0.2,
             "error_after": None,
         }
+        row["n_models_agreeing"] = row["n_agreeing"]
         if i > 10 and rng.random() < 0.04:  # exact duplicate of an earlier pair's content
             src = rows[rng.randrange(len(rows))]
             for k in ("prompt", "chosen", "rejected", "chosen_text", "rejected_text"):

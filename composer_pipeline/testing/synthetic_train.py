@@ -51,7 +51,8 @@ def pair_rows(n: int = 12) -> list[dict]:
                 "session_key": "synth__s1", "session_id": "s1", "source_file": "synth/s1.jsonl", "source_lines": [i + 1],
                 "record_uuids": [f"u{i}"], "replay_call_ids": [f"c{i}"], "prompt": orjson.dumps(prompt).decode(),
                 "tools": orjson.dumps(TOOLS).decode(), "chosen": chosen.to_json(), "rejected": agent.to_json(),
-                "chosen_text": chosen.to_text(), "rejected_text": agent.to_text(), "n_teachers": 3, "n_agreeing": 2,
+                "chosen_text": chosen.to_text(), "rejected_text": agent.to_text(), "agreement_kind": "cross_model",
+                "n_teachers": 3, "n_models": 3, "n_models_agreeing": 2, "n_agreeing": 2,
                 "agreeing_teachers": ["a", "b"], "agreement_score": 0.67, "consensus_signature": "sig", "agent_signature": "asig",
                 "cost_usd": 0.0, "has_error": has_error, "error_after": error,
             }

@@ -71,13 +71,13 @@ def trace_root(tmp_path) -> Path:
 
 def write_teachers_yaml(path: Path, url: str, *, ceiling_usd: float = 5.0, budget_usd: float = 10.0, n: int = 3,
                         key_env: str | None = None) -> Path:
-    """``n`` keyless teachers behind one loopback server (distinct names -> distinct call_ids)."""
+    """``n`` keyless teachers behind one loopback server, each a distinct model name (a vote is base_url + model)."""
     import yaml
 
     path.write_text(yaml.safe_dump({
         "ceiling_usd": ceiling_usd,
         "teachers": [
-            {"name": f"t{i}", "base_url": url, "model": "scripted", "api_key_env": key_env if i == 0 else None,
+            {"name": f"t{i}", "base_url": url, "model": f"scripted-{i}", "api_key_env": key_env if i == 0 else None,
              "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0, "budget_usd": budget_usd,
              "max_concurrency": 2, "max_tokens": 64, "max_retries": 0, "timeout_s": 10}
             for i in range(n)

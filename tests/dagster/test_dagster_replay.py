@@ -60,6 +60,8 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     checks = {(e.asset_key.to_user_string(), e.check_name): e for e in res.get_asset_check_evaluations()}
     failed = {k: c.metadata for k, c in checks.items() if not c.passed}
     assert not failed, failed
+    # every check of these partitioned assets reports for the session it ran on (the UI's Partition column)
+    assert len(checks) == 13 and {c.partition for c in checks.values()} == {KEY}
     store = Store(str(tmp_path / "store"))
     replays = store.read_table("teacher_replays")
     states = store.read_table("trace_states")
@@ -79,3 +81,23 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     pairs = store.read_table("normalized_dpo_pairs")
     assert store.read_table("dpo_pairs").num_rows >= 1
     assert pairs.num_rows + store.read_table("dropped_pairs").num_rows == store.read_table("dpo_pairs").num_rows
+    kinds = meta["dpo_pairs"]["pairs_by_agreement_kind"].value
+    assert kinds == {"cross_model": store.read_table("dpo_pairs").num_rows}  # three distinct model names agree
+    assert "**agreement: cross_model** — 3 of 3 models" in meta["dpo_pairs"]["example"].value
+
+    # the summary names what it counts: every row went over HTTP once (no cache yet) ...
+    s = meta["teacher_replays"]["summary"].value
+    n = replays.num_rows
+    assert (s["rows"], s["answered"], s["http_requests"], s["from_cache"]) == (n, n, n, 0)
+    assert meta["teacher_replays"]["http_requests"].value == n and meta["teacher_replays"]["cache_hits"].value == 0
+    assert s["latency_s_http"]["n"] == n and s["latency_s_cached"] == {"n": 0}
+    assert sum(t["http_requests"] for t in s["by_teacher"].values()) == n and set(s["by_teacher"]) == {"t0", "t1", "t2"}
+    assert "calls_by_teacher" not in meta["teacher_replays"] and "latency_s" not in meta["teacher_replays"]
+    # ... and a re-run answers every row from the cache: no request sent, latencies are the bought ones
+    res2 = dg.materialize([*CHAIN], partition_key=KEY, instance=instance, resources=resources,
+                          selection=["teacher_replays"])
+    assert res2.success and len(scripted_server.requests) == n
+    meta2 = {m.asset_key.to_user_string(): m.materialization.metadata for m in res2.get_asset_materialization_events()}
+    s2 = meta2["teacher_replays"]["summary"].value
+    assert (s2["rows"], s2["answered"], s2["http_requests"], s2["from_cache"]) == (n, n, 0, n)
+    assert s2["latency_s_http"] == {"n": 0} and s2["latency_s_cached"]["n"] == n

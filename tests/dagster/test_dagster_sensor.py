@@ -1,5 +1,6 @@
 """sessions_sensor: adds a partition per new session and re-requests changed sessions (run_key = key:fingerprint)."""
 
+import json
 import os
 
 import dagster as dg
@@ -60,3 +61,36 @@ def test_sensor_skips_with_reason_when_trace_root_missing(tmp_path):
     result, added, runs, _ = _tick(sensor, dg.DagsterInstance.ephemeral(), None, tmp_path / "nope")
     assert isinstance(result, dg.SkipReason) and "does not exist" in result.skip_message
     assert not added and not runs
+
+
+def test_first_tick_requests_no_run_for_sessions_already_materialized(tmp_path):
+    """A fresh sensor cursor (first tick, or the sensor turned on after the demo) must not re-run
+    sessions whose files were already materialized as they are; a new or later-changed one runs."""
+    from assets.ingest import raw_sessions
+
+    root = tmp_path / "projects"
+    write_session(root, "-home-dev-a", "aaaaaaaa-0000-0000-0000-000000000001")
+    write_session(root, "-home-dev-b", "bbbbbbbb-0000-0000-0000-000000000002")
+    key_a = "-home-dev-a__aaaaaaaa-0000-0000-0000-000000000001"
+    key_b = "-home-dev-b__bbbbbbbb-0000-0000-0000-000000000002"
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(sessions_partitions.name, [key_a, key_b])
+    recipes = PipelineRecipes(trace_root=str(root))
+    for key in (key_a, key_b):
+        assert dg.materialize([raw_sessions], partition_key=key, instance=instance, resources={"recipes": recipes}).success
+    # a's chain went through to its last asset; b's stopped after raw_sessions (e.g. a failed cost check)
+    instance.report_runless_asset_event(dg.AssetMaterialization("normalized_dpo_pairs", partition=key_a))
+
+    sensor = build_sessions_sensor(session_chain_job, 30)
+    _, added, runs, cursor = _tick(sensor, instance, None, root)
+    assert added == [] and [r.partition_key for r in runs] == [key_b]  # a: done already, no run; b: unfinished
+    assert key_a in json.loads(cursor)
+    skip, _, runs, cursor = _tick(sensor, instance, cursor, root)
+    assert isinstance(skip, dg.SkipReason) and not runs
+    # a materialized session whose file changed since is a changed session: it runs
+    pa_ = root / "-home-dev-a" / "aaaaaaaa-0000-0000-0000-000000000001.jsonl"
+    with pa_.open("a") as f:
+        f.write('{"type":"summary","summary":"later"}\n')
+    os.utime(pa_, ns=(pa_.stat().st_atime_ns, pa_.stat().st_mtime_ns + 10**9))
+    _, _, runs, _ = _tick(sensor, instance, None, root)  # even with a reset cursor
+    assert sorted(r.partition_key for r in runs) == [key_a, key_b]

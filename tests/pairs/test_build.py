@@ -65,10 +65,13 @@ def test_stats_account_for_every_state_and_replay(session_tables):
 
 
 def test_thresholds_come_from_the_recipe(session_tables):
-    strict = PairRecipe.from_dict({"agreement_threshold": 3})
+    strict = PairRecipe.from_dict({"agreement_threshold": 3, "allow_self_consistency": False})
     res = _build(session_tables, strict)
     assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
     assert res.stats["states_no_consensus"] == 2 and res.stats["states_too_few_teachers"] == 1
+    # with self-consistency allowed (2 samples suffice) the 2-teacher text state is looked at too
+    res = _build(session_tables, PairRecipe.from_dict({"agreement_threshold": 3}))
+    assert res.stats["states_no_consensus"] == 3 and res.stats["states_too_few_teachers"] == 0
     loose_text = PairRecipe.from_dict({"agreement_threshold": 1, "min_agreement_score": 0.0, "allow_ties": True,
                                        "min_teachers": 1, "teacher_preference": ["beta"]})
     res = _build(session_tables, loose_text)
@@ -115,7 +118,7 @@ def test_state_without_messages_is_counted_not_paired(session_tables):
     msgs = session_tables["trace_messages"]
     t = dict(session_tables, trace_messages=msgs.filter(pc.equal(msgs["stream_id"], "other:main")))
     res = _build(t)
-    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0 and res.stats["states_no_messages"] == 2
+    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0 and res.stats["states_no_messages"] == 3  # rendered before votes are counted
 
 
 def test_empty_inputs_give_empty_tables(session_tables):
@@ -123,3 +126,116 @@ def test_empty_inputs_give_empty_tables(session_tables):
     res = _build(e)
     assert res.pairs.num_rows == 0 and res.pairs.schema == tables.DPO_PAIRS and res.stats["states"] == 0
 
+
+
+# --- votes are models, not teacher names -------------------------------------------------------------
+from composer_pipeline.actions import ToolCall  # noqa: E402
+from composer_pipeline.teachers.config import parse_teachers  # noqa: E402
+
+from .conftest import replay  # noqa: E402
+
+GREP = Action(tool_calls=(ToolCall("Grep", {"pattern": "x = 1", "path": "/repo"}),))
+
+
+def _teachers(*entries):
+    """(name, base_url, model, temperature) -> TeachersConfig."""
+    return parse_teachers({"ceiling_usd": 1.0, "teachers": [
+        {"name": n, "base_url": u, "model": m, "temperature": t, "api_key_env": None, "input_usd_per_mtok": 0.1,
+         "output_usd_per_mtok": 0.1, "budget_usd": 1.0, "max_concurrency": 1} for n, u, m, t in entries]})
+
+
+def _with_replays(session_tables, rows):
+    import pyarrow as pa
+
+    return {**session_tables, "teacher_replays": pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS)}
+
+
+def _bash_state(*answers):
+    """Replay rows for the state where the agent ran `pytest -q` (BASH): (teacher, action) each."""
+    return [replay("s_bash_000000000002", t, a) for t, a in answers]
+
+
+def test_one_model_under_two_greedy_names_is_one_vote(session_tables):
+    # the old demo: the same weights behind one server under two names, both greedy, "agree" by construction
+    cfg = _teachers(("smol-a", "http://127.0.0.1:8765/v1", "smollm2", 0.0),
+                    ("smol-b", "http://127.0.0.1:8765/v1/", "smollm2", 0.0),
+                    ("other", "http://127.0.0.1:9000/v1", "qwen", 0.0))
+    t = _with_replays(session_tables, _bash_state(("smol-a", EDIT), ("smol-b", EDIT), ("other", GREP)))
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
+                      RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
+    assert res.stats["answers_greedy_duplicates"] == 1 and res.stats["states_no_consensus"] == 1
+    # ... while two distinct models that agree make a cross-model pair (n_agreeing counts models)
+    t = _with_replays(session_tables, _bash_state(("smol-a", EDIT), ("smol-b", EDIT), ("other", EDIT)))
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
+                      RenderOptions(), teachers=cfg)
+    p = res.pairs.to_pylist()[0]
+    assert p["agreement_kind"] == "cross_model"
+    assert (p["n_teachers"], p["n_models"], p["n_models_agreeing"], p["n_agreeing"]) == (3, 2, 2, 2)
+    assert p["agreeing_teachers"] == ["other", "smol-a", "smol-b"] and p["agreement_score"] == 1.0
+    assert res.stats["states_cross_model"] == 1
+
+
+def test_same_model_field_without_a_config_is_one_vote(session_tables):
+    rows = _bash_state(("a", EDIT), ("b", EDIT), ("c", GREP))
+    for r in rows:
+        r["model"] = "smollm2"  # what the replay table says each entry sent
+    t = _with_replays(session_tables, rows)
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions())
+    assert res.pairs.num_rows == 0 and res.stats["states_no_consensus"] == 1
+
+
+def test_samples_of_one_model_are_self_consistency(session_tables):
+    url = "http://127.0.0.1:8765/v1"
+    cfg = _teachers(("s1", url, "smollm2", 0.7), ("s2", url, "smollm2", 0.7), ("s3", url, "smollm2", 0.7),
+                    ("tiny", url, "tiny", 1.0))
+    t = _with_replays(session_tables, _bash_state(("s1", EDIT), ("s2", GREP), ("s3", EDIT), ("tiny", GREP)))
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
+                      RenderOptions(), teachers=cfg)
+    p = res.pairs.to_pylist()[0]
+    assert p["agreement_kind"] == "self_consistency" and p["consensus_signature"].startswith("tool:Edit")
+    # 2 of smollm2's 3 samples; 2 models answered and only smollm2 holds this decision
+    assert (p["n_agreeing"], p["n_models"], p["n_models_agreeing"]) == (2, 2, 1)
+    assert p["agreeing_teachers"] == ["s1", "s3"] and p["agreement_score"] == pytest.approx(2 / 3)
+    assert res.stats["states_self_consistency"] == 1
+    # the recipe can refuse this weaker kind of agreement
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"],
+                      PairRecipe.from_dict({"allow_self_consistency": False}), RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and res.stats["states_no_consensus"] == 1
+
+
+def test_distinct_models_outrank_samples(session_tables):
+    # smollm2's samples all say GREP, but two other models agree on EDIT: the cross-model consensus wins
+    url = "http://127.0.0.1:8765/v1"
+    cfg = _teachers(("s1", url, "smollm2", 0.7), ("s2", url, "smollm2", 0.7), ("m1", url, "qwen", 0.0),
+                    ("m2", "https://api.example/v1", "gpt", 0.0))
+    t = _with_replays(session_tables, _bash_state(("s1", GREP), ("s2", GREP), ("m1", EDIT), ("m2", EDIT)))
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
+                      RenderOptions(), teachers=cfg)
+    p = res.pairs.to_pylist()[0]
+    assert p["agreement_kind"] == "cross_model" and p["agreeing_teachers"] == ["m1", "m2"]
+    assert (p["n_models"], p["n_agreeing"]) == (3, 2) and p["agreement_score"] == pytest.approx(2 / 3)
+
+
+def test_answers_that_decide_nothing_are_not_votes(session_tables):
+    # a hallucinated tool, a Bash call without its command, texts that parrot the user's message / a tool result
+    url = "http://127.0.0.1:8765/v1"
+    cfg = _teachers(("m1", url, "a", 0.0), ("m2", url, "b", 0.0), ("m3", url, "c", 0.0), ("m4", url, "d", 0.0),
+                    ("m5", url, "e", 0.0), ("m6", url, "f", 0.0))
+    mean = Action(tool_calls=(ToolCall("Mean", {"file_path": "/repo/src/app.py"}),))
+    bare_bash = Action(tool_calls=(ToolCall("Bash", {}),))
+    echo = Action(text="Please fix the failing test in src/app.py")
+    echo_tool = Action(text="1 failed")  # the tool result the BASH state's prefix ends with
+    rows = [replay("s_read_000000000001", t, a) for t, a in
+            (("m1", mean), ("m2", mean), ("m3", bare_bash), ("m4", bare_bash), ("m5", echo), ("m6", echo))]
+    rows += [replay("s_done_000000000003", t, echo_tool) for t in ("m1", "m2")]
+    t = _with_replays(session_tables, rows)
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
+                      RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
+    s = res.stats
+    assert (s["answers_unknown_tool"], s["answers_missing_key_arguments"], s["answers_echo_prompt"]) == (2, 2, 4)
+    loose = PairRecipe.from_dict({"require_offered_tools": False, "require_key_arguments": False,
+                                  "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0})
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], loose, RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows + res.positives.num_rows == 2  # the same answers count when the recipe says so

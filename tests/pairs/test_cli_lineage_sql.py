@@ -47,7 +47,11 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
     assert orjson.loads(rec["raw"])["message"]["content"][0]["input"] == {"command": "pytest -q"}
     assert chain["missing"] == []
     text = _run(capsys, "lineage", pid, "--store", root)
-    assert "line 4  assistant  uuid=a2" in text and '"pytest -q"' in text and "2/3" in text
+    assert "line 4  assistant  uuid=a2" in text and '"pytest -q"' in text
+    # which kind of agreement, in words, and the consensus itself (not only its signature)
+    assert "agreement cross_model: 2 of 3 models" in text and chain["pair"]["agreement_kind"] == "cross_model"
+    consensus = text.split("  consensus: ", 1)[1]
+    assert consensus.splitlines()[1].startswith("    │ ") and '"Edit"' in consensus.split("  agent:", 1)[0]
 
     # sql over the stored tables, three output forms
     q = "select pair_id, n_agreeing, agreeing_teachers from normalized_dpo_pairs"
@@ -118,3 +122,30 @@ def test_lineage_errors_are_clear(tmp_path, session_tables, capsys):
     assert "trace_states: table not stored" in chain["missing"] and chain["records"] == []
     assert main(["sql", "select * from nope", "--store", root]) == 2
     assert "normalized_dpo_pairs" in capsys.readouterr().err
+
+
+def test_a_truncated_parquet_file_is_named_in_the_error(tmp_path, session_tables, capsys):
+    store = _seed(str(tmp_path / "run"), session_tables)
+    (path,) = store.files("trace_states")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])  # a write cut short
+    capsys.readouterr()
+    assert main(["sql", "select count(*) from trace_states", "--store", store.root]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not a readable Parquet file" in err and "<Buffer>" not in err
+
+
+def test_show_lineage_sql_default_to_the_demo_and_dagster_store(tmp_path, session_tables, capsys, monkeypatch):
+    """Run from the repo root without --store, they read .store (where the demo and Dagster write)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COMPOSER_STORE", raising=False)
+    root = str(tmp_path / ".store")
+    _seed(root, session_tables)
+    _run(capsys, "pairs", "--replays", root, "--states", root, "--out", root)
+    pid = Store(root).read_table("normalized_dpo_pairs").column("pair_id")[0].as_py()
+    assert pid in _run(capsys, "sql", "select pair_id from normalized_dpo_pairs")
+    assert f"pair {pid}" in _run(capsys, "lineage", pid)
+    assert f"pair {pid}" in _run(capsys, "show", pid, "--width", "120")
+    monkeypatch.setenv("COMPOSER_STORE", str(tmp_path / "elsewhere"))  # the variable still wins
+    capsys.readouterr()
+    assert main(["lineage", pid]) == 2

@@ -82,3 +82,16 @@ def test_names_of_one_directory_share_weights_and_memo_can_be_off(tiny_model_dir
     off = load_models({"a": str(tiny_model_dir)}, memo_size=0)["a"]
     body = {"messages": MSGS, "max_tokens": 4, "temperature": 0}
     assert off.memo is None and off.complete_with_memo(body)[1] == "off"
+
+
+def test_prompt_cache_reuses_the_prefill_and_changes_no_answer(tiny_model_dir):
+    """Samples of one model share the prompt: the second reuses its prefill, answers are unchanged."""
+    cached = load_models({"m": str(tiny_model_dir)}, memo_size=0)["m"]
+    plain = load_models({"m": str(tiny_model_dir)}, memo_size=0, prompt_cache_size=0)["m"]
+    assert plain.prompt_cache is None and cached.prompt_cache is not None
+    for params in ({"temperature": 0}, {"temperature": 1.0, "seed": 3}, {"temperature": 1.0, "seed": 4}):
+        body = {"model": "m", "messages": MSGS, "tools": TOOLS, "max_tokens": 8, **params}
+        want = plain.complete(body)["choices"][0]["message"]["content"]
+        assert cached.complete(body)["choices"][0]["message"]["content"] == want
+    # one prefill, then two reuses of it (the same prompt each time)
+    assert cached.prompt_cache.stats() == {"hits": 2, "misses": 1, "entries": 1}

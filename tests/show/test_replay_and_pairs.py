@@ -30,7 +30,7 @@ def test_prefix_equals_the_messages_the_teachers_received(replayed):
     assert got == want
     for v in views:
         bodies = [b for b in received if b["messages"] == v["prefix"]]
-        assert sorted(b["model"] for b in bodies) == ["scripted", "scripted"]
+        assert sorted(b["model"] for b in bodies) == ["scripted-a", "scripted-b"]
         assert v["replayed"] is True and [t["teacher"] for t in v["teachers"]] == ["alpha", "beta"]
         for t in v["teachers"]:
             assert t["status"] == "answered" and t["action"]["tool_calls"][0]["name"] == "Read"
@@ -59,6 +59,7 @@ def test_pair_view_shows_chosen_and_rejected(replayed):
     assert d["kind"] == "pair" and d["pair_id"] == p["pair_id"] and d["state_id"] == p["state_id"]
     assert d["chosen"] == orjson.loads(p["chosen"]) and d["rejected"] == orjson.loads(p["rejected"])
     assert d["n_agreeing"] == 2 and d["n_teachers"] == 2 and d["agreeing_teachers"] == ["alpha", "beta"]
+    assert d["agreement_kind"] == "cross_model" and (d["n_models"], d["n_models_agreeing"]) == (2, 2)
     assert d["agreement_score"] == 1.0 and {"table": "normalized_dpo_pairs", "status": "kept"} in d["pair_tables"]
     assert d["prompt_matches_prefix"] is True and d["prefix"] == orjson.loads(p["prompt"])
     assert d["rejected"] == d["action"] and d["source_lines"] == p["source_lines"]
@@ -68,15 +69,16 @@ def test_pair_view_shows_chosen_and_rejected(replayed):
     rc, out, err = cli("show", p["pair_id"], "--store", replayed["root"], "--width", "140")
     assert rc == 0, err
     head = out.split("── what the agent saw")[0]
-    assert f"pair {p['pair_id']}" in head and "2/2 teachers (alpha, beta)" in head
+    assert f"pair {p['pair_id']}" in head and "agree    cross_model: 2 of 2 models (alpha, beta)" in head
     assert "── chosen (alpha, beta)" in head and "── rejected (the agent)" in head and " │ " in head
     side = [ln for ln in head.splitlines() if " │ " in ln]
     assert any('→ Read(file_path="/repo/app.py")' in ln.split(" │ ")[0] for ln in side)  # chosen on the left
     first_agent_call = d["rejected"]["tool_calls"][0]["name"] if d["rejected"]["tool_calls"] else d["rejected"]["text"][:20]
     assert any(first_agent_call in ln.split(" │ ")[1] for ln in side)  # the agent's action on the right
-    assert "alpha (scripted)  answered" in out and "[agrees" in out and "$0.0" in out
+    assert "alpha (scripted-a)  answered" in out and "[agrees" in out and "$0.0" in out
 
     md = render_markdown(next(gather(replayed["root"], [p["pair_id"]])))
+    assert "- agreement: **cross_model**, 2 of 2 models (alpha, beta)" in md
     assert md.startswith(f"## Pair `{p['pair_id']}`") and "| chosen (alpha, beta) | rejected (the agent) |" in md
     assert "#### What the agent saw" in md and "#### Teachers" in md and md.count("```") % 2 == 0
 

@@ -1,10 +1,12 @@
-"""A real ``dagster dev`` per test (free loopback port, temporary DAGSTER_HOME, stopped by pid)
-and one headless Debian Chromium driven by Playwright for the session.
+"""ONE real ``dagster dev`` for the whole UI test session (free loopback port, temporary DAGSTER_HOME,
+its own process group) and one headless Debian Chromium driven by Playwright.
 
-Each UI test gets its own trace root (copies of the bundled sample sessions), store, ledger and
-response cache, a scripted OpenAI-compatible teacher server on 127.0.0.1 (real HTTP; it answers a
-``Read`` tool call, so two teachers agree and pairs exist), and the offline tiny model for training.
-Screenshots land in ``artifacts/ui/`` (git-ignored) for a person to look at.
+The journeys run in file order on that one instance and build on each other, as a user's day would:
+a trace root of copies of the bundled sample sessions (more are added by the journeys), a store,
+ledger and response cache, a scripted OpenAI-compatible teacher server on 127.0.0.1 (real HTTP; it
+answers a ``Read`` tool call under two model names, so two distinct models agree and pairs exist), a
+loopback teacher that runs start with ``composer-pipeline teachers serve`` (the offline tiny model),
+and the tiny model for training. Screenshots land in ``artifacts/ui/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class DagsterUI:
     proc: subprocess.Popen
     log: Path
     env: dict = field(default_factory=dict)
+    spare: Path | None = None  # sample sessions not in the trace root yet (journeys add them)
+    teachers_yaml: Path | None = None
+    state_dir: Path | None = None  # ledger, cache, local teacher server pid files and logs
 
     # -- GraphQL, for waiting on what the UI started (never to do the user's clicks)
     def gql(self, query: str, variables: dict | None = None) -> dict:
@@ -113,16 +118,20 @@ def write_pipeline_recipe(tmp: Path, *, trace_root: Path, store: Path, teachers_
     return p
 
 
-def write_teachers(path: Path, url: str, *, ceiling_usd: float = 5.0) -> Path:
-    path.write_text(yaml.safe_dump({
-        "ceiling_usd": ceiling_usd,
-        "teachers": [
-            {"name": name, "base_url": url, "model": "scripted", "api_key_env": None,
-             "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0, "budget_usd": 10.0,
-             "max_concurrency": 2, "max_tokens": 64, "temperature": 0.0, "timeout_s": 30, "max_retries": 1}
-            for name in ("teacher_a", "teacher_b")
-        ],
-    }))
+def write_teachers(path: Path, url: str, *, ceiling_usd: float = 5.0, local_url: str | None = None,
+                   tiny_model: Path | None = None) -> Path:
+    common = {"api_key_env": None, "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0, "budget_usd": 10.0,
+              "max_concurrency": 2, "max_tokens": 64, "temperature": 0.0, "timeout_s": 30, "max_retries": 1}
+    # two model names on the scripted server: two distinct models (a vote is base_url + model)
+    teachers = [{"name": name, "base_url": url, "model": model, **common}
+                for name, model in (("teacher_a", "scripted-a"), ("teacher_b", "scripted-b"))]
+    doc: dict = {"ceiling_usd": ceiling_usd, "teachers": teachers}
+    if local_url:  # a local model a run must start `teachers serve` for
+        teachers.append({"name": "local_tiny", "base_url": local_url, "model": "tiny", **common, "max_tokens": 8,
+                         "input_usd_per_mtok": 0.1, "output_usd_per_mtok": 0.1,
+                         "temperature": 1.0, "seed": 7})  # sampled: a (nonsense) third answer, not an empty one
+        doc["serve"] = {"tiny": str(tiny_model)}
+    path.write_text(yaml.safe_dump(doc))
     return path
 
 
@@ -153,69 +162,98 @@ def shot(page, name: str) -> Path:
     return p
 
 
-@pytest.fixture
-def start_dagster(tmp_path, tiny_model_dir):
-    """Factory: ``start_dagster(sessions=N, ceiling_usd=X)`` -> a running :class:`DagsterUI`."""
+def move_session(src_root: Path, dst_root: Path) -> str:
+    """Move the first session under ``src_root`` (all its files, as discover groups them) to ``dst_root``."""
+    from composer_pipeline.ingest.discover import discover_sessions
+
+    sf = sorted(discover_sessions(src_root), key=lambda s: s.key)[0]
+    for f in sorted(sf.files, key=lambda f: f.suffix == ".jsonl" and "agent-" not in f.name):  # main file last
+        dst = dst_root / f.relative_to(src_root)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(f), dst)
+    return sf.key
+
+
+def teacher_server_pids(state_dir: Path) -> list[int]:
+    """Running `composer-pipeline teachers serve` processes started for this instance (by pid file or
+    by command line naming its teachers recipe)."""
+    from composer_pipeline.cli.teachers import _running
+
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "teachers serve" in cmd and str(state_dir.parent) in cmd and _running(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture(scope="session")
+def ui(tmp_path_factory, tiny_model_dir):
+    """ONE real ``dagster dev`` for the whole UI session, on a temporary DAGSTER_HOME.
+
+    Trace root: the first sample session (the other two wait in ``spare`` for the journeys that add
+    sessions). Teachers: two distinct models on the scripted loopback server (``scripted-a``,
+    ``scripted-b``: they agree, so pairs exist) and a third on a loopback port where nothing answers
+    until a run starts ``composer-pipeline teachers serve`` for it (the offline tiny model), so the
+    local-server lifecycle is part of every journey. Tests that change the teachers recipe restore it.
+    """
     from composer_pipeline.testing.scripted_server import ScriptedServer
 
-    started: list[DagsterUI] = []
-
-    def _start(*, sessions: int | None = None, ceiling_usd: float = 5.0) -> DagsterUI:
-        trace_root = tmp_path / "projects"
-        for i, proj in enumerate(sorted(SAMPLES.iterdir())):
-            shutil.copytree(proj, trace_root / proj.name)
-        if sessions is not None:  # keep only the first N main sessions (and their subagent files)
-            proj = next(trace_root.iterdir())
-            mains = sorted(proj.glob("*.jsonl"))
-            mains = [m for m in mains if not m.name.startswith("agent-")]
-            for m in mains[sessions:]:
-                m.unlink()
-                shutil.rmtree(m.with_suffix(""), ignore_errors=True)
-        srv = ScriptedServer().start()
-        teachers_yaml = write_teachers(tmp_path / "teachers.yaml", srv.url, ceiling_usd=ceiling_usd)
-        store = tmp_path / "store"
-        recipe = write_pipeline_recipe(tmp_path, trace_root=trace_root, store=store, teachers_yaml=teachers_yaml,
-                                       tiny_model=tiny_model_dir)
-        home = tmp_path / "dagster_home"
-        home.mkdir()
-        (home / "dagster.yaml").write_text(yaml.safe_dump({
-            "run_queue": {"max_concurrent_runs": 1},
-            "telemetry": {"enabled": False},
-            "nux": {"enabled": False},
-        }))
-        port = _free_port()
-        env = dict(os.environ, DAGSTER_HOME=str(home), COMPOSER_PIPELINE_RECIPE=str(recipe), OMP_NUM_THREADS="1",
-                   PYTHONUNBUFFERED="1")
-        log = tmp_path / "dagster-dev.log"
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
-             "-h", "127.0.0.1", "-p", str(port)],
-            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        ui = DagsterUI(f"http://127.0.0.1:{port}", home, trace_root, store, srv, proc, log, env)
-        started.append(ui)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            try:
-                urllib.request.urlopen(ui.url + "/server_info", timeout=2)
-                ui.gql("{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")
-                break
-            except Exception:
-                time.sleep(1)
-        else:
-            raise AssertionError("dagster dev did not come up:\n" + log.read_text()[-4000:])
-        ui.gql("mutation { setNuxSeen }")  # the 'Join the Dagster community' modal covers fresh UIs
-        return ui
-
-    yield _start
-    for ui in started:
+    tmp = tmp_path_factory.mktemp("ui")
+    trace_root, spare = tmp / "projects", tmp / "spare"
+    proj = sorted(SAMPLES.iterdir())[0]
+    shutil.copytree(proj, spare / proj.name)
+    (trace_root / proj.name).mkdir(parents=True)
+    move_session(spare, trace_root)  # the first session (with its subagent files) is there from the start
+    srv = ScriptedServer().start()
+    local_port = _free_port()
+    teachers_yaml = write_teachers(tmp / "teachers.yaml", srv.url, local_url=f"http://127.0.0.1:{local_port}/v1",
+                                   tiny_model=tiny_model_dir)
+    store = tmp / "store"
+    recipe = write_pipeline_recipe(tmp, trace_root=trace_root, store=store, teachers_yaml=teachers_yaml,
+                                   tiny_model=tiny_model_dir)
+    home = tmp / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump({
+        "run_queue": {"max_concurrent_runs": 1},
+        "telemetry": {"enabled": False},
+        "nux": {"enabled": False},
+    }))
+    port = _free_port()
+    env = dict(os.environ, DAGSTER_HOME=str(home), COMPOSER_PIPELINE_RECIPE=str(recipe), OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    log = tmp / "dagster-dev.log"
+    # its own process group, as a terminal would start it: Ctrl-C / SIGTERM reach every process of it
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
+         "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    u = DagsterUI(f"http://127.0.0.1:{port}", home, trace_root, store, srv, proc, log, env,
+                  spare=spare, teachers_yaml=teachers_yaml, state_dir=tmp / "state")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert proc.poll() is None, log.read_text()[-4000:]
         try:
-            os.killpg(ui.proc.pid, signal.SIGTERM)
-            ui.proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(ui.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        ui.teachers.stop()
+            urllib.request.urlopen(u.url + "/server_info", timeout=2)
+            u.gql("{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")
+            break
+        except Exception:
+            time.sleep(1)
+    else:
+        raise AssertionError("dagster dev did not come up:\n" + log.read_text()[-4000:])
+    u.gql("mutation { setNuxSeen }")  # the 'Join the Dagster community' modal covers fresh UIs
+    yield u
+    if proc.poll() is None:  # the shutdown test stops it itself; this is the fallback
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in teacher_server_pids(u.state_dir):
+        os.kill(pid, signal.SIGKILL)
+    srv.stop()

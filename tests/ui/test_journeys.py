@@ -1,25 +1,28 @@
-"""The four user journeys (and a failing cost check), clicked through the real Dagster UI.
+"""The four user journeys (and a failing cost check, and shutting the UI down), clicked through the
+real Dagster UI, asserting what a user reads there.
 
-Each test starts its own ``dagster dev`` (see conftest) and drives it in headless Chromium the way a
-user would. GraphQL is used only to *wait* for what the UI launched, and to register a partition
-where the journey under test is not the sensor's. Screenshots go to ``artifacts/ui/``.
+All tests share ONE ``dagster dev`` (see conftest) and run in file order, each building on the last:
+journey 1 materializes the first session, 3 audits its pairs, 4 trains, the cost check blocks a second
+session, journey 2 turns the sensor on (which must not re-run the first session) and backfills, and
+the last test stops ``dagster dev`` and looks for leftover teacher servers. GraphQL is used only to
+*wait* for what the UI launched, and to register a partition where the journey under test is not the
+sensor's. Screenshots go to ``artifacts/ui/``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import yaml
 
-import pytest
-from conftest import LOCATION, SAMPLES, shot
-
-pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a real `dagster dev` + headless Chromium per test
+from conftest import LOCATION, move_session, shot, teacher_server_pids
 
 CHAIN = [
     "raw_sessions", "trace_states", "trace_messages", "cost_plan", "teacher_replays", "dpo_pairs",
@@ -28,10 +31,15 @@ CHAIN = [
 CLI = [sys.executable, "-m", "composer_pipeline"]
 
 
-def _first_session_key(ui) -> str:
+def _session_keys(ui) -> list[str]:
     from composer_pipeline.ingest.discover import discover_sessions
 
-    return sorted(s.key for s in discover_sessions(ui.trace_root))[0]
+    return sorted(s.key for s in discover_sessions(ui.trace_root))
+
+
+def add_spare_session(ui) -> str:
+    """Drop the next sample session (main file last, after its subagent files) into the watched trace root."""
+    return move_session(ui.spare, ui.trace_root)
 
 
 def register_partition(ui, key: str) -> None:
@@ -52,7 +60,7 @@ def materialize_session_in_ui(page, ui, key: str, name: str) -> dict:
     page.get_by_role("button", name="Materialize all…").first.click()
     dialog = page.locator("[role=dialog]").first
     page.get_by_text("Select a partition or create one").click()
-    page.get_by_text("Select all (1)").click()
+    page.get_by_text(key, exact=True).first.click()
     page.keyboard.press("Escape")
     shot(page, f"{name}-launch-dialog")
     dialog.get_by_role("button", name="Launch 1 run").click()
@@ -73,9 +81,8 @@ def switch_on(page, ui, name: str) -> None:
     )
 
 
-def test_journey_1_materialize_a_partition(start_dagster, page):
-    ui = start_dagster(sessions=1)
-    key = _first_session_key(ui)
+def test_journey_1_materialize_a_partition(ui, page):
+    (key,) = _session_keys(ui)
     register_partition(ui, key)
 
     # The whole chain is visible as one lineage graph.
@@ -91,74 +98,41 @@ def test_journey_1_materialize_a_partition(start_dagster, page):
     page.get_by_text("Success", exact=True).first.wait_for()
     page.get_by_text(f"partition: {key}").first.wait_for()
     shot(page, "journey1-run-success")
+    assert teacher_server_pids(ui.state_dir), "the run did not start the local teacher server"
 
-    # Asset checks passed: the blocking budget check upstream of the spend, and the ingest checks.
-    for asset in ("cost_plan", "trace_states", "teacher_replays"):
+    # Every check passed, names the session it ran on, and says what it checks.
+    descriptions = {
+        "trace_states": {"parse_success_ratio": "Parsed lines / all lines ≥ threshold.",
+                         "schema": "All three tables match tables.py."},
+        "cost_plan": {"cost_plan_within_budget": "Blocks the replay when the worst case"},
+        "teacher_replays": {"error_rate": "Failed calls / all calls ≤ threshold.",
+                            "spend_within_ceiling": "Actual spend of this run ≤ the ceiling"},
+        "normalized_dpo_pairs": {"non_empty_chosen_rejected": "Every kept pair has a non-blank chosen and rejected text.",
+                                 "chosen_differs_from_rejected": "No kept pair prefers an action over the identical action."},
+    }
+    for asset, checks in descriptions.items():
         page.goto(ui.url + f"/assets/{asset}?view=checks")
         page.get_by_text("Passed").first.wait_for()
         assert page.get_by_text("Failed", exact=True).count() == 0, asset
+        for check, text in checks.items():
+            page.get_by_text(check, exact=True).first.click()
+            page.get_by_text(text).first.wait_for()
+            # the latest result names the partition it ran on (it said "Partition —" before)
+            page.locator("text=Partition").first.wait_for()
+            page.get_by_text(key, exact=True).first.wait_for()
         shot(page, f"journey1-checks-{asset}")
     assert ui.teachers.requests, "the replay sent no request to the teachers"
 
-
-def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(start_dagster, page):
-    ui = start_dagster(sessions=1)
-    # Turn the sensor on from the Automation page.
-    switch_on(page, ui, "sessions_sensor")
-    shot(page, "journey2-sensor-on")
-    runs = ui.wait_runs_done(1, timeout=240)
-    assert all(r["status"] == "SUCCESS" for r in runs), runs
-
-    # Drop two new sessions into the watched trace root: the sensor adds their partitions and runs.
-    project = next(ui.trace_root.iterdir())
-    for src in sorted(p for p in (SAMPLES / project.name).glob("*.jsonl") if not (project / p.name).exists()):
-        if src.with_suffix("").is_dir():  # subagent files first, so the sensor sees whole sessions
-            shutil.copytree(src.with_suffix(""), project / src.stem, dirs_exist_ok=True)
-        shutil.copy(src, project / src.name)
-    deadline = time.time() + 240
-    while len(ui.partition_keys()) < 3 and time.time() < deadline:
-        time.sleep(2)
-    assert len(ui.partition_keys()) == 3
-    runs = ui.wait_runs_done(3, timeout=300)
-    assert all(r["status"] == "SUCCESS" for r in runs), runs
-    n_sensor_runs = len(runs)
-    paid_before = len(ui.teachers.requests)
-    assert paid_before > 0
-
-    # Backfill the replay over every partition from the UI: all already replayed, so no new spend.
-    page.goto(ui.url + "/assets/teacher_replays")
-    page.get_by_role("button", name="Materialize…").first.click()
-    dialog = page.locator("[role=dialog]").first
-    dialog.get_by_role("button", name="All", exact=True).click()
-    shot(page, "journey2-backfill-dialog")
-    dialog.get_by_role("button", name="Launch backfill").click()
-    runs = ui.wait_runs_done(n_sensor_runs + 3, timeout=300)
-    backfill_runs = [r for r in runs if any(t["key"] == "dagster/backfill" for t in r["tags"])]
-    assert len(backfill_runs) == 3 and all(r["status"] == "SUCCESS" for r in runs), runs
-    assert len(ui.teachers.requests) == paid_before, "a backfill over replayed states paid again"
-    deadline = time.time() + 120  # the backfill daemon marks it completed on its next tick
-    while True:
-        page.goto(ui.url + "/overview/backfills")
-        page.get_by_text("3 partitions").first.wait_for()
-        if page.get_by_text("Success", exact=True).count() or time.time() > deadline:
-            break
-        page.wait_for_timeout(3000)
-    shot(page, "journey2-backfill-done")
-    assert page.get_by_text("Success", exact=True).count() == 1
-
-    # The replay metadata of the last materialization says every call was a cache hit.
-    page.goto(ui.url + "/assets/teacher_replays")
-    page.get_by_text("cache_hits").first.wait_for()
-    shot(page, "journey2-replay-metadata")
+    # The pairs say which kind of agreement they have: two distinct models agreed.
+    page.goto(ui.url + f"/assets/normalized_dpo_pairs?partition={key}")
+    page.get_by_text("pairs_by_agreement_kind").first.wait_for()
+    shot(page, "journey1-pairs-agreement-kind")
+    page.get_by_text("cross_model").first.wait_for()
+    page.get_by_text("2 of 3 models").first.wait_for()  # the preview's `agreement` column
+    shot(page, "journey1-pairs-agreement-kind")
 
 
-def test_journey_3_audit_pair_lineage(start_dagster, page):
-    ui = start_dagster(sessions=1)
-    key = _first_session_key(ui)
-    register_partition(ui, key)
-    run = materialize_session_in_ui(page, ui, key, "journey3")
-    assert run["status"] == "SUCCESS"
-
+def test_journey_3_audit_pair_lineage(ui, page):
     page.goto(ui.url + "/assets/normalized_dpo_pairs")
     page.get_by_role("tab", name="Lineage").click()
     page.get_by_role("button", name="Upstream").click()
@@ -166,6 +140,15 @@ def test_journey_3_audit_pair_lineage(start_dagster, page):
     for name in ("trace_states", "teacher_replays", "dpo_pairs", "raw_sessions"):
         page.get_by_text(name, exact=True).first.wait_for()
     shot(page, "journey3-pair-lineage")
+
+    # The example pair in the metadata (rendered inline): the kind of agreement and who agreed.
+    page.goto(ui.url + "/assets/normalized_dpo_pairs")
+    page.get_by_text("pairs_by_agreement_kind").first.wait_for()
+    page.get_by_text("example", exact=True).first.scroll_into_view_if_needed()
+    page.get_by_text("agreement: cross_model").first.wait_for()
+    page.get_by_text("2 of 3 models; teachers: teacher_a, teacher_b").first.wait_for()
+    page.get_by_text("chosen (teacher consensus)").first.wait_for()
+    shot(page, "journey3-example-pair")
 
     # Row level: pick a pair, follow it down to the raw JSONL lines.
     out = subprocess.run(CLI + ["sql", "select pair_id from normalized_dpo_pairs order by pair_id limit 1", "--json",
@@ -184,14 +167,10 @@ def test_journey_3_audit_pair_lineage(start_dagster, page):
     human = subprocess.run(CLI + ["lineage", pair_id, "--store", str(ui.store)], capture_output=True, text=True,
                            check=True).stdout
     assert pair_id in human and raw[0]["source_file"] in human
+    assert "agreement cross_model: 2 of 3 models" in human and "/repo/app.py" in human  # the consensus text
 
 
-def test_journey_4_nightly_training_from_the_schedule(start_dagster, page):
-    ui = start_dagster(sessions=1)
-    key = _first_session_key(ui)
-    register_partition(ui, key)
-    assert materialize_session_in_ui(page, ui, key, "journey4")["status"] == "SUCCESS"
-
+def test_journey_4_nightly_training_from_the_schedule(ui, page):
     page.goto(ui.url + "/automation")
     page.get_by_text("At 03:00 AM UTC").first.wait_for()
     switch_on(page, ui, "nightly_training")
@@ -223,21 +202,102 @@ def test_journey_4_nightly_training_from_the_schedule(start_dagster, page):
     shot(page, "journey4-policy-eval")
 
 
-def test_failing_cost_check_blocks_downstream_and_says_why(start_dagster, page):
-    ui = start_dagster(sessions=1, ceiling_usd=1e-9)
-    key = _first_session_key(ui)
+def test_failing_cost_check_blocks_downstream_and_says_why(ui, page):
+    key = add_spare_session(ui)  # a second session, never replayed: its worst case is not cached
     register_partition(ui, key)
-    run = materialize_session_in_ui(page, ui, key, "costcheck")
+    original = ui.teachers_yaml.read_text()
+    doc = yaml.safe_load(original)
+    doc["ceiling_usd"] = 1e-9
+    ui.teachers_yaml.write_text(yaml.safe_dump(doc))  # read by each run: this run's ceiling
+    try:
+        n_requests = len(ui.teachers.requests)
+        run = materialize_session_in_ui(page, ui, key, "costcheck")
+    finally:
+        ui.teachers_yaml.write_text(original)
     assert run["status"] == "FAILURE"
-    assert ui.teachers.requests == [], "the replay spent although the cost check failed"
+    assert len(ui.teachers.requests) == n_requests, "the replay spent although the cost check failed"
 
-    page.goto(ui.url + "/assets/cost_plan?view=checks")
+    page.goto(ui.url + f"/assets/cost_plan?view=checks")
     page.get_by_text("Failed").first.wait_for()
-    page.get_by_text("ceiling_usd").first.wait_for()
+    page.get_by_text(key).first.wait_for()  # the failed result names the session it blocked
     shot(page, "costcheck-failed")
     # The run page says which check stopped it; the replay step never started.
     page.goto(ui.url + f"/runs/{run['runId']}")
     page.get_by_text("Failure", exact=True).first.wait_for()
     page.get_by_text("cost_plan_within_budget").first.wait_for()
     shot(page, "costcheck-run-blocked")
-    assert not list(Path(ui.store).glob("teacher_replays/*.parquet"))
+    assert not list(Path(ui.store).glob(f"teacher_replays/{key}.parquet"))
+
+
+def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page):
+    done_key, blocked_key = _session_keys(ui)[0], None
+    materialized = set(_session_keys(ui))
+    n_before = len(ui.runs())
+    # Turn the sensor on from the Automation page. Its first tick sees both sessions: the first went
+    # through its whole chain already (no second run); the second was stopped by the cost check (runs).
+    switch_on(page, ui, "sessions_sensor")
+    shot(page, "journey2-sensor-on")
+    runs = ui.wait_runs_done(n_before + 1, timeout=240)
+    sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
+    keys = [next(t["value"] for t in r["tags"] if t["key"] == "dagster/partition") for r in sensor_runs]
+    blocked_key = next(k for k in materialized if k != done_key)
+    assert keys == [blocked_key], keys  # no extra run for the session already materialized
+    assert all(r["status"] == "SUCCESS" for r in sensor_runs), sensor_runs
+
+    # Drop a new session into the watched trace root: the sensor adds its partition and runs it.
+    new_key = add_spare_session(ui)
+    deadline = time.time() + 240
+    while new_key not in ui.partition_keys() and time.time() < deadline:
+        time.sleep(2)
+    assert new_key in ui.partition_keys()
+    runs = ui.wait_runs_done(n_before + 2, timeout=300)
+    sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
+    assert len(sensor_runs) == 2 and all(r["status"] == "SUCCESS" for r in runs[:2]), runs
+    n_runs = len(runs)
+    paid_before = len(ui.teachers.requests)
+    assert paid_before > 0
+
+    # Backfill the replay over every partition from the UI: all already replayed, so no new spend.
+    page.goto(ui.url + "/assets/teacher_replays")
+    page.get_by_role("button", name="Materialize…").first.click()
+    dialog = page.locator("[role=dialog]").first
+    dialog.get_by_role("button", name="All", exact=True).click()
+    shot(page, "journey2-backfill-dialog")
+    dialog.get_by_role("button", name="Launch backfill").click()
+    runs = ui.wait_runs_done(n_runs + 3, timeout=300)
+    backfill_runs = [r for r in runs if any(t["key"] == "dagster/backfill" for t in r["tags"])]
+    assert len(backfill_runs) == 3 and all(r["status"] == "SUCCESS" for r in backfill_runs), runs
+    assert len(ui.teachers.requests) == paid_before, "a backfill over replayed states paid again"
+    deadline = time.time() + 120  # the backfill daemon marks it completed on its next tick
+    while True:
+        page.goto(ui.url + "/overview/backfills")
+        page.get_by_text("3 partitions").first.wait_for()
+        if page.get_by_text("Success", exact=True).count() or time.time() > deadline:
+            break
+        page.wait_for_timeout(3000)
+    shot(page, "journey2-backfill-done")
+    assert page.get_by_text("Success", exact=True).count() == 1
+
+    # The replay metadata names what it counts: every answer came from the cache, no request was sent.
+    page.goto(ui.url + "/assets/teacher_replays")
+    page.get_by_text("http_requests").first.wait_for()
+    page.get_by_text("cache_hits").first.wait_for()
+    shot(page, "journey2-replay-metadata")
+
+
+def test_stopping_dagster_dev_leaves_no_teacher_server(ui):
+    """SIGTERM to `dagster dev` (what a service manager or `kill` sends): it exits within seconds, and
+    the local teacher server the runs started goes with it."""
+    assert teacher_server_pids(ui.state_dir), "no run started a local teacher server"
+    t0 = time.monotonic()
+    os.kill(ui.proc.pid, signal.SIGTERM)
+    try:
+        ui.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("dagster dev did not stop within 30 s of SIGTERM:\n" + ui.log.read_text()[-3000:])
+    stopped_s = time.monotonic() - t0
+    deadline = time.monotonic() + 15
+    while teacher_server_pids(ui.state_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert teacher_server_pids(ui.state_dir) == [], "a teacher server outlived dagster dev"
+    assert stopped_s < 30
