@@ -198,7 +198,6 @@ def child(corpus: Path, out: Path, engine: str) -> None:
 
     import composer_pipeline.cli.ingest  # noqa: F401
     import composer_pipeline.ingest.pipeline  # noqa: F401
-    import composer_pipeline.store  # noqa: F401  (fsspec: imported by `run`, a fixed cost)
     from composer_pipeline.cli import main
 
     startup = time.process_time() - t0
