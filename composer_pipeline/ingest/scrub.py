@@ -366,10 +366,11 @@ def _hyperscan_compile(hyperscan):
 
 def _hyperscan_cache_path() -> Path:
     """Compiling the prefilter costs ~0.05-0.09 CPU-s, every process; its serialized database is kept
-    under ``$XDG_CACHE_HOME/composer-pipeline`` (patterns only, never data), named by the patterns."""
+    under ``$COMPOSER_PIPELINE_HOME`` (default ``~/.cache/composer-pipeline``, as the ledger and the
+    response cache; patterns only, never data), named by the patterns."""
     key = hashlib.sha256(repr(PREFILTER_PARTS).encode()).hexdigest()[:16]
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root, "composer-pipeline", f"secret-prefilter-{key}.hsdb")
+    home = os.environ.get("COMPOSER_PIPELINE_HOME") or os.path.join("~", ".cache", "composer-pipeline")
+    return Path(os.path.expanduser(home), f"secret-prefilter-{key}.hsdb")
 
 
 def _hyperscan_cached(hyperscan):

@@ -141,7 +141,7 @@ def test_hyperscan_database_cache_round_trip(tmp_path, monkeypatch):
 
     from composer_pipeline.ingest import scrub
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path))
     data = b"\n".join(orjson.dumps({"c": c}) for c in (*SECRETS.values(), "task-sk-" + "a" * 30, "plain", "\n" + SECRETS["jwt"]))
     path = scrub._hyperscan_cache_path()
     assert path.is_relative_to(tmp_path) and not path.exists()
