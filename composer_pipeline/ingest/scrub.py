@@ -229,13 +229,16 @@ class Scrubber:
             joined = b"\n".join(lines)
             new = self._scrub_lines(joined, found)
             if new != joined:
-                pieces, pos = [], 0
+                # views, not slices: the unchanged stretches (almost the whole file) are copied once,
+                # by the join, instead of twice (~0.1 CPU-s per 100 MB of files holding a key)
+                view, pieces, pos = memoryview(data), [], 0
                 for (start, end), old, line in zip(spans, lines, new.split(b"\n")):
                     if line != old:
-                        pieces += (data[pos:start], line)
+                        pieces += (view[pos:start], line)
                         pos = end
-                pieces.append(data[pos:])
+                pieces.append(view[pos:])
                 data = b"".join(pieces)
+                del pieces, view
         for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
             if found[p.kind]:
                 self.counts[p.kind] += found[p.kind]
