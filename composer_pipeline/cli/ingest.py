@@ -32,6 +32,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _open_outputs(out: str, names) -> tuple[dict, str]:
+    """One writable file per table under ``out``, and the location to report.
+
+    A plain local path is opened natively (``pyarrow.OSFile``): no fsspec import (~0.07-0.15 CPU-s of
+    every start-up) and no Python callback per write. URLs (``s3://``, ``file://``) go through ``Store``.
+    """
+    if "://" not in out:
+        import os
+
+        import pyarrow as pa
+
+        base = os.path.expanduser(out.rstrip("/") or "/")
+        base = base if os.path.isabs(base) else os.path.abspath(base)  # as Store.url() spells it
+        os.makedirs(base, exist_ok=True)
+        return {n: pa.OSFile(os.path.join(base, f"{n}.parquet"), "wb") for n in names}, base
+    from composer_pipeline.store import Store
+
+    store = Store(out)
+    store.fs.makedirs(store.base, exist_ok=True)
+    return {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in names}, store.url()
+
+
 def run(args: argparse.Namespace) -> int:
     import gc
     from collections import Counter
@@ -43,13 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.ingest.discover import discover_sessions
     from composer_pipeline.ingest.pipeline import TABLES, SessionIngester
     from composer_pipeline.ingest.recipe import IngestRecipe
-    from composer_pipeline.store import Store
 
     recipe = IngestRecipe.load(args.recipe)
     ingester = SessionIngester(recipe, args.engine)
-    store = Store(args.out)
-    store.fs.makedirs(store.base, exist_ok=True)
-    handles = {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in TABLES}
+    handles, out_url = _open_outputs(args.out, TABLES)
     writers = {
         n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1,
                             use_dictionary=[c for c in DICTIONARY_COLUMNS if c in tables.SCHEMAS[n].names],
@@ -98,6 +117,6 @@ def run(args: argparse.Namespace) -> int:
     if ingester.fallbacks:
         engine["python_fallback_reasons"] = dict(ingester.fallbacks)
     print(json.dumps({"total": True, "files": files, **dict(totals), "secrets_scrubbed": dict(secrets), **engine,
-                      "out": store.url()}))
+                      "out": out_url}))
     sys.stdout.flush()
     return 0

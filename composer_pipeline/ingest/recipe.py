@@ -10,8 +10,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from composer_pipeline.render import RenderOptions
 
 ENGINES = ("auto", "native", "python")  # auto: the compiled engine where built, else python
@@ -50,6 +48,8 @@ class IngestRecipe:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"ingest recipe not found: {p}")
+        import yaml  # only here: a run on the defaults skips its import (~15 ms of every CLI start)
+
         data = yaml.safe_load(p.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"ingest recipe {p}: top level must be a mapping")

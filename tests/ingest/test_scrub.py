@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import random
 
 import orjson
@@ -130,6 +131,33 @@ def test_hyperscan_prefilter_present_where_declared():
     from composer_pipeline.scrub import _hyperscan_db
 
     assert bool(_hyperscan_db()) == (platform.machine() in ("x86_64", "AMD64"))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="Hyperscan is declared for x86-64 only")
+def test_hyperscan_database_cache_round_trip(tmp_path, monkeypatch):
+    """The compiled prefilter is cached on disk; a fresh process loads it instead of compiling, and a
+    damaged or foreign cache file is ignored and rewritten. Every path finds the same candidate lines."""
+    import hyperscan
+
+    from composer_pipeline.ingest import scrub
+
+    monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path))
+    data = b"\n".join(orjson.dumps({"c": c}) for c in (*SECRETS.values(), "task-sk-" + "a" * 30, "plain", "\n" + SECRETS["jwt"]))
+    path = scrub._hyperscan_cache_path()
+    assert path.is_relative_to(tmp_path) and not path.exists()
+    monkeypatch.setattr(scrub, "_HS_DB", None)
+    want = scrub._candidate_lines(data)  # compiled, then written
+    assert len(want) == len(SECRETS) + 2 and path.is_file()  # every line but "plain" (task-sk- is a candidate)
+    cached = scrub._hyperscan_cached(hyperscan)
+    assert cached is not None
+    monkeypatch.setattr(scrub, "_HS_DB", cached)
+    assert scrub._candidate_lines(data) == want
+    for damage in (path.read_bytes()[:-7], b"\0" * 32 + b"not a database", b""):
+        path.write_bytes(damage)
+        assert scrub._hyperscan_cached(hyperscan) is None
+        monkeypatch.setattr(scrub, "_HS_DB", None)
+        assert scrub._candidate_lines(data) == want  # compiled again, and the cache repaired
+        assert scrub._hyperscan_cached(hyperscan) is not None
 
 
 @pytest.mark.parametrize("backend", ["auto", "re2"])  # auto = Hyperscan where installed
