@@ -127,7 +127,9 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     task_states = states.filter(pc.is_in(states["state_id"], value_set=__import__("pyarrow").array(sorted(task))))
     with RuleTeacherServer() as srv:
         cfg_t = parse_teachers({"ceiling_usd": 1.0, "teachers": [
-            {"name": n, "base_url": srv.url, "model": "read-before-edit-rule", "api_key_env": None,
+            # each entry stands in for a distinct strong API teacher, so each names its own model: the
+            # pair builder counts distinct models (base_url + model) as votes, not entry names
+            {"name": n, "base_url": srv.url, "model": f"read-before-edit-{n}", "api_key_env": None,
              "input_usd_per_mtok": 0.01, "output_usd_per_mtok": 0.02, "budget_usd": 1.0, "max_concurrency": 4,
              "max_tokens": 256, "temperature": 0.0, "timeout_s": 30, "max_retries": 2} for n in TEACHERS]}, "experiment")
         opts = render.RenderOptions.from_recipe(None)

@@ -41,6 +41,7 @@ COVERED_ELSEWHERE = {
     r"composer_pipeline\.bootstrap demo": "tests/dagster/test_dagster_demo.py runs the demo's logic (the bootstrap: CI)",
     r"dagster dev": "tests/ui starts a real dagster dev and drives it in Chromium",
     r"pip install -e \.": "the bootstrap runs it (CI)",
+    r"composer-pipeline experiment read-before-edit": "tests/experiments/test_read_before_edit.py runs its quick form",
 }
 STARTS = ("composer-pipeline ", "python ", "python3 ", ".venv/bin/", "DAGSTER_HOME=")
 
