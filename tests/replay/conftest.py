@@ -36,6 +36,12 @@ def scripted_request(cfg: TeachersConfig, i: int, script: str = "answer", teache
     return make_request(f"state{i:04d}", "sess", cfg.teachers[teacher], msgs, tools)
 
 
+@pytest.fixture(params=["sqlite"])
+def ledger_url(request, tmp_path) -> str:
+    """A fresh ledger on each backend: an SQLite file (the embedded default)."""
+    return str(tmp_path / "ledger.sqlite")
+
+
 @pytest.fixture
 def server():
     srv = ScriptedServer().start()

@@ -27,7 +27,7 @@ def _yaml(tmp_path, url, **over) -> str:
 
 def _cmd(samples_dir, teachers, out, home):
     return [sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers", teachers,
-            "--out", str(out), "--ledger", str(home / "ledger.duckdb"), "--cache", str(home / "cache")]
+            "--out", str(out), "--ledger", str(home / "ledger.sqlite"), "--cache", str(home / "cache")]
 
 
 def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):

@@ -17,7 +17,7 @@ from .conftest import make_config, scripted_request
 
 
 def _run(tmp_path, cfg, reqs, keys=None, run_id="r"):
-    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
     res = replay_requests(reqs, cfg, keys or {}, cache=ResponseCache(tmp_path / "cache"), ledger=ledger, run_id=run_id)
     return res, ledger, {r["state_id"]: r for r in res.table.to_pylist()}
 

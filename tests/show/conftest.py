@@ -74,7 +74,7 @@ def replayed(real_store, tmp_path_factory):
         cfg = root / "teachers.yaml"
         cfg.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [dict(name="alpha", **teacher), dict(name="beta", **teacher)]}))
         rc, out, err = cli("replay", "--states", dst.root, "--teachers", cfg, "--out", dst.root,
-                           "--ledger", root / "ledger.duckdb", "--cache", root / "cache")
+                           "--ledger", root / "ledger.sqlite", "--cache", root / "cache")
         assert rc == 0, err
         rc, _, err = cli("pairs", "--replays", dst.root, "--states", dst.root, "--out", dst.root)
         assert rc == 0, err
