@@ -15,8 +15,9 @@ Money rules (the replay client follows them):
   whose run died (lease expired) or that failed is taken over; only a claimant dying mid-flight can
   cause a second purchase.
 * **reserve** the worst case before sending. It is granted when ``settled + kept + reserved ≤ budget``
-  (and the same for the run ceiling) after serving earlier waiters of the same teacher first (FIFO
-  across processes: no run starves). When only money *held by calls in flight* is in the way the
+  (and the same for the run ceiling) after serving the waiters of the same teacher that rank before
+  it: the run holding the least money in flight first, then first come first served (fair share across
+  processes: no run starves). When only money *held by calls in flight* is in the way the
   caller **waits** for them to settle; ``budget_exhausted`` only when ``settled + kept`` alone leaves no
   room.
 * **mark sent** just before the request leaves; **settle** at the reported usage (in the same
@@ -479,12 +480,14 @@ class Ledger:
                 if mine:
                     c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
                 return Reservation(False, "", refusal)
-            # earlier waiters of this teacher (live runs) are served first: FIFO across processes
-            if mine:
-                ahead = c.one("SELECT COALESCE(SUM(amount_usd), 0) FROM waiters WHERE teacher = ? AND (created_at < ? OR (created_at = ? AND id < ?))",
-                              [op.teacher, mine[0], mine[0], waiter_id])[0]
-            else:
-                ahead = c.one("SELECT COALESCE(SUM(amount_usd), 0) FROM waiters WHERE teacher = ?", [op.teacher])[0]
+            # fair share: waiters of this teacher are served first, the run holding the least money in flight
+            # first, then in order of arrival; a newcomer queues behind the waiters of its rank. Ranked in Python
+            # with one key function, so every waiter sees the same total order (no cycles, no deadlock).
+            waiting = c.all("SELECT w.id, w.created_at, w.amount_usd, COALESCE(t.open_usd, 0) FROM waiters w "
+                            "LEFT JOIN totals t ON t.scope = 'run' AND t.key = w.run_id WHERE w.teacher = ?", [op.teacher])
+            me = (round(float(r_open), 9), mine[0] if mine else float("inf"), waiter_id)
+            ahead = sum(float(amt) for wid, created, amt, held in waiting
+                        if wid != waiter_id and (round(float(held), 9), created, wid) < me)
             t_free, r_free = t_room - t_open - float(ahead), r_room - r_open
             if amount <= t_free + EPS and amount <= r_free + EPS:
                 rid = uuid.uuid4().hex

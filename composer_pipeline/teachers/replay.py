@@ -195,7 +195,6 @@ def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
 async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], cache: ResponseCache,
                   ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> tuple[list[CallResult], dict[str, Any]]:
     aledger = AsyncLedger(ledger, run_id, config.lease_s)
-    await aledger.start()
     sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
     guards = {t.name: TeacherGuard(config.max_invalid_responses) for t in config.teachers}
     clients = {t.name: make_http_client(t) for t in config.teachers}
@@ -255,6 +254,7 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
 
     note = "run ended"
     try:
+        await aledger.start()
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     except asyncio.CancelledError:
         note = "run interrupted"
@@ -275,7 +275,7 @@ async def _with_signals(coro):
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, lambda s=sig: (got.append(s), task.cancel()))
+            loop.add_signal_handler(sig, lambda s=sig: got or (got.append(s), task.cancel()))  # once: let finally finish
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (e.g. inside a Dagster step)
             pass
