@@ -7,7 +7,7 @@ Out: :func:`preflight` raises :class:`PreflightError` (a ``ValueError``: the CLI
      environment variable, the host or the path; nothing is sent before it passes.
 
 Checked: a teacher's ``api_key_env`` is set; its ``base_url`` host resolves; each output directory can
-be created and written (a probe file is created and removed). Deliberately not checked: that the key
+be created and written (a 64 KiB probe file is written, synced and removed: a full disk fails too). Deliberately not checked: that the key
 is valid or the server answers (a request would be needed; the client's retries and cut-off handle it).
 """
 
@@ -32,8 +32,12 @@ def check_writable(path: str | Path, what: str) -> None:
     try:
         p.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=p)
-        os.close(fd)
-        os.unlink(probe)
+        try:
+            os.write(fd, b"\0" * 65536)  # real bytes, synced: an empty file would pass on a full disk
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         raise PreflightError(f"{what} {p} is not writable: {e.strerror or type(e).__name__} (nothing was sent)") from None
 

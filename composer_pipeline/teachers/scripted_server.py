@@ -3,7 +3,7 @@ the replay benchmark (a real socket and real HTTP/1.1 keep-alive; no model behin
 
 In:  requests to ``POST /v1/chat/completions``. What happens to a request is read from a directive in
      its messages: ``[[script: 429:1, 500, answer]]`` lists the behaviour per attempt of the same body
-     (the last entry repeats). Without a directive the server answers. Behaviours:
+     (the last entry repeats). Without a directive the server follows ``default_script`` (default: answer). Behaviours:
 
      ``answer`` · ``answer:<text>`` (content, default a ``<tool_call>`` for Read) · ``429:<retry-after s>``
      · ``500`` / ``503`` / ``400`` (any status) · ``hang:<s>`` (sleep, then answer) · ``truncjson``
@@ -47,7 +47,7 @@ class SeenRequest:
     behaviour: str
 
 
-def _directive(body: dict[str, Any]) -> list[str]:
+def _directive(body: dict[str, Any], default: list[str] | None = None) -> list[str]:
     for m in reversed(body.get("messages") or []):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):
@@ -56,7 +56,7 @@ def _directive(body: dict[str, Any]) -> list[str]:
             hit = SCRIPT_RE.search(content)
             if hit:
                 return [s.strip() for s in hit.group(1).split(",") if s.strip()]
-    return ["answer"]
+    return list(default or ["answer"])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -96,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         srv = self.server
         h = hashlib.sha256(raw).hexdigest()
-        script = _directive(body)
+        script = _directive(body, srv.default_script)
         with srv.lock:
             n = srv.counts[h]
             srv.counts[h] += 1
@@ -169,6 +169,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.counts: Counter[str] = Counter()
         self.requests: list[SeenRequest] = []
         self.billed: list[tuple[str, int, int]] = []
+        self.default_script: list[str] = ["answer"]  # for requests without a directive (e.g. real sessions)
         self._thread: threading.Thread | None = None
 
     def handle_error(self, request, client_address):  # resets and cut bodies are intended
