@@ -354,15 +354,20 @@ class Ledger:
         return self._tx(lambda c: self._finalize(c, run_id, "closed", note))
 
     def reconcile(self) -> dict[str, Any]:
-        """Finalize every run whose lease expired; what was done, for the CLI and the logs."""
+        """Finalize every run whose lease expired, and at once every live run of a process on this host that
+        no longer exists (kill -9: no need to wait out its lease); what was done, for the CLI and the logs."""
+        host = socket.gethostname()
+        local = self._tx(lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND host = ?", [host]), write=False)
+        gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
 
         def run(c: _Cursor) -> dict[str, Any]:
             expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND heartbeat_at + lease_s < {self._db.now} ORDER BY run_id")]
+            expired += sorted(gone - set(expired))
             # reservations of runs that never registered (a direct Ledger.reserve without start_run) are covered
             # by the auto-registration in try_reserve, so every open reservation has a runs row
             out = {"expired_runs": expired, "released": 0, "kept": 0, "claims_dropped": 0}
             for rid in expired:
-                got = self._finalize(c, rid, "expired", "lease expired")
+                got = self._finalize(c, rid, "expired", "lease expired (process gone)" if rid in gone else "lease expired")
                 for k in ("released", "kept", "claims_dropped"):
                     out[k] += got[k]
             return out
@@ -610,6 +615,16 @@ class Ledger:
         return self._tx(run, write=False)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
 class _Cursor:
     """A DB-API cursor that speaks ``?`` placeholders on both backends."""
 
@@ -687,8 +702,7 @@ class AsyncLedger:
             delay = min(delay * 1.5, 0.25)
             ids = list(self._watch)
             status = await self._run(self.ledger.claims_status, ids)
-            if any(s == "orphaned" for s in status.values()):
-                await self.maybe_reconcile()
+            await self.maybe_reconcile()  # a claimant whose lease expired, or whose process is gone, is finalized
             for cid, s in status.items():
                 if s != "inflight":
                     fut = self._watch.pop(cid, None)
