@@ -119,7 +119,7 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
            "**agent's action**", "```json", json.dumps(json.loads(row["action"]), indent=1)[:1200], "```"]
     for r in replays.filter(pc.equal(replays.column("state_id"), state_id)).to_pylist():
         out += [f"**{r['teacher']}** ({r['model']}, {r['status']}, ${r['cost_usd'] or 0:.5f}"
-                + (", cache hit" if r["cache_hit"] else "") + ")",
+                + (", cache hit: paid $0 now" if r["cache_hit"] else "") + ")",
                 "```text", (r["raw_answer"] or r["reason"] or "")[:1200].replace("```", "ʼʼʼ"), "```"]
     return "\n".join(out)
 
@@ -176,7 +176,7 @@ def teacher_replays(
     rows = table.to_pylist()
     spend: dict[str, float] = {}
     for r in rows:
-        spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["cost_usd"] or 0.0)
+        spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["paid_usd"] or 0.0)  # this run's spend
     failed = [r for r in rows if r["status"] != "answered"]
     cache_hits = sum(1 for r in rows if r["cache_hit"])
     latencies = [float(r["latency_s"]) for r in rows if r["latency_s"] is not None and not r["cache_hit"]]
@@ -193,7 +193,7 @@ def teacher_replays(
             "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
             "latency_s": dg.MetadataValue.json(_percentiles(latencies)),
             "summary": dg.MetadataValue.json(res.summary),
-            "preview": preview(table, ["teacher", "state_id", "status", "action", "cost_usd", "latency_s"]),
+            "preview": preview(table, ["teacher", "state_id", "status", "action", "cost_usd", "paid_usd", "latency_s"]),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },
     )

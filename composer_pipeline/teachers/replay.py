@@ -167,6 +167,7 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
         "action": res.action.to_json() if res.action is not None else None,
         "raw_answer": res.raw_answer,
         "cost_usd": float(res.cost_usd),
+        "paid_usd": 0.0 if res.cache_hit else float(res.cost_usd),
         "reserved_usd": float(res.reserved_usd),
         "prompt_tokens": res.prompt_tokens,
         "completion_tokens": res.completion_tokens,
@@ -179,7 +180,7 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
 
 def _from_cache(rec: dict[str, Any], teacher: TeacherConfig) -> CallResult:
     res = answer_from_response(rec["response"], teacher)
-    res.cost_usd = 0.0  # paid by the run that bought it (its cost stays in the cache record)
+    res.cost_usd = float(rec.get("cost_usd") or 0.0)  # what it cost when bought; this run pays 0 (paid_usd)
     res.latency_s = rec.get("latency_s")
     res.cache_hit = True
     return res
@@ -295,7 +296,7 @@ def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
     paid = [r for r in rows if not r["cache_hit"]]
     spend: dict[str, float] = defaultdict(float)
     for r in paid:
-        spend[r["teacher"]] += r["cost_usd"] or 0.0
+        spend[r["teacher"]] += r["paid_usd"] or 0.0
     failures = Counter((r["reason"] or "").split(":", 1)[0] or r["status"] for r in rows if r["status"] != "answered")
     unparsed = sum(1 for r in rows if r["status"] == "answered" and r["action"] is None)
     lat = sorted(r["latency_s"] for r in paid if r["status"] == "answered" and r["latency_s"] is not None)

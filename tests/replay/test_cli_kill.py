@@ -49,6 +49,19 @@ def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
     s2 = json.loads(p2.stdout.strip().splitlines()[-1])
     assert s2["calls"] == 0 and s2["cache_hits"] == len(rows) and s2["total_spend"] == 0
     assert len(server.requests) == n
+    # what an answer cost stays in cost_usd across re-runs/backfills; paid_usd says what each run paid
+    rows2 = {r["call_id"]: r for r in pq.read_table(tmp_path / "out2" / "replays.parquet").to_pylist()}
+    assert all(r["paid_usd"] == r["cost_usd"] > 0 for r in rows)
+    assert all(rows2[r["call_id"]]["cost_usd"] == r["cost_usd"] and rows2[r["call_id"]]["paid_usd"] == 0 for r in rows)
+    from composer_pipeline.lineage import format_lineage
+
+    r0 = next(iter(rows2.values()))
+    chain = {"pair": {"pair_id": "p", "kind": "dpo", "tables": [], "n_agreeing": 2, "n_teachers": 2, "agreement_score": 1.0,
+                      "agreeing_teachers": ["t1", "t2"], "cost_usd": 0.0, "consensus_signature": "", "agent_signature": ""},
+             "replays": [r0], "state": None, "session": {"session_key": "k", "session_id": "s", "source_file": "f"},
+             "records": [], "missing": []}
+    line = next(x for x in format_lineage(chain).splitlines() if r0["call_id"][:16] in x)
+    assert f"cost ${r0['cost_usd']:.6f}  paid $0.000000 (cache)" in line
 
 
 def test_cli_errors_are_clear(tmp_path, server):
