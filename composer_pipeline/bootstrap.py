@@ -3,7 +3,7 @@
 Runs with the system ``python3`` and the standard library only (it is what creates the venv)::
 
     python3 -m composer_pipeline.bootstrap demo    # set up, then the main job end to end
-    python3 -m composer_pipeline.bootstrap test    # set up (+ Chromium for UI tests), then pytest
+    python3 -m composer_pipeline.bootstrap test    # set up (+ Chromium, PostgreSQL), then pytest
 
 Install order matters on a CPU machine: ``torch==2.13.0`` (CPU build, from the local wheel
 cache) goes in first so no dependency can pull a multi-GB CUDA build; then the pinned project
@@ -62,14 +62,26 @@ def ensure_venv() -> None:
     stamp_file.write_text(_stamp())
 
 
-def ensure_chromium() -> None:
-    """Debian's Chromium for the Playwright UI tests (browser downloads are impossible here)."""
-    if Path("/usr/bin/chromium").exists():
+def _missing_system_packages() -> list[str]:
+    """Debian packages the tests start for real: Chromium (Playwright UI tests; browser downloads are
+    impossible here) and the PostgreSQL server (the shared ledger and Dagster instance tests start a
+    throwaway one on loopback)."""
+    missing = []
+    if not Path("/usr/bin/chromium").exists():
+        missing.append("chromium")
+    if not list(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl")):
+        missing.append("postgresql")
+    return missing
+
+
+def ensure_system_packages() -> None:
+    missing = _missing_system_packages()
+    if not missing:
         return
     apt = ["apt-get"] if os.geteuid() == 0 else ["sudo", "-n", "apt-get"]
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     _run(apt + ["update", "-q"], env=env)
-    _run(apt + ["install", "-y", "-q", "chromium"], env=env)
+    _run(apt + ["install", "-y", "-q", *missing], env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if what == "demo":
         cmd = [str(VENV / "bin" / "composer-pipeline"), "demo", *argv]
     elif what == "test":
-        ensure_chromium()
+        ensure_system_packages()
         cmd = [str(PY), "-m", "pytest", *argv]
     elif what == "setup":
         return 0

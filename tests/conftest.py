@@ -79,6 +79,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server on 127.0.0.1 for the whole test session (see tests/postgres_server.py)."""
+    from postgres_server import PostgresServer
+
+    with PostgresServer() as pg:
+        yield pg
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server) -> str:
+    """URL of the session's PostgreSQL server (database ``postgres``)."""
+    return postgres_server.url
+
+
 _EXIT_STATUS = {"code": 0}
 
 
