@@ -36,5 +36,5 @@ try:
 except ReplayInterrupted as e:
     print(json.dumps({"interrupted": e.signum}), flush=True)
     sys.exit(128 + e.signum)
-cols = ["call_id", "state_id", "teacher", "status", "reason", "cost_usd", "cache_hit", "attempts"]
+cols = ["call_id", "state_id", "teacher", "status", "reason", "cost_usd", "paid_usd", "cache_hit", "attempts"]
 print(json.dumps({"summary": res.summary, "rows": res.table.select(cols).to_pylist()}), flush=True)
