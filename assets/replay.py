@@ -79,7 +79,7 @@ def cost_plan_within_budget(
     for t, usd in zip(uncached.column("teacher").to_pylist(), uncached.column("worst_case_usd").to_pylist()):
         by_teacher[t] = by_teacher.get(t, 0.0) + float(usd or 0.0)
     total = sum(by_teacher.values())
-    remaining = {t.name: float(led.remaining(t.name, t.budget_usd)) for t in cfg.teachers}
+    remaining = {t.name: float(led.room(t.name, t.budget_usd)) for t in cfg.teachers}  # calls in flight elsewhere settle first
     over = {t: {"worst_case_usd": v, "remaining_usd": remaining.get(t, 0.0)} for t, v in by_teacher.items() if v > remaining.get(t, 0.0)}
     passed = total <= cfg.ceiling_usd and not over
     return dg.AssetCheckResult(

@@ -6,7 +6,8 @@
 2. **Throughput** (``--runs 1,2,4,8``): K replay processes (each C concurrent calls, ``rounds·C``
    distinct requests) start together against one scripted server (its own process, every answer
    delayed by L seconds) and one ledger. Reports aggregate calls/s and its ratio to the ideal K·C/L,
-   next to the same ratio for one run: how much sharing the ledger costs as runs are added.
+   next to K bare-httpx processes sending the same bodies (no ledger, cache or parsing) in the same
+   run: what is the machine's limit (2 shared cores) and what is the replay client's and ledger's.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ledger.py [--postgres URL] [--runs 1,2,4,8] [--c 8] [--latency 0.5]
 
@@ -43,8 +44,37 @@ def _requests(cfg, n: int, tag: str):
             {"role": "user", "content": f"{tag} step {i}: " + "context " * 200}], tools) for i in range(n)]
 
 
+def bare_worker(a: dict) -> None:
+    """Baseline run: the same bodies through a bare httpx.AsyncClient (no ledger, cache or parsing)."""
+    import asyncio
+
+    import httpx
+    import orjson
+
+    from composer_pipeline.teachers.config import parse_teachers
+
+    reqs = _requests(parse_teachers(_teachers(a["url"], a["c"])), a["n"], a["run"])
+    Path(f"{a['start']}.{a['run']}").touch()
+    while not os.path.exists(a["start"]):
+        time.sleep(0.005)
+
+    async def go() -> None:
+        sem = asyncio.Semaphore(a["c"])
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=a["c"]), timeout=60) as client:
+            async def one(r):
+                async with sem:
+                    (await client.post(a["url"] + "/chat/completions", content=orjson.dumps(r.body))).json()
+
+            await asyncio.gather(*(one(r) for r in reqs))
+
+    asyncio.run(go())
+    print(json.dumps({"end": time.time()}), flush=True)
+
+
 def worker(a: dict) -> None:
     """One replay run (a subprocess of the throughput bench)."""
+    if a.get("bare"):
+        return bare_worker(a)
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import parse_teachers
     from composer_pipeline.teachers.ledger import Ledger
@@ -104,12 +134,12 @@ def overhead(ledger_url: str, n: int) -> dict:
     return {"calls": n, "p50_ms": round(statistics.median(ms), 3), "p95_ms": round(ms[int(0.95 * (n - 1))], 3), "max_ms": round(ms[-1], 3)}
 
 
-def throughput(ledger_url: str, k: int, c: int, latency: float, rounds: int, url: str, d: Path) -> dict:
+def throughput(ledger_url: str | None, k: int, c: int, latency: float, rounds: int, url: str, d: Path) -> dict:
     start = d / f"go-{uuid.uuid4().hex[:6]}"
     n = rounds * c
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(
         {"url": url, "c": c, "n": n, "run": f"r{j}-{start.name}", "ledger": ledger_url, "cache": str(d / f"cache-{start.name}-{j}"),
-         "start": str(start)})], stdout=subprocess.PIPE, text=True) for j in range(k)]
+         "start": str(start), "bare": ledger_url is None})], stdout=subprocess.PIPE, text=True) for j in range(k)]
     while not all(Path(f"{start}.r{j}-{start.name}").exists() for j in range(k)):
         time.sleep(0.01)
     t0 = time.time()
@@ -146,12 +176,12 @@ def main() -> None:
                 print(json.dumps({"backend": b, "overhead_per_call": overhead(fresh_ledger(b, args.postgres, d), args.overhead)}), flush=True)
         proc, url = start_server(args.latency)
         try:
-            for b in backends:
-                base = None
-                for k in [int(x) for x in args.runs.split(",")]:
+            for k in [int(x) for x in args.runs.split(",")]:  # each K: bare httpx, then every backend, side by side
+                bare = throughput(None, k, args.c, args.latency, args.rounds, url, d)
+                print(json.dumps({"backend": "bare-httpx", **bare}), flush=True)
+                for b in backends:
                     r = throughput(fresh_ledger(b, args.postgres, d), k, args.c, args.latency, args.rounds, url, d)
-                    base = base or r["ratio"]
-                    print(json.dumps({"backend": b, **r, "vs_one_run": round(r["ratio"] / base, 3)}), flush=True)
+                    print(json.dumps({"backend": b, **r, "vs_bare_httpx": round(r["ratio"] / bare["ratio"], 3)}), flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=10)

@@ -585,6 +585,12 @@ class Ledger:
     def remaining(self, teacher: str, budget: float) -> float:
         return max(0.0, budget - self.spent(teacher))
 
+    def room(self, teacher: str, budget: float) -> float:
+        """What may still be spent once the calls in flight settle (budget − settled − kept): what a plan can
+        count on, since a reservation waits for money in flight instead of failing."""
+        hard, *_ = self._totals("teacher", teacher)
+        return max(0.0, budget - float(hard))
+
     def balance(self, teacher: str, budget_usd: float) -> Balance:
         hard, open_, settled, kept, kept_calls = self._totals("teacher", teacher)
         open_ = max(0.0, float(open_))

@@ -127,7 +127,7 @@ def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: 
         rows["worst_case_usd"].append(r.worst_case_usd)
         if not cached:
             worst_by[r.teacher.name] += r.worst_case_usd
-    remaining = {t.name: ledger.remaining(t.name, t.budget_usd) for t in config.teachers}
+    remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
     reasons = []
     for t in config.teachers:
         if worst_by[t.name] > remaining[t.name]:

@@ -114,3 +114,15 @@ def test_readonly_or_full_cache_mount(tmp_path, server, samples_dir, samples_tab
                        capture_output=True, text=True, timeout=180)
     s2 = json.loads(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0 and len(server.requests) == n and s2["total_spend"] == 0 and s2["answered"] == states.num_rows
+
+
+def test_a_run_where_every_call_fails_exits_non_zero(tmp_path, server, samples_dir, samples_tables, capsys):
+    states, _ = samples_tables
+    server.default_script = ["400"]  # every request refused by the provider (not retried, not billed)
+    teachers = _yaml(tmp_path, [teacher_dict(server.url, "t1")])
+    assert main(_args(samples_dir, teachers, tmp_path)) == 1
+    out, err = capsys.readouterr()
+    assert "no call was answered (http_400" in err
+    s = json.loads(out.strip().splitlines()[-1])
+    assert s["failed"] == states.num_rows and s["total_spend"] == 0
+    assert Ledger(tmp_path / "ledger.sqlite").balance("t1", 10.0).spent_usd == 0  # released, never charged
