@@ -575,7 +575,10 @@ class Ledger:
     def _totals(self, scope: str, key: str) -> tuple[float, float, float, float, int]:
         row = self._tx(lambda c: c.one("SELECT hard_usd, open_usd, settled_usd, kept_usd, kept_calls FROM totals WHERE scope = ? AND key = ?",
                                        [scope, key]), write=False)
-        return tuple(row) if row else (0.0, 0.0, 0.0, 0.0, 0)  # type: ignore[return-value]
+        if not row:
+            return (0.0, 0.0, 0.0, 0.0, 0)
+        # running sums of floats: drop the 1e-18 residue of adding and removing the same amounts
+        return (*(round(float(v), 12) for v in row[:4]), int(row[4]))  # type: ignore[return-value]
 
     def spent(self, teacher: str) -> float:
         """Everything this teacher has cost or may have cost (settled + kept + in flight)."""

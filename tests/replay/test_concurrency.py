@@ -130,7 +130,8 @@ def test_kill_9_and_sigterm_at_random_points(tmp_path, server, ledger_url):
     assert rc1 in (0, 128 + signal.SIGTERM, -signal.SIGTERM), f"seed {seed}: {rc1}"  # -15: it had finished already
     survivors = [_result(procs[k]) for k in (2, 3)]
     for rc, res in survivors:
-        assert rc == 0 and len(res["rows"]) == 40 and {r["status"] for r in res["rows"]} == {"answered"}, f"seed {seed}"
+        assert rc == 0 and len(res["rows"]) == 40 and {r["status"] for r in res["rows"]} == {"answered"}, \
+            f"seed {seed}: {[r['reason'] for r in res['rows'] if r['status'] != 'answered']}"
     runs = {r["run_id"]: r["state"] for r in ledger.rows("runs")}
     assert runs["k1"] == "closed", f"seed {seed}: SIGTERM must close the run"
     time.sleep(1.2)
