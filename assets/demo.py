@@ -275,3 +275,27 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"  {cp} show {pair}{store_flag}")
     echo("  the UI (http://127.0.0.1:3000; this demo's runs are under Runs, the env makes it see the same sessions):")
     echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m assets.demo`` (what ``composer-pipeline demo`` runs): same flags as the CLI."""
+    import argparse
+
+    from composer_pipeline.cli import CLEAR_ERRORS, report_error
+    from composer_pipeline.cli.demo import add_arguments
+
+    parser = argparse.ArgumentParser(prog="composer-pipeline demo", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        report = run_demo(args.trace_root, args.store, args.steps, args.skip_train, args.teachers, args.keep_teachers)
+    except CLEAR_ERRORS as e:
+        return report_error("demo", e)
+    print_report(report)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -13,7 +13,7 @@ import json
 import dagster as dg
 import pyarrow as pa
 
-from assets.metadata import chat_markdown, counts, preview
+from assets.metadata import counts, preview
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
 from resources.recipes import PipelineRecipes
@@ -66,7 +66,7 @@ def render_options(recipes: PipelineRecipes):
 
 def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dict[str, int]:
     """Secrets the scrubber would still find in what is about to be stored (should be none)."""
-    from composer_pipeline.ingest.scrub import Scrubber
+    from composer_pipeline.scrub import Scrubber
 
     scrubber = Scrubber(extra_patterns or None)
     for col in columns:
@@ -87,23 +87,14 @@ def _with_content(messages: pa.Table) -> pa.Table:
 
 
 def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
-    from composer_pipeline.render import Conversation, render_state
+    """The state view `composer-pipeline show` prints, in Markdown, for the session's middle state."""
+    from composer_pipeline.show import render_markdown, state_views
 
     if states.num_rows == 0:
         return "*no states in this session*"
-    conv = Conversation.from_table(messages)
-    row = states.slice(states.num_rows // 2, 1).to_pylist()[0]
-    rendered = render_state(conv, row, recipe.render)
-    action = json.loads(row["action"])
-    tools = ", ".join(f"`{t['function']['name']}`" if "function" in t else f"`{t.get('name')}`" for t in rendered.tools)
-    return (
-        f"### State `{row['state_id']}` ({row['stream_id']})\n\n"
-        f"{len(rendered.messages)} messages, tools offered: {tools or 'none'}\n\n"
-        + chat_markdown(rendered.messages)
-        + "\n**agent's action**\n```json\n"
-        + json.dumps(action, indent=1)[:1500]
-        + "\n```"
-    )
+    state_id = states.column("state_id")[states.num_rows // 2].as_py()
+    (view,) = state_views(states, messages, None, recipe.render, [state_id])
+    return render_markdown(view, max_messages=8)
 
 
 @dg.multi_asset(

@@ -1,7 +1,8 @@
-"""Presentation helpers for asset metadata: preview tables, rendered chats as Markdown, PNG data URIs.
+"""Presentation helpers for asset metadata: preview tables, counts, PNG data URIs.
 
-In: pyarrow tables / OpenAI chat message lists. Out: ``dg.MetadataValue`` objects. Long texts are
-truncated (the full rows stay in Parquet); nothing here changes data.
+In: pyarrow tables. Out: ``dg.MetadataValue`` objects. Long texts are truncated (the full rows stay in
+Parquet); nothing here changes data. State and pair examples are ``composer_pipeline.show.render_markdown``
+(the one Markdown renderer of each view, the same view `composer-pipeline show` prints).
 """
 
 import base64
@@ -34,39 +35,6 @@ def counts(values: Iterable[Any]) -> dict[str, int]:
 
 def json_md(d: dict) -> dg.MetadataValue:
     return dg.MetadataValue.json(d)
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if isinstance(block, dict):
-            parts.append(block.get("text") or json.dumps(block)[:400])
-        else:
-            parts.append(str(block))
-    return "\n".join(parts)
-
-
-def chat_markdown(messages: list[dict], max_chars: int = 600, tail: int = 8) -> str:
-    """The last ``tail`` messages of an OpenAI chat list as Markdown (what a teacher receives)."""
-    lines = []
-    if len(messages) > tail:
-        lines.append(f"*… {len(messages) - tail} earlier messages not shown …*\n")
-    for m in messages[-tail:]:
-        text = _content_text(m.get("content"))
-        if len(text) > max_chars:
-            text = text[:max_chars] + " …"
-        lines.append(f"**{m.get('role')}**" + (f" (`{m['tool_call_id']}`)" if m.get("tool_call_id") else ""))
-        if text.strip():
-            lines.append("```text\n" + text.replace("```", "ʼʼʼ") + "\n```")
-        for tc in m.get("tool_calls") or []:
-            fn = tc.get("function", {})
-            lines.append(f"→ tool call `{fn.get('name')}` `{_short(fn.get('arguments'), 300)}`")
-        lines.append("")
-    return "\n".join(lines)
 
 
 def png_markdown(png_path: str, title: str) -> dg.MetadataValue:

@@ -8,14 +8,13 @@ rate within the configured bound. ``training_set`` is unpartitioned and tolerate
 pairs are not materialized yet (``allow_missing_partitions``).
 """
 
-import json
 
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.ingest import render_options
-from assets.metadata import chat_markdown, counts, preview
+from assets.metadata import counts, preview
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
 from resources.recipes import PipelineRecipes
@@ -28,18 +27,15 @@ def _scalar_stats(stats: dict) -> dict:
     return {k: v for k, v in dict(stats).items() if isinstance(v, (int, float, str, bool, dict, list))}
 
 
-def example_pair_md(pairs: pa.Table) -> str:
+def example_pair_md(pairs: pa.Table, table: str, states: pa.Table | None = None, messages: pa.Table | None = None,
+                    replays: pa.Table | None = None, opts=None) -> str:
+    """The pair view `composer-pipeline show` prints, in Markdown, for the partition's first pair."""
+    from composer_pipeline.show import pair_views, render_markdown
+
     if pairs.num_rows == 0:
         return "*no pairs in this partition*"
-    r = pairs.slice(0, 1).to_pylist()[0]
-    return "\n".join([
-        f"### Pair `{r['pair_id']}` (state `{r['state_id']}`, {r['n_agreeing']}/{r['n_teachers']} teachers agree: "
-        f"{', '.join(r['agreeing_teachers'] or [])})\n",
-        "**prompt (tail)**\n", chat_markdown(json.loads(r["prompt"]), tail=3),
-        "**chosen (teacher consensus)**", "```text", (r["chosen_text"] or "")[:1500], "```",
-        "**rejected (the agent's action)**", "```text", (r["rejected_text"] or "")[:1500], "```",
-        f"source: `{r['source_file']}` lines {r['source_lines']}",
-    ])
+    (view,) = pair_views(pairs, states, messages, replays, opts, table, [pairs.column("pair_id")[0].as_py()])
+    return render_markdown(view, max_messages=3)
 
 
 @dg.multi_asset(
@@ -67,7 +63,8 @@ def consensus_pairs(
         "dagster/row_count": pairs.num_rows,
         "stats": dg.MetadataValue.json(stats),
         "preview": preview(pairs, PAIR_PREVIEW),
-        "example": dg.MetadataValue.md(example_pair_md(pairs)),
+        "example": dg.MetadataValue.md(example_pair_md(pairs, "dpo_pairs", trace_states, trace_messages, teacher_replays,
+                                                       render_options(recipes))),
     })
     yield dg.Output(positives, output_name="agreement_positives", metadata={
         "dagster/row_count": positives.num_rows,
@@ -118,7 +115,7 @@ def normalized_pairs(
         "input_pairs": dpo_pairs.num_rows,
         "stats": dg.MetadataValue.json(_scalar_stats(res.stats)),
         "preview": preview(kept, PAIR_PREVIEW),
-        "example": dg.MetadataValue.md(example_pair_md(kept)),
+        "example": dg.MetadataValue.md(example_pair_md(kept, "normalized_dpo_pairs")),
     })
     yield dg.Output(dropped, output_name="dropped_pairs", metadata={
         "dagster/row_count": dropped.num_rows,

@@ -9,14 +9,13 @@ budgets, error rate) stop everything downstream. Guards only act inside one run:
 ``teacher_replays`` alone still goes through the client-side reservation.
 """
 
-import json
 
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.ingest import render_options
-from assets.metadata import chat_markdown, counts, preview
+from assets.metadata import counts, preview
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
 from resources.ledger import LedgerResource
@@ -72,56 +71,40 @@ def cost_plan(
 def cost_plan_within_budget(
     cost_plan: pa.Table, teachers: TeachersResource, ledger: LedgerResource
 ) -> dg.AssetCheckResult:
+    from composer_pipeline.teachers.replay import check_plan
+
     cfg = teachers.load_config()
-    led = ledger.open()
-    uncached = cost_plan.filter(pc.invert(cost_plan.column("cached")))
-    by_teacher: dict[str, float] = {}
-    for t, usd in zip(uncached.column("teacher").to_pylist(), uncached.column("worst_case_usd").to_pylist()):
-        by_teacher[t] = by_teacher.get(t, 0.0) + float(usd or 0.0)
-    total = sum(by_teacher.values())
-    remaining = {t.name: float(led.room(t.name, t.budget_usd)) for t in cfg.teachers}  # calls in flight elsewhere settle first
-    over = {t: {"worst_case_usd": v, "remaining_usd": remaining.get(t, 0.0)} for t, v in by_teacher.items() if v > remaining.get(t, 0.0)}
-    passed = total <= cfg.ceiling_usd and not over
+    plan = check_plan(cost_plan, cfg, ledger.open())  # the same decision the cost_plan asset reported
+    total, remaining = plan.total_worst_case_usd, plan.remaining_budget_by_teacher
+    over = {t: {"worst_case_usd": plan.worst_case_by_teacher[t], "remaining_usd": float(remaining[t])}
+            for t in plan.over_budget}
     return dg.AssetCheckResult(
-        passed=passed,
+        passed=plan.fits,
         metadata={
             "worst_case_usd": total,
             "ceiling_usd": float(cfg.ceiling_usd),
-            "worst_case_usd_by_teacher": dg.MetadataValue.json(by_teacher),
-            "remaining_usd_by_teacher": dg.MetadataValue.json(remaining),
+            "worst_case_usd_by_teacher": dg.MetadataValue.json(plan.worst_case_by_teacher),
+            "remaining_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in remaining.items()}),
             "teachers_over_budget": dg.MetadataValue.json(over),
         },
-        description=None if passed else (
+        description=None if plan.fits else (
             f"worst case ${total:.4f} > ceiling ${cfg.ceiling_usd:.4f}" if total > cfg.ceiling_usd
             else f"over remaining budget: {sorted(over)}"
         ),
     )
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    v = sorted(values)
-    pick = lambda q: float(v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))])  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": float(v[-1])}
-
-
 def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes: PipelineRecipes) -> str:
-    from composer_pipeline.render import Conversation, render_state
+    """The state view `composer-pipeline show` prints (prefix tail, action, every teacher's answer), in
+    Markdown, for the first state a teacher answered."""
+    from composer_pipeline.show import render_markdown, state_views
 
     answered = replays.filter(pc.equal(replays.column("status"), "answered"))
     if answered.num_rows == 0 or states.num_rows == 0:
         return "*no answered teacher calls in this partition*"
     state_id = answered.column("state_id")[0].as_py()
-    row = states.filter(pc.equal(states.column("state_id"), state_id)).to_pylist()[0]
-    rendered = render_state(Conversation.from_table(messages), row, render_options(recipes))
-    out = [f"### State `{state_id}`: prompt (tail)\n", chat_markdown(rendered.messages, tail=4),
-           "**agent's action**", "```json", json.dumps(json.loads(row["action"]), indent=1)[:1200], "```"]
-    for r in replays.filter(pc.equal(replays.column("state_id"), state_id)).to_pylist():
-        out += [f"**{r['teacher']}** ({r['model']}, {r['status']}, ${r['cost_usd'] or 0:.5f}"
-                + (", cache hit: paid $0 now" if r["cache_hit"] else "") + ")",
-                "```text", (r["raw_answer"] or r["reason"] or "")[:1200].replace("```", "ʼʼʼ"), "```"]
-    return "\n".join(out)
+    (view,) = state_views(states, messages, replays, render_options(recipes), [state_id])
+    return render_markdown(view, max_messages=4)
 
 
 @dg.asset(
@@ -179,7 +162,6 @@ def teacher_replays(
         spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["paid_usd"] or 0.0)  # this run's spend
     failed = [r for r in rows if r["status"] != "answered"]
     cache_hits = sum(1 for r in rows if r["cache_hit"])
-    latencies = [float(r["latency_s"]) for r in rows if r["latency_s"] is not None and not r["cache_hit"]]
     total = sum(spend.values())
 
     yield dg.Output(
@@ -191,7 +173,6 @@ def teacher_replays(
             "calls_by_teacher": dg.MetadataValue.json(counts(r["teacher"] for r in rows)),
             "cache_hits": cache_hits,
             "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
-            "latency_s": dg.MetadataValue.json(_percentiles(latencies)),
             "summary": dg.MetadataValue.json(res.summary),
             "preview": preview(table, ["teacher", "state_id", "status", "action", "cost_usd", "paid_usd", "latency_s"]),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),

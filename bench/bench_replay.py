@@ -30,7 +30,7 @@ from composer_pipeline.teachers.replay import make_request, replay_requests
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.teachers.scripted_server", "0", str(latency)],
+    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.testing.scripted_server", "0", str(latency)],
                             stdout=subprocess.PIPE, text=True)
     url = proc.stdout.readline().strip()
     if not url.startswith("http"):

@@ -133,8 +133,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
 
-    from composer_pipeline.train.synthetic import write_store
-    from composer_pipeline.train.tiny import build_tiny_model
+    from composer_pipeline.testing.synthetic_train import write_store
+    from composer_pipeline.tiny_model import build_tiny_model
     from composer_pipeline.train.trainer import TrainRecipe
 
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))

@@ -19,6 +19,8 @@ Out: :class:`RenderedState` ``(messages, tools)``:
 * ``tools``: OpenAI function schemas of the tools the stream shows the agent using, with the
   argument keys observed (values untyped: ``{}``).
 
+Every rendered prefix is scrubbed once more as the JSON it is sent as (:func:`_scrubbed`).
+
 Deliberately simplified: the real Claude Code system prompt and tool descriptions are not in the
 traces; ``system_prompt`` is a recipe option and tool schemas are inferred from usage.
 """
@@ -313,7 +315,30 @@ def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = N
             parts = user_parts(row["_content"], s.tool_uses)
             if parts:
                 messages.append({"role": "user", "content": "\n\n".join(parts)})
-    return RenderedState(messages, conv.tool_schemas(sid))
+    return _scrubbed(RenderedState(messages, conv.tool_schemas(sid)))
+
+
+_EGRESS = None  # the built-in secret patterns, for _scrubbed
+
+
+def _scrubbed(rs: RenderedState) -> RenderedState:
+    """The prefix scrubbed once more, in the form it leaves the machine in (defense in depth).
+
+    Ingest already scrubbed the raw lines (escape-aware, scrub.py). Here the decoded text is
+    re-encoded by orjson (which escapes no ASCII letter), so a key that a writer had spelled with
+    escapes (``s\\u006b-...``), invisible in the raw line, is visible and caught. One Hyperscan pass
+    over the JSON; the exact patterns run only on the rare candidate lines (one line here)."""
+    global _EGRESS
+    if _EGRESS is None:
+        from composer_pipeline.scrub import Scrubber
+
+        _EGRESS = Scrubber()
+    data = orjson.dumps([rs.messages, rs.tools])
+    clean = _EGRESS.scrub_bytes(data)
+    if clean is data or clean == data:
+        return rs
+    messages, tools = orjson.loads(clean)
+    return RenderedState(messages, tools)
 
 
 def _is_synthetic_row(row: dict) -> bool:

@@ -8,7 +8,7 @@ In:  one or more :class:`~composer_pipeline.store.Store` (local dir or ``s3://``
 Out: :func:`gather` -> :class:`StateView` / :class:`PairView` per id; :meth:`to_dict` is one line of
      ``show --json`` (and :meth:`from_dict` reads it back); :func:`format_view` is the terminal view;
      :func:`render_markdown` the same view in Markdown (Dagster asset metadata). For tables already in
-     memory, :func:`state_views` builds the views without a store.
+     memory, :func:`state_views` and :func:`pair_views` build the views without a store.
 
 ``prefix`` comes from :func:`composer_pipeline.teachers.replay.render_prompt`, the very function replay
 builds every teacher request from, so with the same render options it IS the ``messages`` the
@@ -235,6 +235,25 @@ def state_views(states: pa.Table, messages: pa.Table, replays: pa.Table | None =
         for r in _filter(replays, "state_id", [r["state_id"] for r in rows]).to_pylist():
             by_state.setdefault(r["state_id"], []).append(r)
     return [_state_view(conv, st, opts, by_state.get(st["state_id"])) for st in rows]
+
+
+def pair_views(pairs: pa.Table, states: pa.Table | None, messages: pa.Table | None, replays: pa.Table | None = None,
+               opts: RenderOptions | None = None, table: str = "dpo_pairs",
+               pair_ids: Sequence[str] | None = None) -> list[PairView]:
+    """Views of the pairs in ``table`` (default: every row; ``pair_ids`` to pick) from tables already in
+    memory (Dagster assets). Without ``states`` a view shows the prompt the pair stored."""
+    opts = opts or RenderOptions()
+    rows = (_filter(pairs, "pair_id", pair_ids) if pair_ids is not None else pairs).to_pylist()
+    need = sorted({r["state_id"] for r in rows})
+    st_rows = {r["state_id"]: r for r in _filter(states, "state_id", need).to_pylist()} if states is not None else {}
+    streams = sorted({r["stream_id"] for r in st_rows.values()})
+    conv = Conversation.from_table(_filter(messages, "stream_id", streams)) if messages is not None else Conversation()
+    by_state: dict[str, list[dict]] = {}
+    if replays is not None:
+        for r in _filter(replays, "state_id", need).to_pylist():
+            by_state.setdefault(r["state_id"], []).append(r)
+    app = {"table": table, "status": dict(PAIR_TABLES).get(table, table)}
+    return [_pair_view((row, [dict(app)]), st_rows, conv, opts, by_state, messages is not None) for row in rows]
 
 
 def _stores(store: Store | str | Sequence[Store | str]) -> list[Store]:
@@ -675,5 +694,5 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
 
 __all__ = [
     "MIN_PREFIX", "PairView", "ShowError", "StateView", "TeacherAnswer", "View", "call_text", "format_view", "gather",
-    "render_markdown", "resolve_ids", "state_views", "to_json_line", "view_from_dict",
+    "pair_views", "render_markdown", "resolve_ids", "state_views", "to_json_line", "view_from_dict",
 ]

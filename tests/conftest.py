@@ -1,8 +1,16 @@
-"""Fixtures shared by every test module: environment, the real traces, the tiny model."""
+"""Fixtures shared by every test module: environment, the trace corpora, the tiny model.
+
+Two corpora of Claude Code sessions:
+* the project's own (``composer_pipeline/testing/traces.py``, written to a temporary directory), always;
+* real third-party sessions, only when ``COMPOSER_REAL_TRACES`` names a directory of them (``.ci/run``
+  does). Tests over them carry the ``real_traces`` marker; without the variable they are deselected
+  and the summary says so. The fixture ``corpus`` runs a test once per corpus available.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,7 +23,56 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_TRACES = Path(os.environ.get("COMPOSER_SHARED_TRACES", REPO.parent / "shared" / "traces"))
+REAL_TRACES_ENV = "COMPOSER_REAL_TRACES"
+_REAL = {"deselected": 0}
+
+# Facts about the real corpus the tests were written against (sessions of Claude Code 1.0.98 to 2.1.39:
+# three projects, 12 files), counted by hand; the project's own corpus states its own in traces.EXPECTED.
+REAL_EXPECTED = {
+    "total_states": 232,
+    "kinds": {"main": 58, "inline_sidechain": 171, "sibling_agent_file": 3},
+    "unlinked_subagent_states": 0,
+    "min_tool_calls": 500, "min_parallel_calls": 20,  # over every state's rendered prefix
+    "min_typed_lines": 700, "min_assistant_lines": 100,
+    "pairs_subdir": "marot__spotter",
+}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A directory of Claude Code sessions and the facts the tests expect of it."""
+
+    name: str  # "project" (ours) | "real"
+    root: Path
+    expect: dict = field(default_factory=dict)
+
+
+def pytest_configure(config):
+    real = os.environ.get(REAL_TRACES_ENV)
+    if real and not Path(real).is_dir():
+        raise pytest.UsageError(f"{REAL_TRACES_ENV}={real} is not a directory")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get(REAL_TRACES_ENV):
+        return
+    keep, skipped = [], []
+    for item in items:
+        (skipped if item.get_closest_marker("real_traces") else keep).append(item)
+    if skipped:
+        config.hook.pytest_deselected(items=skipped)
+        items[:] = keep
+        _REAL["deselected"] = len(skipped)
+
+
+def pytest_terminal_summary(terminalreporter):
+    real = os.environ.get(REAL_TRACES_ENV)
+    if real:
+        terminalreporter.write_line(f"real-traces layer: ran over {real}")
+    else:
+        terminalreporter.write_line(
+            f"real-traces layer: NOT RUN ({_REAL['deselected']} tests deselected); set {REAL_TRACES_ENV} to a "
+            "directory of Claude Code sessions to run it", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -24,10 +81,25 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    """The real Claude Code sessions beside the checkout (CI has them too)."""
-    assert SHARED_TRACES.is_dir(), f"real traces not found at {SHARED_TRACES}"
-    return SHARED_TRACES
+def project_corpus(tmp_path_factory) -> Corpus:
+    """The project's own synthetic sessions (every format feature; see composer_pipeline/testing/traces.py)."""
+    from composer_pipeline.testing.traces import EXPECTED, write_corpus
+
+    return Corpus("project", write_corpus(tmp_path_factory.mktemp("corpus")), EXPECTED)
+
+
+@pytest.fixture(scope="session")
+def real_traces() -> Path:
+    """The real sessions named by COMPOSER_REAL_TRACES (only tests marked ``real_traces`` use it)."""
+    return Path(os.environ[REAL_TRACES_ENV])
+
+
+@pytest.fixture(scope="session", params=["project", pytest.param("real", marks=pytest.mark.real_traces)])
+def corpus(request) -> Corpus:
+    """Each corpus in turn: ours always, the real one when COMPOSER_REAL_TRACES names it."""
+    if request.param == "project":
+        return request.getfixturevalue("project_corpus")
+    return Corpus("real", request.getfixturevalue("real_traces"), REAL_EXPECTED)
 
 
 S3_BUCKETS = ("composer-test", "pairs-test", "ingest-test", "train-test")
@@ -72,7 +144,7 @@ def moto_s3():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """One offline tiny causal LM + tokenizer for the whole test session."""
-    from composer_pipeline.train.tiny import build_tiny_model
+    from composer_pipeline.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-model")
     build_tiny_model(out)

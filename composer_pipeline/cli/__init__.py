@@ -7,37 +7,43 @@ their heavy dependencies (torch, data-juicer, ...) inside ``run`` so ``--help`` 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-# (module, what it adds) in the order a user runs them
-SUBCOMMAND_MODULES = [
-    "ingest",  # ingest PATH... --out DIR
-    "replay",  # replay --states DIR --teachers FILE --out DIR
-    "teachers",  # teachers serve ...
-    "pairs",  # pairs --replays DIR --states DIR --out DIR
-    "train",  # train --data DIR --recipe FILE --out DIR
-    "model",  # model init-tiny --out DIR
-    "show",  # show ID... [--store] [--json] [--all]
-    "lineage",  # lineage PAIR_ID [--store] [--json]
-    "sql",  # sql "<query>" [--store]
-    "demo",  # demo: the main job end to end through Dagster
+from composer_pipeline.cli import demo, ingest, lineage, model, pairs, replay, show, sql, teachers, train
+
+# in the order a user runs them
+SUBCOMMANDS = [
+    ingest,  # ingest PATH... --out DIR
+    replay,  # replay --states DIR --teachers FILE --out DIR
+    teachers,  # teachers serve ...
+    pairs,  # pairs --replays DIR --states DIR --out DIR
+    train,  # train --data DIR --recipe FILE --out DIR
+    model,  # model init-tiny --out DIR
+    show,  # show ID... [--store] [--json] [--all]
+    lineage,  # lineage PAIR_ID [--store] [--json]
+    sql,  # sql "<query>" [--store]
+    demo,  # demo: the main job end to end through Dagster
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="composer-pipeline", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"composer_pipeline.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"composer_pipeline.cli.{name}":
-                continue  # stage not built in this checkout
-            raise
+    for mod in SUBCOMMANDS:
         mod.register(sub)
     return parser
+
+
+# bad input a user can fix: one line on stderr and exit code 2 (COMPOSER_DEBUG=1 shows the traceback)
+CLEAR_ERRORS = (FileNotFoundError, ValueError, KeyError)
+
+
+def report_error(command: str, e: BaseException) -> int:
+    if os.environ.get("COMPOSER_DEBUG"):
+        raise e
+    print(f"composer-pipeline {command}: error: {e}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,12 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
     except BrokenPipeError:  # `composer-pipeline sql ... | head`
         return 0
-    except (FileNotFoundError, ValueError, KeyError, LedgerError) as e:
-        if os.environ.get("COMPOSER_DEBUG"):
-            raise
-        print(f"composer-pipeline {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except ReplayInterrupted as e:
+    except (*CLEAR_ERRORS, LedgerError) as e:
+        return report_error(args.command, e)
+    except ReplayInterrupted as e:  # the ledger run was closed first
         print(f"composer-pipeline {args.command}: {e}", file=sys.stderr)
         return 128 + e.signum
     except OSError as e:  # disk full, permission denied, ... : one line naming the path, not a traceback

@@ -2,8 +2,9 @@
 
 Sample sessions -> ingest -> cost plan (blocking budget check) -> replay against local teachers over
 real HTTP -> DPO pairs -> normalized pairs -> training set -> a short training run -> evaluation,
-recorded in ``.dagster_home`` so ``dagster dev -w workspace.yaml`` shows the runs. Dagster itself is
-imported only inside ``run`` from the top-level ``assets`` package (never from this package's modules).
+recorded in ``.dagster_home`` so ``dagster dev -w workspace.yaml`` shows the runs. The Dagster layer
+is the checkout's top-level ``assets`` folder (not installed: ``workspace.yaml`` loads it with
+``working_directory: .``), so this runs ``python -m assets.demo`` with the checkout on its path.
 """
 
 from __future__ import annotations
@@ -11,27 +12,31 @@ from __future__ import annotations
 import argparse
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="run the whole pipeline through Dagster on the sample sessions")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-root", default=None, help="Claude Code projects dir (default: the bundled samples)")
     p.add_argument("--store", default=None, help="table store: dir or s3://bucket/prefix (default .store, or $COMPOSER_STORE)")
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: recipes/train.yaml optim.steps)")
     p.add_argument("--skip-train", action="store_true", help="stop after the training set (no training, no eval)")
     p.add_argument("--teachers", default=None, help="teachers recipe (default recipes/demo_teachers.yaml)")
     p.add_argument("--keep-teachers", action="store_true", help="leave a local teacher server it started running")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="run the whole pipeline through Dagster on the sample sessions")
+    add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import os
+    import subprocess
     import sys
 
     from composer_pipeline.bootstrap import ROOT
 
-    if str(ROOT) not in sys.path:  # `assets`/`resources` live at the repo root
-        sys.path.insert(0, str(ROOT))
-    from assets.demo import print_report, run_demo
-
-    report = run_demo(args.trace_root, args.store, args.steps, args.skip_train, args.teachers, args.keep_teachers)
-    print_report(report)
-    return 1 if report.failed else 0
+    argv = [f"--{k.replace('_', '-')}={v}" for k in ("trace_root", "store", "teachers", "steps")
+            if (v := getattr(args, k)) is not None]
+    argv += [f"--{k.replace('_', '-')}" for k in ("skip_train", "keep_teachers") if getattr(args, k)]
+    env = dict(os.environ)  # the checkout first, as workspace.yaml's working_directory does for `dagster dev`
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.call([sys.executable, "-m", "assets.demo", *argv], env=env)

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                     files += 1
                     print(json.dumps(r), flush=False)
                 for k in ("states", "messages", "bad_lines", "subagents_linked", "compactions_crossed",
-                          "warmup_dropped", "streams"):
+                          "warmup_dropped", "streams", "damaged_bridged"):
                     totals[k] += rep.stats.get(k, 0)
                 totals["sessions"] += 1
                 secrets.update(rep.secrets)

@@ -1,6 +1,6 @@
 """``composer-pipeline model init-tiny --out DIR``: write the offline tiny model + tokenizer.
 
-The tiny model (see :mod:`composer_pipeline.train.tiny`) needs no model hub; tests, the CPU demo
+The tiny model (see :mod:`composer_pipeline.tiny_model`) needs no model hub; tests, the CPU demo
 and ``train --model DIR`` use it.
 """
 
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from composer_pipeline.train.tiny import build_tiny_model
+    from composer_pipeline.tiny_model import build_tiny_model
 
     out = build_tiny_model(args.out, vocab_size=args.vocab_size, hidden=args.hidden, layers=args.layers, seed=args.seed)
     print(json.dumps({"model": str(out), "files": sorted(p.name for p in out.iterdir())}))

@@ -7,7 +7,8 @@ Out: one :class:`SessionFiles` per session: the main file plus its subagent file
 
 ``key`` (the Dagster partition key) is the main file's path relative to the root without
 ``.jsonl``, ``/`` -> ``__``. Agent files whose parent session file is absent still form a session
-(``main_file=None``) keyed by where the parent would be, so nothing is dropped.
+(``main_file=None``) keyed by where the parent would be, so nothing is dropped. A ``sessionId``
+holding a secret is not used (it would reach keys and paths unscrubbed): the file names its session.
 Deliberately simplified: non-``agent-*`` files under ``subagents/`` (workflow journals) and
 ``tool-results/`` blobs are not sessions and are skipped.
 """
@@ -58,7 +59,28 @@ def _head_session_id(p: str | Path) -> str | None:
                 m = _SESSION_ID_RE.search(head)
     except OSError:
         return None
-    return m.group(1).decode("utf-8", "replace") if m else None
+    if m is None:
+        return None
+    sid = m.group(1).decode("utf-8", "replace")
+    # read before scrubbing and used in session keys and paths: a value holding a secret is no id
+    if _UUID.fullmatch(sid):  # (what Claude Code writes: no secret fits in one)
+        return sid
+    return None if _scrubber().scrub(sid) != sid else sid
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+_SCRUBBER = None
+
+
+def _scrubber():
+    global _SCRUBBER
+    if _SCRUBBER is None:
+        from composer_pipeline.scrub import Scrubber
+
+        _SCRUBBER = Scrubber()
+    return _SCRUBBER
 
 
 def _is_agent(name: str) -> bool:

@@ -5,7 +5,10 @@ Out: :class:`ParsedFile`: ``records`` (one :class:`Record` per JSON object line,
 ``quarantine`` rows (tables.QUARANTINE) for every line that is not a JSON object: file, 1-based
 line number, reason, scrubbed truncated text, and the ``uuid``/``parentUuid`` salvaged from the text
 when the damage left them readable. A salvaged line becomes a ``damaged`` pass-through record so the
-parentUuid chain through it is not broken.
+parentUuid chain through it is not broken. A record cut off before its ``uuid`` (a crash mid-write)
+leaves the next record's parent unknown: :func:`bridge_damaged` then puts the pass-through record
+back, under the uuid that child names, attached to the damaged line's salvaged ``parentUuid`` (else to
+the nearest earlier record of the same stream), so every later state keeps its history.
 
 The whole buffer is scrubbed before any parsing (see scrub.py), so nothing downstream sees a secret.
 
@@ -35,7 +38,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from composer_pipeline.ingest.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber
 
 _UUID_RE = re.compile(r'"uuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
@@ -183,6 +186,9 @@ class ParsedFile:
     lines: int = 0
     utf8_repaired: int = 0
     empty: bool = False
+    # damaged lines that look like a cut-off record without a readable uuid: (line_no, salvaged parent, text)
+    cut: list[tuple[int, str | None, str]] = field(default_factory=list)
+    bridged: int = 0  # pass-through records bridge_damaged inserted (not counted in ``records`` of the report)
 
 
 def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, text: str, limit: int) -> None:
@@ -199,6 +205,8 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
             "salvaged_parent_uuid": p.group(1) if p else None,
         }
     )
+    if not u and line_no > 0 and text[:1] == "{":  # a record cut before its uuid: a bridge candidate
+        out.cut.append((line_no, p.group(1) if p else None, text))
     if u:  # keep the chain link: a pass-through record carrying only the salvaged ids
         out.records.append(
             Record(type="damaged", uuid=u.group(1), parent=p.group(1) if p else None,
@@ -313,7 +321,44 @@ def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int 
         r.line_no = i
         r.file = rel
         append(r)
+    bridge_damaged(out)
     return out
+
+
+def bridge_damaged(pf: ParsedFile) -> int:
+    """Re-attach records whose parent is unknown through the damaged line that stood between.
+
+    Walking the file in line order: a record whose ``parentUuid`` names no record of the file takes the
+    nearest earlier damaged line not used yet (:attr:`ParsedFile.cut`) and gets it back as a ``damaged``
+    pass-through record: uuid = the parent the record names, parent = the damaged line's salvaged
+    ``parentUuid`` when that names a record, else the nearest record before the damaged line with the
+    child's ``isSidechain`` flag (the same stream: main, or the agent/sidechain records). Other records
+    naming the same parent then find it too. Returns the number of bridges (also in ``pf.bridged``)."""
+    if not pf.cut:
+        return 0
+    known = {r.uuid for r in pf.records if r.uuid}
+    cut, ci = pf.cut, 0
+    unused: list[tuple[tuple[int, str | None, str], str | None, str | None]] = []  # nearest last
+    last: list[str | None] = [None, None]  # uuid of the latest record: [main, sidechain]
+    bridges = []
+    for r in pf.records:
+        while ci < len(cut) and cut[ci][0] < r.line_no:
+            unused.append((cut[ci], last[0], last[1]))
+            ci += 1
+        p = r.parent
+        side = r.is_sidechain is True
+        if p and p not in known and unused:
+            (line_no, salvaged, text), before_main, before_side = unused.pop()
+            parent = salvaged if salvaged is not None and salvaged in known else (before_side if side else before_main)
+            bridges.append(Record(type="damaged", uuid=p, parent=parent, is_sidechain=side, line_no=line_no,
+                                  file=pf.path, raw=text, damaged=True))
+            known.add(p)
+        if r.uuid:
+            last[side] = r.uuid
+    if bridges:
+        pf.records = sorted(pf.records + bridges, key=lambda r: r.line_no)  # (line numbers are unique)
+        pf.bridged = len(bridges)
+    return len(bridges)
 
 
 def classify_line(line: bytes, rel: str, session_key: str, line_no: int, quarantine_chars: int = 2000) -> tuple | None:

@@ -35,7 +35,7 @@ from composer_pipeline.ingest.parser import (
     ParsedFile, _quarantine, classify_line, is_empty, parse_buffer, read_session_file,
 )
 from composer_pipeline.ingest.recipe import ENGINES, IngestRecipe
-from composer_pipeline.ingest.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
 
 TABLES = ("trace_states", "trace_messages", "quarantine")
@@ -148,8 +148,8 @@ class SessionIngester:
         reports = [
             _file_report(sf.key, f.rel, lines=lines, records=records, bad_lines=bad, no_uuid=dict(no_uuid),
                          states=n_states, linked=linked, crossed=crossed, warmup=warmup, utf8_repaired=0,
-                         empty=f.data is not None and is_empty(f.data))
-            for f, (lines, records, bad, no_uuid, n_states, linked, crossed, warmup) in zip(files, per_file)
+                         empty=f.data is not None and is_empty(f.data), bridged=bridged)
+            for f, (lines, records, bad, no_uuid, n_states, linked, crossed, warmup, bridged) in zip(files, per_file)
         ]
         stats = _session_stats(reports, streams, warmup_dropped, states, messages)
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="native")
@@ -172,10 +172,10 @@ class SessionIngester:
         for pf in parsed:
             fc = build.file_counts.get(pf.path, Counter())
             reports.append(_file_report(
-                sf.key, pf.path, lines=pf.lines, records=len(pf.records), bad_lines=len(pf.quarantine),
+                sf.key, pf.path, lines=pf.lines, records=len(pf.records) - pf.bridged, bad_lines=len(pf.quarantine),
                 no_uuid=dict(Counter(r.type for r in pf.records if not r.uuid)), states=fc["states"],
                 linked=fc["subagents_linked"], crossed=fc["compactions_crossed"], warmup=fc["warmup_dropped"],
-                utf8_repaired=pf.utf8_repaired, empty=pf.empty))
+                utf8_repaired=pf.utf8_repaired, empty=pf.empty, bridged=pf.bridged))
         stats = _session_stats(reports, build.streams, build.warmup_dropped, len(build.states["state_id"]),
                                len(build.messages["uuid"]))
         qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
@@ -216,13 +216,15 @@ class SessionIngester:
 
 
 def _file_report(session_key: str, rel: str, *, lines: int, records: int, bad_lines: int, no_uuid: dict,
-                 states: int, linked: int, crossed: int, warmup: int, utf8_repaired: int, empty: bool) -> dict:
+                 states: int, linked: int, crossed: int, warmup: int, utf8_repaired: int, empty: bool,
+                 bridged: int) -> dict:
     """One input file's line of the CLI report (keys in the order the CLI prints them)."""
     return {
         "file": rel, "session_key": session_key, "states": states, "bad_lines": bad_lines,
         "subagents_linked": linked, "compactions_crossed": crossed, "lines": lines, "records": records,
         "no_uuid_records": no_uuid,  # summary / snapshot / queue-operation: not chain links
         "warmup_dropped": warmup, "utf8_repaired": utf8_repaired, "empty_file": empty,
+        "damaged_bridged": bridged,  # records whose unknown parent was re-attached through a damaged line
     }
 
 
@@ -233,6 +235,7 @@ def _session_stats(reports: list[dict], streams: int, warmup_dropped: int, state
         "streams": streams,
         "subagents_linked": sum(r["subagents_linked"] for r in reports),
         "compactions_crossed": sum(r["compactions_crossed"] for r in reports),
+        "damaged_bridged": sum(r["damaged_bridged"] for r in reports),
         "warmup_dropped": warmup_dropped,
         "states": states,
         "messages": messages,

@@ -33,10 +33,10 @@ import pyarrow as pa
 import yaml
 
 from composer_pipeline import tables
-from composer_pipeline.pairs.normalize import (
+from composer_pipeline.pairs.datajuicer import (
     NormalizeRecipe,
     NormalizeResult,
-    _result,
+    build_result,
     data_juicer_guard,
     pair_text_column,
 )
@@ -115,7 +115,7 @@ def normalize_pairs_ray(pairs: pa.Table, recipe: NormalizeRecipe) -> NormalizeRe
         with tempfile.TemporaryDirectory(prefix="dj-ray-", dir=scratch) as tmp, data_juicer_guard():
             alive = _run_passes(recipe, alive, pair_ids, cols, drop, Path(tmp))
     alive = [i for i in range(n) if i not in drop]
-    res = _result(pairs, alive, drop, n, t0)
+    res = build_result(pairs, alive, drop, n, t0)
     res.stats["executor"] = "ray"
     res.stats["ray_address"] = recipe.ray_address
     return res

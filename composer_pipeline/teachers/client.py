@@ -25,7 +25,9 @@ Retries are bounded by ``max_retries``; backoff is exponential with full jitter
 (``uniform(0, min(backoff_max_s, backoff_s · 2^n))``, the AWS "full jitter" scheme).
 
 The key is only ever placed in the ``Authorization`` header; any reason text derived from a
-response is scrubbed of it before it is stored.
+response is scrubbed of it before it is stored. A teacher's answer (and any error text) also goes
+through the ingest secret scrubber before it is cached, stored or logged: a teacher that echoes or
+invents a key does not put it on disk.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import httpx
 import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_chat_message
+from composer_pipeline.scrub import scrub_obj
 from composer_pipeline.teachers.cache import ResponseCache, canonical_json
 from composer_pipeline.teachers.config import TeacherConfig
 from composer_pipeline.teachers.ledger import AsyncLedger, Reserve
@@ -95,10 +98,10 @@ def backoff_delay(teacher: TeacherConfig, attempt: int, retry_after: float | Non
 
 
 def _scrub(text: str, api_key: str | None, limit: int = 300) -> str:
-    text = text[:limit]
+    """Reason text from a response or an exception: without the teacher's key or any other secret."""
     if api_key:
         text = text.replace(api_key, "[REDACTED]")
-    return " ".join(text.split())
+    return " ".join(scrub_obj(text)[:limit].split())
 
 
 def raw_answer_of(message: dict[str, Any]) -> str:
@@ -245,6 +248,7 @@ async def call_teacher(
                         head = _scrub(raw[:60].decode("utf-8", "replace"), api_key, 60)
                         problem = f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
                     else:
+                        data = scrub_obj(data)  # before the cache, the table and any log see it
                         problem = _valid_completion(data)
                         problem = f"bad_response: {_scrub(problem, api_key)}" if problem else None
                     if problem:

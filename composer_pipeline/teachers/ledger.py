@@ -54,6 +54,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from composer_pipeline.home import default_home
+
 EPS = 1e-12  # float slack when comparing sums of dollars
 DEFAULT_LEASE_S = 30.0
 OPEN_STATES = ("reserved", "sent")
@@ -754,11 +756,6 @@ class AsyncLedger:
             return await self._run(self.ledger.close_run, self.run_id, note)
         finally:
             self._pool.shutdown(wait=False)
-
-
-def default_home() -> Path:
-    """``$COMPOSER_PIPELINE_HOME`` or ``~/.cache/composer-pipeline``: ledger, cache, converted models."""
-    return Path(os.environ.get("COMPOSER_PIPELINE_HOME") or Path.home() / ".cache" / "composer-pipeline").expanduser()
 
 
 def default_ledger_url() -> str:

@@ -58,6 +58,7 @@ class CostPlan:
     reasons: list[str]
     ceiling_usd: float = 0.0
     total_worst_case_usd: float = 0.0
+    over_budget: list[str] = field(default_factory=list)  # teachers whose worst case exceeds what remains
 
 
 @dataclass
@@ -114,23 +115,32 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
 # ---------------------------------------------------------------------------------------------
 def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger) -> CostPlan:
     rows = {name: [] for name in tables.COST_PLAN.names}
-    worst_by = {t.name: 0.0 for t in config.teachers}
     in_cache = {r.call_id for r in requests if _cache_get(cache, r.call_id) is not None}
     in_ledger = ledger.answered_ids(sorted({r.call_id for r in requests} - in_cache))  # paid answers the cache lost
     for r in requests:
-        cached = r.call_id in in_cache or r.call_id in in_ledger
         rows["state_id"].append(r.state_id)
         rows["teacher"].append(r.teacher.name)
         rows["call_id"].append(r.call_id)
-        rows["cached"].append(cached)
+        rows["cached"].append(r.call_id in in_cache or r.call_id in in_ledger)
         rows["est_prompt_tokens"].append(r.est_prompt_tokens)
         rows["worst_case_usd"].append(r.worst_case_usd)
+    return check_plan(pa.table(rows, schema=tables.COST_PLAN), config, ledger)
+
+
+def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPlan:
+    """Whether a ``cost_plan`` table fits: the worst case of its uncached calls against the run's
+    ceiling and each teacher's remaining budget in the ledger. THE fit decision: the CLI, the
+    ``cost_plan`` asset and its blocking check all read this one result."""
+    worst_by = {t.name: 0.0 for t in config.teachers}
+    for teacher, cached, usd in zip(plan.column("teacher").to_pylist(), plan.column("cached").to_pylist(),
+                                    plan.column("worst_case_usd").to_pylist()):
         if not cached:
-            worst_by[r.teacher.name] += r.worst_case_usd
+            worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
     remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
-    reasons = []
+    reasons, over = [], []
     for t in config.teachers:
         if worst_by[t.name] > remaining[t.name]:
+            over.append(t.name)
             reasons.append(
                 f"teacher {t.name}: worst case ${worst_by[t.name]:.4f} exceeds remaining budget ${remaining[t.name]:.4f} "
                 f"(of ${t.budget_usd:g}); calls past it will be recorded budget_exhausted"
@@ -140,8 +150,8 @@ def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: 
         reasons.append(
             f"run worst case ${total:.4f} exceeds ceiling_usd ${config.ceiling_usd:g}; calls past it will be recorded budget_exhausted"
         )
-    table = tables.conform(pa.table(rows, schema=tables.COST_PLAN), "cost_plan")
-    return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total)
+    table = tables.conform(plan, "cost_plan")
+    return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over)
 
 
 def plan_costs(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts, cache: ResponseCache, ledger: Ledger) -> CostPlan:

@@ -1,6 +1,6 @@
 """A local OpenAI-compatible teacher server over small Hugging Face causal LMs (CPU is enough).
 
-In:  ``models``: served name → model directory (see :func:`local_models.resolve_model`), host, port.
+In:  ``models``: served name → model directory (see :func:`composer_pipeline.models.resolve_model`), host, port.
 Out: ``POST /v1/chat/completions`` (the request's ``model`` picks the model; ``messages``, ``tools``,
      ``max_tokens``, ``temperature``, ``top_p``, ``seed``), ``GET /v1/models``, ``GET /health``.
      Responses carry real token usage (tokenizer counts of the prompt actually fed and of the
@@ -44,56 +44,10 @@ from typing import Any, Callable
 
 import orjson
 
-from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.chat import plain_messages, text_of
 
 MAX_NEW_TOKENS = 1024
 MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
-TOOL_PROMPT = (
-    "You can call these tools. To call one, answer with a block\n"
-    '<tool_call>\n{"name": <tool name>, "arguments": {<argument>: <value>}}\n</tool_call>\n'
-    "Tools:\n"
-)
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return orjson.dumps(content).decode()
-
-
-def plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict[str, str]]:
-    """Messages any ChatML-ish template renders: string content, tool calls and results as text
-    (also used by the trainer for policies whose template cannot take ``tools``)."""
-    out: list[dict[str, str]] = []
-    for m in messages:
-        role, text = m.get("role", "user"), _text(m.get("content"))
-        if role == "assistant" and m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                fn = c.get("function") or {}
-                args = fn.get("arguments") or "{}"
-                try:
-                    args = orjson.loads(args) if isinstance(args, str) else args
-                except orjson.JSONDecodeError:
-                    args = {"_raw": args}
-                calls.append(ToolCall(name=fn.get("name", ""), arguments=args if isinstance(args, dict) else {"_raw": args}))
-            text = Action(text=text, tool_calls=tuple(calls)).to_text()
-        elif role == "tool":
-            role, text = "user", f"[tool result]\n{text}"
-        elif role not in ("system", "user", "assistant"):
-            role = "user"
-        out.append({"role": role, "content": text})
-    if tools:
-        desc = TOOL_PROMPT + "\n".join(orjson.dumps(t.get("function", t)).decode() for t in tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + desc}
-        else:
-            out.insert(0, {"role": "system", "content": desc})
-    return out
 
 
 class GreedyMemo:
@@ -170,7 +124,7 @@ class LocalModel:
         """Token ids of the prompt: native tool rendering when the template has it, else plain text."""
         if self.template_takes_tools:
             try:
-                return self._ids([{**m, "content": _text(m.get("content"))} for m in messages], tools or None)
+                return self._ids([{**m, "content": text_of(m.get("content"))} for m in messages], tools or None)
             except Exception:
                 pass  # template cannot render these messages: fall back to the plain form
         return self._ids(plain_messages(messages, tools))
@@ -328,7 +282,7 @@ def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024,
                 memo_size: int = MEMO_SIZE) -> dict[str, LocalModel]:
     """Served name -> loaded model; names resolving to one directory share the weights, the lock and
     the (server-wide) greedy memo. ``memo_size`` 0 turns the memo off."""
-    from composer_pipeline.teachers.local_models import resolve_model
+    from composer_pipeline.models import resolve_model
 
     if not models:
         raise ValueError("no models to serve")

@@ -245,7 +245,7 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt
     if "tools" in (tokenizer.chat_template or ""):
         text = tokenizer.apply_chat_template(normalize_messages(messages), tools=tools or None, tokenize=False, add_generation_prompt=True)
     else:  # template without tool support (e.g. SmolLM2's): the plain form the local teacher server uses
-        from composer_pipeline.teachers.server import plain_messages
+        from composer_pipeline.chat import plain_messages
 
         text = tokenizer.apply_chat_template(plain_messages(messages, tools), tokenize=False, add_generation_prompt=True)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]

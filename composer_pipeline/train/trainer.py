@@ -383,13 +383,13 @@ def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
 # -- entry point -------------------------------------------------------------------------------
 def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
     """A loadable model: ``tiny`` / ``smollm2-135m-instruct`` (also as ``local:NAME``) resolve through
-    :func:`composer_pipeline.teachers.local_models.resolve_model` (built/converted once, cached, so
+    :func:`composer_pipeline.models.resolve_model` (built/converted once, cached, so
     training and evaluation see the same base model); anything else is a path or hub name as given."""
     if not model:
         raise ValueError("no model: pass --model PATH (or 'tiny', 'local:smollm2-135m-instruct') or set `model:` in the recipe")
     name = model.split(":", 1)[1] if model.startswith("local:") else model
     if not Path(model).is_dir():
-        from composer_pipeline.teachers.local_models import KNOWN, resolve_model
+        from composer_pipeline.models import KNOWN, resolve_model
 
         if name in KNOWN:
             return str(resolve_model(name))

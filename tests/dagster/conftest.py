@@ -88,7 +88,7 @@ def write_teachers_yaml(path: Path, url: str, *, ceiling_usd: float = 5.0, budge
 
 @pytest.fixture
 def scripted_server():
-    from composer_pipeline.teachers.scripted_server import ScriptedServer
+    from composer_pipeline.testing.scripted_server import ScriptedServer
 
     srv = ScriptedServer().start()
     yield srv

@@ -3,10 +3,13 @@ with keyless teachers on a real loopback server; training skipped (covered by th
 
 import os
 
+import pytest
+
 from assets.demo import print_report, run_demo
 from conftest import SESSION_ID, write_session, write_teachers_yaml
 
 
+@pytest.mark.slow  # every session through the whole chain (the other tests here cover each asset)
 def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", os.environ.get("DAGSTER_HOME", ""))  # restored after the test
     root = tmp_path / "projects"

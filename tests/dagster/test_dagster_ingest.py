@@ -5,7 +5,7 @@ import dagster as dg
 from assets.ingest import ingest_session_tables, raw_sessions
 from composer_pipeline.ingest import native
 from composer_pipeline.store import Store
-from conftest import FAKE_GITHUB_TOKEN, SESSION_ID
+from conftest import FAKE_GITHUB_TOKEN, SESSION_ID, session_lines
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
 
@@ -44,3 +44,37 @@ def test_ingest_chain_materializes_partition(trace_root, tmp_path):
     assert mats["trace_messages"].materialization.metadata["secrets_scrubbed"].value == {"github_token": 1}
     raw_meta = mats["raw_sessions"].materialization.metadata
     assert raw_meta["n_files"].value == 1 and raw_meta["total_bytes"].value > 0
+
+
+# fake keys at a line start / after a tab: the positions scrubbing used to miss (issue #12)
+LINE_START_KEYS = {"openai_key": "sk-proj-" + "Dg4sTeR9Mk2L" * 3, "slack_token": "xoxb-1234567890-Dg4sTeRsLaCk77",
+                   "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJkYWdzdGVyIjoibWV0YSJ9.Dg4sTeRsIgNaTuRe",
+                   "password_assignment": "password=Dg4sTeRpAsS99"}
+
+
+def test_metadata_and_event_log_hold_no_secret(tmp_path):
+    """Metadata (rendered example, previews, counts) and logs are built from the scrubbed ingest tables:
+    keys at a line start or after a tab in the session reach no event of the run."""
+    root = tmp_path / "projects"
+    sid = "22222222-3333-4444-5555-666666666666"
+    task = "Use these:\n" + "\n".join(LINE_START_KEYS.values()) + "\n\t" + LINE_START_KEYS["openai_key"]
+    d = root / "-home-dev-proj"
+    d.mkdir(parents=True)
+    (d / f"{sid}.jsonl").write_text("\n".join(session_lines(sid, 3, task=task)) + "\n")
+    key = f"-home-dev-proj__{sid}"
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("sessions", [key])
+    res = dg.materialize(
+        [raw_sessions, ingest_session_tables], partition_key=key, instance=instance,
+        resources={"io_manager": ParquetIOManager(root=str(tmp_path / "store")), "recipes": PipelineRecipes(trace_root=str(root))},
+    )
+    assert res.success
+    mats = {m.asset_key.to_user_string(): m for m in res.get_asset_materialization_events()}
+    assert "[REDACTED:openai_key]" in mats["trace_states"].materialization.metadata["rendered_example"].value
+    assert mats["trace_messages"].materialization.metadata["secrets_scrubbed"].value == {
+        "openai_key": 2, "slack_token": 1, "jwt": 1, "password_assignment": 1, "github_token": 1}
+    logs = instance.all_logs(res.run_id)
+    assert any("[REDACTED:openai_key]" in str(entry) for entry in logs)  # the metadata is in the log
+    fragments = ["Dg4sTeR9Mk2L", "Dg4sTeRsLaCk77", "eyJkYWdzdGVyIjoibWV0YSJ9", "Dg4sTeRpAsS99"]
+    for entry in logs:
+        assert not any(f in str(entry) for f in fragments), entry.dagster_event_type

@@ -74,7 +74,7 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
     assert meta["teacher_replays"]["spend_usd"].value > 0
     assert set(meta["teacher_replays"]["spend_usd_by_teacher"].value) == {"t0", "t1", "t2"}
-    assert "**t0**" in meta["teacher_replays"]["example"].value
+    assert "| t0 |" in meta["teacher_replays"]["example"].value  # show's state view: one table row per teacher
     # every teacher answers "Read /repo/app.py", the agent did something else -> pairs
     pairs = store.read_table("normalized_dpo_pairs")
     assert store.read_table("dpo_pairs").num_rows >= 1

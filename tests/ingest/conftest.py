@@ -30,8 +30,20 @@ class Ingested:
 
 
 @pytest.fixture(scope="session")
-def real(shared_traces) -> Ingested:
-    return Ingested(shared_traces)
+def real(real_traces) -> Ingested:
+    return Ingested(real_traces)
+
+
+@pytest.fixture(scope="session")
+def ours(project_corpus) -> Ingested:
+    """The project's own corpus (composer_pipeline/testing/traces.py) ingested by both engines."""
+    return Ingested(project_corpus.root)
+
+
+@pytest.fixture(scope="session")
+def ingested(corpus) -> Ingested:
+    """Each corpus in turn (see tests/conftest.py), ingested by both engines."""
+    return Ingested(corpus.root)
 
 
 @pytest.fixture(scope="session")

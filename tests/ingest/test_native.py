@@ -3,8 +3,9 @@
 The other ingest tests already run both engines on every fixture (engines.ingest_checked). Here:
 the helpers the C++ code relies on are checked against Python itself (str.strip, orjson/msgspec
 re-serialization, SHA-256, UTF-8), the hand-back to Python is exercised, rows batched over many
-sessions equal the per-session tables, and a seeded fuzzer mutates real and synthetic sessions
-(broken lines, odd value types, repeated keys, escapes, numbers, cycles) and compares the engines.
+sessions equal the per-session tables, and a seeded fuzzer mutates the corpora's sessions and synthetic
+ones (broken lines, odd value types, repeated keys, escapes, numbers, cycles, keys planted behind every
+boundary a decoded string has) and compares the engines; no planted key may survive in any table.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.pipeline import TABLES, SessionIngester, ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
 
-from .builders import Session, text, thinking, tool, uid
+from composer_pipeline.testing.sessions import Session, text, thinking, tool, uid
 from .engines import assert_same, ingest_checked
+from .test_secret_corpus import KEYS
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason=f"native engine not built: {native.IMPORT_ERROR}")
 
@@ -181,10 +183,10 @@ def test_floats_in_tool_input_hand_the_session_back_with_the_reason(tmp_path):
 
 
 @needs_native
-def test_batched_rows_equal_per_session_tables(shared_traces, repo_root):
+def test_batched_rows_equal_per_session_tables(corpus, repo_root):
     """The CLI gathers many sessions (and a Python fallback among them) into one builder: the rows
     come out in session order, equal to the per-session tables."""
-    roots = [shared_traces, repo_root / "composer_pipeline" / "samples" / "projects"]
+    roots = [corpus.root, repo_root / "composer_pipeline" / "samples" / "projects"]
     sfs = [sf for r in roots for sf in discover_sessions(r)]
     ing = SessionIngester(engine="native")
     reports = [ing.add(sf) for sf in sfs]
@@ -207,6 +209,21 @@ MSG_KEYS = ["id", "role", "model", "content", "usage"]
 BLOCK_KEYS = ["type", "text", "thinking", "id", "name", "input", "tool_use_id", "is_error", "content"]
 RAW_VALUES = ["1e400", "-1e400", "1e-400", "123456789012345678901234567890", "-0", "1E2", '"\\ud83d\\ude00"',
               '"\\u00e9\\/x"', '"\\u0041"', '"Warmup"', '" Warmup\\n"', '"ERROR: failed"', '{"agentId":"ag1"}']
+
+
+# keys planted into string values behind each boundary a decoded string has (JSON escapes once written);
+# the whole key is the fragment looked for (a line cut inside a key leaves an incomplete one, which no
+# pattern can tell from text), for a private key its last body line (its header is redacted with the rest)
+BOUNDARIES = ["", "\n", "\t", "\r\n", "\r", "\b", "\f", "\u00e9", "\u2192", "\x00", "\\", '"', "=", ": ", "Bearer ",
+              "export X=", "\\n"]
+PLANT_FRAGMENTS = [k if kind != "private_key" else "QkLmNoPq==" for kind, (k, _) in KEYS.items()]
+
+
+def _planted(rng: random.Random) -> str:
+    v = rng.choice(BOUNDARIES) + rng.choice(list(KEYS.values()))[0] + rng.choice(["", "\n", '"', " tail", "\u00e9"])
+    for _ in range(rng.choice([0, 0, 1, 2])):  # a JSON document in a string (a tool input that is JSON)
+        v = json.dumps({"in": v} if rng.random() < 0.5 else v, ensure_ascii=rng.random() < 0.5)
+    return v
 
 
 def _synthetic_sessions(root: Path, rng: random.Random) -> None:
@@ -279,6 +296,8 @@ def _mutate_line(line: str, rng: random.Random, uuids: list[str]) -> str:
         target[key] = rng.choice(uuids)
     elif r < 0.7:
         target.pop(key, None)
+    elif r < 0.85:
+        target[rng.choice([key, "text", "thinking", "content", "input"])] = _planted(rng)
     else:
         raw_value = rng.choice(RAW_VALUES)
         target[key] = "@@RAW@@"
@@ -291,12 +310,12 @@ def _mutate_line(line: str, rng: random.Random, uuids: list[str]) -> str:
     return out
 
 
-def _fuzz_round(tmp: Path, rng: random.Random, shared_traces: Path) -> list:
+def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
     base = tmp / "base"
     if rng.random() < 0.5:
         _synthetic_sessions(base, rng)
     else:
-        shutil.copytree(shared_traces, base, dirs_exist_ok=True)
+        shutil.copytree(corpus_root, base, dirs_exist_ok=True)
     files = sorted(base.rglob("*.jsonl"))
     uuids = []
     for f in files:
@@ -329,16 +348,18 @@ def _fuzz_round(tmp: Path, rng: random.Random, shared_traces: Path) -> list:
     for sf in discover_sessions(base):
         res = ingest_checked(sf, recipe)
         out.append(res.engine)
+        stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
+        assert not [f for f in PLANT_FRAGMENTS if f in stored], sf.key
     shutil.rmtree(base)
     return out
 
 
 @needs_native
-def test_engines_agree_on_mutated_sessions(tmp_path, shared_traces):
+def test_engines_agree_on_mutated_sessions(tmp_path, corpus):
     rng = random.Random(int(os.environ.get("COMPOSER_FUZZ_SEED", "20261124")))
     engines = []
     for _ in range(int(os.environ.get("COMPOSER_FUZZ_ROUNDS", "120"))):
-        engines += _fuzz_round(tmp_path, rng, shared_traces)
+        engines += _fuzz_round(tmp_path, rng, corpus.root)
     # the comparison only means something if most sessions really ran natively
     assert engines.count("native") > 0.6 * len(engines), (engines.count("native"), len(engines))
 

@@ -10,9 +10,9 @@ import pytest
 
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.recipe import IngestRecipe
-from composer_pipeline.ingest.scrub import KINDS, Scrubber, scan
+from composer_pipeline.scrub import KINDS, Scrubber, scan
 
-from .builders import Session, text, tool
+from composer_pipeline.testing.sessions import Session, text, tool
 from .engines import ingest_checked
 
 # fake secrets in each published format (none of them is real)
@@ -57,8 +57,10 @@ def test_bytes_fast_path_equals_regex_on_json_lines():
     for i in range(400):
         parts = [rng.choice(filler) for _ in range(rng.randint(1, 5))]
         if rng.random() < 0.3:
-            parts.insert(rng.randint(0, len(parts)), rng.choice(list(SECRETS.values())))
-        lines.append(orjson.dumps({"i": i, "message": {"content": " ".join(parts)}, "tur": {"k": " ".join(parts)}}))
+            parts.insert(rng.randint(0, len(parts)), rng.choice(["", "\n", "\t", "\u00e9"]) + rng.choice(list(SECRETS.values())))
+        # half the lines escape non-ASCII (json.dumps), half keep UTF-8 (orjson): both boundary forms
+        dump = orjson.dumps if i % 2 else (lambda o: json.dumps(o).encode())
+        lines.append(dump({"i": i, "message": {"content": " ".join(parts)}, "tur": {"k": json.dumps(" ".join(parts))}}))
     data = b"\n".join(lines) + b"\n"
     fast = Scrubber()
     out = fast.scrub_bytes(data)
@@ -66,12 +68,32 @@ def test_bytes_fast_path_equals_regex_on_json_lines():
     expected = data
     for p in slow.patterns:  # reference: every regex over the whole buffer, no prechecks
         tag = f"[REDACTED:{p.kind}]".encode()
-        expected, n = p.rb.subn((lambda m, t=tag: m.group(1) + t) if p.assign else tag, expected)
+        expected, n = p.rb.subn((lambda m, t=tag: m.group(1) + t) if p.keep else tag, expected)
         slow.counts[p.kind] += n
     assert out == expected and fast.counts == +slow.counts and sum(fast.counts.values()) > 50
     for line in out.split(b"\n")[:-1]:
         orjson.loads(line)  # still valid JSON
     assert not any(v.encode() in out for v in SECRET_VALUES)
+
+
+def test_a_redaction_keeps_every_line_valid_json_at_any_nesting_depth():
+    """Only the key (or the value of a name = value pair) is replaced: quotes and backslashes around it
+    stay, so a line stays valid JSON and a JSON document nested in it (at any depth) stays one too."""
+    for kind, secret in SECRETS.items():
+        for inner in ({"k": "\n" + secret + "\t"}, {"k": SECRETS["private_key"].split("-----END")[0]}, {"aws_secret_access_key": "w" * 40}, {"password\\": "hunter22"},
+                      {"api_key": secret}):
+            for depth in range(3):
+                doc = inner
+                for _ in range(depth + 1):
+                    doc = json.dumps(doc)
+                line = json.dumps({"c": doc}).encode()
+                s = Scrubber()
+                out = s.scrub_bytes(line)
+                assert s.counts, (kind, depth, line)
+                got = json.loads(out)["c"]
+                for _ in range(depth + 1):
+                    got = json.loads(got)  # each level still decodes
+                assert not any(v in json.dumps(got) for v in SECRET_VALUES), (kind, depth, got)
 
 
 def test_extra_patterns_and_scan():
@@ -105,7 +127,7 @@ def test_hyperscan_prefilter_present_where_declared():
     """pyproject declares hyperscan for x86-64; elsewhere the RE2 fallback is used."""
     import platform
 
-    from composer_pipeline.ingest.scrub import _hyperscan_db
+    from composer_pipeline.scrub import _hyperscan_db
 
     assert bool(_hyperscan_db()) == (platform.machine() in ("x86_64", "AMD64"))
 
@@ -126,11 +148,15 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
         "github_pat_" + "n" * 22, "github_pat_" + "n" * 21, "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 8,
         "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 7, "passwd:abcdef", "passwd:abcde", 'secret_key \\"= 123456',
         "https://hooks.slack.com/services/T0/B1/xyz", "hooks.slack.com/services/", "AWS_SECRET_ACCESS_KEY: " + "w" * 40,
+        # behind the escapes a decoded line start, tab, CR or non-ASCII character becomes; nested JSON
+        "\n" + SECRETS["jwt"], "\t" + SECRETS["github_token"], "\r" + SECRETS["aws_access_key"], "\u00e9" + SECRETS["openai_key"],
+        json.dumps({"in": "\n" + SECRETS["slack_token"]}), json.dumps(json.dumps({"pwd": "\tletmein99"})),
+        "password\t:\tabcdefgh", "\nAKIA" + "Q" * 15, "\ntask-sk-" + "a" * 30, "\n" + SECRETS["password_assignment"],
     ]
     lines = []
     for i in range(600):
         parts = [rng.choice(pieces) if rng.random() < 0.4 else "filler words here" for _ in range(rng.randint(1, 6))]
-        line = orjson.dumps({"i": i, "c": " ".join(parts)})
+        line = orjson.dumps({"i": i, "c": " ".join(parts)}) if i % 2 else json.dumps({"i": i, "c": " ".join(parts)}).encode()
         if rng.random() < 0.05:
             line = line[: rng.randint(1, len(line))] + b"\xff\xfe" + line[rng.randint(0, len(line)):]
         lines.append(line)

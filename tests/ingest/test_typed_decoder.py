@@ -9,7 +9,7 @@ import pytest
 from composer_pipeline.ingest.parser import (
     NO_RAW, Block, Message, Record, _decode, parse_file, record_from_obj,
 )
-from composer_pipeline.ingest.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber
 from composer_pipeline.render import record_payload
 
 
@@ -28,9 +28,9 @@ def _normalized(r: Record) -> tuple:
     return (*fields, msg, orjson.loads(bytes(r.tool_use_result)) if r.tool_use_result else "<absent>")
 
 
-def test_fast_and_general_paths_agree_on_every_real_line(shared_traces):
+def test_fast_and_general_paths_agree_on_every_line(corpus):
     n = general = 0
-    for p in sorted(shared_traces.rglob("*.jsonl")):
+    for p in sorted(corpus.root.rglob("*.jsonl")):
         for line in p.read_bytes().splitlines():
             try:
                 obj = orjson.loads(line)
@@ -46,7 +46,7 @@ def test_fast_and_general_paths_agree_on_every_real_line(shared_traces):
                 continue
             assert _normalized(fast) == _normalized(slow), line[:300]
             n += 1
-    assert n > 700 and general < n / 100
+    assert n > corpus.expect["min_typed_lines"] and general < n / 100
 
 
 @pytest.mark.parametrize("line, expect", [

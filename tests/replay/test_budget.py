@@ -89,6 +89,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # several CLI processes (test_budget_race_in_one_process is the fast twin)
 def test_budget_race_across_processes(tmp_path, server, repo_root):
     server.latency_s = 0.05
     probe = make_config(server.url)

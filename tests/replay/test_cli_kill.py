@@ -11,6 +11,7 @@ import sys
 import time
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from composer_pipeline.teachers.cache import ResponseCache
@@ -76,6 +77,7 @@ def test_cli_errors_are_clear(tmp_path, server):
     assert p.returncode == 2 and "missing required key(s)" in p.stderr
 
 
+@pytest.mark.slow  # SIGKILL mid-run of a real CLI process (test_faults checks re-runs pay nothing, in-process)
 def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_dir, samples_tables):
     states, _ = samples_tables
     server.latency_s = 0.25

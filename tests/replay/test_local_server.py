@@ -14,7 +14,7 @@ import pytest
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.local_models import resolve_model
+from composer_pipeline.models import resolve_model
 from composer_pipeline.teachers.replay import plan_costs, replay_states
 
 
@@ -93,7 +93,7 @@ def test_resolve_model(tiny_model_dir, tmp_path):
 def test_converted_gguf_copy_loses_its_quantization_marker(tmp_path):
     import json
 
-    from composer_pipeline.teachers.local_models import _strip_gguf_marker
+    from composer_pipeline.models import _strip_gguf_marker
 
     cfg = {"model_type": "llama", "quantization_config": {"quant_method": "gguf", "gguf_file": "x.gguf"}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -44,7 +44,7 @@ def test_estimate_bounds_real_tokenizer_counts(which, samples_tables, tiny_model
     if which == "tiny":
         tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     else:
-        from composer_pipeline.teachers.local_models import resolve_model
+        from composer_pipeline.models import resolve_model
 
         tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
     bodies = _bodies(samples_tables)

@@ -58,3 +58,19 @@ def test_a_provider_echoing_the_key_is_scrubbed(tmp_path, server):
     assert KEY not in str(res.summary) and KEY not in str(row)
     for p in tmp_path.glob("l.sqlite*"):  # the database and its write-ahead log
         assert KEY.encode() not in p.read_bytes()
+
+
+def test_a_teacher_answering_with_a_secret_is_scrubbed_before_cache_and_table(tmp_path, server):
+    """A teacher that echoes or invents a key: the answer is scrubbed before the response cache, the
+    replay table and any reason text see it (the ingest scrubber, applied to every string of the response)."""
+    token = "ghp_" + "Zz9Yy8Xx7W" * 4
+    cfg = make_config(server.url)
+    cache = ResponseCache(tmp_path / "c")
+    res = replay_requests([scripted_request(cfg, 0, f"answer:use\\ntoken {token} now")], cfg, {}, cache=cache,
+                          ledger=Ledger(tmp_path / "l.sqlite"), run_id="r")
+    row = res.table.to_pylist()[0]
+    assert row["status"] == "answered" and "[REDACTED:github_token]" in str(row)
+    assert token not in str(row)
+    files = _all_bytes(tmp_path / "c")
+    assert files and all(token.encode() not in data for _, data in files)
+    assert any(b"[REDACTED:github_token]" in data for _, data in files)

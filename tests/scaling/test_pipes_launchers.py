@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from composer_pipeline.train.synthetic import write_store
+from composer_pipeline.testing.synthetic_train import write_store
 from resources.trainer import TrainerLauncher
 
 
@@ -21,6 +21,7 @@ def synth_store(tmp_path_factory) -> str:
     return write_store(tmp_path_factory.mktemp("scaling-train-data"))
 
 
+@pytest.mark.slow  # a training run behind each launcher (tests/train covers the trainer itself)
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
 def test_pipes_training_through_launcher(launcher, tiny_model_dir, synth_store, tmp_path, repo_root):
     out_dir = tmp_path / "ckpt"

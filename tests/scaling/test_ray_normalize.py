@@ -11,7 +11,7 @@ import pytest
 
 from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, normalize_pairs
 from composer_pipeline.pairs.normalize_ray import load_ray_config, ray_executor_config, ray_process
-from composer_pipeline.pairs.synthetic import synthetic_pairs
+from composer_pipeline.testing.synthetic_pairs import synthetic_pairs
 
 
 def _small_recipe(**top) -> NormalizeRecipe:
@@ -27,6 +27,7 @@ def test_bad_executor_name_is_refused():
         NormalizeRecipe.from_dict({"executor_type": "spark", "process": [{"text_length_filter": {"min_len": 1}}]})
 
 
+@pytest.mark.slow  # starts a local Ray cluster
 def test_ray_local_matches_default_executor():
     pairs = synthetic_pairs(60, seed=3)
     ref = normalize_pairs(pairs, _small_recipe())

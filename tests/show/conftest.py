@@ -1,5 +1,6 @@
-"""Fixtures for `show`: the real traces and the shipped samples ingested once, and a small replayed +
-paired store built through the real CLI against a recording OpenAI-compatible server on loopback."""
+"""Fixtures for `show`: each trace corpus and the shipped samples ingested once, and a small replayed +
+paired store (from the project's own corpus) built through the real CLI against a recording
+OpenAI-compatible server on loopback."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.store import Store
-from composer_pipeline.teachers.scripted_server import ScriptedServer
+from composer_pipeline.testing.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,9 +35,15 @@ def _ingest(src: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_store(shared_traces, tmp_path_factory) -> Path:
-    """../shared/traces ingested by `composer-pipeline ingest` (232 states, 1.0.x to 2.1.x)."""
-    return _ingest(shared_traces, tmp_path_factory.mktemp("show-real"))
+def corpus_store(corpus, tmp_path_factory) -> Path:
+    """Each corpus (tests/conftest.py) ingested by `composer-pipeline ingest`."""
+    return _ingest(corpus.root, tmp_path_factory.mktemp(f"show-{corpus.name}"))
+
+
+@pytest.fixture(scope="session")
+def project_store(project_corpus, tmp_path_factory) -> Path:
+    """The project's own corpus ingested by `composer-pipeline ingest` (46 states, 1.0.x to 2.1.x)."""
+    return _ingest(project_corpus.root, tmp_path_factory.mktemp("show-project"))
 
 
 @pytest.fixture(scope="session")
@@ -46,10 +53,10 @@ def samples_store(tmp_path_factory) -> Path:
 
 
 def _pick_states(states) -> list[str]:
-    """A handful of real states covering every stream kind, parallel calls, errors and 2.1.x progress chains."""
+    """A handful of states covering every stream kind, parallel calls, errors and 2.1.x progress chains."""
     rows = states.to_pylist()
     picked: list[str] = []
-    for kind in ("main", "inline_sidechain", "sibling_agent_file"):
+    for kind in ("main", "inline_sidechain", "sibling_agent_file", "subagents_dir"):
         of_kind = sorted((r for r in rows if r["stream_kind"] == kind), key=lambda r: -r["n_prefix_messages"])
         picked += [r["state_id"] for r in of_kind[:2]]
     picked += [r["state_id"] for r in rows if r["has_error"]][:1]
@@ -58,10 +65,10 @@ def _pick_states(states) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def replayed(real_store, tmp_path_factory):
-    """A store with a few real states replayed by two teachers over HTTP (requests recorded), then paired."""
+def replayed(project_store, tmp_path_factory):
+    """A store with a few states replayed by two teachers over HTTP (requests recorded), then paired."""
     root = tmp_path_factory.mktemp("show-replayed")
-    src, dst = Store(str(real_store)), Store(str(root / "run"))
+    src, dst = Store(str(project_store)), Store(str(root / "run"))
     states = src.read_table("trace_states")
     ids = _pick_states(states)
     dst.write_table("trace_states", states.filter(pc.is_in(states.column("state_id"), value_set=pa.array(ids))))

@@ -12,7 +12,7 @@ from composer_pipeline.show import ShowError, format_view, gather, render_markdo
 from composer_pipeline.store import Store
 
 from .conftest import cli
-from .test_real_traces import check_tool_answers
+from .test_corpus import check_tool_answers
 
 COMPACTED = "c3d2e1f0-3333-4c4c-8c8c-000000000003"
 

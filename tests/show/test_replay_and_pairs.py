@@ -79,3 +79,22 @@ def test_pair_view_shows_chosen_and_rejected(replayed):
     md = render_markdown(next(gather(replayed["root"], [p["pair_id"]])))
     assert md.startswith(f"## Pair `{p['pair_id']}`") and "| chosen (alpha, beta) | rejected (the agent) |" in md
     assert "#### What the agent saw" in md and "#### Teachers" in md and md.count("```") % 2 == 0
+
+
+def test_in_memory_pair_views_equal_the_stored_ones(replayed):
+    """Dagster's asset metadata builds pair views from the tables in memory (show.pair_views): the same
+    view `show` gathers from the store, so one Markdown renderer serves both."""
+    from composer_pipeline.show import pair_views
+
+    store = Store(replayed["root"])
+    pairs = store.read_table("normalized_dpo_pairs")
+    pid = pairs.column("pair_id")[0].as_py()
+    (mem,) = pair_views(pairs, store.read_table("trace_states"), store.read_table("trace_messages"),
+                        store.read_table("teacher_replays"), table="normalized_dpo_pairs", pair_ids=[pid])
+    (stored,) = gather(replayed["root"], [pid])
+    assert mem.state.to_dict() == stored.state.to_dict() and mem.chosen == stored.chosen
+    assert mem.prompt_matches_prefix is True and mem.agreement == stored.agreement
+    assert mem.tables == [{"table": "normalized_dpo_pairs", "status": "kept"}]
+    assert render_markdown(mem).startswith(f"## Pair `{pid}`")
+    (bare,) = pair_views(pairs, None, None, pair_ids=[pid])  # no states at hand: the pair's stored prompt
+    assert bare.state.prefix == orjson.loads(pairs.column("prompt")[0].as_py())

@@ -105,7 +105,7 @@ def test_lora_dpo_uses_adapter_disabled_reference(tiny_model_dir, synth_store, t
 
 def test_absent_inputs_are_reported_off(tiny_model_dir, tmp_path):
     import pyarrow as pa
-    from composer_pipeline.train.synthetic import pair_rows
+    from composer_pipeline.testing.synthetic_train import pair_rows
 
     from composer_pipeline import tables
     from composer_pipeline.store import Store

@@ -156,7 +156,7 @@ def shot(page, name: str) -> Path:
 @pytest.fixture
 def start_dagster(tmp_path, tiny_model_dir):
     """Factory: ``start_dagster(sessions=N, ceiling_usd=X)`` -> a running :class:`DagsterUI`."""
-    from composer_pipeline.teachers.scripted_server import ScriptedServer
+    from composer_pipeline.testing.scripted_server import ScriptedServer
 
     started: list[DagsterUI] = []
 

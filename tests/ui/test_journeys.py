@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+import pytest
 from conftest import LOCATION, SAMPLES, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a real `dagster dev` + headless Chromium per test
 
 CHAIN = [
     "raw_sessions", "trace_states", "trace_messages", "cost_plan", "teacher_replays", "dpo_pairs",

@@ -7,7 +7,7 @@
 //           session back) | (reason, text, salvaged_uuid, salvaged_parent_uuid, salvaged_sidechain)
 //       -> (True, (streams, warmup_dropped, states, messages),
 //               [(lines, records, bad_lines, no_uuid [(type, n)], states, subagents_linked,
-//                 compactions_crossed, warmup_dropped) per file])
+//                 compactions_crossed, warmup_dropped, damaged_bridged) per file])
 //        | (False, reason): nothing of the session was kept; run the Python path for it
 //   b.rows() / b.nbytes(): pending trace_messages rows / bytes
 //   b.flush() -> {table: [column spec, ...]} (schema order; see native.py), and the builder is empty
@@ -127,6 +127,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
   const char* p = data;
   const char* end = data + size;
   uint32_t line_no = 0;
+  std::vector<Cut> cut;  // damaged lines without a uuid that start like a record: bridge candidates
   for (;;) {  // data is non-empty: Python passes None for an empty or all-whitespace file
     const char* nl = static_cast<const char*>(std::memchr(p, '\n', size_t(end - p)));
     const char* le = nl ? nl : end;
@@ -165,6 +166,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
       add_opt(q.salvaged_uuid, vsu);
       add_opt(q.salvaged_parent_uuid, vsp);
       out.bad_lines += 1;
+      if (!vsu.is_str() && le > p && *p == '{') cut.push_back(Cut{line_no, vsp, std::string_view(p, size_t(le - p))});
       if (vsu.is_str()) {  // a salvaged chain link: a pass-through record with only its ids
         recs.emplace_back();
         Rec& d = recs.back();
@@ -190,6 +192,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
     if (it == out.no_uuid.end()) out.no_uuid.emplace_back(r.type, 1);
     else it->second += 1;
   }
+  out.damaged_bridged = bridge_damaged(recs, cut, file_index);
   return true;
 }
 
@@ -308,8 +311,8 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
       if (!pair) { Py_DECREF(nu); Py_DECREF(per_file); rollback(); return nullptr; }
       PyList_SET_ITEM(nu, Py_ssize_t(k), pair);
     }
-    PyObject* row = Py_BuildValue("(IIINIIII)", o.lines, o.records, o.bad_lines, nu, o.states, o.subagents_linked,
-                                  o.compactions_crossed, o.warmup_dropped);
+    PyObject* row = Py_BuildValue("(IIINIIIII)", o.lines, o.records, o.bad_lines, nu, o.states, o.subagents_linked,
+                                  o.compactions_crossed, o.warmup_dropped, o.damaged_bridged);
     if (!row) { Py_DECREF(per_file); rollback(); return nullptr; }
     PyList_SET_ITEM(per_file, Py_ssize_t(i), row);
   }

@@ -7,6 +7,7 @@
 // session is handed back to Python (``bail``): rare, and exact by construction.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -89,8 +90,60 @@ struct FileIn {
 struct FileOut {
   uint32_t lines = 0, records = 0, bad_lines = 0;
   std::vector<std::pair<std::string_view, uint32_t>> no_uuid;  // record type -> count, first seen first
-  uint32_t states = 0, subagents_linked = 0, compactions_crossed = 0, warmup_dropped = 0;
+  uint32_t states = 0, subagents_linked = 0, compactions_crossed = 0, warmup_dropped = 0, damaged_bridged = 0;
 };
+
+// A damaged line that looks like a record cut off before its uuid (parser.ParsedFile.cut).
+struct Cut {
+  uint32_t line_no = 0;
+  Val parent;            // salvaged parentUuid (absent when unreadable)
+  std::string_view raw;  // the line
+};
+
+// parser.bridge_damaged: records whose parent names no record of the file get it back as a
+// ``damaged`` pass-through record at the nearest earlier unused cut line; returns the bridges made.
+inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& cut, uint32_t file_index) {
+  if (cut.empty()) return 0;
+  std::unordered_set<std::string_view> known;
+  for (const Rec& r : recs)
+    if (r.has_uuid()) known.insert(r.uuid.s);
+  struct Open {
+    const Cut* c;
+    Val before[2];  // the latest record's uuid before the cut line: [main, sidechain]
+  };
+  std::vector<Open> unused;  // nearest last
+  std::vector<Rec> bridges;
+  Val last[2];
+  size_t ci = 0;
+  for (const Rec& r : recs) {
+    while (ci < cut.size() && cut[ci].line_no < r.line_no) {
+      unused.push_back(Open{&cut[ci], {last[0], last[1]}});
+      ++ci;
+    }
+    const int side = r.is_sidechain ? 1 : 0;
+    if (r.parent.is_str() && !r.parent.s.empty() && !known.count(r.parent.s) && !unused.empty()) {
+      Open o = unused.back();
+      unused.pop_back();
+      Rec b;
+      b.type = "damaged";
+      b.uuid = r.parent;
+      b.parent = (o.c->parent.is_str() && known.count(o.c->parent.s)) ? o.c->parent : o.before[side];
+      b.is_sidechain = side == 1;
+      b.damaged = true;
+      b.raw = o.c->raw;
+      b.line_no = o.c->line_no;
+      b.file = file_index;
+      known.insert(r.parent.s);
+      bridges.push_back(b);
+    }
+    if (r.has_uuid()) last[side] = r.uuid;
+  }
+  if (bridges.empty()) return 0;
+  const uint32_t n = uint32_t(bridges.size());
+  for (Rec& b : bridges) recs.push_back(b);
+  std::stable_sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return a.line_no < b.line_no; });
+  return n;
+}
 
 struct Stream {
   std::string stream_id;

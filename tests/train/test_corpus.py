@@ -1,4 +1,5 @@
-"""Training straight from ingested real Claude Code sessions (no replay yet): GRPO + SDPO fire, DPO is off."""
+"""Training straight from ingested Claude Code sessions (a project of each corpus: ours; the real one when
+named; no replay yet): GRPO + SDPO fire, DPO is off."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pyarrow.parquet as pq
 from composer_pipeline.train.trainer import TrainRecipe, train
 
 
-def test_train_on_ingested_real_session(shared_traces, tiny_model_dir, tmp_path, capsys):
+def test_train_on_ingested_sessions(corpus, tiny_model_dir, tmp_path, capsys):
     from composer_pipeline.cli import main
 
-    assert main(["ingest", str(shared_traces / "marot__spotter"), "--out", str(tmp_path / "ing")]) == 0
+    assert main(["ingest", str(corpus.root / corpus.expect["pairs_subdir"]), "--out", str(tmp_path / "ing")]) == 0
     capsys.readouterr()
     states = pq.read_table(tmp_path / "ing" / "trace_states.parquet")
     n_err = sum(states.column("has_error").to_pylist())

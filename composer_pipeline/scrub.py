@@ -4,7 +4,10 @@ In:  text (``str``) or a whole file buffer (``bytes``, the ingest hot path).
 Out: the same text with every secret replaced, plus per-kind counts in ``Scrubber.counts``.
 
 Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column (content, raw line,
-quarantine text) is already clean. Replacements contain no quote or backslash, so a JSON line stays
+quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
+the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, or the doubled
+escapes of a JSON document nested in a string, matches; see ``_start``). Replacements contain no
+quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
 valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret; each kind's exact regex then runs only on those lines, and
 only where one of its literal prechecks occurs. Extra patterns from ``recipes/ingest.yaml``
@@ -22,7 +25,35 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+# Boundaries as a reader of the decoded text sees them. The patterns run on the raw JSONL bytes, where
+# a key at a line start or after a tab stands right behind a JSON escape (``\n``, ``\t``, ``\u0009``;
+# ``\\n`` in a JSON string nested in a JSON string): its last character is a letter or hex digit, so a
+# plain ``(?<![A-Za-z0-9])`` would refuse the match. ``_start(cls)`` also accepts a position right after
+# a backslash + an escape letter or ``\uXXXX`` (whatever the escape decodes to: erring on the side of
+# redaction). An escape of an ASCII letter *inside* a key (``s\u006b-...``) is not decoded: no JSON
+# encoder writes one (JSON.stringify, orjson and json.dumps escape only quotes, backslashes, control
+# characters and, optionally, non-ASCII).
+_ESCAPE_BEFORE = r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4}))"  # case-sensitive even in a (?i) pattern
+
+
+def _start(cls: str) -> str:
+    """A match start not preceded by a character of ``cls`` (a character class), or right after an escape."""
+    return rf"(?:(?<!{cls})|{_ESCAPE_BEFORE})"
+
+
+def _keyed(cls: str, lit: str) -> str:
+    """``_start(cls) + lit``, written literal first: the same matches, but ``re`` can then find candidates
+    with its fast literal-prefix search instead of trying the lookbehinds at every offset (``lit``: a
+    literal, or an alternation of literals of one length)."""
+    return (rf"(?:{lit})(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))))")
+
+
+# Between a secret-sounding name and its value: a quote (escaped at any depth: ``\"``, ``\\\"``), blanks
+# (a tab is ``\t`` in JSON), ``:`` or ``=``, blanks, a quote.
+_QUOTE = r"""(?:\\*[\"'])?"""
+_BLANKS = r"(?:[ \t]|\\t)*"
+_SEP = _QUOTE + _BLANKS + "[:=]" + _BLANKS + _QUOTE
 
 # kind -> (regex source, prechecks). Every match of the regex contains a match of one precheck
 # (literals, or regexes that start with a literal so ``re`` can use its fast prefix search).
@@ -30,29 +61,34 @@ import pyarrow.compute as pc
 _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private_key",
-        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----|[A-Za-z0-9+/=\\\s]*)",
+        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
+        r"|(?:[A-Za-z0-9+/=\s]|\\+[nrt])*)",
         ("PRIVATE KEY-----",),
-    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL)
-    ("aws_access_key", r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
+    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). Without
+    # its END line (cut off) the body runs on while it is base64, blanks or newline escapes at any
+    # nesting depth (a run of backslashes + n/r/t), never into the backslashes before a quote: every
+    # JSON string around it, nested or not, stays valid
+    ("aws_access_key", _keyed("[A-Z0-9]", "AKIA|ASIA") + r"[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
-        r"(?i)(?<=aws_secret_access_key)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?[A-Za-z0-9/+]{40}",
+        # the separator is group 1 and stays (as for password=): it may hold a string's closing quote
+        r"(?i)(?<=aws_secret_access_key)(" + _SEP + r")[A-Za-z0-9/+]{40}",
         ("secret",),
     ),
     (
         "github_token",
-        r"(?<![A-Za-z0-9_])(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
+        _keyed("[A-Za-z0-9_]", "gh") + r"(?:[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{22,})",
         (r"gh(?:[pousr]_|ithub_pat_)",),
     ),
-    ("anthropic_key", r"(?<![A-Za-z0-9_])sk-ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
-    ("openai_key", r"(?<![A-Za-z0-9_\-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
+    ("anthropic_key", _keyed("[A-Za-z0-9_]", "sk-") + r"ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
+    ("openai_key", _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
     (
         "slack_token",
-        r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
+        _keyed("[A-Za-z0-9]", "xox") + r"[abposr]-[A-Za-z0-9\-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
         ("xox", r"hooks\.slack\.com"),
     ),
-    ("google_api_key", r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}", ("AIza",)),
-    ("jwt", r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyJ",)),
+    ("google_api_key", _keyed("[A-Za-z0-9]", "AIza") + r"[0-9A-Za-z_\-]{35}", ("AIza",)),
+    ("jwt", _keyed("[A-Za-z0-9]", "eyJ") + r"[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyJ",)),
 ]
 
 # ``password = "..."``, ``DB_PASSWORD: ...``, ``"api_key": "..."`` (also inside JSON-escaped strings).
@@ -61,14 +97,15 @@ _ASSIGN_NAMES = (
     r"password|passwd|pwd|secret|client[_\-]?secret|secret[_\-]?key|api[_\-]?key|access[_\-]?token"
     r"|auth[_\-]?token|refresh[_\-]?token|private[_\-]?key"
 )
-_ASSIGN = (
-    r"(?i)(?<![A-Za-z0-9])((?:" + _ASSIGN_NAMES + r")(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?)"
+_ASSIGN_BODY = (
+    r"((?:" + _ASSIGN_NAMES + r")" + _SEP + r")"
     r"(?!\[REDACTED)([^\s\"'\\,;&<>(){}\[\]`]{6,})"
 )
+_ASSIGN = "(?i)" + _start("[A-Za-z0-9]") + _ASSIGN_BODY
 # on the lower-cased text: every name above starts with one of these
 _ASSIGN_PRECHECK = ("pass", "pwd", "secret", "client", "api", "access", "auth", "refresh", "private")
 # the same pattern anchored at a precheck hit (the bytes path matches only there: no scanning)
-_ASSIGN_AT = re.compile(_ASSIGN.replace("(?<![A-Za-z0-9])", "", 1).encode())
+_ASSIGN_AT = re.compile(("(?i)" + _ASSIGN_BODY).encode())
 _ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 
 KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
@@ -83,7 +120,7 @@ _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (
 PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("PRIVATE KEY-----", False),
     ("(?:AKIA|ASIA)[0-9A-Z]{16}", False),
-    (r"""aws_secret_access_key(?:\\?["'])?[ \t]*[:=]""", True),
+    ("aws_secret_access_key" + _QUOTE + _BLANKS + "[:=]", True),
     ("gh[pousr]_[A-Za-z0-9]{30}", False),
     ("github_pat_[A-Za-z0-9_]{22}", False),
     (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
@@ -91,7 +128,7 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     (r"hooks\.slack\.com/services/[A-Za-z0-9/_\-]", False),
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
-    ("(?:" + _ASSIGN_NAMES + r""")(?:\\?["'])?[ \t]*[:=][ \t]*(?:\\?["'])?""" + _VALUE_CHAR + "{6}", True),
+    ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
 ]
 PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS)  # the RE2 form
 
@@ -103,9 +140,9 @@ class _Pattern:
     """One secret kind. ``pre``: prechecks every match contains; for a case-insensitive ``(?i)``
     pattern they are lower-case and run on the lower-cased text."""
 
-    __slots__ = ("kind", "rs", "rb", "pre", "assign")
+    __slots__ = ("kind", "rs", "rb", "pre", "assign", "keep")
 
-    def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False):
+    def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False, keep: bool = False):
         self.kind = kind
         self.rs = re.compile(source)
         self.rb = re.compile(source.encode())
@@ -119,6 +156,7 @@ class _Pattern:
             for p in prechecks
         )
         self.assign = assign
+        self.keep = keep or assign  # the replacement keeps group 1 (name and separator) before the tag
 
     def hit_in(self, text: str) -> bool:
         low = None
@@ -140,7 +178,7 @@ def _compiled(extra: tuple[tuple[str, str], ...]) -> list[_Pattern]:
     session would otherwise recompile them for every session)."""
     got = _COMPILED.get(extra)
     if got is None:
-        got = [_Pattern(k, s, pre) for k, s, pre in _BUILTIN]
+        got = [_Pattern(k, s, pre, keep=k == "aws_secret_key") for k, s, pre in _BUILTIN]
         got.append(_Pattern("password_assignment", _ASSIGN, _ASSIGN_PRECHECK, assign=True))
         for kind, source in extra:
             try:
@@ -164,7 +202,7 @@ class Scrubber:
         for p in self.patterns:
             if p.pre and not p.hit_in(text):
                 continue
-            repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.assign else f"[REDACTED:{p.kind}]"
+            repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.keep else f"[REDACTED:{p.kind}]"
             text, n = p.rs.subn(repl, text)
             if n:
                 self.counts[p.kind] += n
@@ -217,7 +255,7 @@ class Scrubber:
         spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.builtin:
             tag = f"[REDACTED:{p.kind}]".encode()
-            repl = (lambda m, t=tag: m.group(1) + t) if p.assign else tag
+            repl = (lambda m, t=tag: m.group(1) + t) if p.keep else tag
             if p.assign:
                 lowered = data.lower() if lowered is None else lowered
                 data, n = _scrub_assignments(data, lowered, p, tag)
@@ -254,13 +292,26 @@ class Scrubber:
         return data
 
 
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def starts_word(data: bytes, i: int) -> bool:
+    """``_start("[A-Za-z0-9]")`` at offset ``i`` of ``data``: no letter or digit before it, or an escape
+    (backslash + ``nrtbf``, or ``\\uXXXX``) right before it."""
+    if i == 0 or data[i - 1] not in _ALNUM:
+        return True
+    if i >= 2 and data[i - 2] == 92 and data[i - 1] in b"nrtbf":
+        return True
+    return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4:i])
+
+
 def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> tuple[bytes, int]:
     """``name = value`` secrets: try the anchored pattern only where a name starts."""
     cuts: list[tuple[int, int]] = []
     for _key, _is_re, _low, needle in p.pre:
         i = lowered.find(needle)
         while i != -1:
-            if i == 0 or data[i - 1] not in _ALNUM:
+            if starts_word(data, i):
                 m = _ASSIGN_AT.match(data, i)
                 if m:
                     cuts.append((m.start(2), m.end(2)))
@@ -326,6 +377,8 @@ def _candidate_lines(data: bytes, backend: str = "auto") -> list[tuple[int, int]
 
 def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:
     """RE2 over the file's lines as a zero-copy Arrow binary array (offsets = newline positions)."""
+    import pyarrow.compute as pc  # (imported only here: ~30 ms of every CLI start-up otherwise)
+
     nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
     starts = np.empty(len(nl) + 1, np.int64)
     starts[0] = 0
@@ -357,3 +410,16 @@ def scan(text: str, extra_patterns: dict[str, str] | None = None) -> dict[str, i
     s = Scrubber(extra_patterns)
     s.scrub(text)
     return dict(s.counts)
+
+
+def scrub_obj(obj, scrubber: Scrubber | None = None):
+    """A decoded JSON value with every string in it (object keys included) scrubbed: what a teacher
+    answered, before it is cached, stored in ``teacher_replays`` or logged."""
+    s = scrubber or Scrubber()
+    if isinstance(obj, str):
+        return s.scrub(obj)
+    if isinstance(obj, list):
+        return [scrub_obj(v, s) for v in obj]
+    if isinstance(obj, dict):
+        return {s.scrub(k) if isinstance(k, str) else k: scrub_obj(v, s) for k, v in obj.items()}
+    return obj

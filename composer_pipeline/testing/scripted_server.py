@@ -194,7 +194,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def main() -> None:  # python -m composer_pipeline.teachers.scripted_server PORT [LATENCY]
+def main() -> None:  # python -m composer_pipeline.testing.scripted_server PORT [LATENCY]
     import sys
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0

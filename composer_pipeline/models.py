@@ -1,4 +1,4 @@
-"""Local teacher models that install offline: names → plain Hugging Face model directories.
+"""Models that install offline: names → plain Hugging Face model directories (for teachers and policies).
 
 In:  a model name or a path. Known names:
 
@@ -6,7 +6,7 @@ In:  a model name or a path. Known names:
   transformers dequantizes it with ``from_pretrained(pkg_dir, gguf_file=...)`` (~60 s, ~2 GB RAM);
   ``save_pretrained`` refuses GGUF-loaded models, so the state dict is copied into a plain model of the
   same config and that is saved, once, as safetensors (later loads take well under a second).
-* ``tiny`` — the offline random-init tiny Qwen2 of :func:`composer_pipeline.train.tiny.build_tiny_model`
+* ``tiny`` — the offline random-init tiny Qwen2 of :func:`composer_pipeline.tiny_model.build_tiny_model`
   (a genuinely different model: different architecture size, tokenizer and weights).
 
 Out: a directory that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load, cached under
@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from composer_pipeline.teachers.ledger import default_home
+from composer_pipeline.home import default_home
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"
@@ -70,7 +70,7 @@ def _strip_gguf_marker(model_dir: Path) -> None:
 
 
 def _build_tiny(out: Path) -> None:
-    from composer_pipeline.train.tiny import build_tiny_model
+    from composer_pipeline.tiny_model import build_tiny_model
 
     build_tiny_model(out)
 

@@ -1,4 +1,5 @@
-"""Pairs and lineage on real Claude Code sessions (ingested from ../shared/traces), replays built per schema."""
+"""Pairs and lineage on ingested Claude Code sessions (a project of each corpus: ours; the real one when
+named), replays built per schema."""
 
 import orjson
 import pyarrow as pa
@@ -15,8 +16,8 @@ from .conftest import replay
 OTHER = Action(tool_calls=(ToolCall("Read", {"file_path": "/nonexistent/NOTES.md"}),))
 
 
-def test_real_sessions_pair_and_trace_back_to_their_lines(shared_traces, tmp_path, capsys):
-    root = shared_traces / "marot__spotter"
+def test_sessions_pair_and_trace_back_to_their_lines(corpus, tmp_path, capsys):
+    root = corpus.root / corpus.expect["pairs_subdir"]
     results = list(ingest_paths([root]))
     states = pa.concat_tables([r.states for r in results])
     messages = pa.concat_tables([r.messages for r in results])

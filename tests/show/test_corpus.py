@@ -1,5 +1,6 @@
-"""`show --json` over the real sessions in ../shared/traces: the prefix is a well-formed OpenAI chat,
-every tool call is answered once (or marked interrupted), and the order follows the parentUuid chain."""
+"""`show --json` over every state of each corpus (ours; the real one when named): the prefix is a
+well-formed OpenAI chat, every tool call is answered once (or marked interrupted), and the order
+follows the parentUuid chain."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ from .conftest import cli
 
 
 @pytest.fixture(scope="module")
-def real_views(real_store) -> list[dict]:
-    rc, out, err = cli("show", "--all", "--store", real_store, "--json")
+def views(corpus_store) -> list[dict]:
+    rc, out, err = cli("show", "--all", "--store", corpus_store, "--json")
     assert rc == 0, err
     return [orjson.loads(line) for line in out.splitlines()]
 
 
 @pytest.fixture(scope="module")
-def real_messages(real_store) -> list[dict]:
-    rows = Store(str(real_store)).read_table("trace_messages").to_pylist()
+def messages_of(corpus_store) -> list[dict]:
+    rows = Store(str(corpus_store)).read_table("trace_messages").to_pylist()
     for r in rows:  # the payload is stored once, inside raw
         r["content"] = record_payload(r["raw"], r["record_type"])[0]
     return rows
@@ -56,12 +57,12 @@ def check_tool_answers(prefix: list[dict]) -> dict[str, int]:
     return counts
 
 
-def test_every_state_renders_and_every_call_is_answered(real_views):
-    assert len(real_views) == 232
-    kinds = {v["stream_kind"] for v in real_views}
-    assert kinds == {"main", "inline_sidechain", "sibling_agent_file"}
+def test_every_state_renders_and_every_call_is_answered(views, corpus):
+    assert len(views) == corpus.expect["total_states"]
+    kinds = {v["stream_kind"] for v in views}
+    assert kinds == set(corpus.expect["kinds"])
     total = {"calls": 0, "interrupted": 0, "parallel": 0}
-    for v in real_views:
+    for v in views:
         for k in ("state_id", "source_file", "source_lines", "prefix", "action", "error_after", "teachers"):
             assert k in v, k
         assert v["prefix"][0]["role"] == "system" and len(v["prefix"]) >= 2
@@ -71,23 +72,23 @@ def test_every_state_renders_and_every_call_is_answered(real_views):
             total[k] += n
         assert v["teachers"] == [] and v["replayed"] is False
         assert "teacher_replays: table not stored (not replayed yet)" in v["missing"]
-    assert total["calls"] > 500 and total["parallel"] > 20  # the real set has many parallel calls
+    assert total["calls"] > corpus.expect["min_tool_calls"] and total["parallel"] > corpus.expect["min_parallel_calls"]
 
 
-def test_order_follows_parent_uuid_chain(real_views, real_messages, real_store):
+def test_order_follows_parent_uuid_chain(views, messages_of, corpus_store, corpus):
     """Assistant messages appear in chain order: mapped back to their message_key via tool-call ids, the
     sequence equals the chain's order of tool-using responses (walked here independently of render.py)."""
     by_stream: dict[str, dict[str, dict]] = {}
     key_of_call: dict[str, str] = {}
-    for r in real_messages:
+    for r in messages_of:
         by_stream.setdefault(r["stream_id"], {}).setdefault(r["uuid"], r)
         if r["record_type"] == "assistant" and r["content"]:
             for b in r["content"]:
                 if isinstance(b, dict) and b.get("type") == "tool_use":
                     key_of_call[b["id"]] = r["message_key"]
-    states = {s["state_id"]: s for s in Store(str(real_store)).read_table("trace_states").to_pylist()}
+    states = {s["state_id"]: s for s in Store(str(corpus_store)).read_table("trace_states").to_pylist()}
     checked = crossing_progress = 0
-    for v in real_views:
+    for v in views:
         st = states[v["state_id"]]
         recs = by_stream[st["stream_id"]]
         chain, u = [], st["prefix_leaf_uuid"]
@@ -112,19 +113,19 @@ def test_order_follows_parent_uuid_chain(real_views, real_messages, real_store):
         assert got == expected, v["state_id"]
         # the user messages are the chain's user texts, in chain order (meta records skipped)
         checked += 1
-    assert checked == 232 and crossing_progress > 0  # 2.1.x chains run through progress records
+    assert checked == corpus.expect["total_states"] and crossing_progress > 0  # 2.1.x chains run through progress records
 
 
-def test_list_tool_results_are_flattened_text(real_views, real_messages):
+def test_list_tool_results_are_flattened_text(views, messages_of):
     list_results = {}
-    for r in real_messages:
+    for r in messages_of:
         if r["record_type"] == "user" and isinstance(r["content"], list):
             for b in r["content"]:
                 if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("content"), list):
                     list_results[b["tool_use_id"]] = [x.get("text") for x in b["content"] if x.get("type") == "text"]
     assert list_results
     seen = 0
-    for v in real_views:
+    for v in views:
         for m in v["prefix"]:
             if m["role"] == "tool" and m["tool_call_id"] in list_results:
                 seen += 1
@@ -133,59 +134,64 @@ def test_list_tool_results_are_flattened_text(real_views, real_messages):
     assert seen > 0
 
 
-def test_subagent_prefix_starts_at_its_own_prompt(real_views, real_messages):
-    """Inline 1.0.x sidechains and 2.0.x agent files: the first user message is the prompt the parent's
-    Task call gave the subagent, never the parent session's opening."""
+def test_subagent_prefix_starts_at_its_own_prompt(views, messages_of, corpus):
+    """Inline 1.0.x sidechains and agent files: the first user message is the prompt the parent's Task
+    call gave the subagent, never the parent session's opening (a compaction worker has no Task call)."""
     task_prompt = {}
-    for r in real_messages:
+    for r in messages_of:
         if r["record_type"] == "assistant" and r["content"]:
             for b in r["content"]:
                 if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") in ("Task", "Agent"):
                     task_prompt[b["id"]] = b["input"].get("prompt")
-    mains = {v["session_key"]: v["prefix"][1]["content"] for v in real_views if v["stream_kind"] == "main"}
-    n = 0
-    for v in real_views:
+    mains = {v["session_key"]: v["prefix"][1]["content"] for v in views if v["stream_kind"] == "main"}
+    n = unlinked = 0
+    for v in views:
         if v["stream_kind"] == "main":
             continue
         first_user = v["prefix"][1]["content"]
-        assert first_user == task_prompt[v["parent_tool_use_id"]], v["state_id"]
         assert first_user != mains.get(v["session_key"])
+        if v["parent_tool_use_id"] is None:
+            unlinked += 1
+            continue
+        assert first_user == task_prompt[v["parent_tool_use_id"]], v["state_id"]
         n += 1
-    assert n == 174
+    assert n + unlinked == corpus.expect["total_states"] - corpus.expect["kinds"]["main"]
+    assert unlinked == corpus.expect["unlinked_subagent_states"]
 
 
-def test_json_round_trips(real_views):
-    for d in real_views[:: 7]:
+def test_json_round_trips(views):
+    for d in views[:: 7]:
         view = view_from_dict(d)
         assert isinstance(view, StateView)
         assert orjson.loads(orjson.dumps(view.to_dict())) == d
 
 
-def test_terminal_view_of_a_real_state(real_views, real_store):
-    v = max(real_views, key=lambda d: sum(len(m.get("tool_calls") or []) > 1 for m in d["prefix"]))
-    rc, out, err = cli("show", v["state_id"][:8], "--store", real_store, "--width", "120")
+def test_terminal_view_of_a_state(views, corpus_store, corpus):
+    v = max(views, key=lambda d: sum(len(m.get("tool_calls") or []) > 1 for m in d["prefix"]))
+    rc, out, err = cli("show", v["state_id"][:8], "--store", corpus_store, "--width", "120")
     assert rc == 0, err
     assert f"state {v['state_id']}" in out and v["source_file"] in out
     assert "what the agent saw" in out and "what the agent did" in out and "not replayed yet" in out
     call = next(c for m in v["prefix"] if m["role"] == "assistant" for c in m.get("tool_calls") or [])
     assert f"→ {call['function']['name']}(" in out and f"tool ← {call['function']['name']} {call['id']}" in out
     assert "more lines" in out  # long tool results are shortened ...
-    rc, full, _ = cli("show", v["state_id"], "--store", real_store, "--width", "120", "--full")
+    rc, full, _ = cli("show", v["state_id"], "--store", corpus_store, "--width", "120", "--full")
     assert "more lines" not in full and len(full) > len(out)  # ... unless --full
-    rc, every, err = cli("show", "--all", "--store", real_store, "--width", "100")
+    rc, every, err = cli("show", "--all", "--store", corpus_store, "--width", "100")
     assert rc == 0, err
-    assert every.count("━━ state ") == 232 and every.count("── what the agent did ") == 232
+    n = corpus.expect["total_states"]
+    assert every.count("━━ state ") == n and every.count("── what the agent did ") == n
 
 
-def test_thinking_blocks_follow_the_recipe(real_views, real_store, tmp_path):
-    assert not any("<thinking>" in (m.get("content") or "") for v in real_views for m in v["prefix"] if m["role"] == "assistant")
+def test_thinking_blocks_follow_the_recipe(views, corpus_store, tmp_path):
+    assert not any("<thinking>" in (m.get("content") or "") for v in views for m in v["prefix"] if m["role"] == "assistant")
     recipe = tmp_path / "ingest.yaml"
     recipe.write_text("render:\n  strip_thinking: false\n")
-    rc, out, err = cli("show", "--all", "--store", real_store, "--json", "--recipe", recipe)
+    rc, out, err = cli("show", "--all", "--store", corpus_store, "--json", "--recipe", recipe)
     assert rc == 0, err
     kept = [orjson.loads(line) for line in out.splitlines()]
     with_thinking = [v for v in kept if any((m.get("content") or "").startswith("<thinking>") for m in v["prefix"])]
     assert with_thinking and all(v["render"]["strip_thinking"] is False for v in kept)
     for v in with_thinking:  # same messages otherwise: thinking is only prepended to assistant text
-        plain = next(d for d in real_views if d["state_id"] == v["state_id"])
+        plain = next(d for d in views if d["state_id"] == v["state_id"])
         assert [m["role"] for m in v["prefix"]] == [m["role"] for m in plain["prefix"]]

@@ -1,4 +1,7 @@
-"""Synthetic Claude Code session builder for the ingest tests (real record shapes, our own content)."""
+"""Synthetic Claude Code session builder for tests (real record shapes, our own content).
+
+Used by the ingest tests and by :mod:`composer_pipeline.testing.traces` (the project's own corpus).
+"""
 
 from __future__ import annotations
 
@@ -18,16 +21,17 @@ class Session:
     """Append records like Claude Code does; ``last`` is the uuid the next record chains to."""
 
     def __init__(self, sid: str = "5e5510e0-0000-4000-8000-000000000000", version: str = "2.1.38",
-                 agent_id: str | None = None, sidechain: bool = False):
+                 agent_id: str | None = None, sidechain: bool = False, new_uuid=uid, cwd: str = "/home/u/p"):
         self.sid, self.version, self.agent_id, self.side = sid, version, agent_id, sidechain
+        self.new_uuid, self.cwd = new_uuid, cwd  # new_uuid: a private counter makes a corpus reproducible
         self.lines: list[str] = []
         self.last: str | None = None
         self.n = 0
 
     def rec(self, typ: str, parent="LAST", **kw) -> str:
-        u = kw.pop("uuid", None) or uid()
+        u = kw.pop("uuid", None) or self.new_uuid()
         r = {"parentUuid": self.last if parent == "LAST" else parent, "isSidechain": self.side, "userType": "external",
-             "cwd": "/home/u/p", "sessionId": self.sid, "version": self.version, "gitBranch": "main"}
+             "cwd": self.cwd, "sessionId": self.sid, "version": self.version, "gitBranch": "main"}
         if self.agent_id:
             r["agentId"] = self.agent_id
         r.update(type=typ, **kw)
@@ -50,11 +54,13 @@ class Session:
                 "usage": {"input_tokens": 5, "output_tokens": 10 * (i + 1)}}, **kw))
         return out
 
-    def result(self, tool_id: str, content, tur=None, is_error: bool | None = None, parent="LAST", extra_blocks=()) -> str:
+    def result(self, tool_id: str, content, tur=None, is_error: bool | None = None, parent="LAST", extra_blocks=(),
+               **kw) -> str:
         b = {"type": "tool_result", "tool_use_id": tool_id, "content": content}
         if is_error is not None:
             b["is_error"] = is_error
-        kw = {"toolUseResult": tur} if tur is not None else {}
+        if tur is not None:
+            kw["toolUseResult"] = tur
         return self.user([b, *extra_blocks], parent=parent, **kw)
 
     def raw(self, line: str) -> None:

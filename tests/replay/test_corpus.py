@@ -1,4 +1,4 @@
-"""Replay over the real Claude Code sessions in ../shared/traces: every state × teacher becomes a row,
+"""Replay over each trace corpus (ours; the real one when named): every state × teacher becomes a row,
 each teacher sees the agent's rendered prefix and the tools the stream used, and no scrubbed secret or
 key reaches a request."""
 
@@ -23,22 +23,22 @@ SECRET_RE = re.compile(rb"(sk-ant-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{30,}|AKIA[0
 
 
 @pytest.fixture(scope="module")
-def real_tables(shared_traces, tmp_path_factory):
-    out = tmp_path_factory.mktemp("real-ingested")
-    subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(shared_traces), "--out", str(out)],
+def corpus_tables(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"{corpus.name}-ingested")
+    subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(corpus.root), "--out", str(out)],
                    check=True, capture_output=True, timeout=300)
     return pq.read_table(out / "trace_states.parquet"), pq.read_table(out / "trace_messages.parquet")
 
 
-def test_real_sessions_replay(real_tables, server, tmp_path):
-    states, messages = real_tables
-    assert states.num_rows > 50
+def test_sessions_replay(corpus_tables, server, tmp_path):
+    states, messages = corpus_tables
+    assert states.num_rows > 40
     states = states.slice(0, 40)
     cfg = make_config(server.url, teachers=[teacher_dict(server.url, "a"), teacher_dict(server.url, "b", model="other")])
     cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
     plan = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
     assert plan.table.num_rows == 80 and plan.fits
-    res = replay_states(states, messages, cfg, {}, render_opts=RenderOptions(), cache=cache, ledger=ledger, run_id="real")
+    res = replay_states(states, messages, cfg, {}, render_opts=RenderOptions(), cache=cache, ledger=ledger, run_id="corpus")
     rows = res.table.to_pylist()
     assert len(rows) == 80 and {(r["state_id"], r["teacher"]) for r in rows} == {
         (s, t) for s in states.column("state_id").to_pylist() for t in ("a", "b")}

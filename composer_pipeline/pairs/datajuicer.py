@@ -1,0 +1,184 @@
+"""data-juicer at arm's length, shared by both executors (normalize.py in-process, normalize_ray.py on Ray).
+
+The recipe (:class:`NormalizeRecipe`, ``recipes/normalize.yaml``), the guard every data-juicer call
+runs inside (:func:`data_juicer_guard`: no run-time installs, stdout/stderr and loguru restored), the
+text each op reads (:func:`texts_for`, :func:`pair_text_column`) and the result both return
+(:func:`build_result`: kept rows, dropped rows with op, reason and stats).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+import pyarrow as pa
+import yaml
+
+from composer_pipeline import tables
+
+DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "normalize.yaml"
+DERIVED_KEYS = ("pair_text",)  # computed here: prompt + chosen_text + rejected_text
+_GUARD_LOCK = threading.RLock()  # the guard patches process-wide state: one holder at a time
+
+
+@dataclass(frozen=True)
+class NormalizeRecipe:
+    """A data-juicer recipe: ordered ``process`` ops, each with its ``text_key``."""
+
+    process: tuple[tuple[str, dict[str, Any]], ...]
+    default_text_key: str = "chosen_text"
+    path: str | None = None
+    # recipe ``executor_type``: ``default`` = the in-process path below; ``ray`` = data-juicer's
+    # RayExecutor (normalize_ray.py) at ``ray_address``, scratch JSONL under ``work_dir``
+    executor: str = "default"
+    ray_address: str | None = None
+    ray_work_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], path: str | None = None) -> "NormalizeRecipe":
+        if d.get("skip_op_error", False):
+            raise ValueError(
+                "normalize recipe: skip_op_error: true would let data-juicer silently drop whole batches; "
+                "set it to false (failing rows are dropped one by one with their reason)"
+            )
+        tk = d.get("text_keys", "chosen_text")
+        default_key = tk[0] if isinstance(tk, list) else str(tk)
+        ops: list[tuple[str, dict[str, Any]]] = []
+        for i, item in enumerate(d.get("process") or []):
+            if isinstance(item, str):
+                item = {item: {}}
+            if not isinstance(item, dict) or len(item) != 1:
+                raise ValueError(f"normalize recipe: process[{i}] must be {{op_name: {{args}}}}")
+            (name, args), = item.items()
+            args = dict(args or {})
+            if args.get("skip_op_error"):
+                raise ValueError(f"normalize recipe: process[{i}] {name}: skip_op_error must be false")
+            args.setdefault("text_key", default_key)
+            ops.append((str(name), args))
+        if not ops:
+            raise ValueError("normalize recipe: empty process list")
+        allowed = set(tables.DPO_PAIRS.names) | set(DERIVED_KEYS)
+        for name, args in ops:
+            if args["text_key"] not in allowed:
+                raise ValueError(f"normalize recipe: {name}: text_key {args['text_key']!r} is not a pair column")
+        # data-juicer's own keys, so the file stays a valid data-juicer recipe (normalize_ray.py)
+        executor = str(d.get("executor_type") or "default")
+        if executor not in ("default", "ray"):
+            raise ValueError(f"normalize recipe: executor_type must be 'default' or 'ray', got {executor!r}")
+        return cls(process=tuple(ops), default_text_key=default_key, path=path, executor=executor,
+                   ray_address=d.get("ray_address"), ray_work_dir=d.get("work_dir") if executor == "ray" else None)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "NormalizeRecipe":
+        p = Path(path) if path else DEFAULT_RECIPE
+        if not p.is_file():
+            raise FileNotFoundError(f"normalize recipe not found: {p}")
+        return cls.from_dict(yaml.safe_load(p.read_text()) or {}, path=str(p))
+
+    def text_keys(self) -> list[str]:
+        return sorted({a["text_key"] for _, a in self.process})
+
+
+@dataclass
+class NormalizeResult:
+    kept: pa.Table
+    dropped: pa.Table
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class AutoInstallBlocked(RuntimeError):
+    """data-juicer tried to pip/uv-install a package at run time."""
+
+
+@contextlib.contextmanager
+def data_juicer_guard() -> Iterator[None]:
+    """Import data-juicer with its side effects contained; restore stdout/stderr/loguru after."""
+    with _GUARD_LOCK:
+        with _guarded():
+            yield
+
+
+@contextlib.contextmanager
+def _guarded() -> Iterator[None]:
+    from loguru import logger
+
+    saved_out, saved_err = sys.stdout, sys.stderr
+    before = set(logger._core.handlers)  # noqa: SLF001 - loguru has no public listing
+    real_remove = logger.remove
+
+    def _remove_only_new(handler_id=None):
+        if handler_id is None:  # data-juicer's blanket logger.remove(): spare the host's handlers
+            for hid in set(logger._core.handlers) - before:  # noqa: SLF001
+                real_remove(hid)
+        elif handler_id not in before:
+            real_remove(handler_id)
+
+    logger.remove = _remove_only_new  # type: ignore[method-assign]
+    try:
+        from data_juicer.utils.lazy_loader import LazyLoader
+
+        real_install = LazyLoader.__dict__["_install_package"]
+
+        def _refuse(cls, package_spec, pip_args=None):
+            raise AutoInstallBlocked(
+                f"data-juicer tried to install {package_spec!r} at run time; install it into the environment "
+                "up front (pinned in pyproject.toml) instead"
+            )
+
+        LazyLoader._install_package = classmethod(_refuse)
+        try:
+            yield
+        finally:
+            LazyLoader._install_package = real_install
+    finally:
+        logger.remove = real_remove  # type: ignore[method-assign]
+        for hid in set(logger._core.handlers) - before:  # noqa: SLF001
+            real_remove(hid)
+        sys.stdout, sys.stderr = saved_out, saved_err
+
+
+def texts_for(pairs: pa.Table, key: str) -> list:
+    if key == "pair_text":
+        p, c, r = (pairs.column(k).to_pylist() for k in ("prompt", "chosen_text", "rejected_text"))
+        return [
+            None if (a is None or b is None or d is None) else f"{a}\n\x1e\n{b}\n\x1e\n{d}" for a, b, d in zip(p, c, r)
+        ]
+    return pairs.column(key).to_pylist()
+
+
+def pair_text_column(pairs: pa.Table) -> list:
+    """The dedup text of each pair (prompt, chosen_text, rejected_text joined), as the recipe sees it."""
+    return texts_for(pairs, "pair_text")
+
+
+def build_result(pairs: pa.Table, alive: list[int], drop: dict, n: int, t0: float) -> NormalizeResult:
+    kept = pairs.take(pa.array(alive, pa.int64()))
+    dropped_idx = sorted(drop)
+    dropped = pairs.take(pa.array(dropped_idx, pa.int64()))
+    dropped = dropped.append_column("drop_op", pa.array([drop[i][0] for i in dropped_idx], pa.string()))
+    dropped = dropped.append_column("drop_reason", pa.array([drop[i][1] for i in dropped_idx], pa.string()))
+    dropped = dropped.append_column(
+        "drop_stats",
+        pa.array([orjson.dumps(drop[i][2], option=orjson.OPT_SORT_KEYS).decode() for i in dropped_idx], pa.string()),
+    )
+    by_op: dict[str, int] = {}
+    for i in dropped_idx:
+        by_op[drop[i][0]] = by_op.get(drop[i][0], 0) + 1
+    seconds = time.perf_counter() - t0
+    stats = {
+        "input": n,
+        "kept": kept.num_rows,
+        "dropped": len(dropped_idx),
+        "dropped_by_op": by_op,
+        "seconds": round(seconds, 4),
+        "rows_per_s": round(n / seconds, 1) if seconds > 0 else None,
+    }
+    return NormalizeResult(
+        kept=tables.conform(kept, "normalized_dpo_pairs"), dropped=tables.conform(dropped, "dropped_pairs"), stats=stats
+    )

@@ -1,0 +1,242 @@
+"""The secret corpus: every built-in kind x every position a key takes in a real session -> 0 hits.
+
+Generated here (project-owned, fake keys): each kind is planted at a line start, after a tab, after
+``=``, ``: `` and ``Bearer ``, inside quotes, at the end of a string, after an escaped non-ASCII
+character, inside a JSON-in-JSON tool input (and JSON-in-JSON-in-JSON), in tool output (``cat .env``
+as the tool result and in ``toolUseResult``), in a thinking block, in a subagent file and in a
+damaged (truncated) line; once written as ``json.dumps`` writes (non-ASCII escaped) and once as
+Claude Code writes (raw UTF-8). Both engines run the ``ingest`` CLI; every Parquet table (decoded
+down to nested JSON strings) and the prefix ``show --json`` prints must hold no fragment of any key
+and no match of any pattern, while the near misses (``task-id``, ids holding ``xox``, a git SHA,
+...) come through unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from composer_pipeline.cli import main
+from composer_pipeline.ingest import native
+from composer_pipeline.ingest.discover import discover_sessions
+from composer_pipeline.scrub import KINDS, Scrubber
+
+from composer_pipeline.testing.sessions import Session, text, thinking, tool
+from .engines import ingest_checked
+
+# kind -> (the key as it appears, a fragment that must not survive anywhere). All fake.
+KEYS = {
+    "aws_access_key": ("AKIAQWERTYUIOPASDFGH", "QWERTYUIOPASDFGH"),
+    "aws_secret_key": ("AWS_SECRET_ACCESS_KEY=Zx8Cv7Bn6Mq5Wr4Et3Yu2Io1Pa9Sd8Fg7Hj6Kl5Q", "Zx8Cv7Bn6Mq5Wr4Et3Yu2Io1"),
+    "github_token": ("ghp_" + "Gh7Tk3Nq9Vb2" * 3, "Gh7Tk3Nq9Vb2Gh7Tk3"),
+    "anthropic_key": ("sk-ant-api03-" + "An7Th9Rp4Ck2" * 3, "An7Th9Rp4Ck2An7Th9"),
+    "openai_key": ("sk-proj-" + "Op3nA1Ky8Zq5" * 3, "Op3nA1Ky8Zq5Op3nA1"),
+    "slack_token": ("xoxb-1234567890-0987654321-Sl4ckT0k3nVal", "0987654321-Sl4ckT0k3n"),
+    "google_api_key": ("AIza" + "Go0gL3kEy9Xw7Vu5Ts3Rq1Po9Nm7Lk5Jh3G", "Go0gL3kEy9Xw7Vu5Ts3R"),
+    "jwt": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjb3JwdXMtdXNlciJ9.Jw7Sig9Nat8Ure6Val", "eyJzdWIiOiJjb3JwdXMtdXNlciJ9"),
+    "private_key": ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpPr1vAt3K3yB0dy\nQkLmNoPq==\n-----END RSA PRIVATE KEY-----",
+                    "MIIEpPr1vAt3K3yB0dy"),
+    "password_assignment": ("DB_PASSWORD=Pw9Corpus7Hunter", "Pw9Corpus7Hunter"),
+}
+FRAGMENTS = [frag for _, frag in KEYS.values()] + ["QkLmNoPq=="]
+
+# decoded text positions; {k} is the key
+POSITIONS = {
+    "whole string": "{k}",
+    "line start": "first line\n{k}\nlast line",
+    "after tab": "NAME\t{k}",
+    "after =": "export TOKEN={k}",
+    "after colon": "token: {k}",
+    "after Bearer": "curl -H 'Authorization: Bearer {k}' https://api.example.com",
+    "double quotes": 'key = "{k}"',
+    "single quotes": "key = '{k}'",
+    "end of string": "the key is {k}",
+    "after CR": "line one\r\n{k}",
+    "after escaped non-ASCII": "pfeil\u2192{k}",
+    "after backslash": "C:\\keys\\{k}",
+}
+
+# must come through unchanged (decoded), wherever they stand
+NEAR_MISSES = [
+    "task-id", "task-abcdefghijklmnopqrstuvwxyz0123", "msg_01Kxoxb-98765432109876", "toolu_01xoxp-ABCDEFGHIJKL",
+    "3f786850e387550fdab836ed7e6dc881de23001b", "disk-usage", "ASIAN food", "pwd: str", "password: x",
+    "output_tokens", "eyJ alone", "AKIA short", "sk-short", "\ntask-sk-abcdefghijklmnopqrstuvwx",
+    "\npassword: short", "\tnot_a_key", "\u2192AKIA1234",
+]
+
+
+def _session(tmp: Path, raw_utf8: bool) -> None:
+    """One session (main file + a 2.1.x subagent file) with every kind at every position."""
+    sid = "c0ffee00-0000-4000-8000-00000000000%d" % (1 + raw_utf8)
+    proj = tmp / "corpus"
+    s = Session(sid=sid)
+    s.user("start: " + " | ".join(NEAR_MISSES))
+    for kind, (key, _) in KEYS.items():
+        for pos, tmpl in POSITIONS.items():
+            s.user(tmpl.format(k=key))
+        nested = json.dumps({"env": {"TOKEN": key}, "note": "line\n" + key, "cmd": "\t" + key})
+        tid = f"tu_{kind}"
+        s.assistant(thinking(f"the user pasted\n{key}\ninto the chat"),
+                    text(f"I will write the config.\n{key}"),
+                    tool("Write", tid, file_path="/tmp/cfg.json", content=nested, deeper=json.dumps({"inner": nested})))
+        s.result(tid, f"$ cat .env\nA=1\n{key}\nB=2\n", tur={"stdout": f"A=1\n{key}", "stderr": f"\t{key}"})
+    # a damaged line: the record is cut off after the key (a crash mid-write), before its uuid
+    cut = json.dumps({"parentUuid": s.last, "type": "user", "message": {"role": "user", "content":
+                      "pasted:\n" + "\n".join(k for k, _ in KEYS.values()) + "\nend"}, "uuid": "x"})
+    s.raw(cut[: cut.index("\\nend")])
+    s.assistant(text("done " + " ".join(NEAR_MISSES)))
+    agent = Session(sid=sid, agent_id="a5ec0e7", sidechain=True)
+    agent.user("Investigate the config")
+    for kind, (key, _) in KEYS.items():
+        agent.user(f"found:\n{key}")
+        agent.assistant(text(f"\t{key}"), tool("Bash", f"ag_{kind}", command=f"echo '{key}'"))
+        agent.result(f"ag_{kind}", f"{key}\n", tur={"stdout": key})
+    for sess, path in ((s, proj / f"{sid}.jsonl"), (agent, proj / sid / "subagents" / "agent-a5ec0e7.jsonl")):
+        if raw_utf8:  # as Claude Code writes: non-ASCII as UTF-8, not \\u escapes
+            sess.lines = [line if not line.startswith("{") or not line.endswith("}")
+                          else orjson.dumps(json.loads(line)).decode() for line in sess.lines]
+        sess.write(path)
+
+
+def _strings(v, out: list[str]) -> None:
+    """Every string in a value, decoding strings that are themselves JSON (at any depth)."""
+    if isinstance(v, str):
+        out.append(v)
+        t = v.strip()
+        if t[:1] in "{[\"":
+            try:
+                _strings(json.loads(t), out)
+            except ValueError:
+                pass
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _strings(k, out)
+            _strings(x, out)
+    elif isinstance(v, list):
+        for x in v:
+            _strings(x, out)
+
+
+def _leaks(strings: list[str]) -> list[str]:
+    """Fragments of planted keys, and anything the scrubber still matches, in the decoded strings."""
+    bad = [f"{frag!r} in {s[:120]!r}" for s in strings for frag in FRAGMENTS if frag in s]
+    scrubber = Scrubber()
+    for s in strings:
+        scrubber.scrub(s)
+    return bad + [f"pattern {k} still matches {n}x" for k, n in scrubber.counts.items() if n]
+
+
+ENGINES = ["python", "native"] if native.AVAILABLE else ["python"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("secret-corpus")
+    _session(root, raw_utf8=False)
+    _session(root, raw_utf8=True)
+    return root
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def ingested(request, corpus, tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp(f"corpus-{request.param}")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["ingest", str(corpus), "--out", str(out), "--engine", request.param]) == 0
+    lines = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert lines[-1]["engine"] == request.param and lines[-1]["python_fallback_sessions"] == 0
+    return out, lines
+
+
+def test_every_kind_at_every_position_is_counted_and_the_engines_agree(corpus):
+    results = [ingest_checked(sf) for sf in discover_sessions(corpus)]  # both engines, identical tables
+    assert len(results) == 2 and all(len(r.file_reports) == 2 for r in results)
+    for r in results:
+        assert set(r.secrets) == set(KINDS)
+        # main: positions + thinking + text + 3 in the nested input (x2 depths) + result + 2 tur; the
+        # damaged line; the subagent: prompt, text, command, result, tur
+        per_kind = len(POSITIONS) + 2 + 6 + 3 + 1 + 5  # every placement counted once, nothing else
+        assert r.secrets == {k: per_kind for k in KINDS}, r.secrets
+        assert r.quarantine.num_rows == 1 and r.quarantine.column("salvaged_uuid")[0].as_py() is None
+
+
+def test_no_key_in_any_output_table(ingested):
+    out, lines = ingested
+    assert {k for k, n in lines[-1]["secrets_scrubbed"].items() if n} == set(KINDS)
+    files = sorted(out.glob("*.parquet"))
+    assert {p.stem for p in files} == {"trace_states", "trace_messages", "quarantine"}
+    strings: list[str] = []
+    for p in files:
+        t = pq.read_table(p)
+        assert t.num_rows
+        _strings(t.to_pylist(), strings)
+    assert not _leaks(strings)
+    quarantine = pq.read_table(out / "quarantine.parquet").column("text").to_pylist()
+    assert len(quarantine) == 2 and all(q.count("[REDACTED:") == len(KEYS) for q in quarantine)
+    decoded = "\n".join(strings)
+    for near in NEAR_MISSES:
+        assert near in decoded, f"near miss {near!r} was altered"
+
+
+def test_no_key_in_the_prefix_show_prints(ingested):
+    out, lines = ingested
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["show", "--all", "--json", "--store", str(out)]) == 0
+    views = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert len(views) == lines[-1]["states"] == 2 * (len(KEYS) + 1) + 2 * len(KEYS)  # main + subagent states
+    strings: list[str] = []
+    _strings(views, strings)
+    assert not _leaks(strings)
+    prefix_text = "\n".join(s for v in views for m in v["prefix"] for s in _collect(m))
+    assert prefix_text.count("[REDACTED:") > len(KEYS) * len(POSITIONS)
+    assert "3f786850e387550fdab836ed7e6dc881de23001b" in prefix_text
+
+
+def _collect(v) -> list[str]:
+    got: list[str] = []
+    _strings(v, got)
+    return got
+
+
+def test_the_prefix_is_scrubbed_again_as_sent(tmp_path):
+    """Defense in depth: a key a writer spelled with a letter escape (``s\\u006b-...``; no JSON encoder
+    Claude Code uses writes one) is invisible to the raw-line scrub, but the rendered prefix is
+    scrubbed again as the JSON it is sent as, so neither a teacher nor ``show`` sees it."""
+    from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+    key = KEYS["openai_key"][0]
+    s = Session(sid="c0ffee00-0000-4000-8000-0000000000e5")
+    s.user("PLACEHOLDER")
+    s.assistant(text("ok"))
+    s.lines[0] = s.lines[0].replace("PLACEHOLDER", "key:\\n s\\u006b" + key[2:])
+    s.write(tmp_path / "p" / "s.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    res = ingest_checked(sf)
+    assert not res.secrets  # the raw line shows no key
+    (state,) = res.states.to_pylist()
+    rendered = render_state(Conversation.from_table(res.messages), state, RenderOptions())
+    sent = json.dumps(rendered.messages)
+    assert key not in sent and "[REDACTED:openai_key]" in sent
+    assert rendered.messages[1]["content"].startswith("key:\n [REDACTED:openai_key]")
+
+
+def test_a_secret_in_a_session_id_reaches_no_key_or_path(tmp_path):
+    """Discovery reads ``sessionId`` from the raw file (before scrubbing) to key agent files whose parent
+    is missing; an id holding a key is not used: the agent file names its session."""
+    key = KEYS["github_token"][0]
+    a = Session(sid="\t" + key, agent_id="a0", sidechain=True)
+    a.user("explore")
+    a.assistant(text("ok"))
+    a.write(tmp_path / "p" / "agent-a0.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    assert sf.key == "p__agent-a0"
+    res = ingest_checked(sf)
+    stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.file_reports])
+    assert key not in stored and "[REDACTED:github_token]" in stored

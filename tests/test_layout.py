@@ -1,0 +1,121 @@
+"""The layout rules of docs/ARCHITECTURE.md, checked on the source: no import cycles inside
+composer_pipeline (between modules, and between its packages), no Dagster in the domain code, the
+test helpers (composer_pipeline.testing) never imported by the pipeline, and only composer_pipeline
+installed (the Dagster layer stays top-level folders of the checkout)."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PKG = REPO / "composer_pipeline"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(REPO).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every composer_pipeline module ``name`` imports, at any depth of the file (lazy imports count)."""
+    is_pkg = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import mod` names a module; `from mod import func` names its module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:  # `import a.b.c` of a non-module attribute: its module
+                t = t.rpartition(".")[0]
+            if t.startswith("composer_pipeline") and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def _unit(module: str) -> str:
+    """composer_pipeline.<package or top-level module>: the unit the package graph is drawn between."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_modules():
+    # a package's __init__ importing its own submodules (cli/__init__.py registering the subcommands)
+    # is how Python packages are built, not a cycle between modules
+    modules = _modules()
+    graph = {n: {m for m in deps if not (modules[n].name == "__init__.py" and m.rpartition(".")[0] == n)}
+             for n, deps in _graph().items()}
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for n, deps in _graph().items():
+        graph.setdefault(_unit(n), set()).update(_unit(m) for m in deps if _unit(m) != _unit(n))
+    graph.pop("composer_pipeline", None)  # the root package's own __init__
+    for deps in graph.values():
+        deps.discard("composer_pipeline")
+    cycle = _cycle(graph)
+    assert cycle is None, "packages import each other: " + " -> ".join(cycle)
+
+
+def test_domain_code_has_no_dagster_and_never_imports_the_test_helpers():
+    modules = _modules()
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        names = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+        names += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        # the Pipes entry point speaks the dagster_pipes protocol (a separate, dependency-free package)
+        assert not [n for n in names if n.split(".")[0] == "dagster"], f"{name} imports Dagster"
+        assert not [n for n in names if n.split(".")[0] in ("assets", "resources")], f"{name} imports the Dagster layer"
+    graph = _graph()
+    for name, deps in graph.items():
+        if not name.startswith("composer_pipeline.testing"):
+            assert not [d for d in deps if d.startswith("composer_pipeline.testing")], f"{name} imports a test helper"
+
+
+def test_only_composer_pipeline_is_installed():
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert cfg["tool"]["setuptools"]["packages"]["find"]["include"] == ["composer_pipeline*"]
+    for layer in ("assets", "resources"):
+        assert (REPO / layer / "__init__.py").is_file()  # the layout's top-level folders stay
