@@ -200,6 +200,14 @@ class _SQLite:
         import sqlite3
 
         try:
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+        except OSError:
+            head = b""
+        if head[8:12] == b"DUCK":
+            raise LedgerError(f"ledger {self.path} is a DuckDB ledger of an earlier version: point the ledger at "
+                              f"{self.path.with_suffix('.sqlite')} (its spend is imported from this file on first use)")
+        try:
             con = sqlite3.connect(str(self.path), timeout=120, isolation_level=None, check_same_thread=False)
             con.execute("PRAGMA busy_timeout = 120000")
             con.execute("PRAGMA journal_mode = WAL")
@@ -210,6 +218,11 @@ class _SQLite:
 
     def sql(self, q: str) -> str:
         return q
+
+    def legacy_duckdb(self) -> Path | None:
+        """The DuckDB ledger earlier versions kept beside this file (``ledger.duckdb``), if any."""
+        p = self.path.with_suffix(".duckdb")
+        return p if p != self.path and p.is_file() else None
 
     def retryable(self, e: BaseException) -> bool:
         import sqlite3
@@ -242,6 +255,9 @@ class _Postgres:
 
     def sql(self, q: str) -> str:
         return q.replace("?", "%s")
+
+    def legacy_duckdb(self) -> Path | None:
+        return None
 
     def retryable(self, e: BaseException) -> bool:
         import psycopg2.errors
@@ -328,8 +344,40 @@ class Ledger:
                     for s in stmts:
                         c.execute(s)
                     c.execute(f"INSERT INTO schema_migrations VALUES (?, {self._db.now})", [version])
+            legacy = self._db.legacy_duckdb() if have == 0 else None
+            if legacy is not None:
+                self._import_duckdb(c, legacy)
 
         self._tx(run)
+
+    def _import_duckdb(self, c: _Cursor, src: Path) -> None:
+        """Carry the spend of the DuckDB ledger of earlier versions (``ledger.duckdb`` beside a new
+        ``ledger.sqlite``) into the new ledger once, so an upgrade never resets a budget. Settled, kept and
+        released rows keep their meaning; rows still open there (killed runs, unused credit) are kept at
+        their reserved amount, as that ledger counted them."""
+        import duckdb
+
+        con = duckdb.connect(str(src), read_only=True)
+        try:
+            rows = con.execute("SELECT id, teacher, run_id, call_id, state, reserved_usd, cost_usd, note FROM reservations").fetchall()
+        finally:
+            con.close()
+        now = self._db.now
+        for rid, teacher, run_id, cid, state, reserved, cost, note in rows:
+            reserved = float(reserved or 0.0)
+            if state == "settled":
+                counted, kept = float(cost or 0.0), False
+            elif state == "released":
+                counted, kept = 0.0, False
+            else:  # kept, or still reserved when that ledger was last written
+                state, counted, kept = "kept", reserved, True
+            c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})",
+                      [f"duckdb-{rid}", teacher, run_id, cid, state, reserved, counted, f"imported from {src.name}" + (f": {note}" if note else "")])
+            for scope, key in (("run", run_id), ("teacher", teacher)):
+                c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
+                c.execute("UPDATE totals SET hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, kept_usd = kept_usd + ?, "
+                          "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                          [counted, 0.0 if kept else counted, counted if kept else 0.0, 1 if kept and note != "credit" else 0, scope, key])
 
     def schema_version(self) -> int:
         return int(self._tx(lambda c: c.one("SELECT MAX(version) FROM schema_migrations")[0], write=False))

@@ -141,3 +141,26 @@ def test_bad_urls_are_clear(tmp_path):
     with pytest.raises(LedgerError, match=r"postgresql://u:\*\*\*@127.0.0.1:1/db: cannot connect"):
         Ledger("postgresql://u:secret@127.0.0.1:1/db")
     assert redact_url("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
+
+
+def test_an_earlier_duckdb_ledger_is_imported_once(tmp_path):
+    """Upgrading never resets a budget: the DuckDB ledger of earlier versions beside the new file is read once."""
+    import duckdb
+
+    from composer_pipeline.teachers.ledger import LedgerError
+
+    old = duckdb.connect(str(tmp_path / "ledger.duckdb"))
+    old.execute("CREATE TABLE reservations (id VARCHAR PRIMARY KEY, teacher VARCHAR NOT NULL, run_id VARCHAR NOT NULL, "
+                "call_id VARCHAR, state VARCHAR NOT NULL, reserved_usd DOUBLE NOT NULL, cost_usd DOUBLE, note VARCHAR, "
+                "created_at TIMESTAMP NOT NULL, closed_at TIMESTAMP)")
+    old.executemany("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, now(), NULL)", [
+        ("a", "t", "r1", "c1", "settled", 0.4, 0.1, None), ("b", "t", "r1", "c2", "kept", 0.2, 0.2, "timeout"),
+        ("c", "t", "r1", "c3", "released", 0.3, 0.0, None), ("d", "t", "r2", None, "reserved", 0.25, None, "credit")])
+    old.close()
+    with pytest.raises(LedgerError, match="DuckDB ledger of an earlier version"):
+        Ledger(tmp_path / "ledger.duckdb")
+    led = Ledger(tmp_path / "ledger.sqlite")
+    bal = led.balance("t", 1.0)
+    assert bal.spent_usd == pytest.approx(0.55) and bal.settled_usd == pytest.approx(0.1) and bal.kept_usd == pytest.approx(0.45)
+    assert bal.reserved_usd == 0 and bal.kept_calls == 1
+    assert Ledger(tmp_path / "ledger.sqlite").spent("t") == pytest.approx(0.55)  # imported once, not on every open
