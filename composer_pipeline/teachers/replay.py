@@ -283,11 +283,12 @@ async def _with_signals(coro):
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(coro)
     got: list[int] = []
-    installed = []
+    installed: dict[int, Any] = {}  # signal -> the handler it had (Dagster's, pytest's...): put back afterwards
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
+            previous = signal.getsignal(sig)
             loop.add_signal_handler(sig, lambda s=sig: got or (got.append(s), task.cancel()))  # once: let finally finish
-            installed.append(sig)
+            installed[sig] = previous
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (e.g. inside a Dagster step)
             pass
     try:
@@ -297,8 +298,10 @@ async def _with_signals(coro):
             raise ReplayInterrupted(got[0]) from None
         raise
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        for sig, previous in installed.items():
+            loop.remove_signal_handler(sig)  # sets SIG_DFL / default_int_handler, not the previous handler
+            if previous is not None:
+                signal.signal(sig, previous)
 
 
 def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
