@@ -18,7 +18,7 @@ from typing import Any
 EXECUTORS = ("in_process", "multiprocess", "k8s", "celery")
 LAUNCHERS = ("subprocess", "torchrun", "accelerate", "k8s")
 IN_POD = ("python", "torchrun", "accelerate")  # what the trainer pod runs
-_TRAINER_KEYS = {"launcher", "nproc_per_node", "accelerate_config", "env", "k8s"}
+_TRAINER_KEYS = {"launcher", "nproc_per_node", "torchrun_args", "accelerate_config", "env", "k8s"}
 _K8S_TRAINER_KEYS = {
     "image", "namespace", "command", "nproc_per_node", "accelerate_config", "gpus", "resources", "env",
     "env_secrets", "node_selector", "tolerations", "volumes", "volume_mounts", "service_account_name",
@@ -38,6 +38,7 @@ class TrainerDeployment:
 
     launcher: str = "subprocess"              # subprocess | torchrun | accelerate | k8s
     nproc_per_node: int = 1                   # torchrun / accelerate processes on this machine
+    torchrun_args: tuple[str, ...] = ()       # multi-node rendezvous flags for torchrun; empty: --standalone
     accelerate_config: str | None = None      # `accelerate launch --config_file` (absolute path)
     env: dict[str, str] = field(default_factory=dict)
     k8s: dict[str, Any] = field(default_factory=dict)  # pod of the Pipes trainer (launcher: k8s)
@@ -63,7 +64,10 @@ class TrainerDeployment:
         nproc = int(d.get("nproc_per_node") or 1)
         if nproc < 1:
             raise ValueError("pipeline recipe: deployment.trainer.nproc_per_node must be >= 1")
-        return cls(launcher=launcher, nproc_per_node=nproc, accelerate_config=acc,
+        args = d.get("torchrun_args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("pipeline recipe: deployment.trainer.torchrun_args must be a list of strings")
+        return cls(launcher=launcher, nproc_per_node=nproc, torchrun_args=tuple(args), accelerate_config=acc,
                    env={str(k): str(v) for k, v in (d.get("env") or {}).items()}, k8s=k8s)
 
 

@@ -10,8 +10,10 @@ Launchers (``deployment.trainer`` in ``recipes/pipeline.yaml``, see docs/SCALING
 ``subprocess`` (default), ``torchrun`` / ``accelerate`` (the same Pipes subprocess behind a
 ``torchrun --nproc-per-node N -m`` / ``accelerate launch --config_file F -m`` prefix) and ``k8s``
 (``dagster_k8s.PipesK8sClient``: a pod with the configured image, GPU request, secrets and volumes,
-running python/torchrun/accelerate inside). The trainer itself is one process today: more than one
-rank trains N copies, so keep ``nproc_per_node: 1`` until the trainer is made DDP-aware.
+running python/torchrun/accelerate inside). With N ranks the trainer is data-parallel
+(``composer_pipeline.train.distributed``): one model on N shards, rank 0 alone reports through Pipes
+and writes the checkpoint. Local torchrun uses ``--standalone`` (a free rendezvous port) unless
+``torchrun_args`` names a multi-node rendezvous (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import dagster as dg
 ENTRY_MODULE = "composer_pipeline.train.pipes_entry"
 
 
-def torchrun_command(nproc_per_node: int, python: str | None = None) -> list[str]:
-    """``torchrun --nproc-per-node N -m <entry>``; with ``python``: ``python -m torch.distributed.run`` (same CLI)."""
+def torchrun_command(nproc_per_node: int, python: str | None = None, extra: list[str] | None = None) -> list[str]:
+    """``torchrun [extra] --nproc-per-node N -m <entry>``; with ``python``: ``python -m torch.distributed.run``
+    (same CLI). ``extra``: e.g. ``["--standalone"]`` or a multi-node rendezvous
+    (``--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=host:29400 --rdzv-id=job``)."""
     head = [python, "-m", "torch.distributed.run"] if python else ["torchrun"]
-    return [*head, f"--nproc-per-node={int(nproc_per_node)}", "-m", ENTRY_MODULE]
+    return [*head, *(extra or []), f"--nproc-per-node={int(nproc_per_node)}", "-m", ENTRY_MODULE]
 
 
 def accelerate_command(config_file: str | None, nproc_per_node: int = 1, python: str | None = None) -> list[str]:
@@ -53,6 +57,7 @@ class TrainerLauncher(dg.ConfigurableResource):
     # deployment.trainer (assets/deployment.py): subprocess | torchrun | accelerate | k8s
     launcher: str = "subprocess"
     nproc_per_node: int = 1
+    torchrun_args: list[str] = []  # multi-node rendezvous flags; empty: --standalone (one machine)
     accelerate_config: Optional[str] = None
     k8s: dict[str, Any] = {}
 
@@ -60,7 +65,7 @@ class TrainerLauncher(dg.ConfigurableResource):
         if self.command_prefix:
             return [*self.command_prefix, "-m", "composer_pipeline.train.pipes_entry"]
         if self.launcher == "torchrun":
-            return torchrun_command(self.nproc_per_node, python=sys.executable)
+            return torchrun_command(self.nproc_per_node, python=sys.executable, extra=list(self.torchrun_args) or ["--standalone"])
         if self.launcher == "accelerate":
             return accelerate_command(self.accelerate_config, self.nproc_per_node, python=sys.executable)
         return [sys.executable, "-m", "composer_pipeline.train.pipes_entry"]
@@ -125,5 +130,5 @@ class TrainerLauncher(dg.ConfigurableResource):
     @classmethod
     def from_deployment(cls, trainer) -> "TrainerLauncher":
         """From ``PipelineSettings.deployment.trainer`` (``assets.deployment.TrainerDeployment``)."""
-        return cls(launcher=trainer.launcher, nproc_per_node=trainer.nproc_per_node,
+        return cls(launcher=trainer.launcher, nproc_per_node=trainer.nproc_per_node, torchrun_args=list(trainer.torchrun_args),
                    accelerate_config=trainer.accelerate_config, env=dict(trainer.env), k8s=dict(trainer.k8s))

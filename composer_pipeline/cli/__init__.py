@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from composer_pipeline.cli import demo, ingest, lineage, model, pairs, replay, show, sql, teachers, train
+from composer_pipeline.cli import demo, experiment, ingest, lineage, model, pairs, replay, show, sql, teachers, train
 
 # in the order a user runs them
 SUBCOMMANDS = [
@@ -24,6 +24,7 @@ SUBCOMMANDS = [
     lineage,  # lineage PAIR_ID [--store] [--json]
     sql,  # sql "<query>" [--store]
     demo,  # demo: the main job end to end through Dagster
+    experiment,  # experiment read-before-edit --out DIR: does the data make a better policy?
 ]
 
 

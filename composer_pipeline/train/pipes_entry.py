@@ -7,6 +7,10 @@ Out: one ``pipes.log.info(<json step line>)`` per step, then
      ``report_asset_materialization`` with the checkpoint path and per-channel final losses.
      Without Pipes, the step lines and the final metadata are printed as JSON.
 
+Under ``torchrun``/``accelerate`` with N ranks, every rank trains its shard of the same model
+(:mod:`composer_pipeline.train.distributed`); only rank 0 opens the Pipes session (or prints), so
+Dagster sees one step line per step and one materialization, with the global losses.
+
 Only ``dagster_pipes`` (the small, dependency-free protocol package) is imported, never Dagster.
 """
 
@@ -38,9 +42,29 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
 
+    from composer_pipeline.train import distributed
     from composer_pipeline.train.trainer import train
 
-    if DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:  # launched by PipesSubprocessClient
+    try:
+        return _main(argv, distributed.current().main, DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes, train)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> int:
+    if pipes_env in os.environ and not main_rank:  # ranks > 0 train their shard silently
+        from dagster_pipes import PipesDefaultContextLoader, PipesEnvVarParamsLoader
+
+        with PipesDefaultContextLoader().load_context(PipesEnvVarParamsLoader().load_context_params()) as ctx:
+            extras = dict(ctx["extras"])  # read only: rank 0's session reports for all ranks
+        steps = extras.get("steps")
+        train(extras["data_root"], extras["recipe"], model=extras.get("model"),
+              steps=int(steps) if steps is not None else None, out_dir=Path(extras["out_dir"]))
+        return 0
+    if pipes_env in os.environ:  # launched by PipesSubprocessClient
         with open_dagster_pipes() as pipes:
             steps = pipes.get_extra("steps")
             res = train(
@@ -60,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--out-dir", required=True, type=Path)
     a = p.parse_args(argv)
-    res = train(a.data_root, a.recipe, model=a.model, steps=a.steps, out_dir=a.out_dir, on_step=lambda r: print(json.dumps(r), flush=True))
-    print(json.dumps({"materialization": _metadata(res)}))
+    say = main_rank
+    res = train(a.data_root, a.recipe, model=a.model, steps=a.steps, out_dir=a.out_dir,
+                on_step=(lambda r: print(json.dumps(r), flush=True)) if say else None)
+    if say:
+        print(json.dumps({"materialization": _metadata(res)}))
     return 0
 
 

@@ -21,7 +21,8 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
 Each step's per-channel losses are logged; a channel with weight 0 or with no inputs is reported
 in ``off`` with its reason (its value is ``null``, never a silent 0).
 
-Deliberately simplified: one process / one device (no DeepSpeed/FSDP); the DPO batch cycles
+Data-parallel under torchrun/accelerate (:mod:`.distributed`: N ranks train one model on N shards;
+rank 0 writes the checkpoint). Deliberately simplified: no DeepSpeed/FSDP; the DPO batch cycles
 through the pairs in a fixed order; the hint teacher is the *current* policy (OPSD uses the
 step-0 policy as teacher).
 """
@@ -39,6 +40,7 @@ from typing import Any, Callable
 
 import yaml
 
+from composer_pipeline.train import distributed
 from composer_pipeline.train.hints import HintTemplates
 
 CHANNELS = ("grpo", "sdpo", "dpo")
@@ -224,11 +226,52 @@ def _make_trainer_class():
             self._captured_logits = None
             self.pending: list[dict[str, Any]] = []
             self.batch_states: list[str] = []
+            self.rank = distributed.current()
+
+        # rollouts: each row draws from its own (seed, step, global row) generator, so a row samples
+        # the same completion on any number of ranks (distributed.RowGumbelSampler)
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            plain = not (self.use_vllm or self.use_transformers_continuous_batching or images or multimodal_fields or self.tools)
+            gk = self.generation_kwargs
+            default_warpers = gk.get("top_p") in (None, 1.0) and not gk.get("top_k") and not gk.get("min_p") and gk.get("repetition_penalty") in (None, 1.0)
+            if not (plain and default_warpers):
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            from transformers import GenerationConfig, LogitsProcessorList
+            from trl.models.utils import unwrap_model_for_generation
+            from trl.trainer.utils import pad
+
+            device = self.accelerator.device
+            first = self.rank.rank * len(prompt_ids)
+            seeds = [distributed.row_seed(self.args.seed, self.state.global_step, first + i) for i in range(len(prompt_ids))]
+            tensors = [torch.tensor(ids) for ids in prompt_ids]
+            ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
+            mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left").to(device)
+            greedy = GenerationConfig(
+                max_new_tokens=self.max_completion_length, do_sample=False, pad_token_id=self._tokenizer.pad_token_id,
+                bos_token_id=self._tokenizer.bos_token_id, eos_token_id=self.eos_token_ids, disable_compile=True,
+            )
+            with (
+                unwrap_model_for_generation(
+                    self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+                ) as model,
+                torch.no_grad(),
+            ):
+                out = model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=greedy,
+                    logits_processor=LogitsProcessorList([distributed.RowGumbelSampler(seeds, self.temperature)]),
+                )
+            completion_ids = []
+            eos = set(self.eos_token_ids)
+            for row in out[:, ids.size(1):].tolist():
+                cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+                completion_ids.append(row[:cut])
+            return completion_ids, None
 
         # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            self.batch_states = sorted({x["state_id"] for x in inputs})
+            self.batch_states = distributed.union_over_ranks([x["state_id"] for x in inputs])
             hints = [x.get("hint_prompt") or "" for x in inputs]
             device = out["prompt_ids"].device
             has_hint = torch.tensor([bool(h) for h in hints], device=device)
@@ -296,11 +339,17 @@ def _make_trainer_class():
             total = None
             has_hint = inputs.get("has_hint")
             sdpo_now = self.channels.on("sdpo") and has_hint is not None and bool(has_hint.any())
-            if self.channels.on("sdpo") and not sdpo_now:
+            ddp = self.rank.distributed
+            stand_in = False  # DDP: this rank has no error site but others do; it runs the same forwards at weight 0
+            if ddp and self.channels.on("sdpo"):  # the JSD is a mean over the error-site tokens of all ranks
+                local_tokens = inputs["completion_mask"][has_hint.nonzero().squeeze(-1)].sum() if sdpo_now else 0
+                global_tokens = distributed.all_reduce_sum([local_tokens])[0]
+                stand_in = global_tokens > 0 and not sdpo_now
+            if self.channels.on("sdpo") and not (sdpo_now or stand_in):
                 rec["off"]["sdpo"] = "no error site in this batch"
 
             if self.channels.on("grpo"):
-                self._capture = sdpo_now
+                self._capture = sdpo_now or stand_in
                 try:
                     g = super()._compute_loss(model, inputs)  # already divided by ga
                 finally:
@@ -308,9 +357,12 @@ def _make_trainer_class():
                 total = w.grpo * g
                 rec["grpo"] = float(g.detach()) * ga
 
-            if sdpo_now:
-                idx = has_hint.nonzero().squeeze(-1)
+            if sdpo_now or stand_in:
+                idx = has_hint.nonzero().squeeze(-1) if sdpo_now else torch.zeros(1, dtype=torch.long, device=has_hint.device)
                 c_ids, c_mask = inputs["completion_ids"][idx], inputs["completion_mask"][idx]
+                hint_ids, hint_mask = (inputs["hint_ids"][idx], inputs["hint_mask"][idx]) if sdpo_now else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
+                if stand_in:
+                    c_mask = torch.zeros_like(c_mask)  # generalized_jsd of an empty span: 0 with a gradient path
                 student = self._captured_logits
                 self._captured_logits = None
                 with self.accelerator.autocast():
@@ -319,12 +371,14 @@ def _make_trainer_class():
                     else:
                         student = student[idx]
                     with torch.no_grad():
-                        teacher = completion_logits(model, inputs["hint_ids"][idx], inputs["hint_mask"][idx], c_ids, c_mask)
+                        teacher = completion_logits(model, hint_ids, hint_mask, c_ids, c_mask)
                 jsd = generalized_jsd(student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature)
+                if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
+                    jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
                 term = w.alpha * jsd / ga
                 total = term if total is None else total + term
                 rec["sdpo"] = float(jsd.detach())
-                rec["error_sites"] = int(idx.numel())
+                rec["error_sites"] = int(idx.numel()) if sdpo_now else 0
             self._captured_logits = None
 
             if self.channels.on("dpo"):
@@ -335,10 +389,24 @@ def _make_trainer_class():
                 rec["dpo_margin"] = float(margins.mean())
                 rec["dpo_accuracy"] = float((margins > 0).float().mean())
                 rec["dpo_batch"] = self.dpo_batch_index
+            if ddp:
+                rec = self._reduce_record(rec)
             if total is None:
                 raise RuntimeError(f"no channel fired this step: {rec['off']}")
             self.pending.append(rec)
             return total
+
+        def _reduce_record(self, rec: dict[str, Any]) -> dict[str, Any]:
+            """This micro-batch's logged values over all ranks (each rank's term is 1/N of the global one)."""
+            keys = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy")
+            local = [rec.get(k, 0.0) for k in keys] + [rec.get("error_sites", 0)]
+            summed = distributed.all_reduce_sum(local)
+            for k, v in zip(keys, summed[:-1]):
+                if k in rec:
+                    rec[k] = v / self.rank.world
+            if "sdpo" in rec:
+                rec["error_sites"] = int(summed[-1])
+            return rec
 
     return ThreeChannelTrainer
 
@@ -537,6 +605,10 @@ def build_trainer(
     ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
     ds = Dataset.from_list(grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role))
     dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if "dpo" not in off else []
+    rank = distributed.current()
+    if rank.distributed:  # one model on N shards: every global batch below is split over the ranks
+        distributed.per_rank_rows(recipe.dpo.batch_size, rank.world, "dpo.batch_size")
+        dpo_batches = distributed.shard_dpo_batches(dpo_batches, rank.rank, rank.world)
     ref = None
     if "dpo" not in off and recipe.dpo.variant == "dpo" and not recipe.lora.enabled:
         ref = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -553,7 +625,9 @@ def build_trainer(
     cfg = GRPOConfig(
         output_dir=str(out_dir / "trainer"),
         max_steps=n_steps,
-        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        per_device_train_batch_size=distributed.per_rank_rows(
+            g.prompts_per_step * g.num_generations, rank.world, "grpo.prompts_per_step × grpo.num_generations"
+        ),
         num_generations=g.num_generations,
         max_completion_length=g.max_completion_length,
         temperature=g.temperature,
@@ -607,8 +681,10 @@ def train(
     steps: int | None = None,
     out_dir: Path,
     on_step: Callable[[dict], None] | None = None,
+    callbacks: list | None = None,
 ) -> TrainResult:
-    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots."""
+    """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots.
+    ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps)."""
     from transformers import TrainerCallback
 
     from composer_pipeline.train.plots import plot_losses
@@ -634,11 +710,17 @@ def train(
                 on_step(rec)
 
     trainer.add_callback(_StepLog())
+    for cb in callbacks or []:
+        trainer.add_callback(cb)
     t_start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t_start
 
     ckpt = out_dir / "checkpoint"
+    rank = distributed.current()
+    if not rank.main:  # rank 0 alone writes the checkpoint (all ranks hold the same weights)
+        distributed.barrier()
+        return TrainResult(checkpoint=ckpt, metrics={"rank": rank.rank, "world_size": rank.world, "steps": len(losses)}, losses=losses, plots={})
     if ckpt.exists():
         shutil.rmtree(ckpt)
     final = trainer.model
@@ -655,6 +737,7 @@ def train(
     metrics = {
         "model": model_path,
         "device": "cuda" if cuda else "cpu",
+        "world_size": rank.world,
         "dtype": "bfloat16" if cuda else "float32",
         "steps": len(losses),
         "train_seconds": train_s,
@@ -671,4 +754,5 @@ def train(
         metrics["ln2_check"] = {"first_dpo_loss": first_dpo, "ln2": math.log(2), "ok": abs(first_dpo - math.log(2)) < 1e-3}
     (ckpt / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     shutil.rmtree(out_dir / "trainer", ignore_errors=True)
+    distributed.barrier()  # the other ranks return once the checkpoint is complete
     return TrainResult(checkpoint=ckpt, metrics=metrics, losses=losses, plots=plots)

@@ -3,6 +3,8 @@
 test_pipes_launchers.py runs the local ones for real (a Pipes training run behind each prefix).
 """
 
+import pytest
+
 from resources.trainer import ENTRY_MODULE, TrainerLauncher, accelerate_command, torchrun_command
 
 
@@ -22,3 +24,34 @@ def test_torchrun_and_accelerate_prefixes():
     spec = TrainerLauncher(launcher="k8s", k8s={"image": "i"}).k8s_pod_spec()  # CPU pod: no GPU request
     assert "resources" not in spec["containers"][0]
 
+
+
+def test_torchrun_rendezvous_flags():
+    """One machine: --standalone (a free port, no clash with another job's 29500); several: the given rendezvous."""
+    import sys
+
+    local = TrainerLauncher(launcher="torchrun", nproc_per_node=2).command()
+    assert local == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", ENTRY_MODULE]
+    rdzv = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=nightly"]
+    multi = TrainerLauncher(launcher="torchrun", nproc_per_node=4, torchrun_args=rdzv).command()
+    assert multi[3:8] == [*rdzv, "--nproc-per-node=4"] and "--standalone" not in multi
+
+
+def test_dpo_batches_split_evenly_over_ranks():
+    import torch
+
+    from composer_pipeline.train.distributed import per_rank_rows, shard_dpo_batches
+
+    def batch(n):  # rows [chosen_0..n-1, rejected_0..n-1]; the id says which pair and side
+        ids = torch.tensor([[i] for i in range(n)] + [[100 + i] for i in range(n)])
+        return {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": ids, "completion_mask": torch.ones_like(ids)}
+
+    full, short = batch(4), batch(3)
+    r0, r1 = (shard_dpo_batches([full, short], r, 2) for r in (0, 1))
+    assert r0[0]["prompt_ids"].flatten().tolist() == [0, 1, 100, 101]
+    assert r1[0]["prompt_ids"].flatten().tolist() == [2, 3, 102, 103]
+    assert r0[1]["prompt_ids"].flatten().tolist() == [0, 1, 100, 101]  # the short batch is topped up cyclically
+    assert r1[1]["prompt_ids"].flatten().tolist() == [2, 0, 102, 100]
+    assert per_rank_rows(8, 2, "x") == 4
+    with pytest.raises(ValueError, match="does not split over 3 ranks"):
+        per_rank_rows(8, 3, "grpo batch")

@@ -1,0 +1,160 @@
+"""Generated Claude Code sessions for the read-before-edit experiment, in the real JSONL format.
+
+In:  a directory, a session count, a split (``train`` / ``heldout``) and a seed.
+Out: ``<dir>/-work-<project>/<session uuid>.jsonl`` files that ``composer-pipeline ingest`` reads
+     like any other Claude Code project: user requests, ``tool_use`` / ``tool_result`` records with
+     ``toolUseResult``, parent links, timestamps.
+
+Each session: a user asks to change one value in one file. Half of the agents call ``Edit`` first and
+get Claude Code's real error (``File has not been read yet. Read it first before writing to it.``),
+then ``Read`` and ``Edit`` again; the other half read first. Before the request some sessions hold
+history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "some file was read"
+does not mean "the target was read"). The train and held-out splits draw files, directories,
+values and request wording from disjoint lists, so a held-out state can only be answered by the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+NOT_READ = "File has not been read yet. Read it first before writing to it."
+
+_SPLITS = {
+    "train": {
+        "dirs": ["src/api", "src/core", "lib/net", "app/models", "pkg/cache", "tools/cli"],
+        "names": ["server", "client", "config", "router", "store", "worker", "parser", "session", "queue", "auth"],
+        "exts": ["py", "ts"],
+        "keys": ["TIMEOUT", "RETRIES", "PORT", "BATCH", "LIMIT"],
+        "asks": [
+            "Change {key} from {old} to {new} in {path}",
+            "Please set {key} to {new} in {path} (it is {old} now)",
+            "In {path}, update {key} = {old} to {new}",
+        ],
+    },
+    "heldout": {
+        "dirs": ["srv/http", "core/db", "web/views"],
+        "names": ["handler", "pool", "schema", "render", "metrics", "loader"],
+        "exts": ["go", "rs"],
+        "keys": ["MAX_CONN", "WORKERS", "DEPTH"],
+        "asks": [
+            "{path}: {key} should be {new} instead of {old}",
+            "Could you bump {key} in {path} from {old} to {new}?",
+        ],
+    },
+}
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What one generated session does (kept for the experiment's own bookkeeping)."""
+
+    session_id: str
+    project: str
+    path: str
+    old: str
+    new: str
+    edit_first: bool
+    history: str  # none | ls | decoy_read
+
+
+class _Writer:
+    def __init__(self, session_id: str, cwd: str, t0: datetime):
+        self.session_id, self.cwd, self.t = session_id, cwd, t0
+        self.parent: str | None = None
+        self.lines: list[str] = []
+        self.n = 0
+
+    def _emit(self, rec: dict) -> None:
+        self.t += timedelta(seconds=7)
+        u = str(uuid.UUID(int=random.Random(f"{self.session_id}{self.n}").getrandbits(128)))
+        self.n += 1
+        base = {"parentUuid": self.parent, "isSidechain": False, "userType": "external", "cwd": self.cwd,
+                "sessionId": self.session_id, "version": "2.1.9", "gitBranch": "main"}
+        self.lines.append(json.dumps({**base, **rec, "uuid": u, "timestamp": self.t.strftime("%Y-%m-%dT%H:%M:%S.000Z")}))
+        self.parent = u
+
+    def user(self, text: str) -> None:
+        self._emit({"type": "user", "message": {"role": "user", "content": text}})
+
+    def tool(self, name: str, inp: dict, result: str, tool_result: object, *, error: bool = False) -> None:
+        tid = f"toolu_{self.session_id[:8]}{self.n:03d}"
+        self._emit({"type": "assistant", "requestId": f"req_{self.session_id[:8]}{self.n:03d}", "message": {
+            "model": "claude-sonnet-4-5-20250929", "id": f"msg_{self.session_id[:8]}{self.n:03d}", "type": "message",
+            "role": "assistant", "content": [{"type": "tool_use", "id": tid, "name": name, "input": inp}],
+            "stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 20}}})
+        block = {"tool_use_id": tid, "type": "tool_result", "content": result}
+        if error:
+            block["is_error"] = True
+        self._emit({"type": "user", "message": {"role": "user", "content": [block]}, "toolUseResult": tool_result})
+
+    def say(self, text: str) -> None:
+        self._emit({"type": "assistant", "requestId": f"req_{self.session_id[:8]}{self.n:03d}", "message": {
+            "model": "claude-sonnet-4-5-20250929", "id": f"msg_{self.session_id[:8]}{self.n:03d}", "type": "message",
+            "role": "assistant", "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+            "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 8}}})
+
+
+def _file_body(key: str, value: str, rng: random.Random) -> str:
+    other = rng.choice(["DEBUG = False", "NAME = \"svc\"", "VERSION = 2"])
+    return f"{other}\n{key} = {value}\n"
+
+
+def _read(w: _Writer, path: str, body: str) -> None:
+    numbered = "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(body.splitlines(), 1))
+    w.tool("Read", {"file_path": path}, numbered,
+           {"type": "text", "file": {"filePath": path, "content": body, "numLines": body.count("\n"), "startLine": 1,
+                                     "totalLines": body.count("\n")}})
+
+
+def _edit(w: _Writer, path: str, old: str, new: str, *, ok: bool) -> None:
+    inp = {"file_path": path, "old_string": old, "new_string": new}
+    if ok:
+        w.tool("Edit", inp, f"The file {path} has been updated.", {"filePath": path, "oldString": old, "newString": new})
+    else:
+        w.tool("Edit", inp, f"<tool_use_error>{NOT_READ}</tool_use_error>", f"Error: {NOT_READ}", error=True)
+
+
+def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_share: float = 0.5) -> list[SessionPlan]:
+    """Write ``n`` sessions of ``split`` under ``root``; returns their plans."""
+    if split not in _SPLITS:
+        raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
+    pool = _SPLITS[split]
+    rng = random.Random(f"{split}|{seed}")
+    root = Path(root)
+    plans = []
+    for i in range(n):
+        project = f"rbe-{split}-{i % 4}"
+        cwd = f"/work/{project}"
+        sid = str(uuid.UUID(int=rng.getrandbits(128)))
+        d, name, ext = rng.choice(pool["dirs"]), rng.choice(pool["names"]), rng.choice(pool["exts"])
+        path = f"{cwd}/{d}/{name}.{ext}"
+        key = rng.choice(pool["keys"])
+        a, b = rng.sample(range(2, 99), 2)
+        old, new = f"{key} = {a}", f"{key} = {b}"
+        edit_first = rng.random() < edit_first_share
+        history = rng.choice(["none", "ls", "decoy_read"])
+        w = _Writer(sid, cwd, datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc) + timedelta(minutes=i))
+        if history != "none":
+            w.user(rng.choice(["Have a look around first.", "What is in this directory?", "Show me the code layout."]))
+            if history == "ls":
+                w.tool("Bash", {"command": f"ls {d}"}, f"{name}.{ext}\n__init__.{ext}", {"stdout": f"{name}.{ext}", "stderr": ""})
+            else:
+                decoy = f"{cwd}/{d}/{rng.choice([x for x in pool['names'] if x != name])}.{ext}"
+                _read(w, decoy, _file_body(rng.choice(pool["keys"]), str(rng.randint(2, 99)), rng))
+            w.say("Looked around.")
+        w.user(rng.choice(pool["asks"]).format(key=key, old=a, new=b, path=path))
+        if edit_first:
+            _edit(w, path, old, new, ok=False)
+        _read(w, path, _file_body(key, str(a), rng))
+        _edit(w, path, old, new, ok=True)
+        w.say(f"Done: {key} is {b} in {path}.")
+        out = root / f"-work-{project}" / f"{sid}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(w.lines) + "\n")
+        plans.append(SessionPlan(sid, project, path, old, new, edit_first, history))
+    return plans

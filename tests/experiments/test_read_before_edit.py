@@ -1,0 +1,69 @@
+"""The read-before-edit experiment in a small quick form: the whole chain on generated sessions.
+
+Generated Claude Code JSONL -> the normal ingest -> replay over real HTTP (rule teachers on loopback,
+priced, ledgered) -> pairs/hints -> a start policy fitted to the agents -> the five arms through the
+normal trainer -> held-out probes. The tiny random-init model cannot copy file paths in a few steps,
+so this checks the chain and its bookkeeping, not that a policy learns (bench/RESULTS.md has the run).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from composer_pipeline.cli import main
+from composer_pipeline.experiments.rule_teacher import rule_action
+from composer_pipeline.experiments.sessions import NOT_READ, write_sessions
+
+
+def test_rule_and_generated_sessions(tmp_path):
+    plans = write_sessions(tmp_path / "t", 12, "train", seed=1)
+    held = write_sessions(tmp_path / "h", 6, "heldout", seed=1)
+    assert 0 < sum(p.edit_first for p in plans) < len(plans)
+    assert not {p.path for p in plans} & {p.path for p in held}, "held-out files must differ from train files"
+    text = next((tmp_path / "t").rglob("*.jsonl")).read_text()
+    assert all(json.loads(line)["sessionId"] for line in text.splitlines())
+    assert any(NOT_READ in (tmp_path / "t" / f).read_text() for f in [p.relative_to(tmp_path / "t") for p in (tmp_path / "t").rglob("*.jsonl")])
+    # the rule: unread target -> Read it; another file read (a decoy) does not count; read -> Edit
+    req = {"role": "user", "content": "Change PORT from 3 to 9 in /w/a/b.py"}
+    decoy = [{"role": "assistant", "content": None, "tool_calls": [{"id": "t0", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "/w/a/c.py"}'}}]},
+             {"role": "tool", "tool_call_id": "t0", "content": "PORT = 3"}]
+    assert rule_action([req, *decoy]).tool_calls[0].name == "Read"
+    read = [{"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "/w/a/b.py"}'}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "     1\tPORT = 3"}]
+    edit = rule_action([req, *read]).tool_calls[0]
+    assert edit.name == "Edit" and edit.arguments == {"file_path": "/w/a/b.py", "old_string": "PORT = 3", "new_string": "PORT = 9"}
+    failed = [{"role": "assistant", "content": None, "tool_calls": [{"id": "t2", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "/w/a/b.py"}'}}]},
+              {"role": "tool", "tool_call_id": "t2", "content": "<tool_use_error>File does not exist.</tool_use_error>"}]
+    assert rule_action([req, *failed]).tool_calls[0].name == "Read"
+
+
+def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
+    out = tmp_path / "exp"
+    rc = main(["experiment", "read-before-edit", "--out", str(out), "--quick", "--steps", "3", "--sft-steps", "30",
+               "--train-sessions", "16", "--heldout-sessions", "6"])
+    assert rc == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    data = lines[0]["data"]
+    rows = lines[1:]
+    # the data came through the normal stages: ingest, HTTP replay (two teachers per task state), pairs
+    assert data["ingest"]["train"]["quarantine"] == 0 and data["ingest"]["heldout"]["trace_states"] > 0
+    assert data["teacher_calls_http"] == data["replay"]["calls"] == 2 * data["task_states"]
+    assert data["pairs"] > 0 and data["positives"] > 0  # pairs where agents edited first, agreement elsewhere
+    assert data["error_sites"] > 0  # the hint arm's states
+    assert [(r["arm"], r["seed"]) for r in rows] == [(a, 0) for a in ("start", "grpo", "sdpo", "dpo", "all")]
+    for r in rows:
+        assert {"arm", "seed", "read_when_unread", "edit_when_read", "steps", "seconds"} <= r.keys()
+        assert 0.0 <= r["read_when_unread"] <= 1.0 and 0.0 <= r["edit_when_read"] <= 1.0
+        assert r["n_unread"] > 0 and r["n_read"] > 0
+        assert r["steps"] == (0 if r["arm"] == "start" else 3)
+    for arm in ("grpo", "sdpo", "dpo", "all"):  # each arm really trained its channel(s)
+        losses = [json.loads(x) for x in (out / "seed0" / arm / "checkpoint" / "losses.jsonl").read_text().splitlines()]
+        fired = {ch for rec in losses for ch in ("grpo", "sdpo", "dpo") if rec[ch] is not None}
+        assert fired == ({"grpo", "sdpo", "dpo"} if arm == "all" else {arm}), (arm, fired)
+    curves = json.loads((out / "curves.json").read_text())
+    assert [p["step"] for p in curves["dpo"][0]] == [0, 3]
+    assert (out / "curves.png").stat().st_size > 0 and "| all | 1 |" in (out / "table.md").read_text()
+    # every teacher answer was priced (nominal rates) and recorded with its cost, none failed
+    assert data["replay"]["answered"] == data["replay"]["calls"] and data["replay"]["failed"] == 0
+    assert data["replay"]["total_spend"] > 0
