@@ -182,11 +182,11 @@ def _summarize_tables(st, report: DemoReport) -> None:
     """Per-teacher answers/spend and the pairs' agreement counts, for the printed report."""
     names = set(report.row_counts)
     if "teacher_replays" in names:
-        for r in st.read_table("teacher_replays", ["teacher", "status", "cache_hit", "cost_usd"]).to_pylist():
+        for r in st.read_table("teacher_replays", ["teacher", "status", "cache_hit", "paid_usd"]).to_pylist():
             t = report.teachers.setdefault(r["teacher"], {"answered": 0, "other": 0, "cached": 0, "spend": 0.0})
             t["answered" if r["status"] == "answered" else "other"] += 1
             t["cached"] += bool(r["cache_hit"])
-            t["spend"] += r["cost_usd"] or 0.0
+            t["spend"] += r["paid_usd"] or 0.0
     if report.row_counts.get("normalized_dpo_pairs"):
         from composer_pipeline.pairs.build import agreement_label
 

@@ -112,7 +112,7 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     partitions_def=sessions_partitions,
     group_name=GROUP,
     kinds={"parquet", "openai"},
-    pool="teachers",
+    pool="teachers",  # politeness only (how many partitions call teachers at once); the ledger makes any number safe
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "
     "budget ledger with per-call reservations).",
     check_specs=[
@@ -138,9 +138,13 @@ def teacher_replays(
 ):
     from composer_pipeline.teachers.replay import replay_states
 
+    from composer_pipeline.teachers.preflight import preflight
+
     uncached = set(cost_plan.filter(pc.invert(cost_plan.column("cached"))).column("teacher").to_pylist())
-    teachers.ensure_local_servers(log=context.log, only=uncached)  # all cached: no server needed
     cfg = teachers.load_config()
+    keys = teachers.api_key_values()
+    preflight(cfg, keys, teachers=uncached)  # missing key variable / unknown host: fail before any call
+    teachers.ensure_local_servers(log=context.log, only=uncached)  # all cached: no server needed
     led = ledger.open()
     step = {"last": -1}
 
@@ -151,7 +155,7 @@ def teacher_replays(
             context.log.info(f"teacher calls: {done}/{total}")
 
     res = replay_states(
-        trace_states, trace_messages, cfg, teachers.api_key_values(),
+        trace_states, trace_messages, cfg, keys,
         render_opts=render_options(recipes), cache=teachers.response_cache(), ledger=led,
         run_id=context.run_id, progress=progress,
     )
@@ -159,7 +163,7 @@ def teacher_replays(
     rows = table.to_pylist()
     spend: dict[str, float] = {}
     for r in rows:
-        spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["cost_usd"] or 0.0)
+        spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["paid_usd"] or 0.0)  # this run's spend
     failed = [r for r in rows if r["status"] != "answered"]
     summary = replay_summary(table)
     total = sum(spend.values())
@@ -175,7 +179,7 @@ def teacher_replays(
             "cache_hits": summary["from_cache"],
             "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
             "summary": dg.MetadataValue.json(summary),
-            "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "latency_s"]),
+            "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "paid_usd", "latency_s"]),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },
     )
@@ -193,9 +197,15 @@ def teacher_replays(
                   "budget_usd": dg.MetadataValue.json({t.name: t.budget_usd for t in cfg.teachers}),
                   "over_budget": dg.MetadataValue.json(over)},
     )
-    rate = len(failed) / len(rows) if rows else 0.0
+    # rows that got no answer (failed or budget_exhausted); waiting for money held by other runs' calls
+    # in flight is not an error and makes no row (it shows as reservation_waits)
+    errors = failed
+    rate = len(errors) / len(rows) if rows else 0.0
     yield dg.AssetCheckResult(
         check_name="error_rate",
         passed=rate <= recipes.max_replay_error_rate,
-        metadata={"error_rate": rate, "failed": len(failed), "calls": len(rows), "threshold": recipes.max_replay_error_rate},
+        metadata={"error_rate": rate, "failed": len(errors), "calls": len(rows), "threshold": recipes.max_replay_error_rate,
+                  "budget_exhausted": sum(1 for r in rows if r["status"] == "budget_exhausted"),
+                  "reservation_waits": int(res.summary.get("reservation_waits", 0)),
+                  "disabled_teachers": dg.MetadataValue.json(res.summary.get("disabled_teachers", {}))},
     )

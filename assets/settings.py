@@ -74,7 +74,7 @@ def load_settings(path: str | Path | None = None) -> PipelineSettings:
     return PipelineSettings(
         trace_root=_abs(os.environ.get("COMPOSER_TRACE_ROOT") or raw.get("trace_root") or "~/.claude/projects"),
         store_root=_abs(os.environ.get("COMPOSER_STORE") or raw.get("store_root") or ".store"),
-        ledger_path=_abs(raw.get("ledger_path") or ".state/ledger.duckdb"),
+        ledger_path=_abs(os.environ.get("COMPOSER_LEDGER_URL") or raw.get("ledger_path") or ".state/ledger.sqlite"),
         cache_dir=_abs(raw.get("cache_dir") or ".state/teacher_cache"),
         checkpoints_dir=_abs(raw.get("checkpoints_dir") or ".state/checkpoints"),
         recipes=recipes,

@@ -78,7 +78,7 @@ def run_one(c: int, latency: float, rounds: int, warm: bool = False) -> dict:
                              [{"role": "system", "content": "You are a coding agent."},
                               {"role": "user", "content": f"step {i}: " + "context " * 200}], tools) for i in range(n)]
         with tempfile.TemporaryDirectory() as d:
-            ledger, cache = Ledger(Path(d) / "ledger.duckdb"), ResponseCache(Path(d) / "cache")
+            ledger, cache = Ledger(Path(d) / "ledger.sqlite"), ResponseCache(Path(d) / "cache")
             t0 = time.perf_counter()
             res = replay_requests(reqs, cfg, {}, cache=cache, ledger=ledger, run_id="bench")
             wall = time.perf_counter() - t0

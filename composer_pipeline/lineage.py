@@ -131,7 +131,7 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
                 missing.append(f"teacher_replays: call {cid} not found")
                 continue
             replays.append(
-                {k: r.get(k) for k in ("call_id", "teacher", "model", "status", "reason", "cost_usd", "cache_hit", "created_at", "action")}
+                {k: r.get(k) for k in ("call_id", "teacher", "model", "status", "reason", "cost_usd", "paid_usd", "cache_hit", "created_at", "action")}
             )
 
     state: dict | None = None
@@ -236,9 +236,11 @@ def format_lineage(chain: dict[str, Any]) -> str:
     out.append(f"  replay calls ({len(chain['replays'])}):")
     for r in chain["replays"]:
         cost = r["cost_usd"] if r["cost_usd"] is not None else 0.0
+        paid = r.get("paid_usd")
+        paid = (0.0 if r["cache_hit"] else cost) if paid is None else paid  # tables written before paid_usd
         out.append(
             f"    {r['call_id'][:16]}  {r['teacher']:<12} {r['model'] or '':<20} {r['status']:<10} "
-            f"${cost:.6f}{'  (cache)' if r['cache_hit'] else ''}"
+            f"cost ${cost:.6f}  paid ${paid:.6f}{' (cache)' if r['cache_hit'] else ''}"
         )
     s = chain["state"]
     if s:

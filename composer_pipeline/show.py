@@ -67,6 +67,7 @@ class TeacherAnswer:
     created_at: str | None
     superseded: int = 0  # older rows of this teacher for this state
     sent_as_shown: bool | None = None  # call_id == hash of the body rebuilt from the shown prefix (needs teachers YAML)
+    paid_usd: float | None = None  # what the run that wrote the row paid (0 for a cache hit); cost_usd = cost when bought
 
 
 @dataclass
@@ -182,7 +183,7 @@ def _teacher_answers(rows: list[dict], prefer_call_ids: Sequence[str] = ()) -> l
             raw_answer=r.get("raw_answer"), cost_usd=r.get("cost_usd"), latency_s=r.get("latency_s"),
             prompt_tokens=r.get("prompt_tokens"), completion_tokens=r.get("completion_tokens"),
             attempts=r.get("attempts"), cache_hit=r.get("cache_hit"), call_id=r.get("call_id"),
-            created_at=r.get("created_at"), superseded=len(rs) - 1,
+            created_at=r.get("created_at"), superseded=len(rs) - 1, paid_usd=r.get("paid_usd"),
         ))
     return out
 
@@ -531,7 +532,7 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
         out.append(f"    {_teacher_summary(v.teachers)}")
         for t in v.teachers:
             tok = f"{t.prompt_tokens if t.prompt_tokens is not None else '?'}+{t.completion_tokens if t.completion_tokens is not None else '?'} tok"
-            out.append(f"  {t.teacher} ({t.model})  {t.status}  {_money(t.cost_usd)}  {_secs(t.latency_s)}  {tok}  "
+            out.append(f"  {t.teacher} ({t.model})  {t.status}  cost {_money(t.cost_usd)} paid {_money(t.paid_usd)}  {_secs(t.latency_s)}  {tok}  "
                        f"attempts {t.attempts}{_teacher_flags(t, agreeing)}")
             if t.reason:
                 out.append(f"      reason: {t.reason}")

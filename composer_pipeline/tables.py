@@ -102,7 +102,8 @@ TEACHER_REPLAYS = pa.schema(
         ("reason", _str),  # failure reason / parse error (null when answered and parsed)
         ("action", _str),  # JSON Action, null if not answered or unparseable
         ("raw_answer", _str),  # the teacher's message content as received
-        ("cost_usd", pa.float64()),
+        ("cost_usd", pa.float64()),  # what this answer cost when it was bought (kept for cache hits)
+        ("paid_usd", pa.float64()),  # what THIS run paid for the row (0 for a cache hit or a shared answer)
         ("reserved_usd", pa.float64()),
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),

@@ -48,14 +48,25 @@ def report_error(command: str, e: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from composer_pipeline.teachers.ledger import LedgerError, ReplayInterrupted
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     try:
         rc = args.func(args)
     except BrokenPipeError:  # `composer-pipeline sql ... | head`
         return 0
-    except CLEAR_ERRORS as e:
+    except (*CLEAR_ERRORS, LedgerError) as e:
         return report_error(args.command, e)
+    except ReplayInterrupted as e:  # the ledger run was closed first
+        print(f"composer-pipeline {args.command}: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except OSError as e:  # disk full, permission denied, ... : one line naming the path, not a traceback
+        if os.environ.get("COMPOSER_DEBUG"):
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        print(f"composer-pipeline {args.command}: error:{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

@@ -2,7 +2,9 @@
 
 Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
 ``replays.parquet`` (schema ``teacher_replays``, one row per state × teacher) and ``cost_plan.parquet``
-into ``--out`` and prints one JSON summary line. API keys are read from the environment variables the
+into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, unknown
+hosts and an unwritable ``--out`` exit 2 naming them. Exit 1 when a teacher was cut off (invalid
+responses) or no call was answered; 143/130 after SIGTERM/SIGINT (the ledger run is closed first). API keys are read from the environment variables the
 teachers YAML names. The ledger and response cache default to ``$COMPOSER_PIPELINE_HOME`` (else
 ``~/.cache/composer-pipeline``), so budgets hold across runs and a re-run pays for nothing twice.
 """
@@ -18,7 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states + trace_messages")
     p.add_argument("--teachers", required=True, help="teachers YAML (e.g. recipes/demo_teachers.yaml)")
     p.add_argument("--out", required=True, help="dir or s3:// prefix to write replays.parquet into")
-    p.add_argument("--ledger", default=None, help="budget ledger DuckDB (default $COMPOSER_PIPELINE_HOME/ledger.duckdb)")
+    p.add_argument("--ledger", default=None, help="budget ledger URL: a file path (SQLite) or postgresql://user@host/db "
+                   "(default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite)")
     p.add_argument("--cache", default=None, help="response cache dir (default $COMPOSER_PIPELINE_HOME/teacher_cache)")
     p.add_argument("--ceiling-usd", type=float, default=None, help="override the YAML's ceiling_usd for this run")
     p.add_argument("--run-id", default=None, help="id of this run in the ledger (default: a fresh uuid)")
@@ -31,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import os
     import uuid
+    from pathlib import Path
 
     import orjson
 
@@ -38,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import load_teachers
-    from composer_pipeline.teachers.ledger import Ledger, default_home
+    from composer_pipeline.teachers.ledger import default_home, open_ledger
+    from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
     from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
 
     cfg = load_teachers(args.teachers)
@@ -51,12 +56,22 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no trace_states under {args.states} (run `composer-pipeline ingest` first)")
     states, messages = src.read_table("trace_states"), src.read_table("trace_messages")
     home = default_home()
-    ledger = Ledger(args.ledger or home / "ledger.duckdb")
-    cache = ResponseCache(args.cache or home / "teacher_cache")
+    ledger = open_ledger(args.ledger)
+    cache_dir = Path(args.cache or home / "teacher_cache").expanduser()
+    cache = ResponseCache(cache_dir)
     opts = render.RenderOptions.from_recipe(args.ingest_recipe)
 
     requests, failed = build_requests(states, messages, cfg, opts)
     plan = plan_requests(requests, cfg, cache, ledger)
+    api_keys = {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
+    to_call = {t for t, c in zip(plan.table.column("teacher").to_pylist(), plan.table.column("cached").to_pylist()) if not c}
+    # before anything is sent: keys, hosts, and where the answers go
+    preflight(cfg, api_keys, teachers=None if args.plan_only else to_call,
+              writable={} if out.is_remote else {"--out": args.out})
+    try:
+        check_writable(cache_dir, "response cache")
+    except PreflightError as e:  # paid answers are stored in the ledger first: the run can still go on
+        print(f"warning: {e}; answers are kept in the ledger ({ledger.label}) and reach the output", file=sys.stderr)
     out.write_table("cost_plan", plan.table)
     if not plan.fits:
         for reason in plan.reasons:
@@ -67,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
                             "ceiling_usd": cfg.ceiling_usd, "fits": plan.fits, "reasons": plan.reasons}).decode())
         return 0
 
-    api_keys = {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
     tty = sys.stderr.isatty()
 
     def progress(done: int, total: int) -> None:
@@ -79,6 +93,15 @@ def run(args: argparse.Namespace) -> int:
                           extra_failed=failed)
     path = out.write_table("replays", res.table)
     summary = {**res.summary, "out": out.url("replays.parquet") if out.is_remote else path,
-               "ledger": str(ledger.path), "cache": str(cache.dir)}
+               "ledger": ledger.label, "cache": str(cache.dir)}
     print(orjson.dumps(summary).decode(), flush=True)
-    return 0
+    rc = 0
+    for name, why in sorted(res.summary.get("disabled_teachers", {}).items()):
+        print(f"teacher {name} was cut off for this run: {why}", file=sys.stderr)
+        rc = 1
+    s = res.summary
+    if s["rows"] and s["answered"] == 0:
+        top = ", ".join(f"{k} ×{v}" for k, v in s["failures_by_reason"].items())
+        print(f"replay: no call was answered ({top}); see the reason column of {summary['out']}", file=sys.stderr)
+        rc = 1
+    return rc

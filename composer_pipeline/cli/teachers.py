@@ -2,8 +2,9 @@
 
 ``teachers serve [--model NAME_OR_PATH | --model NAME=PATH ...] [--config FILE] [--host H] [--port N]``
 serves small local causal LMs (see ``composer_pipeline.teachers.server``); with ``--config`` the
-``serve`` section of a teachers YAML names the models. ``teachers budget --teachers FILE [--ledger P]``
-prints each teacher's budget, spend and remaining budget from the ledger as JSON lines.
+``serve`` section of a teachers YAML names the models. ``teachers budget --teachers FILE [--ledger URL] [--json]``
+prints one JSON line per teacher (``teacher, budget_usd, spent_usd, settled_usd, kept_usd, reserved_usd,
+remaining_usd, kept_calls``); ``teachers reconcile`` first finalizes every run whose lease expired.
 """
 
 from __future__ import annotations
@@ -39,10 +40,18 @@ def register(subparsers) -> None:
                    help="where the servers' teacher_server-<port>.pid files are (default .state: the repo's)")
     k.set_defaults(func=run_stop)
 
-    b = sub.add_parser("budget", help="budget, spend and remaining budget per teacher (JSON lines)")
+    ledger_help = ("ledger URL: a file path (SQLite) or postgresql://user@host/db (password via PGPASSWORD); "
+                   "default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite")
+    b = sub.add_parser("budget", help="budget, spend, money in flight and remaining budget per teacher (JSON lines)")
     b.add_argument("--teachers", required=True, help="teachers YAML")
-    b.add_argument("--ledger", default=None, help="ledger DuckDB (default $COMPOSER_PIPELINE_HOME/ledger.duckdb)")
+    b.add_argument("--ledger", default=None, help=ledger_help)
+    b.add_argument("--json", action="store_true", help="JSON lines (the default output; accepted for scripts)")
     b.set_defaults(func=run_budget)
+
+    r = sub.add_parser("reconcile", help="finalize runs whose lease expired now (released / kept), then print budgets")
+    r.add_argument("--teachers", required=True, help="teachers YAML")
+    r.add_argument("--ledger", default=None, help=ledger_help)
+    r.set_defaults(func=run_reconcile)
 
 
 def parse_models(specs: list[str]) -> dict[str, str]:
@@ -147,16 +156,32 @@ def run_stop(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] == "still running" for r in results) else 0
 
 
+def _print_budgets(ledger, cfg) -> None:
+    import orjson
+
+    for t in cfg.teachers:
+        print(orjson.dumps(ledger.balance(t.name, t.budget_usd).as_dict()).decode(), flush=True)
+
+
 def run_budget(args: argparse.Namespace) -> int:
+    from composer_pipeline.teachers.config import load_teachers
+    from composer_pipeline.teachers.ledger import open_ledger
+
+    cfg = load_teachers(args.teachers)
+    _print_budgets(open_ledger(args.ledger), cfg)
+    return 0
+
+
+def run_reconcile(args: argparse.Namespace) -> int:
     import orjson
 
     from composer_pipeline.teachers.config import load_teachers
-    from composer_pipeline.teachers.ledger import Ledger, default_home
+    from composer_pipeline.teachers.ledger import open_ledger
 
     cfg = load_teachers(args.teachers)
-    ledger = Ledger(args.ledger or default_home() / "ledger.duckdb")
-    for t in cfg.teachers:
-        spent = ledger.spent(t.name)
-        print(orjson.dumps({"teacher": t.name, "budget_usd": t.budget_usd, "spent_usd": round(spent, 8),
-                            "remaining_usd": round(max(0.0, t.budget_usd - spent), 8)}).decode())
+    ledger = open_ledger(args.ledger)
+    done = ledger.reconcile()
+    print(orjson.dumps({"reconciled": done, "ledger": ledger.label, "open_reservations": ledger.open_reservations()}).decode(),
+          flush=True)
+    _print_budgets(ledger, cfg)
     return 0

@@ -133,7 +133,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
              "input_usd_per_mtok": 0.01, "output_usd_per_mtok": 0.02, "budget_usd": 1.0, "max_concurrency": 4,
              "max_tokens": 256, "temperature": 0.0, "timeout_s": 30, "max_retries": 2} for n in TEACHERS]}, "experiment")
         opts = render.RenderOptions.from_recipe(None)
-        ledger, cache = Ledger(work / "ledger.duckdb"), ResponseCache(work / "teacher_cache")
+        ledger, cache = Ledger(work / "ledger.sqlite"), ResponseCache(work / "teacher_cache")
         requests, failed = build_requests(task_states, messages, cfg_t, opts)
         plan = plan_requests(requests, cfg_t, cache, ledger)
         if not plan.fits:

@@ -8,6 +8,8 @@ Each record is written the moment its response arrives: to a temporary file in t
 fsync'ed, then ``os.replace``'d into ``<dir>/<id[:2]>/<id>.json``. A run killed with ``kill -9``
 therefore leaves either a complete record or none, and a re-run never pays twice for an answer it
 already received. Only successful responses are cached: failures are retried by the next run.
+The cache is a fast copy: every paid answer is first stored with its claim in the ledger
+(``ledger.py``), so a cache that is read-only or full loses nothing (replay refills it from there).
 
 The request body never contains the API key (it travels only in the ``Authorization`` header), so
 neither the key nor anything derived from it reaches ``call_id`` or the cache files.
@@ -41,7 +43,10 @@ class ResponseCache:
 
     def __init__(self, dir: str | Path):
         self.dir = Path(dir).expanduser()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # an unwritable cache costs only speed: paid answers are stored in the ledger first (preflight warns)
 
     def path(self, cid: str) -> Path:
         if len(cid) < 8 or not all(c in "0123456789abcdef" for c in cid):

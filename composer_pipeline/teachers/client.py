@@ -14,7 +14,12 @@ Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing s
 * connect error (nothing sent) → release, retry;
 * timeout, connection dropped before or while reading the body → keep (may be billed), retry;
 * any other transport error (decoding, protocol, proxy) → keep, fail (no retry);
-* 200 with a body that is not JSON / lacks ``choices[0].message`` → keep, fail (no retry).
+* 200 with a body that is not JSON / lacks ``choices[0].message`` → keep, fail (no retry); after
+  ``TeacherGuard.limit`` such answers in a row the teacher is cut off for the rest of the run.
+
+A reservation that has to wait for money in flight waits (the ledger decides, see ``ledger.py``);
+every reservation is marked *sent* just before the request leaves, so a run killed mid-call leaves
+it kept at its worst case while one killed before sending has it released.
 
 Retries are bounded by ``max_retries``; backoff is exponential with full jitter
 (``uniform(0, min(backoff_max_s, backoff_s · 2^n))``, the AWS "full jitter" scheme).
@@ -138,6 +143,33 @@ def _valid_completion(data: Any) -> str | None:
     return None
 
 
+@dataclass
+class TeacherGuard:
+    """Per run and teacher: cut a teacher off after ``limit`` consecutive invalid responses (HTML, non-JSON,
+    no choices). Each such response may be billed at its worst case, so a broken endpoint must not be
+    asked thousands of times."""
+
+    limit: int = 3
+    consecutive: int = 0
+    disabled_reason: str | None = None
+    last_problem: str = ""
+
+    def invalid(self, problem: str) -> None:
+        self.consecutive += 1
+        self.last_problem = problem
+        if self.consecutive >= self.limit and self.disabled_reason is None:
+            self.disabled_reason = (f"teacher_disabled: {self.consecutive} consecutive invalid responses "
+                                    f"(last: {problem[:160]})")
+
+    def valid(self) -> None:
+        self.consecutive = 0
+
+
+def _host(teacher: TeacherConfig) -> str:
+    u = httpx.URL(teacher.base_url)
+    return f"{u.host}:{u.port}" if u.port else str(u.host)
+
+
 async def call_teacher(
     http: httpx.AsyncClient,
     teacher: TeacherConfig,
@@ -150,25 +182,38 @@ async def call_teacher(
     run_id: str,
     ceiling_usd: float,
     semaphore: asyncio.Semaphore,
+    guard: TeacherGuard | None = None,
 ) -> CallResult:
-    """Send one request (with retries) under the money rules; always returns a result."""
+    """Send one request (with retries) under the money rules; always returns a result.
+
+    The caller holds the ledger claim on ``cid``. A paid answer is stored in the ledger (with its
+    settle, one transaction) before the cache file is written; a cache that cannot be written costs
+    nothing but the note ``cache_error`` on the row (the next run finds the answer in the ledger)."""
     _, worst = worst_case_usd(body, teacher)
     payload = canonical_json(body)
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    guard = guard or TeacherGuard()
     out = CallResult(status="failed")
     last_reason = ""
     async with semaphore:
         for attempt in range(1, teacher.max_retries + 2):
-            res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid,
-                                               chunk_usd=2 * worst * teacher.max_concurrency))
+            if guard.disabled_reason:
+                out.status, out.reason = "failed", guard.disabled_reason
+                return out
+            res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid))
             if not res.ok:
                 out.status = "budget_exhausted"
                 out.reason = f"budget_exhausted: {res.reason}" + (f" (after attempt {attempt - 1}: {last_reason})" if last_reason else "")
                 return out
+            if guard.disabled_reason:  # another call cut the teacher off while this one waited for money
+                await ledger.close(res.id, "released", note=guard.disabled_reason[:200])
+                out.status, out.reason = "failed", guard.disabled_reason
+                return out
             out.reserved_usd += worst
             out.attempts = attempt
+            await ledger.mark_sent(res.id)
             t0 = time.perf_counter()
             retry_after: float | None = None
             status_code: int | None = None
@@ -180,26 +225,28 @@ async def call_teacher(
                     raw = await resp.aread()
             except httpx.ConnectError as e:
                 outcome, retry = "release", True
-                last_reason = f"connection_error: {type(e).__name__}"
+                last_reason = f"connection_error: {type(e).__name__} connecting to {_host(teacher)}"
             except httpx.ConnectTimeout:
                 outcome, retry = "release", True
-                last_reason = "connection_error: ConnectTimeout"
+                last_reason = f"connection_error: ConnectTimeout connecting to {_host(teacher)}"
             except httpx.TimeoutException as e:
                 retry = True
-                last_reason = f"timeout: {type(e).__name__} after {teacher.timeout_s:g}s"
+                last_reason = f"timeout: {type(e).__name__} after {teacher.timeout_s:g}s from {_host(teacher)}"
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
                 retry = True
                 kind = "truncated_body" if status_code is not None else "connection_dropped"
-                last_reason = f"{kind}: {type(e).__name__}: {_scrub(str(e), api_key, 120)}"
+                last_reason = f"{kind}: {type(e).__name__} from {_host(teacher)}: {_scrub(str(e), api_key, 120)}"
             except httpx.HTTPError as e:  # protocol/decoding/proxy problems: sent, outcome unknown, not retried
-                last_reason = f"http_error: {type(e).__name__}: {_scrub(str(e), api_key, 120)}"
+                last_reason = f"http_error: {type(e).__name__} from {_host(teacher)}: {_scrub(str(e), api_key, 120)}"
             else:
                 latency = time.perf_counter() - t0
                 if status_code == 200:
                     try:
                         data = orjson.loads(raw)
                     except orjson.JSONDecodeError:
-                        data, problem = None, f"invalid_json: {len(raw)} bytes that do not parse as JSON"
+                        data = None
+                        head = _scrub(raw[:60].decode("utf-8", "replace"), api_key, 60)
+                        problem = f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
                     else:
                         data = scrub_obj(data)  # before the cache, the table and any log see it
                         problem = _valid_completion(data)
@@ -207,22 +254,25 @@ async def call_teacher(
                     if problem:
                         await ledger.close(res.id, "kept", note=problem[:200])
                         out.cost_usd += worst
+                        guard.invalid(problem)
                         out.status, out.reason = "failed", problem
                         return out
+                    guard.valid()
                     p, c, cost = usage_cost(data.get("usage"), teacher)
+                    record = {"teacher": teacher.name, "model": teacher.model, "response": data,
+                              "cost_usd": worst if cost is None else cost, "latency_s": latency, "attempts": attempt,
+                              "run_id": run_id, "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                    # the answer is durable in the ledger (same transaction as its settle) before anything else
                     if cost is None:
-                        await ledger.close(res.id, "kept", note="no usable usage in response")
+                        await ledger.close(res.id, "kept", note="no usable usage in response", answer=(cid, record))
                         cost = worst
-                    # cache first: a kill between here and settle leaves the reservation counted, never a re-buy
-                    await asyncio.to_thread(
-                        cache.put,
-                        cid,
-                        {"teacher": teacher.name, "model": teacher.model, "response": data, "cost_usd": cost,
-                         "latency_s": latency, "attempts": attempt, "run_id": run_id,
-                         "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                    )
-                    if p is not None:
-                        await ledger.close(res.id, "settled", cost_usd=cost)
+                    else:
+                        await ledger.close(res.id, "settled", cost_usd=cost, answer=(cid, record))
+                    cache_note = None
+                    try:
+                        await asyncio.to_thread(cache.put, cid, record)
+                    except OSError as e:
+                        cache_note = f"cache_error: {e.strerror or type(e).__name__} writing {cache.dir} (answer kept in the ledger)"
                     ans = answer_from_response(data, teacher)
                     ans.cost_usd = out.cost_usd + cost
                     ans.reserved_usd = out.reserved_usd
@@ -230,6 +280,8 @@ async def call_teacher(
                     ans.latency_s = latency
                     if p is None and ans.reason is None:
                         ans.reason = "no_usage: worst case charged"
+                    if cache_note:
+                        ans.reason = f"{ans.reason}; {cache_note}" if ans.reason else cache_note
                     return ans
                 outcome = "release"
                 text = _scrub(raw.decode("utf-8", "replace"), api_key, 200)

@@ -72,6 +72,8 @@ class TeachersConfig:
     ceiling_usd: float  # worst-case spend allowed in one replay run (all teachers together)
     serve: dict[str, str] = field(default_factory=dict)  # local server: model name -> path or known name
     source: str = ""
+    lease_s: float = 30.0  # a replay run heartbeats; its open reservations are finalized this long after it dies
+    max_invalid_responses: int = 3  # consecutive 200s that are not a chat completion (HTML, non-JSON) before a teacher is cut off
 
     def teacher(self, name: str) -> TeacherConfig:
         for t in self.teachers:
@@ -142,9 +144,14 @@ def parse_teachers(data: Any, source: str = "<teachers>") -> TeachersConfig:
     """Validate an already-loaded mapping (what :func:`load_teachers` reads from YAML)."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: top level must be a mapping with 'ceiling_usd' and 'teachers'")
-    unknown = sorted(set(data) - {"ceiling_usd", "teachers", "serve"})
+    top = ["ceiling_usd", "lease_s", "max_invalid_responses", "serve", "teachers"]
+    unknown = sorted(set(data) - set(top))
     if unknown:
-        raise ValueError(f"{source}: unknown top-level key(s) {unknown}; allowed: ['ceiling_usd', 'serve', 'teachers']")
+        raise ValueError(f"{source}: unknown top-level key(s) {unknown}; allowed: {top}")
+    lease_s = _number(source, "lease_s", data.get("lease_s", 30.0), positive=True)
+    if lease_s > 600:
+        raise ValueError(f"{source}: lease_s must be <= 600 (a dead run's reservations are held that long), got {lease_s!r}")
+    max_invalid = _number(source, "max_invalid_responses", data.get("max_invalid_responses", 3), positive=True, integer=True)
     if "ceiling_usd" not in data:
         raise ValueError(f"{source}: missing required top-level key 'ceiling_usd' (cap on one replay run)")
     ceiling = _number(source, "ceiling_usd", data["ceiling_usd"])
@@ -159,7 +166,8 @@ def parse_teachers(data: Any, source: str = "<teachers>") -> TeachersConfig:
     serve = data.get("serve") or {}
     if not isinstance(serve, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in serve.items()):
         raise ValueError(f"{source}: 'serve' must map model names to paths or known model names")
-    return TeachersConfig(teachers=teachers, ceiling_usd=ceiling, serve=dict(serve), source=source)
+    return TeachersConfig(teachers=teachers, ceiling_usd=ceiling, serve=dict(serve), source=source, lease_s=lease_s,
+                          max_invalid_responses=int(max_invalid))
 
 
 def load_teachers(path: str | Path) -> TeachersConfig:

@@ -1,63 +1,116 @@
-"""Budget ledger: reservations against teacher budgets and run ceilings, in a DuckDB file.
+"""Budget ledger: claims, reservations and run leases in a transactional store, shared by every
+replay process that points at the same URL.
 
-In:  reserve / settle / keep / release operations from replay runs (any number of processes).
-Out: a durable ``reservations`` table; ``spent(teacher)``, ``remaining(teacher, budget)``,
-     ``spend_by_run(run_id)``.
+In:  a URL: a file path (embedded SQLite, WAL, the default: nothing to start) or ``postgresql://…``
+     (a shared PostgreSQL through psycopg2, the driver dagster-postgres uses). Same schema and
+     semantics on both; the schema is versioned (``schema_migrations``, :data:`MIGRATIONS`).
+Out: ``reservations`` (every attempt's money), ``claims`` (who is buying which request, and the paid
+     answer itself), ``runs`` (leases), ``totals`` (running sums per teacher and per run); reads
+     ``spent``/``remaining``/``balances``/``spend_by_run``/``rows``/``answer``.
 
 Money rules (the replay client follows them):
 
-* before sending, *reserve* the worst-case cost; the reservation is refused (nothing is sent) when
-  ``spent(teacher) + amount > budget`` or ``spent(run) + amount > ceiling``;
-* after a response with usage, *settle* at the actual cost;
-* when the outcome is unknown (dropped connection after send, truncated body, timeout), *keep* the
-  reservation: it counts as spent at the worst case forever;
-* when the request certainly was not billed (connection refused, 429/5xx error response), *release*.
+* **claim** a request (unique key = its ``call_id``, the cache key) before buying it: a second run
+  that needs the same answer waits for the claimant and takes the answer instead of sending. A claim
+  whose run died (lease expired) or that failed is taken over; only a claimant dying mid-flight can
+  cause a second purchase.
+* **reserve** the worst case before sending. It is granted when ``settled + kept + reserved ≤ budget``
+  (and the same for the run ceiling) after serving the waiters of the same teacher that rank before
+  it: the run holding the least money in flight first, then first come first served (fair share across
+  processes: no run starves). When only money *held by calls in flight* is in the way the
+  caller **waits** for them to settle; ``budget_exhausted`` only when ``settled + kept`` alone leaves no
+  room.
+* **mark sent** just before the request leaves; **settle** at the reported usage (in the same
+  transaction the answer is stored in its claim, so a paid answer is durable before anything else
+  can fail), **keep** when the outcome is unknown (counted at the worst case forever, labelled),
+  **release** when the request certainly was not billed.
+* **leases**: a run heartbeats (``lease_s`` in the teachers recipe). A run whose lease expired is
+  finalized by :meth:`Ledger.reconcile` (any process does it while waiting, or ``composer-pipeline
+  teachers reconcile``): never-sent reservations are released, sent ones are kept at their worst case
+  with the note ``lease expired: outcome unknown``, its claims and waits are dropped.
 
-A reservation left ``reserved`` by a killed process also counts as spent at its worst case.
-
-Concurrency: every transaction runs inside one exclusive ``flock`` on ``<path>.lock``; the DuckDB
-connection is opened and closed inside the lock because DuckDB admits one writer process per file.
-Checks and writes happen under the same lock, so concurrent reservations (threads, tasks or
-processes) can never overdraw a budget. Opening DuckDB costs 25–200 ms on a busy machine, so a replay
-run goes through :class:`AsyncLedger`, which takes budget as per-run *credit* in few transactions and
-writes call closes in background batches (see its docstring for why that stays safe).
-
-Rows: a call's own reservation (``reserve``/``settle``/...), a run's credit row (``note = 'credit'``), or
-a call closed against a credit (written directly as settled/kept/released).
+Concurrency: SQLite serializes writers with ``BEGIN IMMEDIATE`` + ``busy_timeout`` (WAL: readers,
+e.g. an auditor's connection held open, never block a writer); PostgreSQL locks the ``totals`` and
+``claims`` rows a transaction decides on (``SELECT … FOR UPDATE``) and retries on deadlock. Time
+comes from the database's clock, so leases agree across hosts. DuckDB stays the SQL engine over the
+Parquet tables; it is not used here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import os
+import random
+import signal
+import socket
 import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import urlsplit, urlunsplit
 
-from composer_pipeline.home import default_home  # noqa: F401  (where callers found it before home.py)
+import orjson
+
+from composer_pipeline.home import default_home
 
 EPS = 1e-12  # float slack when comparing sums of dollars
-FLUSH_DELAY_S = 0.25  # AsyncLedger: how long closes may wait to be written together
+DEFAULT_LEASE_S = 30.0
+OPEN_STATES = ("reserved", "sent")
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS reservations (
-    id VARCHAR PRIMARY KEY,
-    teacher VARCHAR NOT NULL,
-    run_id VARCHAR NOT NULL,
-    call_id VARCHAR,
-    state VARCHAR NOT NULL,          -- reserved | settled | kept | released
-    reserved_usd DOUBLE NOT NULL,
-    cost_usd DOUBLE,                 -- actual (settled); = reserved_usd when kept; 0 when released
-    note VARCHAR,
-    created_at TIMESTAMP NOT NULL,
-    closed_at TIMESTAMP
-)
-"""
-# what a reservation counts as, by state
-_SPENT_EXPR = "SUM(CASE state WHEN 'settled' THEN cost_usd WHEN 'released' THEN 0 ELSE reserved_usd END)"
+# Versioned schema: append a migration, never edit one that has shipped.
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            host TEXT, pid INTEGER,
+            state TEXT NOT NULL,                 -- live | closed | expired
+            lease_s DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            heartbeat_at DOUBLE PRECISION NOT NULL,
+            closed_at DOUBLE PRECISION)""",
+        """CREATE TABLE reservations (
+            id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            call_id TEXT,
+            state TEXT NOT NULL,                 -- reserved | sent | settled | kept | released
+            reserved_usd DOUBLE PRECISION NOT NULL,
+            cost_usd DOUBLE PRECISION,           -- settled: actual; kept: = reserved_usd; released: 0
+            note TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            closed_at DOUBLE PRECISION)""",
+        "CREATE INDEX reservations_run ON reservations (run_id, state)",
+        """CREATE TABLE totals (
+            scope TEXT NOT NULL,                 -- teacher | run
+            key TEXT NOT NULL,
+            hard_usd DOUBLE PRECISION NOT NULL DEFAULT 0,   -- settled + kept
+            open_usd DOUBLE PRECISION NOT NULL DEFAULT 0,   -- reserved + sent (in flight)
+            settled_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+            kept_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+            kept_calls INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope, key))""",
+        """CREATE TABLE claims (
+            call_id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            state TEXT NOT NULL,                 -- inflight | answered | failed
+            record TEXT,                         -- the paid answer (the response-cache record), when answered
+            reason TEXT,
+            cost_usd DOUBLE PRECISION,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+        """CREATE TABLE waiters (
+            id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            amount_usd DOUBLE PRECISION NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX waiters_teacher ON waiters (teacher, created_at)",
+    ]),
+]
 
 
 @dataclass
@@ -68,340 +121,695 @@ class Reserve:
     ceiling_usd: float
     amount_usd: float
     call_id: str = ""
-    id: str = ""
-    chunk_usd: float = 0.0  # AsyncLedger: credit to ask for at once (≈ max_concurrency worst cases)
-
-
-@dataclass
-class Close:
-    id: str
-    state: str  # settled | kept | released
-    cost_usd: float | None = None  # for settled
-    note: str = ""
 
 
 @dataclass(frozen=True)
 class Reservation:
     ok: bool
     id: str
-    reason: str = ""  # why it was refused
+    reason: str = ""  # why it was refused (or, with wait=True, what it waits for)
+    wait: bool = False  # not granted yet: money held by calls in flight or earlier waiters
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+@dataclass(frozen=True)
+class Claim:
+    state: str  # mine | answered | wait
+    record: dict[str, Any] | None = None  # the answer, when answered
+    owner: str = ""  # the run holding it, when wait
+
+
+@dataclass(frozen=True)
+class Balance:
+    teacher: str
+    budget_usd: float
+    spent_usd: float  # settled + kept + reserved (what the budget check counts)
+    settled_usd: float
+    kept_usd: float
+    reserved_usd: float  # held by calls in flight
+    remaining_usd: float
+    kept_calls: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 8) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+class LedgerError(RuntimeError):
+    """The ledger store cannot be opened or written (bad path, server down); names the URL, never a password."""
+
+
+class ReplayInterrupted(RuntimeError):
+    """SIGTERM/SIGINT arrived: the run closed its ledger run (nothing left reserved) and stops."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: ledger run closed "
+                         "(calls not sent released, calls in flight kept at worst case); re-run to finish")
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (safe for logs, metadata and JSON output)."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def is_postgres(url: str) -> bool:
+    return str(url).startswith(("postgresql://", "postgres://"))
+
+
+# ----------------------------------------------------------------------------------------------
+class _SQLite:
+    kind = "sqlite"
+    now = "((julianday('now') - 2440587.5) * 86400.0)"
+    for_update = ""
+    begin = "BEGIN IMMEDIATE"  # take the write lock up front: no lock upgrades, no deadlocks
+
+    def __init__(self, path: str):
+        self.path = Path(path.removeprefix("sqlite:///") if path.startswith("sqlite:///") else path).expanduser()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LedgerError(f"ledger {self.path}: cannot create its directory: {e.strerror}") from None
+        self.label = str(self.path)
+
+    def connect(self):
+        import sqlite3
+
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+        except OSError:
+            head = b""
+        if head[8:12] == b"DUCK":
+            raise LedgerError(f"ledger {self.path} is a DuckDB ledger of an earlier version: point the ledger at "
+                              f"{self.path.with_suffix('.sqlite')} (its spend is imported from this file on first use)")
+        try:
+            con = sqlite3.connect(str(self.path), timeout=120, isolation_level=None, check_same_thread=False)
+            con.execute("PRAGMA busy_timeout = 120000")
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes (kill -9)
+        except sqlite3.Error as e:
+            raise LedgerError(f"ledger {self.path}: cannot open: {e}") from None
+        return con
+
+    def sql(self, q: str) -> str:
+        return q
+
+    def legacy_duckdb(self) -> Path | None:
+        """The DuckDB ledger earlier versions kept beside this file (``ledger.duckdb``), if any."""
+        p = self.path.with_suffix(".duckdb")
+        return p if p != self.path and p.is_file() else None
+
+    def retryable(self, e: BaseException) -> bool:
+        import sqlite3
+
+        return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+
+    def migration_lock(self, cur) -> None:
+        pass  # BEGIN IMMEDIATE already excludes every other writer
+
+
+class _Postgres:
+    kind = "postgresql"
+    now = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+    for_update = " FOR UPDATE"
+    begin = "BEGIN"
+
+    def __init__(self, url: str):
+        self.url = url
+        self.label = redact_url(url)
+
+    def connect(self):
+        import psycopg2
+
+        try:
+            con = psycopg2.connect(self.url, connect_timeout=10)
+        except psycopg2.Error as e:
+            raise LedgerError(f"ledger {self.label}: cannot connect: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+        con.autocommit = True  # transactions are explicit BEGIN/COMMIT, as on SQLite
+        return con
+
+    def sql(self, q: str) -> str:
+        return q.replace("?", "%s")
+
+    def legacy_duckdb(self) -> Path | None:
+        return None
+
+    def retryable(self, e: BaseException) -> bool:
+        import psycopg2.errors
+
+        return isinstance(e, (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFailure))
+
+    def migration_lock(self, cur) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(724011601)")  # one migrator at a time
 
 
 class Ledger:
-    """A DuckDB budget ledger shared by every run and process that points at ``path``."""
+    """The ledger at ``url`` (file path → SQLite, ``postgresql://`` → PostgreSQL); thread-safe."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.lock_path = self.path.with_name(self.path.name + ".lock")
-        self._thread_lock = threading.Lock()
-        self._with_conn(lambda con: None)  # create the table; fail early on a bad path
+    def __init__(self, url: str | Path):
+        url = str(url)
+        self.url = url
+        self._db = _Postgres(url) if is_postgres(url) else _SQLite(url)
+        self._local = threading.local()
+        self._migrate()
+
+    @property
+    def label(self) -> str:
+        """Where the ledger is, password removed."""
+        return self._db.label
+
+    @property
+    def path(self) -> str:  # kept for callers that print where the ledger is
+        return self._db.label
+
+    @property
+    def backend(self) -> str:
+        return self._db.kind
 
     # -- plumbing
-    def _with_conn(self, fn):
+    def _con(self):
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = self._db.connect()
+        return con
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+            self._local.con = None
+
+    def _tx(self, fn: Callable[[Any], Any], *, write: bool = True) -> Any:
+        """Run ``fn(cursor)`` in one transaction; retried on deadlock / lock timeouts."""
+        for attempt in range(8):
+            con = self._con()
+            cur = con.cursor()
+            try:
+                cur.execute(self._db.begin if write else "BEGIN")
+                try:
+                    out = fn(_Cursor(cur, self._db))
+                    cur.execute("COMMIT")
+                    return out
+                except BaseException:
+                    try:
+                        cur.execute("ROLLBACK")
+                    except Exception:
+                        pass
+                    raise
+            except Exception as e:
+                if self._db.retryable(e) and attempt < 7:
+                    time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                    continue
+                if isinstance(e, LedgerError):
+                    raise
+                if type(e).__module__.startswith(("sqlite3", "psycopg2")):
+                    raise LedgerError(f"ledger {self.label}: {type(e).__name__}: {str(e).strip()[:300]}") from e
+                raise
+            finally:
+                cur.close()
+        raise AssertionError("unreachable")
+
+    def _migrate(self) -> None:
+        def run(c: _Cursor) -> None:
+            self._db.migration_lock(c.cur)
+            c.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+            have = c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]
+            for version, stmts in MIGRATIONS:
+                if version > have:
+                    for s in stmts:
+                        c.execute(s)
+                    c.execute(f"INSERT INTO schema_migrations VALUES (?, {self._db.now})", [version])
+            legacy = self._db.legacy_duckdb() if have == 0 else None
+            if legacy is not None:
+                self._import_duckdb(c, legacy)
+
+        self._tx(run)
+
+    def _import_duckdb(self, c: _Cursor, src: Path) -> None:
+        """Carry the spend of the DuckDB ledger of earlier versions (``ledger.duckdb`` beside a new
+        ``ledger.sqlite``) into the new ledger once, so an upgrade never resets a budget. Settled, kept and
+        released rows keep their meaning; rows still open there (killed runs, unused credit) are kept at
+        their reserved amount, as that ledger counted them."""
         import duckdb
 
-        with self._thread_lock, open(self.lock_path, "a+") as lockf:
-            fcntl.flock(lockf.fileno(), fcntl.LOCK_EX)
-            try:
-                con = duckdb.connect(str(self.path), config={"threads": 1})
-                try:
-                    con.execute(_DDL)
-                    con.execute("BEGIN TRANSACTION")
-                    try:
-                        out = fn(con)
-                        con.execute("COMMIT")
-                    except BaseException:
-                        con.execute("ROLLBACK")
-                        raise
-                    return out
-                finally:
-                    con.close()
-            finally:
-                fcntl.flock(lockf.fileno(), fcntl.LOCK_UN)
+        con = duckdb.connect(str(src), read_only=True)
+        try:
+            rows = con.execute("SELECT id, teacher, run_id, call_id, state, reserved_usd, cost_usd, note FROM reservations").fetchall()
+        finally:
+            con.close()
+        now = self._db.now
+        for rid, teacher, run_id, cid, state, reserved, cost, note in rows:
+            reserved = float(reserved or 0.0)
+            if state == "settled":
+                counted, kept = float(cost or 0.0), False
+            elif state == "released":
+                counted, kept = 0.0, False
+            else:  # kept, or still reserved when that ledger was last written
+                state, counted, kept = "kept", reserved, True
+            c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})",
+                      [f"duckdb-{rid}", teacher, run_id, cid, state, reserved, counted, f"imported from {src.name}" + (f": {note}" if note else "")])
+            for scope, key in (("run", run_id), ("teacher", teacher)):
+                c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
+                c.execute("UPDATE totals SET hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, kept_usd = kept_usd + ?, "
+                          "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                          [counted, 0.0 if kept else counted, counted if kept else 0.0, 1 if kept and note != "credit" else 0, scope, key])
 
-    # -- writes
-    def apply(self, ops: list[Reserve | Close]) -> list[Reservation | None]:
-        """Apply operations in order inside one locked transaction; a result per op."""
+    def schema_version(self) -> int:
+        return int(self._tx(lambda c: c.one("SELECT MAX(version) FROM schema_migrations")[0], write=False))
 
-        def run(con) -> list[Reservation | None]:
-            teachers = sorted({o.teacher for o in ops if isinstance(o, Reserve)})
-            runs = sorted({o.run_id for o in ops if isinstance(o, Reserve)})
-            t_spent = {t: 0.0 for t in teachers}
-            r_spent = {r: 0.0 for r in runs}
-            if teachers:
-                q = f"SELECT teacher, {_SPENT_EXPR} FROM reservations WHERE teacher IN ({','.join('?' * len(teachers))}) GROUP BY teacher"
-                t_spent.update({t: float(s or 0) for t, s in con.execute(q, teachers).fetchall()})
-                q = f"SELECT run_id, {_SPENT_EXPR} FROM reservations WHERE run_id IN ({','.join('?' * len(runs))}) GROUP BY run_id"
-                r_spent.update({r: float(s or 0) for r, s in con.execute(q, runs).fetchall()})
-            inserts: list[tuple[Any, ...]] = []
-            updates: list[tuple[Any, ...]] = []
-            results: list[Reservation | None] = []
-            now = _now()
-            for o in ops:
-                if isinstance(o, Reserve):
-                    rid = o.id or uuid.uuid4().hex
-                    t_left = o.budget_usd - t_spent[o.teacher]
-                    r_left = o.ceiling_usd - r_spent[o.run_id]
-                    if o.amount_usd > t_left + EPS:
-                        results.append(Reservation(False, rid, f"teacher budget: worst case ${o.amount_usd:.6f} > remaining ${max(t_left, 0):.6f} of ${o.budget_usd:g}"))
-                    elif o.amount_usd > r_left + EPS:
-                        results.append(Reservation(False, rid, f"run ceiling: worst case ${o.amount_usd:.6f} > remaining ${max(r_left, 0):.6f} of ${o.ceiling_usd:g}"))
-                    else:
-                        t_spent[o.teacher] += o.amount_usd
-                        r_spent[o.run_id] += o.amount_usd
-                        inserts.append((rid, o.teacher, o.run_id, o.call_id, "reserved", o.amount_usd, None, None, now, None))
-                        results.append(Reservation(True, rid))
-                else:
-                    if o.state not in ("settled", "kept", "released"):
-                        raise ValueError(f"unknown reservation state {o.state!r}")
-                    updates.append((o.state, o.cost_usd, o.note or None, now, o.id))
-                    results.append(None)
-            if inserts:
-                con.executemany("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", inserts)
-            for state, cost, note, at, rid in updates:
-                cost_sql = {"settled": "?", "kept": "reserved_usd", "released": "0"}[state]
-                params = [state, *([cost] if state == "settled" else []), note, at, rid]
-                con.execute(
-                    f"UPDATE reservations SET state = ?, cost_usd = {cost_sql}, note = ?, closed_at = ? "
-                    "WHERE id = ? AND state = 'reserved'",
-                    params,
-                )
-            return results
+    # -- runs and leases
+    def start_run(self, run_id: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+        """Register (or revive) a live run with a lease of ``lease_s`` seconds from now."""
+        now = self._db.now
 
-        return self._with_conn(run) if ops else []
+        def run(c: _Cursor) -> None:
+            c.execute(f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO UPDATE SET "
+                      f"state = 'live', lease_s = excluded.lease_s, heartbeat_at = excluded.heartbeat_at, pid = excluded.pid, "
+                      "host = excluded.host, closed_at = NULL", [run_id, socket.gethostname(), os.getpid(), float(lease_s)])
 
-    def reserve(self, teacher: str, amount_usd: float, *, budget_usd: float, run_id: str, ceiling_usd: float, call_id: str = "") -> Reservation:
-        return self.apply([Reserve(teacher, budget_usd, run_id, ceiling_usd, amount_usd, call_id)])[0]  # type: ignore[return-value]
+        self._tx(run)
+
+    def heartbeat(self, run_id: str) -> bool:
+        """Extend the lease; False when the run was already finalized (its lease had expired)."""
+        return bool(self._tx(lambda c: c.execute(f"UPDATE runs SET heartbeat_at = {self._db.now} WHERE run_id = ? AND state = 'live'",
+                                                 [run_id]).rowcount))
+
+    def close_run(self, run_id: str, note: str = "run ended") -> dict[str, int]:
+        """Finalize a run that is ending: never-sent reservations released, sent ones kept."""
+        return self._tx(lambda c: self._finalize(c, run_id, "closed", note))
+
+    def reconcile(self) -> dict[str, Any]:
+        """Finalize every run whose lease expired, and at once every live run of a process on this host that
+        no longer exists (kill -9: no need to wait out its lease); what was done, for the CLI and the logs."""
+        host = socket.gethostname()
+        local = self._tx(lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND host = ?", [host]), write=False)
+        gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
+
+        def run(c: _Cursor) -> dict[str, Any]:
+            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND heartbeat_at + lease_s < {self._db.now} ORDER BY run_id")]
+            expired += sorted(gone - set(expired))
+            # reservations of runs that never registered (a direct Ledger.reserve without start_run) are covered
+            # by the auto-registration in try_reserve, so every open reservation has a runs row
+            out = {"expired_runs": expired, "released": 0, "kept": 0, "claims_dropped": 0}
+            for rid in expired:
+                got = self._finalize(c, rid, "expired", "lease expired (process gone)" if rid in gone else "lease expired")
+                for k in ("released", "kept", "claims_dropped"):
+                    out[k] += got[k]
+            return out
+
+        return self._tx(run)
+
+    def _finalize(self, c: _Cursor, run_id: str, final_state: str, note: str) -> dict[str, int]:
+        now = self._db.now
+        c.one(f"SELECT state FROM runs WHERE run_id = ?{self._db.for_update}", [run_id])
+        rows = c.all(f"SELECT id, teacher, state, reserved_usd FROM reservations WHERE run_id = ? AND state IN ('reserved', 'sent') ORDER BY id",
+                     [run_id])
+        released = kept = 0
+        moves: dict[tuple[str, str], list[float]] = {}
+        for rid, teacher, state, amount in rows:
+            if state == "reserved":  # never sent: certainly not billed
+                c.execute(f"UPDATE reservations SET state = 'released', cost_usd = 0, note = ?, closed_at = {now} WHERE id = ?",
+                          [f"{note}: never sent", rid])
+                released += 1
+                counted, kept_n = 0.0, 0
+            else:  # sent, outcome unknown: counted at its worst case
+                c.execute(f"UPDATE reservations SET state = 'kept', cost_usd = reserved_usd, note = ?, closed_at = {now} WHERE id = ?",
+                          [f"{note}: outcome unknown, counted at worst case", rid])
+                kept += 1
+                counted, kept_n = float(amount), 1
+            for key in (("run", run_id), ("teacher", teacher)):
+                m = moves.setdefault(key, [0.0, 0.0, 0])
+                m[0] += float(amount)
+                m[1] += counted
+                m[2] += kept_n
+        for (scope, key) in sorted(moves):
+            opened, counted, kept_n = moves[(scope, key)]
+            c.execute("UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, kept_usd = kept_usd + ?, "
+                      "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?", [opened, counted, counted, kept_n, scope, key])
+        dropped = c.execute("DELETE FROM claims WHERE run_id = ? AND state = 'inflight'", [run_id]).rowcount
+        c.execute("DELETE FROM waiters WHERE run_id = ?", [run_id])
+        c.execute(f"UPDATE runs SET state = ?, closed_at = {now} WHERE run_id = ? AND state = 'live'", [final_state, run_id])
+        return {"released": released, "kept": kept, "claims_dropped": max(dropped, 0)}
+
+    # -- claims
+    def claim(self, call_id: str, teacher: str, run_id: str) -> Claim:
+        """Claim the purchase of ``call_id`` for ``run_id``: mine, already answered (with the answer), or wait."""
+        now = self._db.now
+
+        def run(c: _Cursor) -> Claim:
+            ins = c.execute(f"INSERT INTO claims VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}) ON CONFLICT (call_id) DO NOTHING",
+                            [call_id, teacher, run_id])
+            if ins.rowcount == 1:
+                return Claim("mine")
+            state, owner, record = c.one(f"SELECT state, run_id, record FROM claims WHERE call_id = ?{self._db.for_update}", [call_id])
+            if state == "answered":
+                return Claim("answered", orjson.loads(record))
+            if state == "inflight" and owner != run_id:
+                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND heartbeat_at + lease_s >= {now}", [owner])
+                if live:
+                    return Claim("wait", owner=owner)
+            c.execute(f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
+                      [run_id, call_id])
+            return Claim("mine")
+
+        return self._tx(run)
+
+    def claims_status(self, call_ids: list[str]) -> dict[str, str]:
+        """call_id → answered | failed | inflight | orphaned (claimant's lease expired) | free (no claim)."""
+        if not call_ids:
+            return {}
+        out = {cid: "free" for cid in call_ids}
+
+        def run(c: _Cursor) -> None:
+            for i in range(0, len(call_ids), 500):
+                chunk = call_ids[i:i + 500]
+                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND r.heartbeat_at + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
+                     f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})")
+                for cid, state, live in c.all(q, chunk):
+                    out[cid] = "orphaned" if state == "inflight" and not live else state
+
+        self._tx(run, write=False)
+        return out
+
+    def fail_claim(self, call_id: str, run_id: str, reason: str) -> None:
+        """The claimant gave up without an answer: the next run that needs it may buy it."""
+        self._tx(lambda c: c.execute(f"UPDATE claims SET state = 'failed', reason = ?, updated_at = {self._db.now} "
+                                     "WHERE call_id = ? AND run_id = ? AND state = 'inflight'", [reason[:300], call_id, run_id]))
+
+    def answer(self, call_id: str) -> dict[str, Any] | None:
+        """The paid answer stored with its claim (the response-cache record), if any."""
+        row = self._tx(lambda c: c.one("SELECT record FROM claims WHERE call_id = ? AND state = 'answered'", [call_id]), write=False)
+        return orjson.loads(row[0]) if row else None
+
+    def answered_ids(self, call_ids: list[str]) -> set[str]:
+        st = self.claims_status(call_ids)
+        return {k for k, v in st.items() if v == "answered"}
+
+    # -- reservations
+    def try_reserve(self, op: Reserve, waiter_id: str | None = None) -> Reservation:
+        """One attempt: granted, refused (no room even if every call in flight settles at 0), or wait."""
+        now = self._db.now
+        waiter_id = waiter_id or uuid.uuid4().hex
+        amount = float(op.amount_usd)
+
+        def run(c: _Cursor) -> Reservation:
+            c.execute(f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO NOTHING",
+                      [op.run_id, socket.gethostname(), os.getpid(), DEFAULT_LEASE_S])
+            for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
+                c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
+            r_hard, r_open = c.one(f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'run' AND key = ?{self._db.for_update}", [op.run_id])
+            t_hard, t_open = c.one(f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'teacher' AND key = ?{self._db.for_update}", [op.teacher])
+            t_room, r_room = op.budget_usd - t_hard, op.ceiling_usd - r_hard
+            refusal = ""
+            if amount > t_room + EPS:
+                refusal = f"teacher budget: worst case ${amount:.6f} > remaining ${max(t_room, 0):.6f} of ${op.budget_usd:g}"
+            elif amount > r_room + EPS:
+                refusal = f"run ceiling: worst case ${amount:.6f} > remaining ${max(r_room, 0):.6f} of ${op.ceiling_usd:g}"
+            mine = c.one("SELECT created_at FROM waiters WHERE id = ?", [waiter_id])
+            if refusal:
+                if mine:
+                    c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
+                return Reservation(False, "", refusal)
+            # fair share: waiters of this teacher are served first, the run holding the least money in flight
+            # first, then in order of arrival; a newcomer queues behind the waiters of its rank. Ranked in Python
+            # with one key function, so every waiter sees the same total order (no cycles, no deadlock).
+            waiting = c.all("SELECT w.id, w.created_at, w.amount_usd, COALESCE(t.open_usd, 0) FROM waiters w "
+                            "LEFT JOIN totals t ON t.scope = 'run' AND t.key = w.run_id WHERE w.teacher = ?", [op.teacher])
+            me = (round(float(r_open), 9), mine[0] if mine else float("inf"), waiter_id)
+            ahead = sum(float(amt) for wid, created, amt, held in waiting
+                        if wid != waiter_id and (round(float(held), 9), created, wid) < me)
+            t_free, r_free = t_room - t_open - float(ahead), r_room - r_open
+            if amount <= t_free + EPS and amount <= r_free + EPS:
+                rid = uuid.uuid4().hex
+                c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, {now}, NULL)",
+                          [rid, op.teacher, op.run_id, op.call_id or None, amount])
+                for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
+                    c.execute("UPDATE totals SET open_usd = open_usd + ? WHERE scope = ? AND key = ?", [amount, scope, key])
+                if mine:
+                    c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
+                return Reservation(True, rid)
+            if not mine:
+                c.execute(f"INSERT INTO waiters VALUES (?, ?, ?, ?, {now})", [waiter_id, op.teacher, op.run_id, amount])
+            what = "teacher budget" if amount > t_free + EPS else "run ceiling"
+            return Reservation(False, "", f"{what}: waiting for calls in flight to settle", wait=True)
+
+        return self._tx(run)
+
+    def reserve(self, teacher: str, amount_usd: float, *, budget_usd: float, run_id: str, ceiling_usd: float,
+                call_id: str = "", wait_s: float = 0.0, poll_s: float = 0.02) -> Reservation:
+        """Reserve, waiting up to ``wait_s`` for money held in flight; refused when it cannot fit."""
+        op = Reserve(teacher, budget_usd, run_id, ceiling_usd, amount_usd, call_id)
+        waiter = uuid.uuid4().hex
+        deadline = time.monotonic() + wait_s
+        while True:
+            res = self.try_reserve(op, waiter)
+            if not res.wait or time.monotonic() >= deadline:
+                if res.wait:
+                    self._tx(lambda c: c.execute("DELETE FROM waiters WHERE id = ?", [waiter]))
+                return res
+            time.sleep(poll_s)
+
+    def mark_sent(self, reservation_id: str) -> None:
+        """The request is about to leave: from now on an unknown outcome is kept, not released."""
+        self._tx(lambda c: c.execute("UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]))
+
+    def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
+              answer: tuple[str, dict[str, Any]] | None = None) -> bool:
+        """Settle / keep / release one reservation; with ``answer=(call_id, record)`` the answer is stored in
+        its claim in the same transaction. False when it was already closed (e.g. finalized by reconcile)."""
+        if state not in ("settled", "kept", "released"):
+            raise ValueError(f"unknown reservation state {state!r}")
+        now = self._db.now
+
+        def run(c: _Cursor) -> bool:
+            row = c.one(f"SELECT teacher, run_id, state, reserved_usd FROM reservations WHERE id = ?{self._db.for_update}", [reservation_id])
+            done = False
+            if row and row[2] in OPEN_STATES:
+                teacher, run_id, _, amount = row
+                counted = {"settled": float(cost_usd or 0.0), "kept": float(amount), "released": 0.0}[state]
+                c.execute(f"UPDATE reservations SET state = ?, cost_usd = ?, note = ?, closed_at = {now} WHERE id = ?",
+                          [state, counted, note[:300] or None, reservation_id])
+                s_add = counted if state == "settled" else 0.0
+                k_add = counted if state == "kept" else 0.0
+                for scope, key in (("run", run_id), ("teacher", teacher)):
+                    c.execute("UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, "
+                              "kept_usd = kept_usd + ?, kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                              [float(amount), counted, s_add, k_add, 1 if state == "kept" else 0, scope, key])
+                done = True
+            if answer is not None:
+                cid, record = answer
+                teacher_name = record.get("teacher") or (row[0] if row else "")
+                c.execute(f"INSERT INTO claims VALUES (?, ?, ?, 'answered', ?, NULL, ?, {now}, {now}) ON CONFLICT (call_id) DO UPDATE SET "
+                          f"state = 'answered', record = excluded.record, cost_usd = excluded.cost_usd, reason = NULL, updated_at = {now}",
+                          [cid, teacher_name, record.get("run_id") or (row[1] if row else ""), orjson.dumps(record).decode(),
+                           record.get("cost_usd")])
+            return done
+
+        return self._tx(run)
 
     def settle(self, reservation_id: str, cost_usd: float) -> None:
-        self.apply([Close(reservation_id, "settled", cost_usd)])
+        self.close(reservation_id, "settled", cost_usd)
 
     def keep(self, reservation_id: str, note: str = "") -> None:
-        self.apply([Close(reservation_id, "kept", note=note)])
+        self.close(reservation_id, "kept", note=note)
 
     def release(self, reservation_id: str, note: str = "") -> None:
-        self.apply([Close(reservation_id, "released", note=note)])
+        self.close(reservation_id, "released", note=note)
 
-    # -- credit (used by AsyncLedger)
-    def grant(self, credit_id: str, teacher: str, budget_usd: float, run_id: str, ceiling_usd: float,
-              need: float, want: float) -> tuple[float, str]:
-        """Add between ``need`` and ``want`` USD to a run's credit row, as much as the teacher budget and
-        the run ceiling allow; (0, reason) when not even ``need`` fits."""
+    # -- reads (plain transactions: on SQLite/WAL they never block a writer)
+    def _totals(self, scope: str, key: str) -> tuple[float, float, float, float, int]:
+        row = self._tx(lambda c: c.one("SELECT hard_usd, open_usd, settled_usd, kept_usd, kept_calls FROM totals WHERE scope = ? AND key = ?",
+                                       [scope, key]), write=False)
+        if not row:
+            return (0.0, 0.0, 0.0, 0.0, 0)
+        # running sums of floats: drop the 1e-18 residue of adding and removing the same amounts
+        return (*(round(float(v), 12) for v in row[:4]), int(row[4]))  # type: ignore[return-value]
 
-        def run(con) -> tuple[float, str]:
-            t_spent = float(con.execute(f"SELECT COALESCE({_SPENT_EXPR}, 0) FROM reservations WHERE teacher = ?", [teacher]).fetchone()[0])
-            r_spent = float(con.execute(f"SELECT COALESCE({_SPENT_EXPR}, 0) FROM reservations WHERE run_id = ?", [run_id]).fetchone()[0])
-            t_left, r_left = budget_usd - t_spent, ceiling_usd - r_spent
-            if need > t_left + EPS:
-                return 0.0, f"teacher budget: worst case ${need:.6f} > remaining ${max(t_left, 0):.6f} of ${budget_usd:g}"
-            if need > r_left + EPS:
-                return 0.0, f"run ceiling: worst case ${need:.6f} > remaining ${max(r_left, 0):.6f} of ${ceiling_usd:g}"
-            g = max(need, min(want, t_left, r_left))
-            exists = con.execute("SELECT 1 FROM reservations WHERE id = ?", [credit_id]).fetchone()
-            if exists:
-                con.execute("UPDATE reservations SET reserved_usd = reserved_usd + ? WHERE id = ? AND state = 'reserved'", [g, credit_id])
-            else:
-                con.execute("INSERT INTO reservations VALUES (?, ?, ?, NULL, 'reserved', ?, NULL, 'credit', ?, NULL)",
-                            [credit_id, teacher, run_id, g, _now()])
-            return g, ""
-
-        return self._with_conn(run)
-
-    def close_calls(self, rows: list[tuple]) -> None:
-        """Write closed calls (id, teacher, run_id, call_id, state, reserved, cost, note, credit_id) and move
-        the worst case of each settled/kept call out of its credit row; one transaction."""
-
-        def run(con) -> None:
-            now = _now()
-            out, moved = [], {}
-            for rid, teacher, run_id, cid, state, reserved, cost, note, credit_id in rows:
-                cost = {"settled": cost, "kept": reserved, "released": 0.0}[state]
-                out.append((rid, teacher, run_id, cid, state, reserved, cost, (note or None), now, now))
-                if state != "released":
-                    moved[credit_id] = moved.get(credit_id, 0.0) + reserved
-            con.executemany("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", out)
-            for credit_id, amount in moved.items():
-                con.execute("UPDATE reservations SET reserved_usd = GREATEST(reserved_usd - ?, 0) WHERE id = ?", [amount, credit_id])
-
-        if rows:
-            self._with_conn(run)
-
-    def release_credits(self, credit_ids: list[str]) -> None:
-        """Return the unused part of finished runs' credit rows to their budgets."""
-        q = f"UPDATE reservations SET state = 'released', cost_usd = 0, closed_at = ? WHERE state = 'reserved' AND id IN ({','.join('?' * len(credit_ids))})"
-        self._with_conn(lambda con: con.execute(q, [_now(), *credit_ids]))
-
-    # -- reads
     def spent(self, teacher: str) -> float:
-        """Everything this teacher has cost or may have cost (settled + kept + open reservations)."""
-        return self._with_conn(
-            lambda con: float(con.execute(f"SELECT COALESCE({_SPENT_EXPR}, 0) FROM reservations WHERE teacher = ?", [teacher]).fetchone()[0])
-        )
+        """Everything this teacher has cost or may have cost (settled + kept + in flight)."""
+        hard, open_, *_ = self._totals("teacher", teacher)
+        return max(0.0, float(hard) + float(open_))
 
     def remaining(self, teacher: str, budget: float) -> float:
         return max(0.0, budget - self.spent(teacher))
 
+    def room(self, teacher: str, budget: float) -> float:
+        """What may still be spent once the calls in flight settle (budget − settled − kept): what a plan can
+        count on, since a reservation waits for money in flight instead of failing."""
+        hard, *_ = self._totals("teacher", teacher)
+        return max(0.0, budget - float(hard))
+
+    def balance(self, teacher: str, budget_usd: float) -> Balance:
+        hard, open_, settled, kept, kept_calls = self._totals("teacher", teacher)
+        open_ = max(0.0, float(open_))
+        spent = float(hard) + open_
+        return Balance(teacher, float(budget_usd), spent, float(settled), float(kept), open_, max(0.0, budget_usd - spent), int(kept_calls))
+
     def spend_by_run(self, run_id: str) -> dict[str, float]:
         """USD per teacher committed by one run (settled, kept and still-open reservations)."""
-        q = f"SELECT teacher, {_SPENT_EXPR} FROM reservations WHERE run_id = ? GROUP BY teacher ORDER BY teacher"
-        return self._with_conn(lambda con: {t: float(s or 0) for t, s in con.execute(q, [run_id]).fetchall()})
+        q = ("SELECT teacher, SUM(CASE state WHEN 'settled' THEN cost_usd WHEN 'released' THEN 0 ELSE reserved_usd END) "
+             "FROM reservations WHERE run_id = ? GROUP BY teacher ORDER BY teacher")
+        return {t: float(s or 0) for t, s in self._tx(lambda c: c.all(q, [run_id]), write=False)}
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every reservation (for audits and tests)."""
+    def open_reservations(self) -> int:
+        return int(self._tx(lambda c: c.one("SELECT COUNT(*) FROM reservations WHERE state IN ('reserved', 'sent')")[0], write=False))
 
-        def run(con):
-            cur = con.execute("SELECT * FROM reservations ORDER BY created_at, id")
+    def rows(self, table: str = "reservations") -> list[dict[str, Any]]:
+        """Every row of one ledger table (for audits and tests)."""
+        if table not in ("reservations", "claims", "runs", "totals", "waiters"):
+            raise ValueError(f"no ledger table {table!r}")
+        order = {"reservations": "created_at, id", "claims": "created_at, call_id", "runs": "started_at, run_id",
+                 "totals": "scope, key", "waiters": "created_at, id"}[table]
+
+        def run(c: _Cursor):
+            cur = c.execute(f"SELECT * FROM {table} ORDER BY {order}")
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
 
-        return self._with_conn(run)
+        return self._tx(run, write=False)
 
 
-@dataclass
-class _Credit:
-    id: str  # the credit row in the ledger
-    balance: float = 0.0  # granted money not assigned to any call in flight
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
-@dataclass
-class _Open:
-    teacher: str
-    run_id: str
-    call_id: str
-    amount: float
-    credit_id: str
+class _Cursor:
+    """A DB-API cursor that speaks ``?`` placeholders on both backends."""
+
+    def __init__(self, cur, db):
+        self.cur, self.db = cur, db
+
+    def execute(self, q: str, params: list | tuple = ()):
+        self.cur.execute(self.db.sql(q), tuple(params))
+        return self.cur
+
+    def one(self, q: str, params: list | tuple = ()):
+        return self.execute(q, params).fetchone()
+
+    def all(self, q: str, params: list | tuple = ()):
+        return self.execute(q, params).fetchall()
 
 
+# ----------------------------------------------------------------------------------------------
 class AsyncLedger:
-    """The ledger as seen by one asyncio run: per-teacher credit granted in few transactions.
+    """The ledger as seen by one asyncio run: one worker thread (one connection) for its writes, a
+    heartbeat task for its lease, waits that poll with backoff, and one batched poller for answers
+    other runs are buying."""
 
-    Opening DuckDB costs 25–200 ms on a busy 2-core machine, far too much per call. So the run asks
-    the ledger for *credit* (one ``reserved`` row per run × teacher, topped up by
-    :meth:`Ledger.grant` under the same lock and budget/ceiling checks as single reservations, in
-    chunks of about ``max_concurrency`` worst cases) and assigns each call's worst case from it in
-    memory. Closing a call writes its own row (settled/kept/released) and moves its worst case out of
-    the credit row in one transaction; closes are batched in the background and never awaited by the
-    call. At the end :meth:`drain` writes everything and releases the unused credit.
+    def __init__(self, ledger: Ledger, run_id: str, lease_s: float = DEFAULT_LEASE_S):
+        self.ledger, self.run_id, self.lease_s = ledger, run_id, float(lease_s)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger")
+        self._heart: asyncio.Task | None = None
+        self._last_reconcile = 0.0
+        self._watch: dict[str, asyncio.Future] = {}
+        self._watcher: asyncio.Task | None = None
+        self.lease_lost = False
+        self.waits = 0  # reservations that had to wait for money in flight (not failures)
 
-    Money stays safe: the ledger always counts the whole credit row at its reserved amount, so calls
-    in flight, closes not yet written and unused credit all count as spent until written. A run
-    killed with ``kill -9`` leaves its credit row reserved: at most one chunk of unused credit per
-    teacher is over-counted (``teachers budget`` shows it), never anything under-counted.
-    """
+    async def _run(self, fn, *args, **kw):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kw))
 
-    def __init__(self, ledger: Ledger):
-        self.ledger = ledger
-        self._credits: dict[tuple[str, str], _Credit] = {}
-        self._grant_locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._refused: dict[tuple[str, str], tuple[int, float, str]] = {}  # (epoch, need, reason)
-        self._open: dict[str, _Open] = {}
-        self._pending: list[tuple[_Open, str, float | None, str]] = []
-        self._flusher: asyncio.Task | None = None
-        self._epoch = 0  # bumps when closes are written (budget may have been freed)
-        self._topups: set[asyncio.Task] = set()
-        self._wake = asyncio.Event()
+    async def start(self) -> None:
+        await self._run(self.ledger.start_run, self.run_id, self.lease_s)
+        self._heart = asyncio.create_task(self._heartbeat())
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, self.lease_s / 4))
+            try:
+                if not await self._run(self.ledger.heartbeat, self.run_id):
+                    self.lease_lost = True  # finalized by someone else: re-register; its open money was already settled safely
+                    await self._run(self.ledger.start_run, self.run_id, self.lease_s)
+            except LedgerError:
+                pass  # the next beat tries again; the lease is long enough to miss a few
+
+    async def maybe_reconcile(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reconcile >= max(0.5, min(self.lease_s / 4, 5.0)):
+            self._last_reconcile = now
+            await self._run(self.ledger.reconcile)
+
+    async def claim(self, call_id: str, teacher: str) -> Claim:
+        """Claim ``call_id``; while a live run is buying it, wait, then take its answer (or the claim)."""
+        while True:
+            got = await self._run(self.ledger.claim, call_id, teacher, self.run_id)
+            if got.state != "wait":
+                return got
+            fut = self._watch.get(call_id)
+            if fut is None:
+                fut = self._watch[call_id] = asyncio.get_running_loop().create_future()
+            if self._watcher is None or self._watcher.done():
+                self._watcher = asyncio.create_task(self._watch_claims())
+            await asyncio.shield(fut)
+
+    async def _watch_claims(self) -> None:
+        delay = 0.02
+        while self._watch:
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+            ids = list(self._watch)
+            status = await self._run(self.ledger.claims_status, ids)
+            await self.maybe_reconcile()  # a claimant whose lease expired, or whose process is gone, is finalized
+            for cid, s in status.items():
+                if s != "inflight":
+                    fut = self._watch.pop(cid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(s)
+                        delay = 0.02
 
     async def reserve(self, op: Reserve) -> Reservation:
-        key = (op.run_id, op.teacher)
-        credit = self._credits.get(key)
-        if credit is None or credit.balance + EPS < op.amount_usd:
-            lock = self._grant_locks.setdefault(key, asyncio.Lock())
-            async with lock:
-                credit = self._credits.get(key)
-                if credit is None or credit.balance + EPS < op.amount_usd:
-                    refused = self._refused.get(key)
-                    if refused and refused[0] == self._epoch and op.amount_usd >= refused[1]:
-                        return Reservation(False, "", refused[2])
-                    if credit is None:
-                        credit = self._credits[key] = _Credit(id=uuid.uuid4().hex)
-                    need = op.amount_usd - max(credit.balance, 0.0)
-                    want = max(need, op.chunk_usd - max(credit.balance, 0.0))
-                    granted, reason = await asyncio.to_thread(
-                        self.ledger.grant, credit.id, op.teacher, op.budget_usd, op.run_id, op.ceiling_usd, need, want
-                    )
-                    if granted <= 0 and (self._pending or (self._flusher is not None and not self._flusher.done())):
-                        await self._flush_now()  # settles not yet written may free enough: write them, ask again
-                        need = op.amount_usd - max(credit.balance, 0.0)
-                        granted, reason = await asyncio.to_thread(
-                            self.ledger.grant, credit.id, op.teacher, op.budget_usd, op.run_id, op.ceiling_usd, need, max(need, want)
-                        )
-                    if granted <= 0:
-                        self._refused[key] = (self._epoch, op.amount_usd, reason)
-                        return Reservation(False, "", reason)
-                    credit.balance += granted
-        credit.balance -= op.amount_usd
-        if credit.balance < op.chunk_usd / 2 and not self._grant_locks.setdefault(key, asyncio.Lock()).locked():
-            # top up in the background before the credit runs dry, so calls rarely wait for DuckDB
-            task = asyncio.create_task(self._top_up(key, op))
-            self._topups.add(task)
-            task.add_done_callback(self._topups.discard)
-        rid = uuid.uuid4().hex
-        self._open[rid] = _Open(op.teacher, op.run_id, op.call_id, op.amount_usd, credit.id)
-        return Reservation(True, rid)
+        """Reserve the worst case, waiting while money in flight (anyone's) or earlier waiters are in the way."""
+        waiter = uuid.uuid4().hex
+        delay = 0.005
+        waited = False
+        while True:
+            res = await self._run(self.ledger.try_reserve, op, waiter)
+            if not res.wait:
+                return res
+            if not waited:
+                waited = True
+                self.waits += 1
+            await self.maybe_reconcile()  # a dead run's reservations stop blocking once its lease expires
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 1.6, 0.2)
 
-    async def _top_up(self, key: tuple[str, str], op: Reserve) -> None:
-        lock = self._grant_locks[key]
-        if lock.locked():
-            return
-        async with lock:
-            credit = self._credits[key]
-            refused = self._refused.get(key)
-            if credit.balance >= op.chunk_usd / 2 or (refused and refused[0] == self._epoch):
-                return
-            try:
-                granted, _ = await asyncio.to_thread(self.ledger.grant, credit.id, op.teacher, op.budget_usd, op.run_id,
-                                                     op.ceiling_usd, op.amount_usd, op.chunk_usd - credit.balance)
-            except Exception:
-                return  # the foreground path will ask again and report the error
-            credit.balance += granted
+    async def mark_sent(self, reservation_id: str) -> None:
+        await self._run(self.ledger.mark_sent, reservation_id)
 
-    async def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "") -> None:
-        """Queue a settle/keep/release; it is written in the background (see class docstring)."""
-        if state not in ("settled", "kept", "released"):
-            raise ValueError(f"unknown reservation state {state!r}")
-        o = self._open.pop(reservation_id)
-        if state == "released":  # never billed: the money is free for the next call of this run
-            self._credits[(o.run_id, o.teacher)].balance += o.amount
-        self._pending.append((o, state, cost_usd, note))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+    async def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
+                    answer: tuple[str, dict[str, Any]] | None = None) -> None:
+        await self._run(self.ledger.close, reservation_id, state, cost_usd, note, answer)
 
-    async def _flush(self) -> None:
-        try:  # let closes accumulate: one DuckDB transaction for many calls (unless someone needs them now)
-            await asyncio.wait_for(self._wake.wait(), FLUSH_DELAY_S)
-        except asyncio.TimeoutError:
-            pass
-        while self._pending:
-            batch, self._pending = self._pending, []
-            rows = [(uuid.uuid4().hex, o.teacher, o.run_id, o.call_id, state, o.amount, cost, note, o.credit_id)
-                    for o, state, cost, note in batch]
-            await asyncio.to_thread(self.ledger.close_calls, rows)
-            self._epoch += 1
+    async def fail_claim(self, call_id: str, reason: str) -> None:
+        await self._run(self.ledger.fail_claim, call_id, self.run_id, reason)
 
-    async def _flush_now(self) -> None:
-        """Write queued closes immediately (budget they free may let a refused call through)."""
-        self._wake.set()
+    async def finish(self, note: str = "run ended") -> dict[str, int]:
+        """Stop heartbeating and close the run (anything still open is finalized: released or kept)."""
+        for t in (self._heart, self._watcher):
+            if t is not None:
+                t.cancel()
         try:
-            while self._flusher is not None and not self._flusher.done():
-                await self._flusher
-            if self._pending:
-                self._flusher = asyncio.create_task(self._flush())
-                await self._flusher
+            return await self._run(self.ledger.close_run, self.run_id, note)
         finally:
-            self._wake.clear()
+            self._pool.shutdown(wait=False)
 
-    async def drain(self) -> None:
-        """Write every queued close, then release the unused credit of every teacher."""
-        while self._topups:
-            await asyncio.gather(*list(self._topups))
-        await self._flush_now()
-        if not self._open:  # with calls still open (a crash in a caller) the credit stays reserved
-            ids = [c.id for c in self._credits.values()]
-            if ids:
-                await asyncio.to_thread(self.ledger.release_credits, ids)
 
+def default_ledger_url() -> str:
+    """``$COMPOSER_LEDGER_URL``, else ``<home>/ledger.sqlite``."""
+    return os.environ.get("COMPOSER_LEDGER_URL") or str(default_home() / "ledger.sqlite")
+
+
+def open_ledger(url: str | Path | None = None) -> Ledger:
+    return Ledger(url or default_ledger_url())

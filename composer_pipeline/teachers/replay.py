@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -31,9 +32,9 @@ import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.teachers.cache import ResponseCache, call_id
-from composer_pipeline.teachers.client import CallResult, answer_from_response, call_teacher, make_http_client
+from composer_pipeline.teachers.client import CallResult, TeacherGuard, answer_from_response, call_teacher, make_http_client
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig
-from composer_pipeline.teachers.ledger import AsyncLedger, Ledger
+from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
 
 
@@ -114,11 +115,13 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
 # ---------------------------------------------------------------------------------------------
 def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger) -> CostPlan:
     rows = {name: [] for name in tables.COST_PLAN.names}
+    in_cache = {r.call_id for r in requests if _cache_get(cache, r.call_id) is not None}
+    in_ledger = ledger.answered_ids(sorted({r.call_id for r in requests} - in_cache))  # paid answers the cache lost
     for r in requests:
         rows["state_id"].append(r.state_id)
         rows["teacher"].append(r.teacher.name)
         rows["call_id"].append(r.call_id)
-        rows["cached"].append(r.call_id in cache)
+        rows["cached"].append(r.call_id in in_cache or r.call_id in in_ledger)
         rows["est_prompt_tokens"].append(r.est_prompt_tokens)
         rows["worst_case_usd"].append(r.worst_case_usd)
     return check_plan(pa.table(rows, schema=tables.COST_PLAN), config, ledger)
@@ -133,7 +136,7 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
                                     plan.column("worst_case_usd").to_pylist()):
         if not cached:
             worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
-    remaining = {t.name: ledger.remaining(t.name, t.budget_usd) for t in config.teachers}
+    remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
     reasons, over = [], []
     for t in config.teachers:
         if worst_by[t.name] > remaining[t.name]:
@@ -174,6 +177,7 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
         "action": res.action.to_json() if res.action is not None else None,
         "raw_answer": res.raw_answer,
         "cost_usd": float(res.cost_usd),
+        "paid_usd": 0.0 if res.cache_hit else float(res.cost_usd),
         "reserved_usd": float(res.reserved_usd),
         "prompt_tokens": res.prompt_tokens,
         "completion_tokens": res.completion_tokens,
@@ -186,60 +190,118 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
 
 def _from_cache(rec: dict[str, Any], teacher: TeacherConfig) -> CallResult:
     res = answer_from_response(rec["response"], teacher)
-    res.cost_usd = 0.0  # paid by the run that bought it (its cost stays in the cache record)
+    res.cost_usd = float(rec.get("cost_usd") or 0.0)  # what it cost when bought; this run pays 0 (paid_usd)
     res.latency_s = rec.get("latency_s")
     res.cache_hit = True
     return res
 
 
+def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
+    try:
+        return cache.get(cid)
+    except OSError:  # an unreadable cache is a miss; the ledger still has every paid answer
+        return None
+
+
 async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], cache: ResponseCache,
-                  ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> list[CallResult]:
-    aledger = AsyncLedger(ledger)
+                  ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> tuple[list[CallResult], dict[str, Any]]:
+    aledger = AsyncLedger(ledger, run_id, config.lease_s)
     sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
+    guards = {t.name: TeacherGuard(config.max_invalid_responses) for t in config.teachers}
     clients = {t.name: make_http_client(t) for t in config.teachers}
     results: list[CallResult | None] = [None] * len(requests)
     first: dict[str, asyncio.Future] = {}  # call_id -> result of its first occurrence in this run
     done = 0
+    shared = 0  # answers another run bought while this one waited for its claim
+
+    async def buy(r: ReplayRequest) -> CallResult:
+        nonlocal shared
+        t = r.teacher
+        rec = _cache_get(cache, r.call_id)
+        if rec is not None:
+            return _from_cache(rec, t)
+        key = api_keys.get(t.name)
+        if t.api_key_env and not key:
+            return CallResult(status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set")
+        if guards[t.name].disabled_reason:
+            return CallResult(status="failed", reason=guards[t.name].disabled_reason)
+        claim = await aledger.claim(r.call_id, t.name)  # waits while another live run is buying it
+        if claim.state == "answered":
+            shared += 1
+            try:
+                await asyncio.to_thread(cache.put, r.call_id, claim.record)  # repair the cache from the ledger
+            except OSError:
+                pass
+            return _from_cache(claim.record, t)
+        try:
+            res = await call_teacher(clients[t.name], t, key, r.body, r.call_id, ledger=aledger, cache=cache, run_id=run_id,
+                                     ceiling_usd=config.ceiling_usd, semaphore=sems[t.name], guard=guards[t.name])
+        except Exception as e:
+            await aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
+            raise
+        if res.status != "answered":
+            await aledger.fail_claim(r.call_id, res.reason or res.status)
+        return res
 
     async def one(i: int, r: ReplayRequest) -> None:
         nonlocal done
-        t = r.teacher
-        key = api_keys.get(t.name)
         if r.call_id in first:  # identical request already in this run: never pay twice
             prev: CallResult = await first[r.call_id]
             if prev.status == "answered":
                 res = dataclasses.replace(prev, cache_hit=True)
             else:  # its failure is reported once with its cost; this row repeats the verdict at no cost
                 res = dataclasses.replace(prev, cost_usd=0.0, reserved_usd=0.0, attempts=0)
-            results[i] = res
-            done += 1
-            if progress is not None:
-                progress(done, len(requests))
-            return
-        first[r.call_id] = asyncio.get_running_loop().create_future()
-        rec = cache.get(r.call_id)
-        if rec is not None:
-            res = _from_cache(rec, t)
-        elif t.api_key_env and not key:
-            res = CallResult(status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set")
         else:
+            fut = first[r.call_id] = asyncio.get_running_loop().create_future()
             try:
-                res = await call_teacher(clients[t.name], t, key, r.body, r.call_id, ledger=aledger, cache=cache,
-                                         run_id=run_id, ceiling_usd=config.ceiling_usd, semaphore=sems[t.name])
+                res = await buy(r)
             except Exception as e:  # a bug or a ledger failure: recorded, never a lost row
                 res = CallResult(status="failed", reason=f"internal_error: {type(e).__name__}: {str(e)[:200]}")
+            fut.set_result(res)
         results[i] = res
-        first[r.call_id].set_result(res)
         done += 1
         if progress is not None:
             progress(done, len(requests))
 
+    note = "run ended"
     try:
+        await aledger.start()
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    except asyncio.CancelledError:
+        note = "run interrupted"
+        raise
     finally:
-        await asyncio.gather(*(c.aclose() for c in clients.values()))
-        await aledger.drain()  # every settle/keep/release is in the ledger before the run returns
-    return results  # type: ignore[return-value]
+        await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
+        await aledger.finish(note)  # anything still open is released (never sent) or kept (sent)
+    info = {"reservation_waits": aledger.waits, "shared_answers": shared,
+            "disabled_teachers": {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason}}
+    return results, info  # type: ignore[return-value]
+
+
+async def _with_signals(coro):
+    """Run ``coro``; SIGTERM/SIGINT cancel it (its ``finally`` closes the ledger run) → :class:`ReplayInterrupted`."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    got: list[int] = []
+    installed: dict[int, Any] = {}  # signal -> the handler it had (Dagster's, pytest's...): put back afterwards
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous = signal.getsignal(sig)
+            loop.add_signal_handler(sig, lambda s=sig: got or (got.append(s), task.cancel()))  # once: let finally finish
+            installed[sig] = previous
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (e.g. inside a Dagster step)
+            pass
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if got:
+            raise ReplayInterrupted(got[0]) from None
+        raise
+    finally:
+        for sig, previous in installed.items():
+            loop.remove_signal_handler(sig)  # sets SIG_DFL / default_int_handler, not the previous handler
+            if previous is not None:
+                signal.signal(sig, previous)
 
 
 def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
@@ -247,7 +309,7 @@ def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
     paid = [r for r in rows if not r["cache_hit"]]
     spend: dict[str, float] = defaultdict(float)
     for r in paid:
-        spend[r["teacher"]] += r["cost_usd"] or 0.0
+        spend[r["teacher"]] += r["paid_usd"] or 0.0
     failures = Counter((r["reason"] or "").split(":", 1)[0] or r["status"] for r in rows if r["status"] != "answered")
     unparsed = sum(1 for r in rows if r["status"] == "answered" and r["action"] is None)
     lat = sorted(r["latency_s"] for r in paid if r["status"] == "answered" and r["latency_s"] is not None)
@@ -280,14 +342,14 @@ def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_k
                     cache: ResponseCache, ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None = None,
                     extra_failed: Iterable[tuple[str, str | None, str]] = ()) -> ReplayResult:
     """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
-    results = asyncio.run(_replay(requests, config, api_keys, cache, ledger, run_id, progress))
+    results, info = asyncio.run(_with_signals(_replay(requests, config, api_keys, cache, ledger, run_id, progress)))
     rows = [_row(r, res) for r, res in zip(requests, results)]
     for sid, skey, reason in extra_failed:
         for t in config.teachers:
             stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)
             rows.append(_row(stub, CallResult(status="failed", reason=reason)) | {"call_id": None})
     table = tables.conform(pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS), "teacher_replays")
-    return ReplayResult(table, summarize(table, run_id))
+    return ReplayResult(table, {**summarize(table, run_id), **info})
 
 
 def replay_states(states: pa.Table, messages: pa.Table, config: TeachersConfig, api_keys: dict[str, str | None], *,

@@ -3,17 +3,19 @@ the replay benchmark (a real socket and real HTTP/1.1 keep-alive; no model behin
 
 In:  requests to ``POST /v1/chat/completions``. What happens to a request is read from a directive in
      its messages: ``[[script: 429:1, 500, answer]]`` lists the behaviour per attempt of the same body
-     (the last entry repeats). Without a directive the server answers. Behaviours:
+     (the last entry repeats). Without a directive the server follows ``default_script`` (default: answer). Behaviours:
 
      ``answer`` · ``answer:<text>`` (content, default a ``<tool_call>`` for Read) · ``429:<retry-after s>``
      · ``500`` / ``503`` / ``400`` (any status) · ``hang:<s>`` (sleep, then answer) · ``truncjson``
      (200, complete HTTP, JSON cut in half) · ``cutbody`` (200, Content-Length larger than what is sent,
      then close) · ``reset`` (TCP RST after reading the request) · ``nousage`` (answer without usage)
      · ``garbage`` (an answer whose ``<tool_call>`` is not JSON) · ``echoauth`` (401 whose error message
-     echoes the Authorization header, as a careless provider might).
+     echoes the Authorization header, as a careless provider might) · ``html`` (200 with an HTML page, as
+     a login wall or a misconfigured proxy sends).
 
 Out: responses; ``server.requests`` (every request: sha256 of its body, its Authorization header, the
-     raw body) and ``server.count(body_hash)``. A fixed ``latency_s`` delays every answer (benchmark).
+     raw body), ``server.count(body_hash)`` and ``server.billed`` (body hash, prompt and completion tokens
+     of every answer sent with usage: what a provider would invoice). A fixed ``latency_s`` delays every answer (benchmark).
 
 Usage is reported as ``prompt_tokens = len(body)//4`` and ``completion_tokens = len(content)//4 + 1``.
 """
@@ -45,7 +47,7 @@ class SeenRequest:
     behaviour: str
 
 
-def _directive(body: dict[str, Any]) -> list[str]:
+def _directive(body: dict[str, Any], default: list[str] | None = None) -> list[str]:
     for m in reversed(body.get("messages") or []):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):
@@ -54,7 +56,7 @@ def _directive(body: dict[str, Any]) -> list[str]:
             hit = SCRIPT_RE.search(content)
             if hit:
                 return [s.strip() for s in hit.group(1).split(",") if s.strip()]
-    return ["answer"]
+    return list(default or ["answer"])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -94,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         srv = self.server
         h = hashlib.sha256(raw).hexdigest()
-        script = _directive(body)
+        script = _directive(body, srv.default_script)
         with srv.lock:
             n = srv.counts[h]
             srv.counts[h] += 1
@@ -115,6 +117,14 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"Retry-After": arg} if arg else {}
             self._send(int(kind), orjson.dumps({"error": {"message": f"scripted {kind}"}}), headers)
             return
+        if kind == "html":
+            page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Please sign in</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         if kind == "hang":
             time.sleep(float(arg or 30))
         content = {"garbage": "<tool_call>{not json at all</tool_call>"}.get(kind, arg if kind == "answer" and arg else DEFAULT_ANSWER)
@@ -127,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
         if kind != "nousage":
             resp["usage"] = {"prompt_tokens": len(raw) // 4, "completion_tokens": len(content) // 4 + 1,
                              "total_tokens": len(raw) // 4 + len(content) // 4 + 1}
+            if kind not in ("truncjson", "cutbody"):
+                with srv.lock:
+                    srv.billed.append((h, len(raw) // 4, len(content) // 4 + 1))
         payload = orjson.dumps(resp)
         if kind == "truncjson":
             self._send(200, payload[: len(payload) // 2])
@@ -155,6 +168,8 @@ class ScriptedServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.requests: list[SeenRequest] = []
+        self.billed: list[tuple[str, int, int]] = []
+        self.default_script: list[str] = ["answer"]  # for requests without a directive (e.g. real sessions)
         self._thread: threading.Thread | None = None
 
     def handle_error(self, request, client_address):  # resets and cut bodies are intended

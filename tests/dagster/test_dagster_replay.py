@@ -21,7 +21,7 @@ def _resources(tmp_path, trace_root, teachers_yaml):
         "io_manager": ParquetIOManager(root=str(tmp_path / "store")),
         "recipes": PipelineRecipes(trace_root=str(trace_root)),
         "teachers": TeachersResource(recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache")),
-        "ledger": LedgerResource(path=str(tmp_path / "ledger.duckdb")),
+        "ledger": LedgerResource(path=str(tmp_path / "ledger.sqlite")),
     }
 
 

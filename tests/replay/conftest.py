@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,16 @@ def scripted_request(cfg: TeachersConfig, i: int, script: str = "answer", teache
     tools = [{"type": "function", "function": {"name": "Read", "parameters": {
         "type": "object", "properties": {"file_path": {"type": "string"}}}}}]
     return make_request(f"state{i:04d}", "sess", cfg.teachers[teacher], msgs, tools)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request, tmp_path) -> str:
+    """A fresh ledger on each backend: an SQLite file (the embedded default) and a new database on the
+    session's real PostgreSQL server (started once, tests/postgres_server.py)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite")
+    pg = request.getfixturevalue("postgres_server")
+    return pg.create_database(f"ledger_{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

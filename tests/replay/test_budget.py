@@ -24,7 +24,7 @@ def test_budget_race_in_one_process(tmp_path, server):
     budget = 5.5 * worst  # room for 5 worst cases in flight
     cfg = make_config(server.url, budget_usd=budget, max_concurrency=40)
     reqs = [scripted_request(cfg, i) for i in range(40)]
-    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
     res = replay_requests(reqs, cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="race")
     rows = res.table.to_pylist()
     answered = [r for r in rows if r["status"] == "answered"]
@@ -41,7 +41,7 @@ def test_run_ceiling_caps_one_run_but_not_the_next(tmp_path, server):
     probe = make_config(server.url)
     worst = scripted_request(probe, 0).worst_case_usd
     cfg = make_config(server.url, ceiling_usd=2.5 * worst, max_concurrency=1)
-    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
     cache = ResponseCache(tmp_path / "c")
     reqs = [scripted_request(cfg, i, pad=0) for i in range(30)]
     res = replay_requests(reqs, cfg, {}, cache=cache, ledger=ledger, run_id="run-a")
@@ -58,12 +58,12 @@ def test_budget_holds_across_runs_and_plan_reports_it(tmp_path, server):
     probe = make_config(server.url)
     worst = scripted_request(probe, 0).worst_case_usd
     cfg = make_config(server.url, budget_usd=3 * worst)
-    ledger, cache = Ledger(tmp_path / "ledger.duckdb"), ResponseCache(tmp_path / "c")
+    ledger, cache = Ledger(tmp_path / "ledger.sqlite"), ResponseCache(tmp_path / "c")
     reqs = [scripted_request(cfg, i) for i in range(6)]
     plan = plan_requests(reqs, cfg, cache, ledger)
     assert plan.table.num_rows == 6 and not plan.fits and "teacher t1" in plan.reasons[0]
     assert plan.worst_case_by_teacher["t1"] == pytest.approx(6 * worst)
-    replay_requests(reqs[:2], cfg, {}, cache=cache, ledger=Ledger(tmp_path / "ledger.duckdb"), run_id="day1")
+    replay_requests(reqs[:2], cfg, {}, cache=cache, ledger=Ledger(tmp_path / "ledger.sqlite"), run_id="day1")
     spent = ledger.spent("t1")
     assert 0 < spent < 2 * worst  # two calls settled at actual usage, below their worst cases
     plan2 = plan_requests(reqs, cfg, cache, ledger)
@@ -95,7 +95,7 @@ def test_budget_race_across_processes(tmp_path, server, repo_root):
     probe = make_config(server.url)
     worst = scripted_request(probe, 0).worst_case_usd
     budget = 8.5 * worst
-    ledger_path = tmp_path / "shared-ledger.duckdb"
+    ledger_path = tmp_path / "shared-ledger.sqlite"
     procs = []
     for k in range(2):  # different bodies per process (pad), separate caches: both really spend
         code = _WORKER.format(tests=str(repo_root / "tests"), url=server.url, budget=budget, pad=k,

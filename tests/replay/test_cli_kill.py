@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.ledger import Ledger
 
 from .conftest import teacher_dict
 
@@ -28,7 +29,7 @@ def _yaml(tmp_path, url, **over) -> str:
 
 def _cmd(samples_dir, teachers, out, home):
     return [sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers", teachers,
-            "--out", str(out), "--ledger", str(home / "ledger.duckdb"), "--cache", str(home / "cache")]
+            "--out", str(out), "--ledger", str(home / "ledger.sqlite"), "--cache", str(home / "cache")]
 
 
 def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
@@ -49,6 +50,19 @@ def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
     s2 = json.loads(p2.stdout.strip().splitlines()[-1])
     assert s2["calls"] == 0 and s2["cache_hits"] == len(rows) and s2["total_spend"] == 0
     assert len(server.requests) == n
+    # what an answer cost stays in cost_usd across re-runs/backfills; paid_usd says what each run paid
+    rows2 = {r["call_id"]: r for r in pq.read_table(tmp_path / "out2" / "replays.parquet").to_pylist()}
+    assert all(r["paid_usd"] == r["cost_usd"] > 0 for r in rows)
+    assert all(rows2[r["call_id"]]["cost_usd"] == r["cost_usd"] and rows2[r["call_id"]]["paid_usd"] == 0 for r in rows)
+    from composer_pipeline.lineage import format_lineage
+
+    r0 = next(iter(rows2.values()))
+    chain = {"pair": {"pair_id": "p", "kind": "dpo", "tables": [], "n_agreeing": 2, "n_teachers": 2, "agreement_score": 1.0,
+                      "agreeing_teachers": ["t1", "t2"], "cost_usd": 0.0, "consensus_signature": "", "agent_signature": ""},
+             "replays": [r0], "state": None, "session": {"session_key": "k", "session_id": "s", "source_file": "f"},
+             "records": [], "missing": []}
+    line = next(x for x in format_lineage(chain).splitlines() if r0["call_id"][:16] in x)
+    assert f"cost ${r0['cost_usd']:.6f}  paid $0.000000 (cache)" in line
 
 
 def test_cli_errors_are_clear(tmp_path, server):
@@ -77,17 +91,21 @@ def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_di
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
-    received = {p.stem for p in cache.dir.glob("*/*.json")}
+    cached = {p.stem for p in cache.dir.glob("*/*.json")}
+    # every paid answer is in the ledger before the cache: some may have missed only the cache at the kill
+    received = cached | {c["call_id"] for c in Ledger(tmp_path / "ledger.sqlite").rows("claims") if c["state"] == "answered"}
     assert 6 <= len(received) < 2 * states.num_rows, "kill landed too late to test anything"
     assert not (tmp_path / "out1" / "replays.parquet").exists()
     first_run_requests = len(server.requests)
 
+    t0 = time.monotonic()
     p = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
+    assert time.monotonic() - t0 < 25, "the re-run waited for the dead run's lease (its process is gone: it must not)"
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     rows = pq.read_table(tmp_path / "out2" / "replays.parquet").to_pylist()
     assert len(rows) == 2 * states.num_rows and {r["status"] for r in rows} == {"answered"}
-    assert summary["cache_hits"] >= len(received)
+    assert summary["cache_hits"] >= len(cached) and summary["cache_hits"] + summary["shared_answers"] >= len(received)
     # every answer received before the kill was requested exactly once in total
     body_of = {}
     for req in server.requests:

@@ -85,3 +85,17 @@ def test_missing_file_and_bad_yaml(tmp_path):
     p.write_text("teachers: [unclosed\n")
     with pytest.raises(ValueError, match="not valid YAML"):
         load_teachers(p)
+
+
+def test_lease_and_cut_off_settings(tmp_path):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    cfg = load_teachers(_write(tmp_path, data))
+    assert cfg.lease_s == 30.0 and cfg.max_invalid_responses == 3  # defaults
+    data.update(lease_s=5, max_invalid_responses=1)
+    cfg = load_teachers(_write(tmp_path, data))
+    assert cfg.lease_s == 5.0 and cfg.max_invalid_responses == 1
+    for key, value, message in (("lease_s", 0, "lease_s must be > 0"), ("lease_s", 3600, "lease_s must be <= 600"),
+                                ("max_invalid_responses", 1.5, "must be an integer")):
+        bad = {**data, key: value}
+        with pytest.raises(ValueError, match=message):
+            load_teachers(_write(tmp_path, bad))

@@ -35,7 +35,7 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     assert states.num_rows > 40
     states = states.slice(0, 40)
     cfg = make_config(server.url, teachers=[teacher_dict(server.url, "a"), teacher_dict(server.url, "b", model="other")])
-    cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.duckdb")
+    cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
     plan = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
     assert plan.table.num_rows == 80 and plan.fits
     res = replay_states(states, messages, cfg, {}, render_opts=RenderOptions(), cache=cache, ledger=ledger, run_id="corpus")

@@ -17,7 +17,7 @@ from .conftest import make_config, scripted_request
 
 
 def _run(tmp_path, cfg, reqs, keys=None, run_id="r"):
-    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
     res = replay_requests(reqs, cfg, keys or {}, cache=ResponseCache(tmp_path / "cache"), ledger=ledger, run_id=run_id)
     return res, ledger, {r["state_id"]: r for r in res.table.to_pylist()}
 
@@ -133,3 +133,19 @@ def test_call_id_is_a_content_address(server):
     msgs = [{"role": "user", "content": "hi"}]
     est, worst = worst_case_usd(make_request("s", None, cfg.teachers[0], msgs, None).body, cfg.teachers[0])
     assert est > 0 and worst == pytest.approx(est * 1e-6 + 50 * 2e-6)
+
+
+def test_replay_puts_back_the_signal_handlers_it_found(tmp_path, server):
+    """SIGTERM/SIGINT close a replay cleanly while it runs; afterwards the caller's handlers (Dagster's run
+    worker, a user's script) are back, not the defaults."""
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        res, ledger, _ = _run(tmp_path, make_config(server.url), [scripted_request(make_config(server.url), 0)])
+        assert res.summary["answered"] == 1 and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

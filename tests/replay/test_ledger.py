@@ -1,36 +1,166 @@
-"""The DuckDB ledger's single-call API: reserve refuses past a budget or a ceiling, settle/keep/release
-count as documented, and spend survives re-opening the file (budgets hold across runs and days)."""
+"""The transactional ledger's API on every backend (``ledger_url``: SQLite file, and PostgreSQL when a
+server fixture is available): reserve/settle/keep/release count as documented, a reservation waits for
+money in flight instead of failing, claims make one buyer per request, expired leases are finalized
+(never-sent → released, sent → kept), schema migrations are versioned, and an auditor's connection held
+open blocks nothing."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
+
 import pytest
 
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger, Reserve, redact_url
 
 
-def test_reserve_settle_keep_release(tmp_path):
-    led = Ledger(tmp_path / "ledger.duckdb")
+def test_reserve_settle_keep_release(ledger_url):
+    led = Ledger(ledger_url)
     a = led.reserve("t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c1")
     b = led.reserve("t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c2")
     assert a.ok and b.ok and led.spent("t") == pytest.approx(0.8)
     c = led.reserve("t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
-    assert not c.ok and "teacher budget" in c.reason  # 0.8 + 0.4 > 1.0: refused, nothing recorded
+    assert not c.ok and c.wait and "teacher budget" in c.reason  # held by calls in flight: would wait, not refused
     led.settle(a.id, 0.05)  # actual usage: frees the rest of the reservation
     led.release(b.id)  # never billed
     assert led.spent("t") == pytest.approx(0.05)
     d = led.reserve("t", 0.4, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
-    assert not d.ok and "run ceiling" in d.reason
+    assert not d.ok and not d.wait and "run ceiling" in d.reason  # cannot fit even with nothing in flight
     e = led.reserve("t", 0.2, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
     led.keep(e.id, note="timeout: outcome unknown")  # may have been billed: counted at worst case
     assert led.spent("t") == pytest.approx(0.25)
+    f = led.reserve("t", 0.8, budget_usd=1.0, run_id="r3", ceiling_usd=10.0)
+    assert not f.ok and not f.wait and "teacher budget" in f.reason  # 0.25 settled+kept + 0.8 > 1.0: truly exhausted
     assert led.spend_by_run("r1") == {"t": pytest.approx(0.05)} and led.spend_by_run("r2") == {"t": pytest.approx(0.2)}
-    again = Ledger(tmp_path / "ledger.duckdb")  # another day, another process
+    again = Ledger(ledger_url)  # another day, another process
     assert again.remaining("t", 1.0) == pytest.approx(0.75) and again.spent("other") == 0
-    states = sorted(r["state"] for r in again.rows())
-    assert states == ["kept", "released", "settled"]
+    bal = again.balance("t", 1.0)
+    assert (bal.settled_usd, bal.kept_usd, bal.reserved_usd, bal.kept_calls) == (pytest.approx(0.05), pytest.approx(0.2), 0.0, 1)
+    assert sorted(r["state"] for r in again.rows()) == ["kept", "released", "settled"]
+    assert again.schema_version() == MIGRATIONS[-1][0]
 
 
-def test_open_reservation_of_a_dead_run_counts_as_spent(tmp_path):
-    led = Ledger(tmp_path / "ledger.duckdb")
-    led.reserve("t", 0.3, budget_usd=1.0, run_id="killed", ceiling_usd=1.0)  # never settled
-    assert Ledger(tmp_path / "ledger.duckdb").spent("t") == pytest.approx(0.3)
+def test_reservation_waits_for_money_in_flight(ledger_url):
+    led = Ledger(ledger_url)
+    a = led.reserve("t", 0.7, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
+    threading.Timer(0.3, led.settle, args=(a.id, 0.1)).start()
+    t0 = time.monotonic()
+    b = Ledger(ledger_url).reserve("t", 0.7, budget_usd=1.0, run_id="r2", ceiling_usd=10.0, wait_s=10)
+    assert b.ok and 0.25 < time.monotonic() - t0 < 5  # granted once the first call settled
+    assert led.spent("t") == pytest.approx(0.8) and led.rows("waiters") == []
+
+
+def test_waiters_are_served_first_come_first_served(ledger_url):
+    led = Ledger(ledger_url)
+    held = led.reserve("t", 0.9, budget_usd=1.0, run_id="r0", ceiling_usd=10.0)
+    big = led.try_reserve(Reserve("t", 1.0, "r1", 10.0, 0.8), waiter_id="w-big")
+    assert big.wait
+    small = led.try_reserve(Reserve("t", 1.0, "r2", 10.0, 0.05), waiter_id="w-small")
+    assert small.wait  # 0.05 would fit beside 0.9, but the earlier waiter of 0.8 goes first: nobody starves
+    led.release(held.id)
+    assert led.try_reserve(Reserve("t", 1.0, "r1", 10.0, 0.8), waiter_id="w-big").ok
+    assert led.try_reserve(Reserve("t", 1.0, "r2", 10.0, 0.05), waiter_id="w-small").ok
+
+
+def test_claims_one_buyer_and_the_answer_in_the_ledger(ledger_url):
+    a, b = Ledger(ledger_url), Ledger(ledger_url)
+    a.start_run("ra", lease_s=30)
+    b.start_run("rb", lease_s=30)
+    assert a.claim("c" * 64, "t", "ra").state == "mine"
+    got = b.claim("c" * 64, "t", "rb")
+    assert got.state == "wait" and got.owner == "ra"
+    res = a.reserve("t", 0.1, budget_usd=1.0, run_id="ra", ceiling_usd=1.0, call_id="c" * 64)
+    a.mark_sent(res.id)
+    record = {"teacher": "t", "model": "m", "response": {"choices": []}, "cost_usd": 0.01, "run_id": "ra"}
+    a.close(res.id, "settled", 0.01, answer=("c" * 64, record))  # settle + answer: one transaction
+    got = b.claim("c" * 64, "t", "rb")
+    assert got.state == "answered" and got.record["cost_usd"] == 0.01 and b.answer("c" * 64) == got.record
+    # a failed claim is taken over by the next run that needs it
+    assert a.claim("d" * 64, "t", "ra").state == "mine"
+    a.fail_claim("d" * 64, "ra", "http_400: bad request")
+    assert b.claim("d" * 64, "t", "rb").state == "mine"
+
+
+def test_expired_lease_is_finalized(ledger_url):
+    led = Ledger(ledger_url)
+    led.start_run("dead", lease_s=0.3)
+    never_sent = led.reserve("t", 0.2, budget_usd=1.0, run_id="dead", ceiling_usd=1.0)
+    sent = led.reserve("t", 0.3, budget_usd=1.0, run_id="dead", ceiling_usd=1.0, call_id="e" * 64)
+    led.mark_sent(sent.id)
+    assert led.claim("e" * 64, "t", "dead").state == "mine"
+    assert led.spent("t") == pytest.approx(0.5)
+    other = Ledger(ledger_url)
+    other.start_run("alive", lease_s=30)
+    assert other.claim("e" * 64, "t", "alive").state == "wait"  # the claimant's lease still runs
+    assert other.reconcile()["expired_runs"] == []
+    time.sleep(0.45)
+    done = other.reconcile()
+    assert done == {"expired_runs": ["dead"], "released": 1, "kept": 1, "claims_dropped": 1}
+    rows = {r["id"]: r for r in other.rows()}
+    assert rows[never_sent.id]["state"] == "released" and rows[sent.id]["state"] == "kept"
+    assert "lease expired" in rows[sent.id]["note"] and rows[sent.id]["cost_usd"] == pytest.approx(0.3)
+    bal = other.balance("t", 1.0)
+    assert bal.spent_usd == pytest.approx(0.3) and bal.reserved_usd == 0 and bal.kept_calls == 1
+    assert other.claim("e" * 64, "t", "alive").state == "mine"  # the dead claimant's request may be bought again
+    assert other.open_reservations() == 0 and not led.heartbeat("dead")
+
+
+def test_close_run_releases_unsent_and_keeps_sent(ledger_url):
+    led = Ledger(ledger_url)
+    led.start_run("r", lease_s=30)
+    a = led.reserve("t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    b = led.reserve("t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    led.mark_sent(b.id)
+    assert led.close_run("r", "run interrupted") == {"released": 1, "kept": 1, "claims_dropped": 0}
+    assert {r["id"]: r["state"] for r in led.rows()} == {a.id: "released", b.id: "kept"}
+    assert led.spent("t") == pytest.approx(0.1)
+    assert not led.close(b.id, "settled", 0.01)  # a late settle after finalization changes nothing
+
+
+def test_auditor_connection_held_open_blocks_no_writer(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    led = Ledger(path)
+    led.reserve("t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    audit = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    audit.execute("BEGIN")
+    assert audit.execute("SELECT COUNT(*) FROM reservations").fetchone() == (1,)  # read transaction held open
+    t0 = time.monotonic()
+    for _ in range(20):
+        led.reserve("t", 0.01, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    assert time.monotonic() - t0 < 5 and Ledger(path).open_reservations() == 21
+    audit.close()
+
+
+def test_bad_urls_are_clear(tmp_path):
+    from composer_pipeline.teachers.ledger import LedgerError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(LedgerError, match="cannot create its directory"):
+        Ledger(tmp_path / "file" / "ledger.sqlite")
+    with pytest.raises(LedgerError, match=r"postgresql://u:\*\*\*@127.0.0.1:1/db: cannot connect"):
+        Ledger("postgresql://u:secret@127.0.0.1:1/db")
+    assert redact_url("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
+
+
+def test_an_earlier_duckdb_ledger_is_imported_once(tmp_path):
+    """Upgrading never resets a budget: the DuckDB ledger of earlier versions beside the new file is read once."""
+    import duckdb
+
+    from composer_pipeline.teachers.ledger import LedgerError
+
+    old = duckdb.connect(str(tmp_path / "ledger.duckdb"))
+    old.execute("CREATE TABLE reservations (id VARCHAR PRIMARY KEY, teacher VARCHAR NOT NULL, run_id VARCHAR NOT NULL, "
+                "call_id VARCHAR, state VARCHAR NOT NULL, reserved_usd DOUBLE NOT NULL, cost_usd DOUBLE, note VARCHAR, "
+                "created_at TIMESTAMP NOT NULL, closed_at TIMESTAMP)")
+    old.executemany("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, now(), NULL)", [
+        ("a", "t", "r1", "c1", "settled", 0.4, 0.1, None), ("b", "t", "r1", "c2", "kept", 0.2, 0.2, "timeout"),
+        ("c", "t", "r1", "c3", "released", 0.3, 0.0, None), ("d", "t", "r2", None, "reserved", 0.25, None, "credit")])
+    old.close()
+    with pytest.raises(LedgerError, match="DuckDB ledger of an earlier version"):
+        Ledger(tmp_path / "ledger.duckdb")
+    led = Ledger(tmp_path / "ledger.sqlite")
+    bal = led.balance("t", 1.0)
+    assert bal.spent_usd == pytest.approx(0.55) and bal.settled_usd == pytest.approx(0.1) and bal.kept_usd == pytest.approx(0.45)
+    assert bal.reserved_usd == 0 and bal.kept_calls == 1
+    assert Ledger(tmp_path / "ledger.sqlite").spent("t") == pytest.approx(0.55)  # imported once, not on every open

@@ -67,7 +67,7 @@ def test_replay_through_local_server(tiny_server, samples_tables, tmp_path):
                      output_usd_per_mtok=0.8, budget_usd=1.0, max_concurrency=2, max_tokens=12, temperature=0.0, timeout_s=60)
                 for n, m in (("a", "tiny"), ("b", "tiny-b"))]
     cfg = parse_teachers({"ceiling_usd": 1.0, "teachers": teachers})
-    cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.duckdb")
+    cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
     plan = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
     assert plan.fits and plan.table.num_rows == 12 and not any(plan.table.column("cached").to_pylist())
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ def test_the_check_reads_the_plan_decision_back_from_its_table(tmp_path, server)
     worst = scripted_request(make_config(server.url), 0).worst_case_usd
     cfg = make_config(server.url, ceiling_usd=10 * worst, teachers=[
         teacher_dict(server.url, "rich", budget_usd=100 * worst), teacher_dict(server.url, "poor", budget_usd=2 * worst)])
-    ledger, cache = Ledger(tmp_path / "ledger.duckdb"), ResponseCache(tmp_path / "c")
+    ledger, cache = Ledger(tmp_path / "ledger.sqlite"), ResponseCache(tmp_path / "c")
     reqs = [scripted_request(cfg, i, teacher=t) for i in range(4) for t in (0, 1)]
     plan = plan_requests(reqs, cfg, cache, ledger)
     again = check_plan(plan.table, cfg, ledger)  # what the blocking asset check computes

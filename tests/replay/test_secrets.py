@@ -42,7 +42,7 @@ def test_key_only_in_authorization_header(tmp_path, server, samples_dir, monkeyp
     assert rows and {r["status"] for r in rows} == {"answered"}
     home = tmp_path / "home"
     files = _all_bytes(home) + _all_bytes(tmp_path / "out")
-    assert any(p.suffix == ".duckdb" for p, _ in files) and any(p.suffix == ".json" for p, _ in files)
+    assert any(p.suffix == ".sqlite" for p, _ in files) and any(p.suffix == ".json" for p, _ in files)
     for p, data in files:
         assert KEY.encode() not in data, p
     for text in (out, err, caplog.text):
@@ -52,11 +52,12 @@ def test_key_only_in_authorization_header(tmp_path, server, samples_dir, monkeyp
 def test_a_provider_echoing_the_key_is_scrubbed(tmp_path, server):
     cfg = make_config(server.url, api_key_env="X_KEY")
     res = replay_requests([scripted_request(cfg, 0, "echoauth")], cfg, {"t1": KEY}, cache=ResponseCache(tmp_path / "c"),
-                          ledger=Ledger(tmp_path / "l.duckdb"), run_id="r")
+                          ledger=Ledger(tmp_path / "l.sqlite"), run_id="r")
     row = res.table.to_pylist()[0]
     assert row["status"] == "failed" and row["reason"].startswith("http_401") and "[REDACTED]" in row["reason"]
     assert KEY not in str(res.summary) and KEY not in str(row)
-    assert KEY.encode() not in (tmp_path / "l.duckdb").read_bytes()
+    for p in tmp_path.glob("l.sqlite*"):  # the database and its write-ahead log
+        assert KEY.encode() not in p.read_bytes()
 
 
 def test_a_teacher_answering_with_a_secret_is_scrubbed_before_cache_and_table(tmp_path, server):
@@ -66,7 +67,7 @@ def test_a_teacher_answering_with_a_secret_is_scrubbed_before_cache_and_table(tm
     cfg = make_config(server.url)
     cache = ResponseCache(tmp_path / "c")
     res = replay_requests([scripted_request(cfg, 0, f"answer:use\\ntoken {token} now")], cfg, {}, cache=cache,
-                          ledger=Ledger(tmp_path / "l.duckdb"), run_id="r")
+                          ledger=Ledger(tmp_path / "l.sqlite"), run_id="r")
     row = res.table.to_pylist()[0]
     assert row["status"] == "answered" and "[REDACTED:github_token]" in str(row)
     assert token not in str(row)

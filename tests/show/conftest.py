@@ -82,7 +82,7 @@ def replayed(project_store, tmp_path_factory):
         cfg.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [dict(name="alpha", model="scripted-a", **teacher),
                                                                     dict(name="beta", model="scripted-b", **teacher)]}))
         rc, out, err = cli("replay", "--states", dst.root, "--teachers", cfg, "--out", dst.root,
-                           "--ledger", root / "ledger.duckdb", "--cache", root / "cache")
+                           "--ledger", root / "ledger.sqlite", "--cache", root / "cache")
         assert rc == 0, err
         # two model names on one server: two models to the pairs stage (a vote is base_url + model)
         rc, _, err = cli("pairs", "--replays", dst.root, "--states", dst.root, "--out", dst.root, "--teachers", cfg)
