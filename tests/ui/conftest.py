@@ -100,7 +100,7 @@ def write_pipeline_recipe(tmp: Path, *, trace_root: Path, store: Path, teachers_
     recipe = {
         "trace_root": str(trace_root),
         "store_root": str(store),
-        "ledger_path": str(tmp / "state" / "ledger.duckdb"),
+        "ledger_path": str(tmp / "state" / "ledger.sqlite"),
         "cache_dir": str(tmp / "state" / "teacher_cache"),
         "checkpoints_dir": str(tmp / "state" / "checkpoints"),
         "recipes": {
