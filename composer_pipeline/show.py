@@ -605,13 +605,13 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
         out.append("")
         tables_txt = ", ".join(f"{t['table']} ({t['status']})" for t in view.tables)
         out.append(f"- tables: {tables_txt}")
-        out.append(f"- agreement: **{a.get('agreement_kind') or 'kind not recorded'}**, {agreement_label(a)} ({', '.join(agreeing)})"
+        out.append(f"- **agreement: {a.get('agreement_kind') or 'kind not recorded'}**, {agreement_label(a)}; teachers: {', '.join(agreeing)}"
                    + (f", score {a['agreement_score']:.2f}" if a.get("agreement_score") is not None else ""))
         out.append(f"- state: `{sv.state_id}`")
         if view.prompt_matches_prefix is not None:
             out.append(f"- stored prompt equals the rendered prefix: {'yes' if view.prompt_matches_prefix else '**no**'}")
         out.append("")
-        out.append(f"| chosen ({_md_cell(', '.join(agreeing))}) | rejected (the agent) |")
+        out.append("| chosen (teacher consensus) | rejected (the agent's action) |")
         out.append("|---|---|")
         c = "<br>".join(_md_cell(x) for x in _action_lines(view.chosen, 400, 30))
         r = "<br>".join(_md_cell(x) for x in _action_lines(view.rejected, 400, 30))

@@ -74,5 +74,5 @@ def test_concurrent_partitions_without_a_pool(tmp_path, scripted_server, repo_ro
     claims = led.rows("claims")
     assert {c["state"] for c in claims} == {"answered"}
     assert len(scripted_server.requests) == len(claims) < sum(r["summary"]["rows"] for r in results)
-    assert sum(r["summary"]["calls"] for r in results) == len(claims)
+    assert sum(r["summary"]["http_requests"] for r in results) == len(claims)
     assert led.open_reservations() == 0 and {r["state"] for r in led.rows("runs")} == {"closed"}

@@ -139,7 +139,7 @@ def test_hyperscan_database_cache_round_trip(tmp_path, monkeypatch):
     damaged or foreign cache file is ignored and rewritten. Every path finds the same candidate lines."""
     import hyperscan
 
-    from composer_pipeline.ingest import scrub
+    from composer_pipeline import scrub
 
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path))
     data = b"\n".join(orjson.dumps({"c": c}) for c in (*SECRETS.values(), "task-sk-" + "a" * 30, "plain", "\n" + SECRETS["jwt"]))

@@ -78,8 +78,8 @@ def test_pair_view_shows_chosen_and_rejected(replayed):
     assert "alpha (scripted-a)  answered" in out and "[agrees" in out and "$0.0" in out
 
     md = render_markdown(next(gather(replayed["root"], [p["pair_id"]])))
-    assert "- agreement: **cross_model**, 2 of 2 models (alpha, beta)" in md
-    assert md.startswith(f"## Pair `{p['pair_id']}`") and "| chosen (alpha, beta) | rejected (the agent) |" in md
+    assert "- **agreement: cross_model**, 2 of 2 models; teachers: alpha, beta" in md
+    assert md.startswith(f"## Pair `{p['pair_id']}`") and "| chosen (teacher consensus) | rejected (the agent's action) |" in md
     assert "#### What the agent saw" in md and "#### Teachers" in md and md.count("```") % 2 == 0
 
 
