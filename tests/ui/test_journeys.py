@@ -145,9 +145,12 @@ def test_journey_3_audit_pair_lineage(ui, page):
     page.goto(ui.url + "/assets/normalized_dpo_pairs")
     page.get_by_text("pairs_by_agreement_kind").first.wait_for()
     page.get_by_text("example", exact=True).first.scroll_into_view_if_needed()
+    # the example is show's pair view, long enough that the table offers it behind a link
+    page.get_by_text("[Show Markdown]").first.click()
     page.get_by_text("agreement: cross_model").first.wait_for()
     page.get_by_text("2 of 3 models; teachers: teacher_a, teacher_b").first.wait_for()
     page.get_by_text("chosen (teacher consensus)").first.wait_for()
+    page.wait_for_timeout(600)  # the dialog's fade-in, so the screenshot shows it
     shot(page, "journey3-example-pair")
 
     # Row level: pick a pair, follow it down to the raw JSONL lines.
