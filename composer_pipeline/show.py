@@ -254,7 +254,11 @@ def pair_views(pairs: pa.Table, states: pa.Table | None, messages: pa.Table | No
         for r in _filter(replays, "state_id", need).to_pylist():
             by_state.setdefault(r["state_id"], []).append(r)
     app = {"table": table, "status": dict(PAIR_TABLES).get(table, table)}
-    return [_pair_view((row, [dict(app)]), st_rows, conv, opts, by_state, messages is not None) for row in rows]
+    views = [_pair_view((row, [dict(app)]), st_rows, conv, opts, by_state, messages is not None) for row in rows]
+    if states is None:  # the caller chose the pair's stored prompt (render source "pair.prompt"): nothing is missing
+        for v in views:
+            v.state.missing = [m for m in v.state.missing if not m.startswith("trace_states: state ")]
+    return views
 
 
 def _stores(store: Store | str | Sequence[Store | str]) -> list[Store]:
