@@ -260,6 +260,16 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     paid_before = len(ui.teachers.requests)
     assert paid_before > 0
 
+    # What each answer cost when it was bought, before the backfill (the audit must not change it).
+    def costs() -> dict:
+        from composer_pipeline.store import Store
+
+        t = Store(str(ui.store)).read_table("teacher_replays").to_pylist()
+        return {(r["state_id"], r["teacher"]): (r["cost_usd"], r["paid_usd"]) for r in t}
+
+    bought = costs()
+    assert any(cost > 0 and paid == cost for cost, paid in bought.values()), bought
+
     # Backfill the replay over every partition from the UI: all already replayed, so no new spend.
     page.goto(ui.url + "/assets/teacher_replays")
     page.get_by_role("button", name="Materialize…").first.click()
@@ -281,10 +291,19 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     shot(page, "journey2-backfill-done")
     assert page.get_by_text("Success", exact=True).count() == 1
 
-    # The replay metadata names what it counts: every answer came from the cache, no request was sent.
+    # The backfill kept what every answer cost when bought (cost_usd) and paid nothing (paid_usd 0).
+    after = costs()
+    assert set(after) == set(bought)
+    assert all(after[k][0] == bought[k][0] for k in bought), "a backfill rewrote what an answer cost"
+    assert all(paid == 0 for _, paid in after.values()), "a backfill over replayed states paid again"
+
+    # The replay metadata names what it counts: every answer came from the cache, no request was sent;
+    # the preview shows both money columns.
     page.goto(ui.url + "/assets/teacher_replays")
     page.get_by_text("http_requests").first.wait_for()
     page.get_by_text("cache_hits").first.wait_for()
+    page.get_by_text("paid_usd", exact=True).first.wait_for()
+    page.get_by_text("cost_usd", exact=True).first.wait_for()
     shot(page, "journey2-replay-metadata")
 
 
