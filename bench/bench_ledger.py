@@ -92,13 +92,9 @@ def worker(a: dict) -> None:
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.testing.scripted_server", "0", str(latency)],
-                            stdout=subprocess.PIPE, text=True)
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http"):
-        proc.kill()
-        raise RuntimeError("scripted server did not start")
-    return proc, url
+    from composer_pipeline.testing.scripted_server import start_subprocess
+
+    return start_subprocess(latency)
 
 
 def fresh_ledger(backend: str, pg: str | None, d: Path) -> str:

@@ -27,16 +27,11 @@ from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from composer_pipeline.teachers.replay import make_request, replay_requests
+from composer_pipeline.testing.scripted_server import start_subprocess
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.testing.scripted_server", "0", str(latency)],
-                            stdout=subprocess.PIPE, text=True)
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http"):
-        proc.kill()
-        raise RuntimeError("scripted server did not start")
-    return proc, url
+    return start_subprocess(latency)
 
 
 def raw_httpx(url: str, c: int, reqs) -> float:

@@ -106,20 +106,13 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def stop_servers(state_dir: str | Path, timeout_s: float = 10.0) -> list[dict]:
     """SIGTERM each server named by a ``teacher_server-*.pid`` file under ``state_dir`` (only a process
     whose command line is a ``teachers serve``: a stale pid file never kills an unrelated process)."""
     import signal
     import time
+
+    from composer_pipeline.teachers.server import process_alive
 
     out = []
     for pid_file in sorted(Path(state_dir).glob("teacher_server-*.pid")):
@@ -136,9 +129,9 @@ def stop_servers(state_dir: str | Path, timeout_s: float = 10.0) -> list[dict]:
             continue
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while _running(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        alive = _running(pid)
+        alive = process_alive(pid)
         if not alive:
             pid_file.unlink(missing_ok=True)
         out.append({"pid_file": str(pid_file), "pid": pid, "status": "still running" if alive else "stopped"})

@@ -360,7 +360,8 @@ def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: in
     return TeacherHTTPServer(load_models(models, max_prompt_tokens, memo_size), host, port, log)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -376,7 +377,7 @@ def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int
         why = None
         if idle_exit_s and idle >= idle_exit_s:
             why = f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g})"
-        elif exit_with_pid and not _alive(exit_with_pid):
+        elif exit_with_pid and not process_alive(exit_with_pid):
             why = f"process {exit_with_pid} (exit_with_pid) is gone"
         if why:
             if on_exit:

@@ -194,6 +194,20 @@ class ScriptedServer(ThreadingHTTPServer):
         self.server_close()
 
 
+def start_subprocess(latency: float = 0.0):
+    """This server in a child process (``python -m``) on a free loopback port: ``(Popen, url)``."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.testing.scripted_server", "0", str(latency)],
+                            stdout=subprocess.PIPE, text=True)
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise RuntimeError("scripted server did not start")
+    return proc, url
+
+
 def main() -> None:  # python -m composer_pipeline.testing.scripted_server PORT [LATENCY]
     import sys
 

@@ -57,7 +57,7 @@ def test_local_teacher_server_autostarts_and_answers(tmp_path, tiny_model_dir):
 def test_a_started_server_is_stoppable_and_stops_itself_when_idle(tmp_path, tiny_model_dir):
     """No undocumented leftover: `composer-pipeline teachers stop` ends it now, and idle it ends itself."""
     from composer_pipeline.cli import main
-    from composer_pipeline.cli.teachers import _running
+    from composer_pipeline.teachers.server import process_alive as _running
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}/v1"
@@ -94,7 +94,7 @@ def test_a_server_exits_with_the_process_it_belongs_to(tmp_path, tiny_model_dir)
     import subprocess
     import sys
 
-    from composer_pipeline.cli.teachers import _running
+    from composer_pipeline.teachers.server import process_alive as _running
 
     owner = subprocess.Popen(["sleep", "600"])
     port = _free_port()

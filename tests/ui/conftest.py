@@ -177,7 +177,7 @@ def move_session(src_root: Path, dst_root: Path) -> str:
 def teacher_server_pids(state_dir: Path) -> list[int]:
     """Running `composer-pipeline teachers serve` processes started for this instance (by pid file or
     by command line naming its teachers recipe)."""
-    from composer_pipeline.cli.teachers import _running
+    from composer_pipeline.teachers.server import process_alive as _running
 
     pids = []
     for proc in Path("/proc").iterdir():
