@@ -14,7 +14,7 @@ import dagster as dg
 import pyarrow as pa
 
 from assets.metadata import counts, preview
-from assets.partitions import sessions_partitions
+from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
 from resources.recipes import PipelineRecipes
 
@@ -116,14 +116,14 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
         ),
     },
     check_specs=[
-        dg.AssetCheckSpec("parse_success_ratio", asset="trace_states", partitions_def=sessions_partitions,
-                          description="Parsed lines / all lines ≥ threshold."),
-        dg.AssetCheckSpec("quarantine_count", asset="quarantine", partitions_def=sessions_partitions,
-                          description="Quarantined lines ≤ threshold."),
-        dg.AssetCheckSpec("schema", asset="trace_states", blocking=True, partitions_def=sessions_partitions,
-                          description="All three tables match tables.py."),
-        dg.AssetCheckSpec(
-            "no_secrets", asset="trace_messages", blocking=True, partitions_def=sessions_partitions,
+        session_check("parse_success_ratio", asset="trace_states",
+                      description="Parsed lines / all lines ≥ threshold."),
+        session_check("quarantine_count", asset="quarantine",
+                      description="Quarantined lines ≤ threshold."),
+        session_check("schema", asset="trace_states", blocking=True,
+                      description="All three tables match tables.py."),
+        session_check(
+            "no_secrets", asset="trace_messages", blocking=True,
             description="Secret scan of the stored messages/states/quarantine finds nothing (blocks replay).",
         ),
     ],

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from assets.ingest import render_options
 from assets.metadata import counts, preview
-from assets.partitions import sessions_partitions
+from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.pairs.build import agreement_label
 from resources.recipes import PipelineRecipes
@@ -112,19 +112,14 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
         "dropped_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs removed, with the op and reason."),
     },
     check_specs=[
-        dg.AssetCheckSpec("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py.",
-                          partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("non_empty_chosen_rejected", asset="normalized_dpo_pairs", blocking=True,
-                          description="Every kept pair has a non-blank chosen and rejected text.",
-                          partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("chosen_differs_from_rejected", asset="normalized_dpo_pairs", blocking=True,
-                          description="No kept pair prefers an action over the identical action.",
-                          partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("resolves_to_raw_lines", asset="normalized_dpo_pairs", blocking=True,
-                          description="Every pair's records and source lines exist in trace_messages.",
-                          partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold.",
-                          partitions_def=sessions_partitions),
+        session_check("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py."),
+        session_check("non_empty_chosen_rejected", asset="normalized_dpo_pairs", blocking=True,
+                      description="Every kept pair has a non-blank chosen and rejected text."),
+        session_check("chosen_differs_from_rejected", asset="normalized_dpo_pairs", blocking=True,
+                      description="No kept pair prefers an action over the identical action."),
+        session_check("resolves_to_raw_lines", asset="normalized_dpo_pairs", blocking=True,
+                      description="Every pair's records and source lines exist in trace_messages."),
+        session_check("drop_rate", asset="dropped_pairs", description="Dropped / all pairs ≤ threshold."),
     ],
 )
 def normalized_pairs(

@@ -14,3 +14,9 @@ warnings.filterwarnings("ignore", message=r".*partitions_def on an AssetCheckSpe
 warnings.filterwarnings("ignore", message=r".*partitions_def.*asset_check.*", category=dg.PreviewWarning)
 
 sessions_partitions = dg.DynamicPartitionsDefinition(name="sessions")
+
+
+def session_check(name: str, *, asset: str, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
+    """A check of a session-partitioned asset, reported per session partition (the UI names its session)."""
+    return dg.AssetCheckSpec(name, asset=asset, description=description, blocking=blocking,
+                             partitions_def=sessions_partitions)

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from assets.ingest import render_options
 from assets.metadata import counts, preview
-from assets.partitions import sessions_partitions
+from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.teachers.run_report import replay_summary
 from resources.ledger import LedgerResource
@@ -116,15 +116,12 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "
     "budget ledger with per-call reservations).",
     check_specs=[
-        dg.AssetCheckSpec("spend_within_ceiling", asset="teacher_replays", blocking=True,
-                          description="Actual spend of this run ≤ the ceiling of one run.",
-                          partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("teachers_within_budget", asset="teacher_replays", blocking=True,
-                          description="Each teacher's lifetime spend in the ledger ≤ its budget.",
-                          partitions_def=sessions_partitions),
-        dg.AssetCheckSpec("error_rate", asset="teacher_replays", blocking=True,
-                          description="Failed calls / all calls ≤ threshold.",
-                          partitions_def=sessions_partitions),
+        session_check("spend_within_ceiling", asset="teacher_replays", blocking=True,
+                      description="Actual spend of this run ≤ the ceiling of one run."),
+        session_check("teachers_within_budget", asset="teacher_replays", blocking=True,
+                      description="Each teacher's lifetime spend in the ledger ≤ its budget."),
+        session_check("error_rate", asset="teacher_replays", blocking=True,
+                      description="Failed calls / all calls ≤ threshold."),
     ],
 )
 def teacher_replays(

@@ -129,7 +129,7 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
     plans = []
     for i in range(n):
         project = f"rbe-{split}-{i % 4}"
-        cwd = f"/work/{project}"
+        cwd = f"/home/dev/{project}"
         sid = str(uuid.UUID(int=rng.getrandbits(128)))
         d, name, ext = rng.choice(pool["dirs"]), rng.choice(pool["names"]), rng.choice(pool["exts"])
         path = f"{cwd}/{d}/{name}.{ext}"
