@@ -197,24 +197,60 @@ class _SQLite:
         self.label = str(self.path)
 
     def connect(self):
+        """A connection in WAL mode. The file itself is never opened by Python here: POSIX drops every lock
+        a process holds on a file when *any* descriptor of it is closed (sqlite.org/howtocorrupt.html §2.2),
+        so an ``open()``/``close()`` of the database beside live connections leaves this process holding no
+        lock; another process closing its last connection then believes it is the last one, checkpoints and
+        deletes the WAL, and every later write of this process goes to the deleted file and is lost."""
         import sqlite3
 
+        for attempt in range(50):
+            con = None
+            try:
+                con = sqlite3.connect(str(self.path), timeout=120, isolation_level=None, check_same_thread=False)
+                con.execute("PRAGMA busy_timeout = 120000")
+                # switching a new file to WAL needs an exclusive lock and may answer "locked" at once while
+                # another process creates the same file (the busy handler is not always used): retry
+                con.execute("PRAGMA journal_mode = WAL")
+                con.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes (kill -9)
+                return con
+            except sqlite3.DatabaseError as e:
+                if con is not None:
+                    con.close()
+                if isinstance(e, sqlite3.OperationalError) and "locked" in str(e) and attempt < 49:
+                    time.sleep(random.uniform(0.01, 0.05) * min(attempt + 1, 10))
+                    continue
+                if "not a database" in str(e) and self._is_duckdb():
+                    raise LedgerError(f"ledger {self.path} is a DuckDB ledger of an earlier version: point the ledger at "
+                                      f"{self.path.with_suffix('.sqlite')} (its spend is imported from this file on first use)") from None
+                raise LedgerError(f"ledger {self.path}: cannot open: {e}") from None
+        raise AssertionError("unreachable")
+
+    def check_wal(self, state: threading.local) -> None:
+        """After a write: this connection's WAL is still the file on disk. While any connection of this
+        process is open no other process may delete the WAL; if one did anyway (this process lost its
+        locks, see :meth:`connect`), this write and every later one would be invisible to everyone else:
+        fail loudly instead of spending against a ledger nobody can read."""
+        try:
+            ino = os.stat(f"{self.path}-wal").st_ino
+        except FileNotFoundError:
+            ino = None
+        seen = getattr(state, "wal_ino", None)
+        if ino is not None and seen in (None, ino):
+            state.wal_ino = ino
+            return
+        raise LedgerError(f"ledger {self.path}: its write-ahead log was deleted or replaced while this process had it open, "
+                          "so writes since then are lost to other processes; something in this process opened and closed "
+                          "the database file directly (that drops SQLite's locks). Stop this run and re-run it.")
+
+    def _is_duckdb(self) -> bool:
+        """Whether the file is a DuckDB database. Only called once SQLite refused the file, so no SQLite
+        connection of this process can hold a lock on it (see :meth:`connect`)."""
         try:
             with open(self.path, "rb") as f:
-                head = f.read(16)
+                return f.read(16)[8:12] == b"DUCK"
         except OSError:
-            head = b""
-        if head[8:12] == b"DUCK":
-            raise LedgerError(f"ledger {self.path} is a DuckDB ledger of an earlier version: point the ledger at "
-                              f"{self.path.with_suffix('.sqlite')} (its spend is imported from this file on first use)")
-        try:
-            con = sqlite3.connect(str(self.path), timeout=120, isolation_level=None, check_same_thread=False)
-            con.execute("PRAGMA busy_timeout = 120000")
-            con.execute("PRAGMA journal_mode = WAL")
-            con.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes (kill -9)
-        except sqlite3.Error as e:
-            raise LedgerError(f"ledger {self.path}: cannot open: {e}") from None
-        return con
+            return False
 
     def sql(self, q: str) -> str:
         return q
@@ -267,6 +303,9 @@ class _Postgres:
     def migration_lock(self, cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(724011601)")  # one migrator at a time
 
+    def check_wal(self, state: threading.local) -> None:
+        pass  # the server owns durability
+
 
 class Ledger:
     """The ledger at ``url`` (file path → SQLite, ``postgresql://`` → PostgreSQL); thread-safe."""
@@ -296,9 +335,11 @@ class Ledger:
         con = getattr(self._local, "con", None)
         if con is None:
             con = self._local.con = self._db.connect()
+            self._local.wal_ino = None
         return con
 
-    def close(self) -> None:
+    def disconnect(self) -> None:
+        """Close this thread's connection (``close`` settles a reservation)."""
         con = getattr(self._local, "con", None)
         if con is not None:
             con.close()
@@ -314,6 +355,8 @@ class Ledger:
                 try:
                     out = fn(_Cursor(cur, self._db))
                     cur.execute("COMMIT")
+                    if write:
+                        self._db.check_wal(self._local)
                     return out
                 except BaseException:
                     try:

@@ -39,10 +39,6 @@ _RUN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known open bug (issue #16 stays open): in about 1 of 7 runs on 2 cores, one of the three runs ends "
-    "'live' with its claims 'inflight' and never updated, although it bought and cached its answers: "
-    "its ledger writes after the claims are not persisted. The next reconcile finalizes it (process gone)"))
 def test_concurrent_partitions_without_a_pool(tmp_path, scripted_server, repo_root):
     import dagster as dg
 

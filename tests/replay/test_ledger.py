@@ -6,6 +6,7 @@ open blocks nothing."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -164,3 +165,54 @@ def test_an_earlier_duckdb_ledger_is_imported_once(tmp_path):
     assert bal.spent_usd == pytest.approx(0.55) and bal.settled_usd == pytest.approx(0.1) and bal.kept_usd == pytest.approx(0.45)
     assert bal.reserved_usd == 0 and bal.kept_calls == 1
     assert Ledger(tmp_path / "ledger.sqlite").spent("t") == pytest.approx(0.55)  # imported once, not on every open
+
+
+def test_writes_survive_other_processes_closing_while_this_one_opens_more_connections(tmp_path):
+    """Regression (lost writes under concurrent Dagster runs): a process with a live connection opens
+    another one (a second Ledger, as each asset and check does); another process then opens the ledger
+    and closes its last connection. That process must not conclude it was the last user and delete the
+    WAL: every later write of the first process stays visible to everyone. (An ``open()``/``close()`` of
+    the database file in the first process used to drop its POSIX locks and lose those writes.)"""
+    import subprocess
+    import sys
+
+    path = tmp_path / "ledger.sqlite"
+    led = Ledger(path)
+    led.start_run("r1", lease_s=600)
+    Ledger(path).rows("runs")  # a second connection in the same process
+    other = ("import sys; from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+             "print(len(l.rows('runs'))); l.disconnect()")
+    for _ in range(2):  # another process comes and goes, closing its last connection
+        out = subprocess.run([sys.executable, "-c", other, str(path)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "1"
+    led.claim("c1", "t", "r1")
+    led.fail_claim("c1", "r1", "no answer")
+    led.close_run("r1")
+    check = ("import sys, json; from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+             "print(json.dumps([[r['run_id'], r['state']] for r in l.rows('runs')] + [[c['call_id'], c['state']] for c in l.rows('claims')]))")
+    out = subprocess.run([sys.executable, "-c", check, str(path)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [["r1", "closed"], ["c1", "failed"]]
+    assert (tmp_path / "ledger.sqlite-wal").exists()  # the WAL this process writes to was never deleted under it
+
+
+def test_connections_are_closed_by_disconnect(tmp_path):
+    led = Ledger(tmp_path / "ledger.sqlite")
+    assert led.schema_version() >= 1
+    led.disconnect()
+    led.disconnect()  # idempotent
+    assert led.schema_version() >= 1  # reconnects on demand
+
+
+def test_a_deleted_wal_fails_loudly_instead_of_losing_writes(tmp_path):
+    """If the WAL is deleted under a live connection anyway (e.g. a tool in this process opened and
+    closed the file), the next write raises instead of spending against a ledger nobody else can read."""
+    import os
+
+    from composer_pipeline.teachers.ledger import LedgerError
+
+    path = tmp_path / "ledger.sqlite"
+    led = Ledger(path)
+    led.start_run("r1")
+    os.unlink(f"{path}-wal")
+    with pytest.raises(LedgerError, match="write-ahead log was deleted or replaced"):
+        led.heartbeat("r1")
