@@ -39,7 +39,9 @@ _RUN = textwrap.dedent("""
 """)
 
 
-def test_concurrent_partitions_without_a_pool(tmp_path, scripted_server, repo_root):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_concurrent_partitions_without_a_pool(backend, tmp_path, scripted_server, repo_root, request):
+    """Same semantics on both ledgers: the embedded SQLite file and a shared PostgreSQL."""
     import dagster as dg
 
     scripted_server.latency_s = 0.1
@@ -55,7 +57,10 @@ def test_concurrent_partitions_without_a_pool(tmp_path, scripted_server, repo_ro
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_dynamic_partitions("sessions", keys)
     teachers = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url, n=2)
-    ledger_path = tmp_path / "ledger.sqlite"
+    if backend == "sqlite":
+        ledger_path = str(tmp_path / "ledger.sqlite")
+    else:
+        ledger_path = request.getfixturevalue("postgres_server").create_database(f"ledger_{tmp_path.name[-20:].lower()}")
     procs = []
     for k, key in enumerate([keys[0], keys[1], keys[0]]):  # keys[0] twice, at the same time
         a = {"key": key, "store": str(tmp_path / f"store{k}"), "root": str(root), "teachers": str(teachers),
