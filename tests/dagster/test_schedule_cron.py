@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from assets.schedules import build_nightly_schedule, training_cron
-from composer_pipeline.train.trainer import TrainRecipe
+from composer_pipeline.train.config import TrainRecipe
 
 
 def test_cron_from_the_train_recipe(tmp_path, repo_root):
