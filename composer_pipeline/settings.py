@@ -37,6 +37,15 @@ def setting(default: Any = MISSING, *, help: str, factory: Any = MISSING) -> Any
     return dataclasses.field(default=default, default_factory=factory, metadata={"help": help})
 
 
+def derived(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A field that is not a recipe key (set by the code that loads the recipe, e.g. its file name)."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={"derived": True})
+
+
+def _keys(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("derived")}
+
+
 def check_keys(where: str, given: Any, allowed: Any, moved: dict[str, str] | None = None) -> None:
     """THE unknown-key error: ``given`` keys outside ``allowed`` fail, naming where and what is allowed."""
     unknown = sorted(set(given) - set(allowed), key=str)
@@ -78,20 +87,24 @@ def from_dict(cls: type[T], raw: Any, where: str, key: str = "") -> T:
         raw = {}
     if not isinstance(raw, dict):
         raise ValueError(f"{at}: expected a mapping, got {type(raw).__name__}")
-    fs = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fs = _keys(cls)
     check_keys(at, raw, fs, getattr(cls, "MOVED", None))
     missing = [n for n, f in fs.items() if f.default is MISSING and f.default_factory is MISSING and n not in raw]
     if missing:
-        raise ValueError(f"{at}: missing required key(s) {missing}")
+        what = "; ".join(f"{n}: {fs[n].metadata.get('help', '')}" for n in missing)
+        raise ValueError(f"{at}: missing required key(s) {missing} ({what})")
     hints = typing.get_type_hints(cls)
     kwargs = {name: _value(hints[name], value, where, f"{key}.{name}" if key else name) for name, value in raw.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a rule of the class's __post_init__: say where
+        raise ValueError(f"{at}: {e}") from None
 
 
 def to_dict(obj: Any) -> Any:
     """Plain data (dicts, lists, scalars) :func:`from_dict` reads back into an equal object."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        return {name: to_dict(getattr(obj, name)) for name in _keys(type(obj))}
     if isinstance(obj, (list, tuple)):
         return [to_dict(x) for x in obj]
     if isinstance(obj, dict):
@@ -161,7 +174,8 @@ def _value(tp: Any, v: Any, where: str, key: str) -> Any:
         if not isinstance(v, (list, tuple)):
             raise ValueError(f"{bad} a list, got {v!r}")
         (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis] or [Any]
-        out = [_value(item, x, where, f"{key}[{i}]") for i, x in enumerate(v)]
+        named = lambda i, x: f" ({x['name']})" if isinstance(x, dict) and isinstance(x.get("name"), str) else ""  # noqa: E731
+        out = [_value(item, x, where, f"{key}[{i}]{named(i, x)}") for i, x in enumerate(v)]
         return tuple(out) if origin is tuple else out
     if origin is dict or tp is dict:
         if not isinstance(v, dict):
@@ -183,9 +197,7 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """``(key, type, default, help)`` per setting of ``cls``, nested sections flattened with dots."""
     out = []
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    for f in _keys(cls).values():
         key, tp = prefix + f.name, hints[f.name]
         help_text = f.metadata.get("help")
         if not help_text:

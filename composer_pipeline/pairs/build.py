@@ -79,9 +79,9 @@ class PairRecipe:
     def __post_init__(self) -> None:
         for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
             if getattr(self, k) < 1:
-                raise ValueError(f"pairs recipe: {k} must be >= 1")
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
         if not 0.0 <= self.min_agreement_score <= 1.0:
-            raise ValueError("pairs recipe: min_agreement_score must be in [0, 1]")
+            raise ValueError(f"min_agreement_score must be in [0, 1], got {self.min_agreement_score}")
 
     @property
     def min_votes(self) -> int:

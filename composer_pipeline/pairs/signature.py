@@ -69,7 +69,7 @@ class SignatureRules:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.text_similarity_threshold <= 1.0:
-            raise ValueError("signature.text_similarity_threshold must be in (0, 1]")
+            raise ValueError(f"text_similarity_threshold must be in (0, 1], got {self.text_similarity_threshold}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SignatureRules":
