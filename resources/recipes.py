@@ -11,7 +11,7 @@ from typing import Optional
 
 import dagster as dg
 
-from assets.settings import CheckThresholds
+from assets.settings import CheckThresholds, PipelineFile
 
 _CHECKS = CheckThresholds()  # the thresholds' defaults live there, once
 
@@ -23,7 +23,7 @@ class PipelineRecipes(dg.ConfigurableResource):
     train: Optional[str] = None
     train_model: Optional[str] = None
     train_steps: Optional[int] = None
-    checkpoints_dir: str = ".state/checkpoints"
+    checkpoints_dir: str = PipelineFile().checkpoints_dir
     min_parse_success_ratio: float = _CHECKS.min_parse_success_ratio
     max_quarantine_rows: int = _CHECKS.max_quarantine_rows
     max_replay_error_rate: float = _CHECKS.max_replay_error_rate
