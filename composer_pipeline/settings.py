@@ -11,6 +11,7 @@ every recipe:
 * every value is checked against the field's type: ``bool``, ``int`` (a whole float is accepted),
   ``float`` (an int is widened), ``str``, ``Literal[...]`` choices, ``X | None``, ``list``/``tuple``,
   ``dict``, ``Any``, and nested settings dataclasses (recursively, with the dotted path in errors);
+  ``null`` for a list, mapping or section (a key whose entries are all commented out) means empty / defaults;
 * ``__post_init__`` of each dataclass keeps only what types cannot say (ranges, cross-field rules).
 
 :func:`document` renders the fields (key, type, default, help) as a Markdown table; the docs'
@@ -170,6 +171,8 @@ def _value(tp: Any, v: Any, where: str, key: str) -> Any:
         if not isinstance(v, str):
             raise ValueError(f"{bad} a string, got {v!r}")
         return v
+    if v is None and (origin in (list, tuple, dict) or tp is dict):  # `key:` with every entry commented out
+        return () if origin is tuple else [] if origin is list else {}
     if origin in (list, tuple):
         if not isinstance(v, (list, tuple)):
             raise ValueError(f"{bad} a list, got {v!r}")

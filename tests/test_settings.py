@@ -112,6 +112,10 @@ def test_types_are_checked_with_the_key_path(tmp_path):
         with pytest.raises(ValueError) as e:
             TrainRecipe.from_dict(raw)
         assert str(e.value) == f"train recipe: {msg}"
+    # a key whose entries are all commented out (YAML null): an empty list / mapping, a section's defaults
+    assert TrainRecipe.from_dict({"grpo": {"rewards": None}, "eval": None}).grpo.rewards == []
+    assert TrainRecipe.from_dict({"eval": None}).eval == TrainRecipe().eval
+    assert TrainRecipe.from_dict({"grpo": {"reward_weights": None}}).grpo.reward_weights is None  # optional: stays null
     r = TrainRecipe.from_dict({"weights": {"alpha": 1}, "optim": {"steps": 4.0}})  # int -> float, whole float -> int
     assert (type(r.weights.alpha), r.optim.steps, type(r.optim.steps)) == (float, 4, int)
     assert TrainRecipe.from_dict(settings.to_dict(r)) == r
