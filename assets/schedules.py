@@ -1,15 +1,12 @@
 """Nightly training schedule: ``training_set`` -> ``trained_policy`` -> ``policy_eval``.
 
-Cron from recipes/pipeline.yaml ``schedule_cron``, else recipes/train.yaml ``schedule.cron``, else
-``0 3 * * *`` (03:00, after a day's sessions have been ingested and replayed by the sensor).
+Cron: ``schedule.cron`` of the train recipe, its one home (default ``0 3 * * *``: 03:00, after a
+day's sessions have been ingested and replayed by the sensor).
 """
 
-from pathlib import Path
-
 import dagster as dg
-import yaml
 
-DEFAULT_CRON = "0 3 * * *"
+from composer_pipeline.train.config import TrainRecipe
 
 nightly_training_job = dg.define_asset_job(
     "nightly_training",
@@ -18,14 +15,9 @@ nightly_training_job = dg.define_asset_job(
 )
 
 
-def training_cron(pipeline_cron, train_recipe) -> str:
-    if pipeline_cron:
-        return str(pipeline_cron)
-    if train_recipe and Path(train_recipe).is_file():
-        sched = (yaml.safe_load(Path(train_recipe).read_text()) or {}).get("schedule") or {}
-        if sched.get("cron"):
-            return str(sched["cron"])
-    return DEFAULT_CRON
+def training_cron(train_recipe: str | None) -> str:
+    """``schedule.cron`` of the train recipe at ``train_recipe`` (None: the recipe's default)."""
+    return (TrainRecipe.load(train_recipe) if train_recipe else TrainRecipe()).schedule.cron
 
 
 def build_nightly_schedule(cron: str) -> dg.ScheduleDefinition:

@@ -1,24 +1,21 @@
 """Settings of the Dagster layer, read once from ``recipes/pipeline.yaml`` (+ env overrides).
 
 In: the YAML file (path from ``COMPOSER_PIPELINE_RECIPE`` or the repo default). Out: a frozen
-``PipelineSettings`` with absolute paths. Simplified: no schema library; unknown keys are an error
-so a typo in the recipe does not silently fall back to a default.
+``PipelineSettings`` with absolute paths. Read through :mod:`composer_pipeline.settings`: unknown
+keys are an error (a typo never falls back to a default), values are type-checked.
 """
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
+from typing import ClassVar
 
 from assets.deployment import DeploymentSettings
+from composer_pipeline import settings
+from composer_pipeline.settings import setting
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "pipeline.yaml"
-_KEYS = {
-    "trace_root", "store_root", "ledger_path", "cache_dir", "checkpoints_dir", "recipes",
-    "train", "sensor_interval_s", "schedule_cron", "checks", "deployment",
-}
 
 
 def _abs(p: str | None) -> str | None:
@@ -32,15 +29,47 @@ def _abs(p: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class CheckThresholds:
-    min_parse_success_ratio: float = 0.95
-    max_quarantine_rows: int = 1000
-    max_replay_error_rate: float = 0.25
-    max_pair_drop_rate: float = 0.95
-    max_eval_regression: float = 0.05
+    """Asset check thresholds (the one home of each: the ``recipes`` resource takes its defaults from here)."""
+
+    min_parse_success_ratio: float = setting(0.95, help="parsed lines / all lines, per session")
+    max_quarantine_rows: int = setting(1000, help="quarantined lines per session")
+    max_replay_error_rate: float = setting(0.25, help="failed / all teacher calls, per session")
+    max_pair_drop_rate: float = setting(0.95, help="dropped / (kept + dropped) in normalization, per session")
+    max_eval_regression: float = setting(0.05, help="allowed drop of the new policy's score vs the starting model")
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    model: str | None = setting(
+        None, help="base model dir / hub id of `trained_policy`; null: the train recipe's model ($COMPOSER_TRAIN_MODEL overrides)")
+    steps: int | None = setting(None, help="optimizer steps; null: the train recipe's optim.steps")
+
+
+@dataclass(frozen=True)
+class PipelineFile:
+    """``recipes/pipeline.yaml`` as written (relative paths are relative to the repo root)."""
+
+    MOVED: ClassVar[dict[str, str]] = {"schedule_cron": "recipes/train.yaml (schedule.cron)"}
+
+    trace_root: str = setting("~/.claude/projects", help="where the sessions sensor scans for sessions ($COMPOSER_TRACE_ROOT overrides)")
+    store_root: str = setting(".store", help="Parquet tables: a local dir or s3://bucket/prefix ($COMPOSER_STORE overrides)")
+    ledger_path: str = setting(
+        ".state/ledger.sqlite", help="budget ledger: a file (embedded SQLite) or postgresql://... ($COMPOSER_LEDGER_URL overrides)")
+    cache_dir: str = setting(".state/teacher_cache", help="content-addressed teacher response cache")
+    checkpoints_dir: str = setting(".state/checkpoints", help="trainer output before it is uploaded to the store")
+    recipes: dict[str, str | None] = setting(
+        factory=dict, help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)")
+    train: TrainerRun = setting(factory=TrainerRun, help="the trainer run by `trained_policy` (through Dagster Pipes)")
+    sensor_interval_s: int = setting(60, help="how often the sessions sensor looks at trace_root (seconds)")
+    checks: CheckThresholds = setting(factory=CheckThresholds, help="asset check thresholds")
+    deployment: DeploymentSettings = setting(
+        factory=DeploymentSettings, help="where steps and the trainer run (docs/SCALING.md)")
 
 
 @dataclass(frozen=True)
 class PipelineSettings:
+    """What the Dagster layer uses: :class:`PipelineFile` with absolute paths and the environment overrides."""
+
     trace_root: str
     store_root: str
     ledger_path: str
@@ -50,7 +79,6 @@ class PipelineSettings:
     train_model: str | None = None
     train_steps: int | None = None
     sensor_interval_s: int = 60
-    schedule_cron: str | None = None
     checks: CheckThresholds = CheckThresholds()
     # where steps and the trainer run (docs/SCALING.md); defaults: in-process executor, local subprocess
     deployment: DeploymentSettings = DeploymentSettings()
@@ -63,25 +91,21 @@ class PipelineSettings:
 
 def load_settings(path: str | Path | None = None) -> PipelineSettings:
     path = Path(path or os.environ.get("COMPOSER_PIPELINE_RECIPE") or DEFAULT_RECIPE)
-    raw = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
-    recipes = {k: _abs(v) for k, v in (raw.get("recipes") or {}).items()}
+    raw = settings.read_yaml(path, "pipeline recipe") if path.exists() else {}
+    f = settings.from_dict(PipelineFile, raw, str(path))
+    recipes = {k: _abs(v) for k, v in f.recipes.items()}
     if os.environ.get("COMPOSER_TEACHERS_RECIPE"):
         recipes["teachers"] = _abs(os.environ["COMPOSER_TEACHERS_RECIPE"])
-    train = raw.get("train") or {}
     return PipelineSettings(
-        trace_root=_abs(os.environ.get("COMPOSER_TRACE_ROOT") or raw.get("trace_root") or "~/.claude/projects"),
-        store_root=_abs(os.environ.get("COMPOSER_STORE") or raw.get("store_root") or ".store"),
-        ledger_path=_abs(os.environ.get("COMPOSER_LEDGER_URL") or raw.get("ledger_path") or ".state/ledger.sqlite"),
-        cache_dir=_abs(raw.get("cache_dir") or ".state/teacher_cache"),
-        checkpoints_dir=_abs(raw.get("checkpoints_dir") or ".state/checkpoints"),
+        trace_root=_abs(os.environ.get("COMPOSER_TRACE_ROOT") or f.trace_root),
+        store_root=_abs(os.environ.get("COMPOSER_STORE") or f.store_root),
+        ledger_path=_abs(os.environ.get("COMPOSER_LEDGER_URL") or f.ledger_path),
+        cache_dir=_abs(f.cache_dir),
+        checkpoints_dir=_abs(f.checkpoints_dir),
         recipes=recipes,
-        train_model=os.environ.get("COMPOSER_TRAIN_MODEL") or train.get("model"),
-        train_steps=train.get("steps"),
-        sensor_interval_s=int(raw.get("sensor_interval_s") or 60),
-        schedule_cron=raw.get("schedule_cron"),
-        checks=CheckThresholds(**(raw.get("checks") or {})),
-        deployment=DeploymentSettings.from_dict(raw.get("deployment"), REPO_ROOT),
+        train_model=os.environ.get("COMPOSER_TRAIN_MODEL") or f.train.model,
+        train_steps=f.train.steps,
+        sensor_interval_s=f.sensor_interval_s,
+        checks=f.checks,
+        deployment=f.deployment.resolved(REPO_ROOT),
     )

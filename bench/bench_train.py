@@ -135,7 +135,7 @@ def main() -> int:
 
     from composer_pipeline.testing.synthetic_train import write_store
     from composer_pipeline.tiny_model import build_tiny_model
-    from composer_pipeline.train.trainer import TrainRecipe
+    from composer_pipeline.train.config import TrainRecipe
 
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_root = write_store(work / "data", n=48)

@@ -27,15 +27,17 @@ traces; ``system_prompt`` is a recipe option and tool schemas are inferred from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import orjson
 import pyarrow as pa
 
+from composer_pipeline import settings
 from composer_pipeline.actions import Action
 from composer_pipeline.jsonutil import dumps
+from composer_pipeline.settings import setting
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a coding agent working in the user's repository through tools. "
@@ -48,9 +50,12 @@ IMAGE_PLACEHOLDER = "[image]"
 
 @dataclass
 class RenderOptions:
-    strip_thinking: bool = True
-    compaction: str = "after"  # "after" | "full"
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """The ``render:`` section of ``recipes/ingest.yaml``."""
+
+    strip_thinking: bool = setting(True, help="drop the agent's thinking blocks from the prefix (else <thinking>...</thinking>)")
+    compaction: Literal["after", "full"] = setting(
+        "after", help="after: start at the last compaction (what the agent saw); full: the pre-compaction history too")
+    system_prompt: str = setting(DEFAULT_SYSTEM_PROMPT, help="system message of every rendered prefix")
 
     def __post_init__(self) -> None:
         if self.compaction not in ("after", "full"):
@@ -62,15 +67,8 @@ class RenderOptions:
         if recipe is None:
             return cls()
         if not isinstance(recipe, dict):
-            import yaml
-
-            data = yaml.safe_load(Path(recipe).read_text()) or {}
-            recipe = data.get("render") or {}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(recipe) - known)
-        if unknown:
-            raise ValueError(f"render options: unknown keys {unknown} (known: {sorted(known)})")
-        return cls(**recipe)
+            return settings.from_dict(cls, settings.read_yaml(recipe, "render recipe").get("render"), str(recipe), "render")
+        return settings.from_dict(cls, recipe, "render options")
 
 
 @dataclass

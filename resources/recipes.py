@@ -11,6 +11,9 @@ from typing import Optional
 
 import dagster as dg
 
+from assets.settings import CheckThresholds, PipelineFile
+
+_CHECKS = CheckThresholds()  # the thresholds' defaults live there, once
 
 class PipelineRecipes(dg.ConfigurableResource):
     trace_root: str
@@ -20,12 +23,12 @@ class PipelineRecipes(dg.ConfigurableResource):
     train: Optional[str] = None
     train_model: Optional[str] = None
     train_steps: Optional[int] = None
-    checkpoints_dir: str = ".state/checkpoints"
-    min_parse_success_ratio: float = 0.95
-    max_quarantine_rows: int = 1000
-    max_replay_error_rate: float = 0.25
-    max_pair_drop_rate: float = 0.95
-    max_eval_regression: float = 0.05
+    checkpoints_dir: str = PipelineFile().checkpoints_dir
+    min_parse_success_ratio: float = _CHECKS.min_parse_success_ratio
+    max_quarantine_rows: int = _CHECKS.max_quarantine_rows
+    max_replay_error_rate: float = _CHECKS.max_replay_error_rate
+    max_pair_drop_rate: float = _CHECKS.max_pair_drop_rate
+    max_eval_regression: float = _CHECKS.max_eval_regression
 
     @classmethod
     def from_settings(cls, s) -> "PipelineRecipes":

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from composer_pipeline.train.trainer import TrainRecipe
+    from composer_pipeline.train.config import TrainRecipe
 
     recipe = TrainRecipe.load(args.recipe)
     if args.mode == "eval":

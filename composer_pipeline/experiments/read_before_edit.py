@@ -240,7 +240,7 @@ def _probe_callback(tokenizer, cases, every: int, curve: list[dict]):
 
 # -- arms -----------------------------------------------------------------------------------------------
 def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
-    from composer_pipeline.train.trainer import LoraSection, Weights
+    from composer_pipeline.train.config import LoraSection, Weights
 
     g, a, b = ARMS[arm]  # type: ignore[misc]
     r = replace(base, model=str(start), weights=Weights(grpo=g, alpha=a, beta=b))
@@ -255,7 +255,9 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
 def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     from composer_pipeline.experiments.sft import supervise_on_agent_actions
     from composer_pipeline.train.data import load_train_data
-    from composer_pipeline.train.trainer import TrainRecipe, load_policy, resolve_model_path, train
+    from composer_pipeline.train.config import TrainRecipe
+    from composer_pipeline.train.modeling import load_policy, resolve_model_path
+    from composer_pipeline.train.trainer import train
 
     unknown = set(cfg.arms) - set(ARMS)
     if unknown:

@@ -21,7 +21,7 @@ def supervise_on_agent_actions(model_path: str, rows, out_dir: Path, *, steps: i
     from composer_pipeline.actions import Action
     from composer_pipeline.train.data import render_prompt
     from composer_pipeline.train.losses import completion_logps
-    from composer_pipeline.train.trainer import load_policy
+    from composer_pipeline.train.modeling import load_policy
 
     if not rows:
         raise ValueError("no prompt rows to supervise on")

@@ -32,15 +32,14 @@ only when ``allow_ties`` is set, otherwise skipped); representative = first agre
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
-import yaml
 
-from composer_pipeline import tables
+from composer_pipeline import settings, tables
 from composer_pipeline.actions import Action
 from composer_pipeline.pairs.signature import (
     Group,
@@ -50,24 +49,39 @@ from composer_pipeline.pairs.signature import (
     same_decision,
     text_similarity,
 )
+from composer_pipeline.settings import setting
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pairs.yaml"
 
 
 @dataclass(frozen=True)
 class PairRecipe:
-    agreement_threshold: int = 2
-    min_agreement_score: float = 0.5
-    min_teachers: int = 2
-    allow_ties: bool = False
-    allow_self_consistency: bool = True
-    self_consistency_threshold: int = 2
-    require_offered_tools: bool = True
-    require_key_arguments: bool = True
-    reject_prompt_echo: bool = True
-    keep_error_states: bool = True
-    teacher_preference: tuple[str, ...] = ()
-    signature: SignatureRules = field(default_factory=SignatureRules)
+    """``recipes/pairs.yaml``: what counts as agreement, which answers are no vote, signature rules."""
+
+    agreement_threshold: int = setting(2, help="cross_model: at least this many distinct models must share one decision")
+    min_agreement_score: float = setting(
+        0.5, help="... and be at least this share of the models that answered (self_consistency: of its samples), in [0, 1]")
+    min_teachers: int = setting(2, help="states with fewer answered teacher entries give no row (counted in stats)")
+    allow_ties: bool = setting(False, help="2-vs-2 splits: skip (false) or take the first group by signature (true)")
+    allow_self_consistency: bool = setting(
+        True, help="no cross-model agreement: accept samples of one model agreeing (labelled self_consistency)")
+    self_consistency_threshold: int = setting(2, help="... at least this many of its samples must share the decision")
+    require_offered_tools: bool = setting(
+        True, help="no vote: a call to a tool neither offered in the prompt nor listed under signature.key_arguments")
+    require_key_arguments: bool = setting(True, help="no vote: a call without its tool's key arguments (e.g. Bash without `command`)")
+    reject_prompt_echo: bool = setting(
+        True, help="no vote: a text answer that repeats the last user message or tool result (text_similarity_threshold)")
+    keep_error_states: bool = setting(True, help="also pair states whose action was followed by a tool error")
+    teacher_preference: tuple[str, ...] = setting(
+        (), help="whose answer represents the consensus, first match wins (then by name)")
+    signature: SignatureRules = setting(factory=SignatureRules, help="what makes two actions the same decision")
+
+    def __post_init__(self) -> None:
+        for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if not 0.0 <= self.min_agreement_score <= 1.0:
+            raise ValueError(f"min_agreement_score must be in [0, 1], got {self.min_agreement_score}")
 
     @property
     def min_votes(self) -> int:
@@ -78,39 +92,15 @@ class PairRecipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "PairRecipe":
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"pairs recipe: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        kw: dict[str, Any] = {}
-        for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
-            if k in d:
-                kw[k] = int(d[k])
-                if kw[k] < 1:
-                    raise ValueError(f"pairs recipe: {k} must be >= 1")
-        if "min_agreement_score" in d:
-            kw["min_agreement_score"] = float(d["min_agreement_score"])
-            if not 0.0 <= kw["min_agreement_score"] <= 1.0:
-                raise ValueError("pairs recipe: min_agreement_score must be in [0, 1]")
-        for k in ("allow_ties", "allow_self_consistency", "require_offered_tools", "require_key_arguments",
-                  "reject_prompt_echo", "keep_error_states"):
-            if k in d:
-                kw[k] = bool(d[k])
-        if "teacher_preference" in d:
-            kw["teacher_preference"] = tuple(str(t) for t in d["teacher_preference"] or ())
-        kw["signature"] = SignatureRules.from_dict(d.get("signature"))
-        return cls(**kw)
+        return settings.from_dict(cls, d, "pairs recipe")
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "PairRecipe":
         """Read ``recipes/pairs.yaml`` (or ``path``); ``None`` means the packaged default."""
         p = Path(path) if path else DEFAULT_RECIPE
-        if not p.is_file():
-            if path is None:
-                return cls()
-            raise FileNotFoundError(f"pairs recipe not found: {p}")
-        return cls.from_dict(yaml.safe_load(p.read_text()) or {})
+        if path is None and not p.is_file():
+            return cls()
+        return settings.load(cls, p, "pairs recipe")
 
 
 @dataclass

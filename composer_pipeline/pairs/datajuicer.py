@@ -14,17 +14,33 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import orjson
 import pyarrow as pa
-import yaml
 
-from composer_pipeline import tables
+from composer_pipeline import settings, tables
+from composer_pipeline.settings import setting
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "normalize.yaml"
 DERIVED_KEYS = ("pair_text",)  # computed here: prompt + chosen_text + rejected_text
 _GUARD_LOCK = threading.RLock()  # the guard patches process-wide state: one holder at a time
+
+
+@dataclass(frozen=True)
+class NormalizeFile:
+    """``recipes/normalize.yaml`` as written: a data-juicer recipe (its own key names, so the same file
+    also configures data-juicer's RayExecutor); :class:`NormalizeRecipe` is what the stage runs."""
+
+    project_name: str | None = setting(None, help="data-juicer's project name (kept so the file stays a data-juicer recipe; not read)")
+    text_keys: str | list[str] = setting("chosen_text", help="default text_key of an op that names none (a list: its first)")
+    np: int = setting(1, help="data-juicer's worker count (not read: composer-pipeline never starts worker pools)")
+    skip_op_error: bool = setting(False, help="must be false: true would let data-juicer silently drop whole batches")
+    executor_type: Literal["default", "ray"] = setting(
+        "default", help="default: data-juicer ops in-process; ray: data-juicer's RayExecutor (normalize_ray.py)")
+    ray_address: str | None = setting(None, help="executor_type ray: local (in-process Ray), auto (this node's cluster) or ray://head:10001")
+    work_dir: str | None = setting(None, help="executor_type ray: scratch JSONL handed to Ray (every Ray node must read it)")
+    process: list[Any] = setting(factory=list, help="ordered data-juicer ops, each {op_name: {args}} (text_key: a pair column)")
 
 
 @dataclass(frozen=True)
@@ -42,15 +58,16 @@ class NormalizeRecipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], path: str | None = None) -> "NormalizeRecipe":
-        if d.get("skip_op_error", False):
+        f = settings.from_dict(NormalizeFile, d, path or "normalize recipe")
+        if f.skip_op_error:
             raise ValueError(
                 "normalize recipe: skip_op_error: true would let data-juicer silently drop whole batches; "
                 "set it to false (failing rows are dropped one by one with their reason)"
             )
-        tk = d.get("text_keys", "chosen_text")
+        tk = f.text_keys
         default_key = tk[0] if isinstance(tk, list) else str(tk)
         ops: list[tuple[str, dict[str, Any]]] = []
-        for i, item in enumerate(d.get("process") or []):
+        for i, item in enumerate(f.process):
             if isinstance(item, str):
                 item = {item: {}}
             if not isinstance(item, dict) or len(item) != 1:
@@ -67,19 +84,14 @@ class NormalizeRecipe:
         for name, args in ops:
             if args["text_key"] not in allowed:
                 raise ValueError(f"normalize recipe: {name}: text_key {args['text_key']!r} is not a pair column")
-        # data-juicer's own keys, so the file stays a valid data-juicer recipe (normalize_ray.py)
-        executor = str(d.get("executor_type") or "default")
-        if executor not in ("default", "ray"):
-            raise ValueError(f"normalize recipe: executor_type must be 'default' or 'ray', got {executor!r}")
+        executor = f.executor_type
         return cls(process=tuple(ops), default_text_key=default_key, path=path, executor=executor,
-                   ray_address=d.get("ray_address"), ray_work_dir=d.get("work_dir") if executor == "ray" else None)
+                   ray_address=f.ray_address, ray_work_dir=f.work_dir if executor == "ray" else None)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "NormalizeRecipe":
         p = Path(path) if path else DEFAULT_RECIPE
-        if not p.is_file():
-            raise FileNotFoundError(f"normalize recipe not found: {p}")
-        return cls.from_dict(yaml.safe_load(p.read_text()) or {}, path=str(p))
+        return cls.from_dict(settings.read_yaml(p, "normalize recipe"), path=str(p))
 
     def text_keys(self) -> list[str]:
         return sorted({a["text_key"] for _, a in self.process})

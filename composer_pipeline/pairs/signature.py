@@ -27,7 +27,9 @@ from typing import Any, Sequence
 
 import orjson
 
+from composer_pipeline import settings
 from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.settings import setting
 
 _WS = re.compile(r"\s+")
 _WORD = re.compile(r"\w+", re.U)
@@ -54,37 +56,24 @@ DEFAULT_KEY_ARGUMENTS: dict[str, list[str]] = {
 class SignatureRules:
     """How actions are compared (the ``signature:`` block of ``recipes/pairs.yaml``)."""
 
-    key_arguments: dict[str, list[str]] = field(default_factory=lambda: dict(DEFAULT_KEY_ARGUMENTS))
-    path_arguments: tuple[str, ...] = ("file_path", "notebook_path", "path")
-    command_arguments: tuple[str, ...] = ("command",)
-    ignore_call_order: bool = True
-    case_insensitive_tool_names: bool = False
-    text_similarity_threshold: float = 0.8
+    key_arguments: dict[str, list[str]] = setting(
+        factory=lambda: dict(DEFAULT_KEY_ARGUMENTS),
+        help="tool name -> the arguments that make a call the same decision; unlisted tools compare every argument",
+    )
+    path_arguments: tuple[str, ...] = setting(
+        ("file_path", "notebook_path", "path"), help="arguments compared after path normalisation (a/./b/ == a/b)")
+    command_arguments: tuple[str, ...] = setting(("command",), help="arguments compared with whitespace collapsed")
+    ignore_call_order: bool = setting(True, help="parallel calls compared as a set")
+    case_insensitive_tool_names: bool = setting(False, help="compare tool names ignoring case")
+    text_similarity_threshold: float = setting(0.8, help="text answers agree at word-bag Dice similarity >= this, in (0, 1]")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.text_similarity_threshold <= 1.0:
+            raise ValueError(f"text_similarity_threshold must be in (0, 1], got {self.text_similarity_threshold}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SignatureRules":
-        d = dict(d or {})
-        unknown = set(d) - {f for f in cls.__dataclass_fields__}
-        if unknown:
-            raise ValueError(f"signature: unknown keys {sorted(unknown)}")
-        kw: dict[str, Any] = {}
-        if "key_arguments" in d:
-            ka = d["key_arguments"] or {}
-            if not isinstance(ka, dict) or not all(isinstance(v, list) for v in ka.values()):
-                raise ValueError("signature.key_arguments must map tool name -> list of argument names")
-            kw["key_arguments"] = {str(k): [str(x) for x in v] for k, v in ka.items()}
-        for name in ("path_arguments", "command_arguments"):
-            if name in d:
-                kw[name] = tuple(d[name] or ())
-        for name in ("ignore_call_order", "case_insensitive_tool_names"):
-            if name in d:
-                kw[name] = bool(d[name])
-        if "text_similarity_threshold" in d:
-            t = float(d["text_similarity_threshold"])
-            if not 0.0 < t <= 1.0:
-                raise ValueError("signature.text_similarity_threshold must be in (0, 1]")
-            kw["text_similarity_threshold"] = t
-        return cls(**kw)
+        return settings.from_dict(cls, d, "pairs recipe", "signature")
 
 
 def canonical_path(value: str) -> str:

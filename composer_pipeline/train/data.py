@@ -6,6 +6,8 @@ In:  a Store root (local dir, ``s3://``, flat CLI layout or Dagster partitioned 
 Out: :class:`TrainData`: typed :class:`PromptRow` (one per trace state: the rendered prompt
      messages, tools, agent action, teacher consensus, error) and :class:`PairRow` (DPO pairs),
      each split train / held-out, plus :class:`Skipped` rows (bad input, with the reason).
+     Tokenized for TRL: :func:`grpo_records` (the GRPO dataset rows) and :func:`dpo_batches_from`
+     (pre-tokenized DPO batches).
 
 * A prompt per state comes from the pair tables' ``prompt`` column (the render.py output the
   teachers saw). ``kind == pair``: consensus = ``chosen``; ``kind == positive``: teachers agreed
@@ -35,6 +37,7 @@ import orjson
 
 from composer_pipeline.actions import Action
 from composer_pipeline.store import Store
+from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
 from composer_pipeline.train.rewards import tool_names_of
 
@@ -293,3 +296,33 @@ def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_
             }
         )
     return out
+
+
+def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
+    """Pre-tokenized DPO batches: rows ``[chosen_1..n, rejected_1..n]`` sharing prompts."""
+    import torch
+
+    bs = recipe.dpo.batch_size
+    eos = tokenizer.eos_token or ""
+    pad = tokenizer.pad_token_id
+    out = []
+    for i in range(0, len(pairs), bs):
+        chunk = pairs[i : i + bs]
+        prompts, comps = [], []
+        for side in ("chosen_text", "rejected_text"):
+            for p in chunk:
+                text = render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens)
+                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+                c = tokenizer(getattr(p, side) + eos, add_special_tokens=False)["input_ids"]
+                comps.append(c[: recipe.dpo.max_completion_tokens])
+        pw, cw = max(map(len, prompts)), max(map(len, comps))
+        out.append(
+            {
+                "prompt_ids": torch.tensor([[pad] * (pw - len(x)) + x for x in prompts]),
+                "prompt_mask": torch.tensor([[0] * (pw - len(x)) + [1] * len(x) for x in prompts]),
+                "completion_ids": torch.tensor([x + [pad] * (cw - len(x)) for x in comps]),
+                "completion_mask": torch.tensor([[1] * len(x) + [0] * (cw - len(x)) for x in comps]),
+            }
+        )
+    return out
+

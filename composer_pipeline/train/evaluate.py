@@ -1,7 +1,7 @@
 """Held-out evaluation of one policy checkpoint (the domain part of the ``policy_eval`` asset).
 
 In:  a checkpoint (model dir or name), the data root (or an already loaded :class:`TrainData`),
-     the :class:`~composer_pipeline.train.trainer.TrainRecipe` (held-out fraction, rewards, JSD settings).
+     the :class:`~composer_pipeline.train.config.TrainRecipe` (held-out fraction, rewards, JSD settings).
 Out: a dict of metrics, each with the number of rows it was computed on:
 
 * ``preference_accuracy`` — share of held-out pairs where log p(chosen) > log p(rejected)
@@ -48,7 +48,8 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
     from composer_pipeline.train import rewards as reward_mod
     from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_prompt
     from composer_pipeline.train.losses import completion_logits, completion_logps, generalized_jsd
-    from composer_pipeline.train.trainer import TrainRecipe, load_policy, resolve_model_path
+    from composer_pipeline.train.config import TrainRecipe
+    from composer_pipeline.train.modeling import load_policy, resolve_model_path
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     if not isinstance(data, TrainData):

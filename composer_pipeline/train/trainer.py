@@ -1,7 +1,7 @@
 """The three-channel trainer: ``total = w·GRPO + α·SDPO(hint JSD) + β·DPO`` on any HF causal LM.
 
 In:  a Store root with the pipeline's tables (see :mod:`composer_pipeline.train.data`), a
-     :class:`TrainRecipe` (``recipes/train.yaml``), a model name/path (or ``tiny``), ``out_dir``.
+     :class:`~.config.TrainRecipe` (``recipes/train.yaml``), a model name/path (or ``tiny``), ``out_dir``.
 Out: :class:`TrainResult`: a checkpoint dir (safetensors + tokenizer + ``train.yaml`` +
      ``metrics.json`` + ``losses.jsonl`` + one loss-curve PNG per channel), per-step losses.
 
@@ -25,6 +25,9 @@ Data-parallel under torchrun/accelerate (:mod:`.distributed`: N ranks train one 
 rank 0 writes the checkpoint). Deliberately simplified: no DeepSpeed/FSDP; the DPO batch cycles
 through the pairs in a fixed order; the hint teacher is the *current* policy (OPSD uses the
 step-0 policy as teacher).
+
+The package is split the way TRL's is: the recipe in :mod:`.config`, model loading in
+:mod:`.modeling`, data and tokenization in :mod:`.data`, loss math in :mod:`.losses`, this trainer here.
 """
 
 from __future__ import annotations
@@ -34,149 +37,29 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import yaml
+from transformers import TrainerCallback
+from trl import GRPOTrainer
 
 from composer_pipeline.train import distributed
-from composer_pipeline.train.hints import HintTemplates
+from composer_pipeline.train.config import TrainRecipe, Weights
+from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
+from composer_pipeline.train.losses import (
+    completion_logits,
+    completion_logps,
+    dpo_sigmoid_loss,
+    generalized_jsd,
+    position_ids_for,
+    simpo_loss,
+)
+from composer_pipeline.train.modeling import load_policy, resolve_model_path
 
 CHANNELS = ("grpo", "sdpo", "dpo")
-
-
-# -- recipe ----------------------------------------------------------------------------------
-@dataclass
-class Weights:
-    grpo: float = 1.0  # weight of the GRPO term (0 turns the channel off)
-    alpha: float = 0.5  # α: weight of the hint self-distillation JSD
-    beta: float = 0.5  # β: weight of the DPO term
-
-
-@dataclass
-class GRPOSection:
-    loss_type: str = "dapo"  # any TRL GRPOConfig.loss_type: grpo, dapo, dr_grpo, bnpo, ...
-    num_generations: int = 4
-    prompts_per_step: int = 2
-    max_completion_length: int = 32
-    temperature: float = 1.0
-    kl_beta: float = 0.0  # TRL's KL-to-reference coefficient inside GRPO
-    rewards: list[str] = field(default_factory=lambda: ["valid_action", "known_tool", "consensus_match", "format_shaped"])
-    reward_weights: list[float] | None = None
-
-
-@dataclass
-class SDPOSection:
-    jsd_beta: float = 0.5  # generalized-JSD β: 0 forward KL(T||S), 1 reverse KL(S||T)
-    temperature: float = 1.0
-    hint: HintTemplates = field(default_factory=HintTemplates)
-
-
-@dataclass
-class DPOSection:
-    variant: str = "dpo"  # dpo (sigmoid, frozen reference) | simpo (reference-free)
-    beta: float = 0.1  # DPO temperature β (not the channel weight)
-    label_smoothing: float = 0.0
-    simpo_beta: float = 2.0
-    simpo_gamma: float = 0.5
-    batch_size: int = 2  # pairs per step
-    max_completion_tokens: int = 64
-
-
-@dataclass
-class DataSection:
-    max_prompt_tokens: int = 384
-    heldout_fraction: float = 0.2
-    include_unpaired_states: bool = True  # trace states with no pair row become GRPO/SDPO prompts too
-    render_recipe: str | None = None  # YAML with a `render:` section (e.g. recipes/ingest.yaml); null = defaults
-
-
-@dataclass
-class LoraSection:
-    enabled: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: str | list[str] = "all-linear"
-
-
-@dataclass
-class OptimSection:
-    steps: int = 10
-    learning_rate: float = 1e-4
-    gradient_accumulation_steps: int = 1
-    max_grad_norm: float = 1.0
-    seed: int = 0
-
-
-@dataclass
-class EvalSection:
-    max_prompts: int = 16  # held-out prompts scored for reward
-    max_new_tokens: int = 32
-
-
-@dataclass
-class ScheduleSection:
-    cron: str = "0 3 * * *"  # when the Dagster `nightly_training` schedule retrains (read by assets/schedules.py)
-
-
-@dataclass
-class TrainRecipe:
-    model: str | None = None  # HF name or local path; "tiny" builds the offline tiny model
-    weights: Weights = field(default_factory=Weights)
-    grpo: GRPOSection = field(default_factory=GRPOSection)
-    sdpo: SDPOSection = field(default_factory=SDPOSection)
-    dpo: DPOSection = field(default_factory=DPOSection)
-    data: DataSection = field(default_factory=DataSection)
-    lora: LoraSection = field(default_factory=LoraSection)
-    optim: OptimSection = field(default_factory=OptimSection)
-    eval: EvalSection = field(default_factory=EvalSection)
-    schedule: ScheduleSection = field(default_factory=ScheduleSection)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "TrainRecipe":
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        return cls.from_dict(raw)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "TrainRecipe":
-        return _build(cls, raw, "train")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def validate(self) -> None:
-        if self.dpo.variant not in ("dpo", "simpo"):
-            raise ValueError(f"dpo.variant must be dpo or simpo, got {self.dpo.variant!r}")
-        for k in ("grpo", "alpha", "beta"):
-            if getattr(self.weights, k) < 0:
-                raise ValueError(f"weights.{k} must be >= 0")
-        if not any(getattr(self.weights, k) > 0 for k in ("grpo", "alpha", "beta")):
-            raise ValueError("all channel weights are 0: nothing to train")
-        if self.grpo.num_generations < 2:
-            raise ValueError("grpo.num_generations must be >= 2 (group-relative advantages)")
-
-
-def _build(cls, raw: Any, where: str):
-    if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    if cls is HintTemplates:
-        return HintTemplates.from_dict(raw)
-    known = {f.name: f for f in fields(cls)}
-    unknown = set(raw) - set(known)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-    kwargs = {}
-    for name, value in raw.items():
-        default = known[name].default_factory() if callable(known[name].default_factory) else None  # type: ignore[misc]
-        if is_dataclass(default):
-            kwargs[name] = _build(type(default), value, f"{where}.{name}")
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
 
 
 # -- result ----------------------------------------------------------------------------------
@@ -200,216 +83,202 @@ class ChannelState:
 
 
 # -- the trainer -------------------------------------------------------------------------------
-def _make_trainer_class():
-    """Define the GRPOTrainer subclass lazily (TRL import costs seconds)."""
-    import torch
-    from trl import GRPOTrainer
+class ThreeChannelTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer plus the SDPO and DPO channels, added in ``_compute_loss``. Every TRL method
+    overridden here is pinned (signature, call points) by ``tests/train/test_trl_pins.py``."""
 
-    from composer_pipeline.train.losses import (
-        completion_logits,
-        completion_logps,
-        dpo_sigmoid_loss,
-        generalized_jsd,
-        position_ids_for,
-        simpo_loss,
-    )
+    def __init__(self, *args, channels: ChannelState, recipe: TrainRecipe, dpo_batches: list[dict], dpo_ref_model, **kw):
+        super().__init__(*args, **kw)
+        self.channels = channels
+        self.recipe = recipe
+        self.dpo_batches = dpo_batches
+        self._dpo_i = 0
+        self.dpo_ref_model = dpo_ref_model.to(self.accelerator.device) if dpo_ref_model is not None else None
+        self._capture = False
+        self._captured_logits = None
+        self.pending: list[dict[str, Any]] = []
+        self.batch_states: list[str] = []
+        self.rank = distributed.current()
 
-    class ThreeChannelTrainer(GRPOTrainer):
-        def __init__(self, *args, channels: ChannelState, recipe: TrainRecipe, dpo_batches: list[dict], dpo_ref_model, **kw):
-            super().__init__(*args, **kw)
-            self.channels = channels
-            self.recipe = recipe
-            self.dpo_batches = dpo_batches
-            self._dpo_i = 0
-            self.dpo_ref_model = dpo_ref_model.to(self.accelerator.device) if dpo_ref_model is not None else None
-            self._capture = False
-            self._captured_logits = None
-            self.pending: list[dict[str, Any]] = []
-            self.batch_states: list[str] = []
-            self.rank = distributed.current()
+    # rollouts: each row draws from its own (seed, step, global row) generator, so a row samples
+    # the same completion on any number of ranks (distributed.RowGumbelSampler)
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        plain = not (self.use_vllm or self.use_transformers_continuous_batching or images or multimodal_fields or self.tools)
+        gk = self.generation_kwargs
+        default_warpers = gk.get("top_p") in (None, 1.0) and not gk.get("top_k") and not gk.get("min_p") and gk.get("repetition_penalty") in (None, 1.0)
+        if not (plain and default_warpers):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        from transformers import GenerationConfig, LogitsProcessorList
+        from trl.models.utils import unwrap_model_for_generation
+        from trl.trainer.utils import pad
 
-        # rollouts: each row draws from its own (seed, step, global row) generator, so a row samples
-        # the same completion on any number of ranks (distributed.RowGumbelSampler)
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-            plain = not (self.use_vllm or self.use_transformers_continuous_batching or images or multimodal_fields or self.tools)
-            gk = self.generation_kwargs
-            default_warpers = gk.get("top_p") in (None, 1.0) and not gk.get("top_k") and not gk.get("min_p") and gk.get("repetition_penalty") in (None, 1.0)
-            if not (plain and default_warpers):
-                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-            from transformers import GenerationConfig, LogitsProcessorList
-            from trl.models.utils import unwrap_model_for_generation
-            from trl.trainer.utils import pad
-
-            device = self.accelerator.device
-            first = self.rank.rank * len(prompt_ids)
-            seeds = [distributed.row_seed(self.args.seed, self.state.global_step, first + i) for i in range(len(prompt_ids))]
-            tensors = [torch.tensor(ids) for ids in prompt_ids]
-            ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
-            mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left").to(device)
-            greedy = GenerationConfig(
-                max_new_tokens=self.max_completion_length, do_sample=False, pad_token_id=self._tokenizer.pad_token_id,
-                bos_token_id=self._tokenizer.bos_token_id, eos_token_id=self.eos_token_ids, disable_compile=True,
+        device = self.accelerator.device
+        first = self.rank.rank * len(prompt_ids)
+        seeds = [distributed.row_seed(self.args.seed, self.state.global_step, first + i) for i in range(len(prompt_ids))]
+        tensors = [torch.tensor(ids) for ids in prompt_ids]
+        ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
+        mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left").to(device)
+        greedy = GenerationConfig(
+            max_new_tokens=self.max_completion_length, do_sample=False, pad_token_id=self._tokenizer.pad_token_id,
+            bos_token_id=self._tokenizer.bos_token_id, eos_token_id=self.eos_token_ids, disable_compile=True,
+        )
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as model,
+            torch.no_grad(),
+        ):
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=greedy,
+                logits_processor=LogitsProcessorList([distributed.RowGumbelSampler(seeds, self.temperature)]),
             )
-            with (
-                unwrap_model_for_generation(
-                    self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-                ) as model,
-                torch.no_grad(),
-            ):
-                out = model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=greedy,
-                    logits_processor=LogitsProcessorList([distributed.RowGumbelSampler(seeds, self.temperature)]),
-                )
-            completion_ids = []
-            eos = set(self.eos_token_ids)
-            for row in out[:, ids.size(1):].tolist():
-                cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-                completion_ids.append(row[:cut])
-            return completion_ids, None
+        completion_ids = []
+        eos = set(self.eos_token_ids)
+        for row in out[:, ids.size(1):].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            completion_ids.append(row[:cut])
+        return completion_ids, None
 
-        # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            self.batch_states = distributed.union_over_ranks([x["state_id"] for x in inputs])
-            hints = [x.get("hint_prompt") or "" for x in inputs]
-            device = out["prompt_ids"].device
-            has_hint = torch.tensor([bool(h) for h in hints], device=device)
-            out["has_hint"] = has_hint
-            if self.channels.on("sdpo") and bool(has_hint.any()):
-                texts = [h or x["prompt"] for h, x in zip(hints, inputs)]
-                ids = self.processing_class(text=texts)["input_ids"]
-                width = max(len(i) for i in ids)
-                pad = self.processing_class.pad_token_id
-                out["hint_ids"] = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=device)
-                out["hint_mask"] = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
-            return out
+    # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.batch_states = distributed.union_over_ranks([x["state_id"] for x in inputs])
+        hints = [x.get("hint_prompt") or "" for x in inputs]
+        device = out["prompt_ids"].device
+        has_hint = torch.tensor([bool(h) for h in hints], device=device)
+        out["has_hint"] = has_hint
+        if self.channels.on("sdpo") and bool(has_hint.any()):
+            texts = [h or x["prompt"] for h, x in zip(hints, inputs)]
+            ids = self.processing_class(text=texts)["input_ids"]
+            width = max(len(i) for i in ids)
+            pad = self.processing_class.pad_token_id
+            out["hint_ids"] = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=device)
+            out["hint_mask"] = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
+        return out
 
-        # with SDPO on, the GRPO forward also hands back its completion logits (student = policy)
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False, **kwargs):
-            if not self._capture:
-                return super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
-                )
-            with self.accelerator.autocast():
-                out = model(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids_for(attention_mask),
-                    logits_to_keep=logits_to_keep + 1,
-                    use_cache=False,
-                )
-            logits = out.logits[:, :-1, :]
-            self._captured_logits = logits
-            logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-            completion_ids = input_ids[:, -logits_to_keep:]
-            logps = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-            entropies = -(logp_all.exp() * logp_all).sum(-1) if compute_entropy else None
-            return logps, entropies, None
+    # with SDPO on, the GRPO forward also hands back its completion logits (student = policy)
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False, **kwargs):
+        if not self._capture:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
+            )
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids_for(attention_mask),
+                logits_to_keep=logits_to_keep + 1,
+                use_cache=False,
+            )
+        logits = out.logits[:, :-1, :]
+        self._captured_logits = logits
+        logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        completion_ids = input_ids[:, -logits_to_keep:]
+        logps = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        entropies = -(logp_all.exp() * logp_all).sum(-1) if compute_entropy else None
+        return logps, entropies, None
 
-        def _next_dpo_batch(self):
-            self.dpo_batch_index = self._dpo_i % len(self.dpo_batches)
-            b = self.dpo_batches[self.dpo_batch_index]
-            self._dpo_i += 1
-            dev = self.accelerator.device
-            return {k: v.to(dev) for k, v in b.items()}
+    def _next_dpo_batch(self):
+        self.dpo_batch_index = self._dpo_i % len(self.dpo_batches)
+        b = self.dpo_batches[self.dpo_batch_index]
+        self._dpo_i += 1
+        dev = self.accelerator.device
+        return {k: v.to(dev) for k, v in b.items()}
 
-        def _dpo_loss(self, model):
-            r = self.recipe.dpo
-            b = self._next_dpo_batch()
-            args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
-            n = b["prompt_ids"].size(0) // 2
-            with self.accelerator.autocast():
-                if r.variant == "simpo":
-                    avg = completion_logps(model, *args, average=True)
-                    return simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
-                pol = completion_logps(model, *args)
-                with torch.no_grad():
-                    if self.dpo_ref_model is not None:
-                        ref = completion_logps(self.dpo_ref_model, *args)
-                    else:  # LoRA: the reference is the base model, adapters disabled
-                        with self.accelerator.unwrap_model(model).disable_adapter():
-                            ref = completion_logps(model, *args)
-            return dpo_sigmoid_loss(pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing)
+    def _dpo_loss(self, model):
+        r = self.recipe.dpo
+        b = self._next_dpo_batch()
+        args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
+        n = b["prompt_ids"].size(0) // 2
+        with self.accelerator.autocast():
+            if r.variant == "simpo":
+                avg = completion_logps(model, *args, average=True)
+                return simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
+            pol = completion_logps(model, *args)
+            with torch.no_grad():
+                if self.dpo_ref_model is not None:
+                    ref = completion_logps(self.dpo_ref_model, *args)
+                else:  # LoRA: the reference is the base model, adapters disabled
+                    with self.accelerator.unwrap_model(model).disable_adapter():
+                        ref = completion_logps(model, *args)
+        return dpo_sigmoid_loss(pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing)
 
-        def _compute_loss(self, model, inputs):
-            ga = self.current_gradient_accumulation_steps
-            w = self.channels.weights
-            rec: dict[str, Any] = {"off": {}}
-            total = None
-            has_hint = inputs.get("has_hint")
-            sdpo_now = self.channels.on("sdpo") and has_hint is not None and bool(has_hint.any())
-            ddp = self.rank.distributed
-            stand_in = False  # DDP: this rank has no error site but others do; it runs the same forwards at weight 0
-            if ddp and self.channels.on("sdpo"):  # the JSD is a mean over the error-site tokens of all ranks
-                local_tokens = inputs["completion_mask"][has_hint.nonzero().squeeze(-1)].sum() if sdpo_now else 0
-                global_tokens = distributed.all_reduce_sum([local_tokens])[0]
-                stand_in = global_tokens > 0 and not sdpo_now
-            if self.channels.on("sdpo") and not (sdpo_now or stand_in):
-                rec["off"]["sdpo"] = "no error site in this batch"
+    def _compute_loss(self, model, inputs):
+        ga = self.current_gradient_accumulation_steps
+        w = self.channels.weights
+        rec: dict[str, Any] = {"off": {}}
+        total = None
+        has_hint = inputs.get("has_hint")
+        sdpo_now = self.channels.on("sdpo") and has_hint is not None and bool(has_hint.any())
+        ddp = self.rank.distributed
+        stand_in = False  # DDP: this rank has no error site but others do; it runs the same forwards at weight 0
+        if ddp and self.channels.on("sdpo"):  # the JSD is a mean over the error-site tokens of all ranks
+            local_tokens = inputs["completion_mask"][has_hint.nonzero().squeeze(-1)].sum() if sdpo_now else 0
+            global_tokens = distributed.all_reduce_sum([local_tokens])[0]
+            stand_in = global_tokens > 0 and not sdpo_now
+        if self.channels.on("sdpo") and not (sdpo_now or stand_in):
+            rec["off"]["sdpo"] = "no error site in this batch"
 
-            if self.channels.on("grpo"):
-                self._capture = sdpo_now or stand_in
-                try:
-                    g = super()._compute_loss(model, inputs)  # already divided by ga
-                finally:
-                    self._capture = False
-                total = w.grpo * g
-                rec["grpo"] = float(g.detach()) * ga
+        if self.channels.on("grpo"):
+            self._capture = sdpo_now or stand_in
+            try:
+                g = super()._compute_loss(model, inputs)  # already divided by ga
+            finally:
+                self._capture = False
+            total = w.grpo * g
+            rec["grpo"] = float(g.detach()) * ga
 
-            if sdpo_now or stand_in:
-                idx = has_hint.nonzero().squeeze(-1) if sdpo_now else torch.zeros(1, dtype=torch.long, device=has_hint.device)
-                c_ids, c_mask = inputs["completion_ids"][idx], inputs["completion_mask"][idx]
-                hint_ids, hint_mask = (inputs["hint_ids"][idx], inputs["hint_mask"][idx]) if sdpo_now else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
-                if stand_in:
-                    c_mask = torch.zeros_like(c_mask)  # generalized_jsd of an empty span: 0 with a gradient path
-                student = self._captured_logits
-                self._captured_logits = None
-                with self.accelerator.autocast():
-                    if student is None:  # GRPO off: the student forward is the only one
-                        student = completion_logits(model, inputs["prompt_ids"][idx], inputs["prompt_mask"][idx], c_ids, c_mask)
-                    else:
-                        student = student[idx]
-                    with torch.no_grad():
-                        teacher = completion_logits(model, hint_ids, hint_mask, c_ids, c_mask)
-                jsd = generalized_jsd(student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature)
-                if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
-                    jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
-                term = w.alpha * jsd / ga
-                total = term if total is None else total + term
-                rec["sdpo"] = float(jsd.detach())
-                rec["error_sites"] = int(idx.numel()) if sdpo_now else 0
+        if sdpo_now or stand_in:
+            idx = has_hint.nonzero().squeeze(-1) if sdpo_now else torch.zeros(1, dtype=torch.long, device=has_hint.device)
+            c_ids, c_mask = inputs["completion_ids"][idx], inputs["completion_mask"][idx]
+            hint_ids, hint_mask = (inputs["hint_ids"][idx], inputs["hint_mask"][idx]) if sdpo_now else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
+            if stand_in:
+                c_mask = torch.zeros_like(c_mask)  # generalized_jsd of an empty span: 0 with a gradient path
+            student = self._captured_logits
             self._captured_logits = None
+            with self.accelerator.autocast():
+                if student is None:  # GRPO off: the student forward is the only one
+                    student = completion_logits(model, inputs["prompt_ids"][idx], inputs["prompt_mask"][idx], c_ids, c_mask)
+                else:
+                    student = student[idx]
+                with torch.no_grad():
+                    teacher = completion_logits(model, hint_ids, hint_mask, c_ids, c_mask)
+            jsd = generalized_jsd(student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature)
+            if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
+                jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
+            term = w.alpha * jsd / ga
+            total = term if total is None else total + term
+            rec["sdpo"] = float(jsd.detach())
+            rec["error_sites"] = int(idx.numel()) if sdpo_now else 0
+        self._captured_logits = None
 
-            if self.channels.on("dpo"):
-                d, margins = self._dpo_loss(model)
-                term = w.beta * d / ga
-                total = term if total is None else total + term
-                rec["dpo"] = float(d.detach())
-                rec["dpo_margin"] = float(margins.mean())
-                rec["dpo_accuracy"] = float((margins > 0).float().mean())
-                rec["dpo_batch"] = self.dpo_batch_index
-            if ddp:
-                rec = self._reduce_record(rec)
-            if total is None:
-                raise RuntimeError(f"no channel fired this step: {rec['off']}")
-            self.pending.append(rec)
-            return total
+        if self.channels.on("dpo"):
+            d, margins = self._dpo_loss(model)
+            term = w.beta * d / ga
+            total = term if total is None else total + term
+            rec["dpo"] = float(d.detach())
+            rec["dpo_margin"] = float(margins.mean())
+            rec["dpo_accuracy"] = float((margins > 0).float().mean())
+            rec["dpo_batch"] = self.dpo_batch_index
+        if ddp:
+            rec = self._reduce_record(rec)
+        if total is None:
+            raise RuntimeError(f"no channel fired this step: {rec['off']}")
+        self.pending.append(rec)
+        return total
 
-        def _reduce_record(self, rec: dict[str, Any]) -> dict[str, Any]:
-            """This micro-batch's logged values over all ranks (each rank's term is 1/N of the global one)."""
-            keys = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy")
-            local = [rec.get(k, 0.0) for k in keys] + [rec.get("error_sites", 0)]
-            summed = distributed.all_reduce_sum(local)
-            for k, v in zip(keys, summed[:-1]):
-                if k in rec:
-                    rec[k] = v / self.rank.world
-            if "sdpo" in rec:
-                rec["error_sites"] = int(summed[-1])
-            return rec
-
-    return ThreeChannelTrainer
-
+    def _reduce_record(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """This micro-batch's logged values over all ranks (each rank's term is 1/N of the global one)."""
+        keys = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy")
+        local = [rec.get(k, 0.0) for k in keys] + [rec.get("error_sites", 0)]
+        summed = distributed.all_reduce_sum(local)
+        for k, v in zip(keys, summed[:-1]):
+            if k in rec:
+                rec[k] = v / self.rank.world
+        if "sdpo" in rec:
+            rec["error_sites"] = int(summed[-1])
+        return rec
 
 def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
     """Average this optimizer step's micro-batch records into the logged JSON line."""
@@ -448,80 +317,26 @@ def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
     return rec
 
 
+class StepLog(TrainerCallback):
+    """Turns each optimizer step's micro-batch records into one logged line (``losses``, ``on_step``)."""
+
+    def __init__(self, trainer, losses: list[dict[str, Any]], on_step: Callable[[dict], None] | None):
+        self.trainer, self.losses, self.on_step = trainer, losses, on_step
+        self.t0 = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        rec = _step_record(self.trainer, state.global_step, time.perf_counter() - self.t0)
+        self.losses.append(rec)
+        if self.on_step is not None:
+            self.on_step(rec)
+
+
 # -- entry point -------------------------------------------------------------------------------
-def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
-    """A loadable model: ``tiny`` / ``smollm2-135m-instruct`` (also as ``local:NAME``) resolve through
-    :func:`composer_pipeline.models.resolve_model` (built/converted once, cached, so
-    training and evaluation see the same base model); anything else is a path or hub name as given."""
-    if not model:
-        raise ValueError("no model: pass --model PATH (or 'tiny', 'local:smollm2-135m-instruct') or set `model:` in the recipe")
-    name = model.split(":", 1)[1] if model.startswith("local:") else model
-    if not Path(model).is_dir():
-        from composer_pipeline.models import KNOWN, resolve_model
-
-        if name in KNOWN:
-            return str(resolve_model(name))
-        if model.startswith("local:"):
-            raise ValueError(f"unknown local model {name!r}; known: {list(KNOWN)}")
-    return model
-
-
-def load_policy(model_path: str):
-    """Tokenizer + model on the best device: CUDA bf16, else CPU fp32."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    cuda = torch.cuda.is_available()
-    tok = AutoTokenizer.from_pretrained(model_path)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    config = AutoConfig.from_pretrained(model_path)
-    qc = getattr(config, "quantization_config", None)
-    qmethod = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    if qmethod == "gguf" and not any(Path(model_path).glob("*.gguf")):
-        # a plain safetensors copy of a dequantized GGUF model keeps the GGUF marker in its config;
-        # the weights are ordinary floats, so the model is trainable once the marker is dropped
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.bfloat16 if cuda else torch.float32)
-    if cuda:
-        model = model.to("cuda")
-    return tok, model
-
-
-def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
-    """Pre-tokenized DPO batches: rows ``[chosen_1..n, rejected_1..n]`` sharing prompts."""
-    import torch
-
-    from composer_pipeline.train.data import render_prompt
-
-    bs = recipe.dpo.batch_size
-    eos = tokenizer.eos_token or ""
-    pad = tokenizer.pad_token_id
-    out = []
-    for i in range(0, len(pairs), bs):
-        chunk = pairs[i : i + bs]
-        prompts, comps = [], []
-        for side in ("chosen_text", "rejected_text"):
-            for p in chunk:
-                text = render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens)
-                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-                c = tokenizer(getattr(p, side) + eos, add_special_tokens=False)["input_ids"]
-                comps.append(c[: recipe.dpo.max_completion_tokens])
-        pw, cw = max(map(len, prompts)), max(map(len, comps))
-        out.append(
-            {
-                "prompt_ids": torch.tensor([[pad] * (pw - len(x)) + x for x in prompts]),
-                "prompt_mask": torch.tensor([[0] * (pw - len(x)) + [1] * len(x) for x in prompts]),
-                "completion_ids": torch.tensor([x + [pad] * (cw - len(x)) for x in comps]),
-                "completion_mask": torch.tensor([[1] * len(x) + [0] * (cw - len(x)) for x in comps]),
-            }
-        )
-    return out
-
-
 def _reload_max_abs_diff(model, tok, ckpt: Path) -> float:
     """Max |logit difference| between the in-memory final model and the saved checkpoint (should be 0)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     probe = tok(["<tool_call>", "def main():\n    return 0"], return_tensors="pt", padding=True)
@@ -559,12 +374,10 @@ def build_trainer(
 ) -> Built:
     """Load data and model and construct the trainer (``plain_grpo``: TRL's GRPOTrainer, same
     config, data and rewards, no extra channels: the benchmark baseline)."""
-    import torch
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from composer_pipeline.train import rewards as reward_mod
-    from composer_pipeline.train.data import grpo_records, interleave_error_sites, load_train_data
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     recipe.validate()
@@ -659,7 +472,7 @@ def build_trainer(
     if plain_grpo:
         trainer = GRPOTrainer(**common)
     else:
-        trainer = _make_trainer_class()(
+        trainer = ThreeChannelTrainer(
             **common,
             channels=ChannelState(weights=w, off_reasons=off),
             recipe=recipe,
@@ -685,8 +498,6 @@ def train(
 ) -> TrainResult:
     """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots.
     ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps)."""
-    from transformers import TrainerCallback
-
     from composer_pipeline.train.plots import plot_losses
 
     out_dir = Path(out_dir)
@@ -696,20 +507,7 @@ def train(
     )
 
     losses: list[dict[str, Any]] = []
-
-    class _StepLog(TrainerCallback):
-        t0 = time.perf_counter()
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            rec = _step_record(trainer, state.global_step, time.perf_counter() - self.t0)
-            losses.append(rec)
-            if on_step is not None:
-                on_step(rec)
-
-    trainer.add_callback(_StepLog())
+    trainer.add_callback(StepLog(trainer, losses, on_step))
     for cb in callbacks or []:
         trainer.add_callback(cb)
     t_start = time.perf_counter()

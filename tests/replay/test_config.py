@@ -49,7 +49,7 @@ def test_good_config_values(tmp_path):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda d: d["teachers"][0].update(colour="red"), r"unknown key\(s\) \['colour'\]"),
+        (lambda d: d["teachers"][0].update(colour="red"), r"teachers\[0\] \(a\): unknown keys \['colour'\]"),
         (lambda d: d["teachers"][0].pop("input_usd_per_mtok"), r"missing required key\(s\) \['input_usd_per_mtok'\]"),
         (lambda d: d["teachers"][0].pop("output_usd_per_mtok"), r"output_usd_per_mtok"),
         (lambda d: d["teachers"][0].pop("budget_usd"), r"budget_usd"),
@@ -57,8 +57,8 @@ def test_good_config_values(tmp_path):
         (lambda d: d["teachers"][0].update(budget_usd=-1), r"budget_usd must be >= 0"),
         (lambda d: d["teachers"][0].update(max_concurrency=0), r"max_concurrency must be > 0"),
         (lambda d: d["teachers"][0].update(base_url="127.0.0.1:8000"), r"base_url must start with http"),
-        (lambda d: d.pop("ceiling_usd"), r"missing required top-level key 'ceiling_usd'"),
-        (lambda d: d.update(retries=3), r"unknown top-level key\(s\) \['retries'\]"),
+        (lambda d: d.pop("ceiling_usd"), r"missing required key\(s\) \['ceiling_usd'\] \(ceiling_usd: worst-case spend allowed in one replay run"),
+        (lambda d: d.update(retries=3), r"t\.yaml: unknown keys \['retries'\] \(allowed: \['ceiling_usd', "),
         (lambda d: d["teachers"].append(dict(d["teachers"][0])), r"duplicate teacher name\(s\) \['a'\]"),
         (lambda d: d.update(teachers=[]), r"'teachers' must be a non-empty list"),
     ],

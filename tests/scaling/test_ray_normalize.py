@@ -23,7 +23,7 @@ def _small_recipe(**top) -> NormalizeRecipe:
 
 
 def test_bad_executor_name_is_refused():
-    with pytest.raises(ValueError, match="executor_type must be 'default' or 'ray'"):
+    with pytest.raises(ValueError, match=r"executor_type must be one of \['default', 'ray'\], got 'spark'"):
         NormalizeRecipe.from_dict({"executor_type": "spark", "process": [{"text_length_filter": {"min_len": 1}}]})
 
 

@@ -7,7 +7,8 @@ import math
 
 import pyarrow.parquet as pq
 
-from composer_pipeline.train.trainer import TrainRecipe, train
+from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.trainer import train
 
 
 def test_train_on_ingested_sessions(corpus, tiny_model_dir, tmp_path, capsys):

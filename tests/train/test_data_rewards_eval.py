@@ -18,7 +18,7 @@ from composer_pipeline.store import Store
 from composer_pipeline.train import rewards
 from composer_pipeline.train.data import interleave_error_sites, is_heldout, load_train_data
 from composer_pipeline.train.hints import HintTemplates, build_hint, error_text
-from composer_pipeline.train.trainer import TrainRecipe
+from composer_pipeline.train.config import TrainRecipe
 
 
 def test_load_split_hints_and_quarantine(tmp_path):
@@ -166,7 +166,7 @@ def test_pipes_entry_runs_without_pipes(tiny_model_dir, synth_store, tmp_path, c
 
 
 def test_model_names_resolve_through_local_models(tmp_path, monkeypatch, tiny_model_dir):
-    from composer_pipeline.train.trainer import resolve_model_path
+    from composer_pipeline.train.modeling import resolve_model_path
 
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))
     p = resolve_model_path("tiny")

@@ -10,7 +10,8 @@ import pytest
 from composer_pipeline import tables
 from composer_pipeline.store import Store
 from composer_pipeline.testing.synthetic_train import pair_rows
-from composer_pipeline.train.trainer import TrainRecipe, train
+from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.trainer import train
 
 
 @pytest.fixture()

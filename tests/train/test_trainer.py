@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from composer_pipeline.train.trainer import TrainRecipe, train
+from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.trainer import train
 
 
 def _recipe(tiny_model_dir, *, grpo=1.0, alpha=0.5, beta=0.5, **dpo) -> TrainRecipe:

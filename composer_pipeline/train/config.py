@@ -1,0 +1,134 @@
+"""The trainer's recipe (``recipes/train.yaml``): one typed settings dataclass per section.
+
+In:  the YAML file (or a dict). Out: a :class:`TrainRecipe`, read through
+:mod:`composer_pipeline.settings` (unknown keys name the section and the allowed keys; values are
+type-checked); :meth:`TrainRecipe.validate` adds the cross-field rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from composer_pipeline import settings
+from composer_pipeline.settings import setting
+from composer_pipeline.train.hints import HintTemplates
+
+
+@dataclass
+class Weights:
+    grpo: float = setting(1.0, help="weight of the GRPO term; 0 turns channel 1 off")
+    alpha: float = setting(0.5, help="α: weight of the hint self-distillation JSD at error sites; 0 turns channel 2 off")
+    beta: float = setting(0.5, help="β: weight of the DPO term on normalized pairs; 0 turns channel 3 off")
+
+
+@dataclass
+class GRPOSection:
+    loss_type: str = setting("dapo", help="any TRL GRPOConfig.loss_type: grpo, dapo, dr_grpo, bnpo, ...")
+    num_generations: int = setting(4, help="rollouts per prompt (group size for the advantage), >= 2")
+    prompts_per_step: int = setting(2, help="distinct trace states per step (batch = prompts × generations)")
+    max_completion_length: int = setting(32, help="tokens generated per rollout")
+    temperature: float = setting(1.0, help="sampling temperature of the rollouts")
+    kl_beta: float = setting(0.0, help="TRL's KL-to-reference coefficient inside GRPO (0: no reference forward)")
+    rewards: list[str] = setting(
+        factory=lambda: ["valid_action", "known_tool", "consensus_match", "format_shaped"],
+        help="reward functions by name (composer_pipeline.train.rewards.REWARDS; add yours there)",
+    )
+    reward_weights: list[float] | None = setting(None, help="one float per reward; null = all 1.0")
+
+
+@dataclass
+class SDPOSection:
+    jsd_beta: float = setting(0.5, help="generalized-JSD β: 0 forward KL(teacher‖student), 1 reverse KL(student‖teacher)")
+    temperature: float = setting(1.0, help="softmax temperature for both distributions")
+    hint: HintTemplates = setting(factory=HintTemplates, help="corrective hint templates; fields {agent} {error} {consensus}")
+
+
+@dataclass
+class DPOSection:
+    variant: Literal["dpo", "simpo"] = setting(
+        "dpo", help="dpo (sigmoid loss, frozen copy of the starting policy as reference) | simpo (reference-free)")
+    beta: float = setting(0.1, help="DPO β (inverse temperature of the implicit reward; not the channel weight)")
+    label_smoothing: float = setting(0.0, help="cDPO ε; 0 = plain DPO (first-step loss is exactly ln 2)")
+    simpo_beta: float = setting(2.0, help="SimPO β (variant: simpo)")
+    simpo_gamma: float = setting(0.5, help="SimPO target margin γ (variant: simpo)")
+    batch_size: int = setting(2, help="pairs per step")
+    max_completion_tokens: int = setting(64, help="chosen/rejected answers keep their first N tokens")
+
+
+@dataclass
+class DataSection:
+    max_prompt_tokens: int = setting(384, help="prompts keep their last N tokens")
+    heldout_fraction: float = setting(0.2, help="sha256(state_id) split; held-out states feed `train eval`")
+    include_unpaired_states: bool = setting(
+        True, help="trace states with no pair row (no replay yet) become GRPO/SDPO prompts too")
+    render_recipe: str | None = setting(
+        None, help="YAML with a `render:` section (e.g. recipes/ingest.yaml); null = render defaults")
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = setting(False, help="train LoRA adapters (reference = adapters disabled), merged on save")
+    r: int = setting(8, help="LoRA rank")
+    alpha: int = setting(16, help="LoRA alpha")
+    dropout: float = setting(0.0, help="LoRA dropout")
+    target_modules: str | list[str] = setting("all-linear", help="peft target_modules: a name pattern or a list")
+
+
+@dataclass
+class OptimSection:
+    steps: int = setting(10, help="optimizer steps (`composer-pipeline train --steps` overrides)")
+    learning_rate: float = setting(1e-4, help="constant learning rate")
+    gradient_accumulation_steps: int = setting(1, help="micro-batches per optimizer step")
+    max_grad_norm: float = setting(1.0, help="gradient clipping norm")
+    seed: int = setting(0, help="seed of the data order, the rollouts and the held-out probe")
+
+
+@dataclass
+class EvalSection:
+    max_prompts: int = setting(16, help="held-out prompts scored for reward / hint-JSD")
+    max_new_tokens: int = setting(32, help="tokens generated per held-out prompt")
+
+
+@dataclass
+class ScheduleSection:
+    cron: str = setting(
+        "0 3 * * *", help="when the Dagster `nightly_training` schedule retrains (UTC); the one home of the training cron")
+
+
+@dataclass
+class TrainRecipe:
+    model: str | None = setting(
+        None, help='HF model name, local path, "tiny" or "local:smollm2-135m-instruct" (`--model` overrides)')
+    weights: Weights = setting(factory=Weights, help="channel weights: total = grpo·GRPO + alpha·SDPO + beta·DPO")
+    grpo: GRPOSection = setting(factory=GRPOSection, help="channel 1: GRPO with verifiable rewards (TRL)")
+    sdpo: SDPOSection = setting(factory=SDPOSection, help="channel 2: hint self-distillation at error sites")
+    dpo: DPOSection = setting(factory=DPOSection, help="channel 3: DPO or SimPO on the normalized pairs")
+    data: DataSection = setting(factory=DataSection, help="prompts, held-out split, rendering")
+    lora: LoraSection = setting(factory=LoraSection, help="LoRA adapters (off: full fine-tuning)")
+    optim: OptimSection = setting(factory=OptimSection, help="optimizer and steps")
+    eval: EvalSection = setting(factory=EvalSection, help="held-out evaluation (`train eval`, `policy_eval`)")
+    schedule: ScheduleSection = setting(factory=ScheduleSection, help="nightly retraining")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainRecipe":
+        return settings.load(cls, path, "train recipe")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "TrainRecipe":
+        return settings.from_dict(cls, raw, "train recipe")
+
+    def to_dict(self) -> dict[str, Any]:
+        return settings.to_dict(self)
+
+    def validate(self) -> None:
+        if self.dpo.variant not in ("dpo", "simpo"):
+            raise ValueError(f"dpo.variant must be dpo or simpo, got {self.dpo.variant!r}")
+        for k in ("grpo", "alpha", "beta"):
+            if getattr(self.weights, k) < 0:
+                raise ValueError(f"weights.{k} must be >= 0")
+        if not any(getattr(self.weights, k) > 0 for k in ("grpo", "alpha", "beta")):
+            raise ValueError("all channel weights are 0: nothing to train")
+        if self.grpo.num_generations < 2:
+            raise ValueError("grpo.num_generations must be >= 2 (group-relative advantages)")

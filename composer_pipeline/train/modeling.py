@@ -1,0 +1,46 @@
+"""Model loading for training and evaluation: a model name resolved to a directory, then the
+tokenizer and the causal LM on the best device (CUDA bf16, else CPU fp32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
+    """A loadable model: ``tiny`` / ``smollm2-135m-instruct`` (also as ``local:NAME``) resolve through
+    :func:`composer_pipeline.models.resolve_model` (built/converted once, cached, so
+    training and evaluation see the same base model); anything else is a path or hub name as given."""
+    if not model:
+        raise ValueError("no model: pass --model PATH (or 'tiny', 'local:smollm2-135m-instruct') or set `model:` in the recipe")
+    name = model.split(":", 1)[1] if model.startswith("local:") else model
+    if not Path(model).is_dir():
+        from composer_pipeline.models import KNOWN, resolve_model
+
+        if name in KNOWN:
+            return str(resolve_model(name))
+        if model.startswith("local:"):
+            raise ValueError(f"unknown local model {name!r}; known: {list(KNOWN)}")
+    return model
+
+
+def load_policy(model_path: str):
+    """Tokenizer + model on the best device: CUDA bf16, else CPU fp32."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cuda = torch.cuda.is_available()
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    config = AutoConfig.from_pretrained(model_path)
+    qc = getattr(config, "quantization_config", None)
+    qmethod = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if qmethod == "gguf" and not any(Path(model_path).glob("*.gguf")):
+        # a plain safetensors copy of a dequantized GGUF model keeps the GGUF marker in its config;
+        # the weights are ordinary floats, so the model is trainable once the marker is dropped
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.bfloat16 if cuda else torch.float32)
+    if cuda:
+        model = model.to("cuda")
+    return tok, model
+

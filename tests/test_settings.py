@@ -1,0 +1,143 @@
+"""The one settings layer (composer_pipeline/settings.py): every recipe under recipes/ loads through it,
+docs/SETTINGS.md is generated from its dataclasses (and equal to what they say now), and its rules
+(unknown keys, missing keys, types, where an error is) hold for every recipe alike.
+
+Regenerate the reference after changing a setting: ``python tests/test_settings.py`` (from the repo root).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script to regenerate the docs
+    sys.path.insert(0, str(REPO))
+
+from assets.settings import PipelineFile, load_settings  # noqa: E402
+from composer_pipeline import settings  # noqa: E402
+from composer_pipeline.ingest.recipe import IngestRecipe  # noqa: E402
+from composer_pipeline.pairs.build import PairRecipe  # noqa: E402
+from composer_pipeline.pairs.datajuicer import NormalizeFile, NormalizeRecipe  # noqa: E402
+from composer_pipeline.teachers.config import TeachersConfig, load_teachers  # noqa: E402
+from composer_pipeline.train.config import TrainRecipe  # noqa: E402
+
+DOC = REPO / "docs" / "SETTINGS.md"
+
+# recipe file -> (its settings dataclass, the loader the pipeline reads it with, who calls that loader)
+RECIPES = {
+    "pipeline.yaml": (PipelineFile, load_settings, "`assets/settings.py` `load_settings` (Dagster layer)"),
+    "cluster.yaml": (PipelineFile, load_settings, "the same, as `COMPOSER_PIPELINE_RECIPE` (docs/SCALING.md)"),
+    "ingest.yaml": (IngestRecipe, IngestRecipe.load, "`ingest/recipe.py` `IngestRecipe.load`"),
+    "teachers.yaml": (TeachersConfig, load_teachers, "`teachers/config.py` `load_teachers`"),
+    "demo_teachers.yaml": (TeachersConfig, load_teachers, "the same"),
+    "pairs.yaml": (PairRecipe, PairRecipe.load, "`pairs/build.py` `PairRecipe.load`"),
+    "normalize.yaml": (NormalizeFile, NormalizeRecipe.load, "`pairs/datajuicer.py` `NormalizeRecipe.load`"),
+    "normalize_ray.yaml": (NormalizeFile, NormalizeRecipe.load, "the same (`executor_type: ray`)"),
+    "train.yaml": (TrainRecipe, TrainRecipe.load, "`train/config.py` `TrainRecipe.load`"),
+}
+# Dagster's own instance files (dagster.yaml variants): Dagster's schema reads them (tests/scaling)
+NOT_OURS = {"dagster"}
+
+
+def generate() -> str:
+    out = [
+        "# Settings reference",
+        "",
+        "Generated from the settings dataclasses by `python tests/test_settings.py`; `tests/test_settings.py`",
+        "fails when this file and the code disagree. Every recipe is read by one loader",
+        "(`composer_pipeline/settings.py`): an unknown key is an error naming the file, the section and the",
+        "allowed keys; values are type-checked. Each setting has one home: the file and key below.",
+        "",
+    ]
+    seen: dict[type, str] = {}
+    for name, (cls, _, reader) in RECIPES.items():
+        out += [f"## `recipes/{name}`", "", f"Read by {reader}; dataclass `{cls.__module__}.{cls.__qualname__}`.", ""]
+        if cls in seen:
+            out += [f"Same settings as `recipes/{seen[cls]}`.", ""]
+            continue
+        seen[cls] = name
+        out += [settings.document(cls), ""]
+    return "\n".join(out)
+
+
+def test_every_recipe_file_is_known():
+    present = {p.name for p in (REPO / "recipes").iterdir()} - NOT_OURS
+    assert present == set(RECIPES), f"recipes/ has {sorted(present - set(RECIPES))} unknown to this test, lacks {sorted(set(RECIPES) - present)}"
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_loads_through_the_layer(name):
+    cls, loader, _ = RECIPES[name]
+    path = REPO / "recipes" / name
+    loaded = loader(path)
+    assert loaded is not None
+    # the file as the layer reads it: no key outside the dataclass, every value of its type
+    assert isinstance(settings.from_dict(cls, settings.read_yaml(path), str(path)), cls)
+
+
+def test_settings_doc_matches_the_dataclasses():
+    assert DOC.read_text() == generate() + "\n", "docs/SETTINGS.md is stale: run `python tests/test_settings.py`"
+
+
+def test_one_rule_for_unknown_keys_everywhere(tmp_path):
+    cases = [(TrainRecipe, {"optim": {"stepz": 1}}, "optim", "stepz"),
+             (IngestRecipe, {"render": {"strip_thinkin": True}}, "render", "strip_thinkin"),
+             (PairRecipe, {"signature": {"ignore_order": True}}, "signature", "ignore_order"),
+             (PipelineFile, {"checks": {"max_quarantine": 5}}, "checks", "max_quarantine"),
+             (NormalizeFile, {"procces": []}, "", "procces")]
+    for cls, raw, section, key in cases:
+        p = tmp_path / "r.yaml"
+        import yaml
+
+        p.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ValueError) as e:
+            settings.load(cls, p)
+        msg = str(e.value)
+        assert msg.startswith(f"{p}: {section + ': ' if section else ''}unknown keys ['{key}'] (allowed: ["), msg
+
+
+def test_types_are_checked_with_the_key_path(tmp_path):
+    for raw, msg in [({"optim": {"steps": "10"}}, "optim.steps must be an integer, got '10'"),
+                     ({"optim": {"steps": True}}, "optim.steps must be an integer, got True"),
+                     ({"weights": {"alpha": "half"}}, "weights.alpha must be a number, got 'half'"),
+                     ({"lora": {"enabled": "yes"}}, "lora.enabled must be true or false, got 'yes'"),
+                     ({"grpo": {"rewards": "valid_action"}}, "grpo.rewards must be a list, got 'valid_action'"),
+                     ({"grpo": {"rewards": [1]}}, "grpo.rewards[0] must be a string, got 1"),
+                     ({"dpo": {"variant": "ipo"}}, "dpo.variant must be one of ['dpo', 'simpo'], got 'ipo'"),
+                     ({"model": 3}, "model must be str | null, got 3"),
+                     ({"sdpo": []}, "sdpo: expected a mapping, got list")]:
+        with pytest.raises(ValueError) as e:
+            TrainRecipe.from_dict(raw)
+        assert str(e.value) == f"train recipe: {msg}"
+    # a key whose entries are all commented out (YAML null): an empty list / mapping, a section's defaults
+    assert TrainRecipe.from_dict({"grpo": {"rewards": None}, "eval": None}).grpo.rewards == []
+    assert TrainRecipe.from_dict({"eval": None}).eval == TrainRecipe().eval
+    assert TrainRecipe.from_dict({"grpo": {"reward_weights": None}}).grpo.reward_weights is None  # optional: stays null
+    r = TrainRecipe.from_dict({"weights": {"alpha": 1}, "optim": {"steps": 4.0}})  # int -> float, whole float -> int
+    assert (type(r.weights.alpha), r.optim.steps, type(r.optim.steps)) == (float, 4, int)
+    assert TrainRecipe.from_dict(settings.to_dict(r)) == r
+
+
+def test_missing_required_keys_say_what_they_are():
+    with pytest.raises(ValueError, match=r"t: teachers\[0\] \(a\): missing required key\(s\) \['budget_usd'\] \(budget_usd: lifetime budget"):
+        settings.from_dict(TeachersConfig, {"ceiling_usd": 1.0, "teachers": [
+            {"name": "a", "base_url": "http://x/v1", "model": "m", "api_key_env": None, "input_usd_per_mtok": 0,
+             "output_usd_per_mtok": 0, "max_concurrency": 1}]}, "t")
+
+
+def test_a_rule_of_the_class_says_where_it_failed():
+    with pytest.raises(ValueError, match=r"^pairs recipe: signature: text_similarity_threshold must be in \(0, 1\], got 0.0$"):
+        PairRecipe.from_dict({"signature": {"text_similarity_threshold": 0}})
+
+
+def test_moved_keys_name_their_new_home():
+    with pytest.raises(ValueError, match=r"'trace_root' now lives in recipes/pipeline.yaml"):
+        IngestRecipe.from_dict({"trace_root": "~/.claude/projects"})
+
+
+if __name__ == "__main__":
+    DOC.write_text(generate() + "\n")
+    print(f"wrote {DOC}")
