@@ -19,6 +19,7 @@ import pyarrow as pa
 import yaml
 
 from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, pair_text_column
+from composer_pipeline.settings import read_yaml
 
 
 def _passes(recipe: NormalizeRecipe) -> list[list[tuple[str, dict]]]:
@@ -39,7 +40,7 @@ def default_executor_survivors(pairs: pa.Table, recipe_path: str | Path, workdir
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     recipe = NormalizeRecipe.load(recipe_path)
-    raw = yaml.safe_load(Path(recipe_path).read_text())
+    raw = read_yaml(recipe_path, "normalize recipe")  # data-juicer's own keys, passed through as written
     keys = set(recipe.text_keys())
     cols = {"pair_id": pairs.column("pair_id").to_pylist()}
     for k in keys:
