@@ -32,14 +32,26 @@ CLI = [sys.executable, "-m", "composer_pipeline"]
 
 
 def _session_keys(ui) -> list[str]:
+    """The partition keys of the sessions under the trace root, as the sensor names them: short and
+    readable (``calc/a1f0c3d2``; the long session key is in raw_sessions' metadata)."""
     from composer_pipeline.ingest.discover import discover_sessions
+    from composer_pipeline.ingest.partition_keys import KeyMap
 
-    return sorted(s.key for s in discover_sessions(ui.trace_root))
+    keymap = KeyMap([s.key for s in discover_sessions(ui.trace_root)], ui.partition_keys())
+    keymap.assign()
+    keys = sorted(keymap.partition_of.values())
+    assert all(k.startswith("calc/") and len(k) == len("calc/a1f0c3d2") for k in keys), keys
+    return keys
 
 
 def add_spare_session(ui) -> str:
-    """Drop the next sample session (main file last, after its subagent files) into the watched trace root."""
-    return move_session(ui.spare, ui.trace_root)
+    """Drop the next sample session (main file last, after its subagent files) into the watched trace
+    root; its partition key."""
+    from composer_pipeline.ingest.partition_keys import KeyMap
+
+    session_key = move_session(ui.spare, ui.trace_root)
+    keymap = KeyMap([session_key], ui.partition_keys())
+    return keymap.partition_of.get(session_key) or keymap.assign()[session_key]
 
 
 def register_partition(ui, key: str) -> None:
