@@ -32,7 +32,8 @@ def find_session(trace_root: str, partition_key: str, instance=None):
         if partition_key in found:
             return found[partition_key]
         raise FileNotFoundError(f"session {partition_key!r} not found under {trace_root} (was the file moved or deleted?)")
-    keymap = session_keymap(instance, found) if instance is not None else KeyMap(found, [partition_key])
+    project = partition_key.split("/", 1)[0]
+    keymap = session_keymap(instance, found, project) if instance is not None else KeyMap(found, [partition_key])
     try:
         return found[keymap.session_key(partition_key)]
     except PartitionKeyError as e:

@@ -44,12 +44,16 @@ def recorded_sessions(instance, partition_keys: list[str], page: int = 1000) -> 
     return out
 
 
-def session_keymap(instance, session_keys):
+def session_keymap(instance, session_keys, project: str | None = None):
     """The instance's ``sessions`` partitions resolved against ``session_keys`` (those on disk);
-    where only a recorded materialization can tell which session a key names, it is looked up."""
-    from composer_pipeline.ingest.partition_keys import KeyMap
+    where only a recorded materialization can tell which session a key names, it is looked up.
+    ``project``: only that project's sessions and short keys (keys never cross projects)."""
+    from composer_pipeline.ingest.partition_keys import KeyMap, project_name
 
     partitions = instance.get_dynamic_partitions(sessions_partitions.name)
+    if project is not None:
+        session_keys = [k for k in session_keys if project_name(k) == project]
+        partitions = [k for k in partitions if k.startswith(project + "/")]
     keymap = KeyMap(session_keys, partitions)
     if keymap.tied:
         pins = {pk: str(meta["session_key"]) for pk, meta in recorded_sessions(instance, list(keymap.tied)).items()

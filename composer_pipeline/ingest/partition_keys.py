@@ -24,6 +24,7 @@ session, and such a session gets no second, short partition.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections import defaultdict
@@ -51,21 +52,41 @@ def split_session_key(session_key: str) -> tuple[str, str]:
 
 def project_name(session_key: str) -> str:
     """The readable project of a session: its directory's last component without the home prefix."""
-    head, _ = split_session_key(session_key)
+    return _project_of_dir(split_session_key(session_key)[0])
+
+
+@functools.lru_cache(maxsize=4096)  # a handful of project directories for any number of sessions
+def _project_of_dir(head: str) -> str:
     last = head.rpartition("__")[2]
     name = _safe(_HOME_PREFIX.sub("", last)) or _safe(last)
     return name[:NAME_MAX].strip("-") or "_"  # "_": a session file directly under the trace root
 
 
-def candidates(session_key: str) -> list[str]:
-    """Every partition key this session may get, shortest first (see the module docstring)."""
-    project = project_name(session_key)
+def _parts(session_key: str) -> tuple[str, str, int]:
+    """(project, id, length of the id in the first candidate)."""
     _, stem = split_session_key(session_key)
     ident = _safe(stem) or "session"
-    start = ID_LEN if _UUIDISH.fullmatch(stem) else min(len(ident), NAME_MAX)
+    return project_name(session_key), ident, ID_LEN if _UUIDISH.fullmatch(stem) else min(len(ident), NAME_MAX)
+
+
+def first_candidate(session_key: str) -> str:
+    """The key a session gets when no other session's id starts like its own; every later candidate
+    starts with it."""
+    project, ident, start = _parts(session_key)
+    return f"{project}/{ident[:start].rstrip('-')}"
+
+
+def candidates(session_key: str) -> list[str]:
+    """Every partition key this session may get, shortest first (see the module docstring)."""
+    project, ident, start = _parts(session_key)
     out = [f"{project}/{ident[:n].rstrip('-')}" for n in range(start, len(ident) + 1)]
     out.append(f"{project}/{ident}-{hashlib.sha256(session_key.encode()).hexdigest()[:8]}")
-    return list(dict.fromkeys(k for k in out if not k.endswith("/")))
+    return list(dict.fromkeys(out))
+
+
+def _lazy_candidates(session_key: str, first: str):
+    yield first
+    yield from candidates(session_key)[1:]  # built only on a collision
 
 
 def is_short_key(partition_key: str) -> bool:
@@ -102,10 +123,16 @@ class KeyMap:
         self.session_keys = sorted(set(self.session_keys))
         self.partition_keys = sorted(set(self.partition_keys))
         sessions = set(self.session_keys)
-        self._by_candidate: dict[str, list[str]] = defaultdict(list)
+        # every candidate of a session starts with its first one: index the first ones only, and
+        # the lengths their ids have per project (one or two), so holders() is a few dict lookups
+        self._part_cache: dict[str, tuple[str, str, int]] = {}
+        self._first: dict[str, list[str]] = defaultdict(list)
+        self._lengths: dict[str, set[int]] = defaultdict(set)
         for s in self.session_keys:
-            for c in candidates(s):
-                self._by_candidate[c].append(s)
+            project, ident, start = self._parts(s)
+            first = f"{project}/{ident[:start].rstrip('-')}"  # (first_candidate)
+            self._first[first].append(s)
+            self._lengths[project].add(len(first) - len(project) - 1)
         shorts, taken = [], set()
         for pk in self.partition_keys:
             pinned = self.pins.get(pk)
@@ -121,6 +148,33 @@ class KeyMap:
                 self.unresolved[pk] = "no session with this key under the trace root (moved or deleted?)"
         self._resolve(shorts, taken)
 
+    def _parts(self, s: str) -> tuple[str, str, int]:
+        p = self._part_cache.get(s)
+        if p is None:
+            p = self._part_cache[s] = _parts(s)
+        return p
+
+    def _is_candidate(self, key: str, s: str) -> bool:
+        """``key in candidates(s)``, without building the list."""
+        project, ident, start = self._parts(s)
+        kp, _, kid = key.partition("/")
+        if kp != project:
+            return False
+        if kid.startswith(ident + "-") and len(kid) == len(ident) + 9:  # the hashed last candidate
+            return kid == f"{ident}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
+        n = len(kid)
+        return (n > 0 and ident.startswith(kid) and not kid.endswith("-")
+                and (n >= start or set(ident[n:start]) == {"-"}))
+
+    def holders(self, key: str) -> list[str]:
+        """The sessions on disk that have ``key`` among their candidates (sorted)."""
+        project, _, ident = key.partition("/")
+        out = []
+        for n in sorted(self._lengths.get(project, ())):
+            if n <= len(ident):
+                out.extend(s for s in self._first.get(f"{project}/{ident[:n]}", ()) if self._is_candidate(key, s))
+        return sorted(out)
+
     def _name(self, pk: str, s: str) -> None:
         self.session_of[pk] = s
         self.partition_of[s] = pk  # a short key wins over a session's long one
@@ -129,7 +183,7 @@ class KeyMap:
         while pending:
             progress, still = False, []
             for pk in pending:
-                left = [s for s in self._by_candidate.get(pk, ()) if s not in taken]
+                left = [s for s in self.holders(pk) if s not in taken]
                 if len(left) == 1:
                     taken.add(left[0])
                     self._name(pk, left[0])
@@ -140,7 +194,7 @@ class KeyMap:
                     self.unresolved[pk] = "no session with this name under the trace root (moved or deleted?)"
             if still and not progress:  # a tie: the first such key goes to its smaller session
                 pk = still.pop(0)
-                s = min(x for x in self._by_candidate[pk] if x not in taken)
+                s = min(x for x in self.holders(pk) if x not in taken)
                 taken.add(s)
                 self._name(pk, s)
                 self.tied.append(pk)
@@ -153,8 +207,9 @@ class KeyMap:
         for s in self.session_keys:
             if s in self.partition_of:
                 continue
-            for c in candidates(s):
-                if c not in used and self._by_candidate[c] == [s]:
+            project, ident, start = self._parts(s)
+            for c in _lazy_candidates(s, f"{project}/{ident[:start].rstrip('-')}"):
+                if c not in used and self.holders(c) == [s]:
                     break
             else:  # the last candidate carries a hash of the whole session key: not reached in practice
                 raise PartitionKeyError(f"no free partition key for session {s!r} (tried {candidates(s)})")
