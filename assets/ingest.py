@@ -13,12 +13,13 @@ import json
 import dagster as dg
 import pyarrow as pa
 
+from assets.layout import GROUP, stage
 from assets.metadata import counts, preview
 from assets.partitions import session_check, session_keymap, sessions_partitions
 from composer_pipeline import tables
 from resources.recipes import PipelineRecipes
 
-GROUP = "ingest"
+STAGE = stage("ingest")  # (one group for every asset: assets/layout.py)
 
 
 def find_session(trace_root: str, partition_key: str, instance=None):
@@ -43,6 +44,7 @@ def find_session(trace_root: str, partition_key: str, instance=None):
 @dg.asset(
     partitions_def=sessions_partitions,
     group_name=GROUP,
+    tags=STAGE,
     kinds={"file"},
     description="A Claude Code session on disk: its main JSONL file plus subagent files. Records the file "
     "list, sizes and a content fingerprint (the data version); the files themselves are not copied.",
@@ -116,15 +118,15 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     deps=[raw_sessions],
     outs={
         "trace_states": dg.AssetOut(
-            description="One row per agent action (assistant API response) with its prefix pointer.",
+            tags=STAGE, description="One row per agent action (assistant API response) with its prefix pointer.",
             kinds={"parquet"}, is_required=True,
         ),
         "trace_messages": dg.AssetOut(
-            description="Every scrubbed JSONL record of the session (render input and lineage).",
+            tags=STAGE, description="Every scrubbed JSONL record of the session (render input and lineage).",
             kinds={"parquet"}, is_required=True,
         ),
         "quarantine": dg.AssetOut(
-            description="Lines that could not be used, with the reason (nothing is dropped silently).",
+            tags=STAGE, description="Lines that could not be used, with the reason (nothing is dropped silently).",
             kinds={"parquet"}, is_required=True,
         ),
     },
