@@ -18,7 +18,7 @@ from resources.storage import ParquetIOManager, StoreResource
 from resources.teachers import TeachersResource, api_key_envvars
 from resources.trainer import TrainerLauncher
 
-PER_SESSION = dg.AssetSelection.groups("ingest", "replay") | dg.AssetSelection.assets(
+PER_SESSION = dg.AssetSelection.tag("stage", "ingest") | dg.AssetSelection.tag("stage", "replay") | dg.AssetSelection.assets(
     "dpo_pairs", "agreement_positives", "normalized_dpo_pairs", "dropped_pairs"
 )
 

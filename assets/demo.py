@@ -106,7 +106,7 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     from tqdm import tqdm
 
     from assets.definitions import build_defs
-    from assets.partitions import sessions_partitions
+    from assets.partitions import session_keymap, sessions_partitions
     from assets.sensors import scan_sessions
     from composer_pipeline.store import Store
 
@@ -123,9 +123,11 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     sessions = scan_sessions(settings.trace_root)
     if not sessions:
         raise FileNotFoundError(f"no Claude Code sessions under {settings.trace_root}")
-    keys = sorted(sessions)
-    existing = set(instance.get_dynamic_partitions(sessions_partitions.name))
-    instance.add_dynamic_partitions(sessions_partitions.name, [k for k in keys if k not in existing])
+    keymap = session_keymap(instance, sessions)
+    added = keymap.assign()  # short, readable partition keys (project/id) for sessions without one
+    if added:
+        instance.add_dynamic_partitions(sessions_partitions.name, sorted(added.values()))
+    keys = sorted(keymap.partition_of[k] for k in sessions)
     echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
 
     report = DemoReport(store=settings.store_root, sessions=keys, dagster_home=str(dagster_home))

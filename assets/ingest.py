@@ -13,26 +13,38 @@ import json
 import dagster as dg
 import pyarrow as pa
 
+from assets.layout import GROUP, stage
 from assets.metadata import counts, preview
-from assets.partitions import session_check, sessions_partitions
+from assets.partitions import session_check, session_keymap, sessions_partitions
 from composer_pipeline import tables
 from resources.recipes import PipelineRecipes
 
-GROUP = "ingest"
+STAGE = stage("ingest")  # (one group for every asset: assets/layout.py)
 
 
-def find_session(trace_root: str, key: str):
+def find_session(trace_root: str, partition_key: str, instance=None):
+    """The session a ``sessions`` partition names: a short key (``calc/a1f0c3d2``) through the
+    instance's partitions (``assets.partitions.session_keymap``), a long one (older instances) directly."""
     from composer_pipeline.ingest.discover import discover_sessions
+    from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
 
-    for sf in discover_sessions(trace_root):
-        if sf.key == key:
-            return sf
-    raise FileNotFoundError(f"session {key!r} not found under {trace_root} (was the file moved or deleted?)")
+    found = {sf.key: sf for sf in discover_sessions(trace_root)}
+    if not is_short_key(partition_key):
+        if partition_key in found:
+            return found[partition_key]
+        raise FileNotFoundError(f"session {partition_key!r} not found under {trace_root} (was the file moved or deleted?)")
+    project = partition_key.split("/", 1)[0]
+    keymap = session_keymap(instance, found, project) if instance is not None else KeyMap(found, [partition_key])
+    try:
+        return found[keymap.session_key(partition_key)]
+    except PartitionKeyError as e:
+        raise FileNotFoundError(f"{e} (trace root {trace_root})") from None
 
 
 @dg.asset(
     partitions_def=sessions_partitions,
     group_name=GROUP,
+    tags=STAGE,
     kinds={"file"},
     description="A Claude Code session on disk: its main JSONL file plus subagent files. Records the file "
     "list, sizes and a content fingerprint (the data version); the files themselves are not copied.",
@@ -40,7 +52,7 @@ def find_session(trace_root: str, key: str):
 def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) -> dg.MaterializeResult:
     from composer_pipeline.ingest.discover import session_fingerprint
 
-    sf = find_session(recipes.trace_root, context.partition_key)
+    sf = find_session(recipes.trace_root, context.partition_key, context.instance)
     files = sf.files
     sizes = {sf.rel(f): f.stat().st_size for f in files}
     fp = session_fingerprint(sf)
@@ -52,6 +64,9 @@ def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) ->
             "total_bytes": sum(sizes.values()),
             "fingerprint": fp,
             "trace_root": recipes.trace_root,
+            # the partition key is short (project/id); these name the session in full
+            "session_key": sf.key,
+            "session_file": dg.MetadataValue.path(str(sf.main_file or sf.files[0])),
         },
         data_version=dg.DataVersion(fp),
     )
@@ -103,15 +118,15 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     deps=[raw_sessions],
     outs={
         "trace_states": dg.AssetOut(
-            description="One row per agent action (assistant API response) with its prefix pointer.",
+            tags=STAGE, description="One row per agent action (assistant API response) with its prefix pointer.",
             kinds={"parquet"}, is_required=True,
         ),
         "trace_messages": dg.AssetOut(
-            description="Every scrubbed JSONL record of the session (render input and lineage).",
+            tags=STAGE, description="Every scrubbed JSONL record of the session (render input and lineage).",
             kinds={"parquet"}, is_required=True,
         ),
         "quarantine": dg.AssetOut(
-            description="Lines that could not be used, with the reason (nothing is dropped silently).",
+            tags=STAGE, description="Lines that could not be used, with the reason (nothing is dropped silently).",
             kinds={"parquet"}, is_required=True,
         ),
     },
@@ -133,7 +148,7 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
     from composer_pipeline.ingest.recipe import IngestRecipe
 
     recipe = IngestRecipe.load(recipes.ingest)
-    sf = find_session(recipes.trace_root, context.partition_key)
+    sf = find_session(recipes.trace_root, context.partition_key, context.instance)
     res = ingest_session(sf, recipe)
     states = tables.conform(res.states, "trace_states")
     messages = tables.conform(res.messages, "trace_messages")

@@ -13,6 +13,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from assets.layout import GROUP, stage
 from assets.ingest import render_options
 from assets.metadata import counts, preview
 from assets.partitions import session_check, sessions_partitions
@@ -21,7 +22,7 @@ from composer_pipeline.pairs.build import agreement_label
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
 
-GROUP = "pairs"
+STAGE = stage("pairs")  # (one group for every asset: assets/layout.py)
 PAIR_PREVIEW = ["pair_id", "agreement_kind", "agreement", "chosen_text", "rejected_text"]
 
 
@@ -57,8 +58,8 @@ def example_pair_md(pairs: pa.Table, table: str, states: pa.Table | None = None,
     partitions_def=sessions_partitions,
     group_name=GROUP,
     outs={
-        "dpo_pairs": dg.AssetOut(kinds={"parquet"}, description="States where teachers agree and the agent did something else."),
-        "agreement_positives": dg.AssetOut(kinds={"parquet"}, description="States where the teachers agree with the agent."),
+        "dpo_pairs": dg.AssetOut(tags=STAGE, kinds={"parquet"}, description="States where teachers agree and the agent did something else."),
+        "agreement_positives": dg.AssetOut(tags=STAGE, kinds={"parquet"}, description="States where the teachers agree with the agent."),
     },
 )
 def consensus_pairs(
@@ -108,8 +109,8 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
     partitions_def=sessions_partitions,
     group_name=GROUP,
     outs={
-        "normalized_dpo_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs kept by the data-juicer normalization."),
-        "dropped_pairs": dg.AssetOut(kinds={"parquet"}, description="Pairs removed, with the op and reason."),
+        "normalized_dpo_pairs": dg.AssetOut(tags=STAGE, kinds={"parquet"}, description="Pairs kept by the data-juicer normalization."),
+        "dropped_pairs": dg.AssetOut(tags=STAGE, kinds={"parquet"}, description="Pairs removed, with the op and reason."),
     },
     check_specs=[
         session_check("schema", asset="normalized_dpo_pairs", blocking=True, description="Columns and types match tables.py."),
@@ -167,6 +168,7 @@ def normalized_pairs(
 
 @dg.asset(
     group_name=GROUP,
+    tags=STAGE,
     kinds={"parquet"},
     ins={
         "normalized_dpo_pairs": dg.AssetIn(metadata={"allow_missing_partitions": True}),

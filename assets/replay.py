@@ -14,6 +14,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from assets.layout import GROUP, stage
 from assets.ingest import render_options
 from assets.metadata import counts, preview
 from assets.partitions import session_check, sessions_partitions
@@ -23,12 +24,13 @@ from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
 
-GROUP = "replay"
+STAGE = stage("replay")  # (one group for every asset: assets/layout.py)
 
 
 @dg.asset(
     partitions_def=sessions_partitions,
     group_name=GROUP,
+    tags=STAGE,
     kinds={"parquet"},
     description="Worst-case cost of replaying each state to each teacher (cached calls cost nothing). "
     "Guarded by the blocking check `cost_plan_within_budget`.",
@@ -111,6 +113,7 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
 @dg.asset(
     partitions_def=sessions_partitions,
     group_name=GROUP,
+    tags=STAGE,
     kinds={"parquet", "openai"},
     pool="teachers",  # politeness only (how many partitions call teachers at once); the ledger makes any number safe
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "

@@ -3,8 +3,10 @@ runs for new or changed sessions.
 
 In: ``discover_sessions(trace_root)`` and ``session_fingerprint``. Out: ``SensorResult`` with
 add-partition requests and one ``RunRequest`` per new/changed session (run_key
-``<session_key>:<fingerprint>``, so a changed file runs again and an unchanged one never does).
-The cursor maps session key -> last requested fingerprint. A session the cursor does not know yet
+``<partition_key>:<fingerprint>``, so a changed file runs again and an unchanged one never does).
+A new session's partition key is short and readable (``<project>/<id>``, see
+``composer_pipeline.ingest.partition_keys``); a session an older instance knows by its long key
+keeps that partition. The cursor maps session key -> last requested fingerprint. A session the cursor does not know yet
 (every session on the first tick, or after the cursor was reset) whose chain already went through
 (``normalized_dpo_pairs`` materialized, ``raw_sessions`` last materialized with the same fingerprint)
 is recorded in the cursor without a run: it is done. One whose chain stopped (e.g. a failed cost
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.partitions import sessions_partitions
+from assets.partitions import recorded_sessions, session_keymap, sessions_partitions
 from resources.recipes import PipelineRecipes
 
 
@@ -30,25 +32,10 @@ def scan_sessions(trace_root: str) -> dict[str, str]:
 CHAIN_END = "normalized_dpo_pairs"  # the last asset of a session's chain (session_chain)
 
 
-def materialized_fingerprints(instance, keys: list[str], page: int = 1000) -> dict[str, str]:
-    """session key -> fingerprint of its latest ``raw_sessions`` materialization (keys never materialized: absent)."""
-    out: dict[str, str] = {}
-    for i in range(0, len(keys), page):
-        chunk = keys[i : i + page]
-        cursor = None
-        while True:
-            res = instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_sessions"), asset_partitions=chunk),
-                limit=page, cursor=cursor)
-            for rec in res.records:  # newest first: keep the first seen per partition
-                mat = rec.asset_materialization
-                fp = mat.metadata.get("fingerprint") if mat is not None else None
-                if mat is not None and mat.partition not in out and fp is not None:
-                    out[mat.partition] = str(fp.value)
-            if not res.has_more:
-                break
-            cursor = res.cursor
-    return out
+def materialized_fingerprints(instance, keys: list[str]) -> dict[str, str]:
+    """partition key -> fingerprint of its latest ``raw_sessions`` materialization (keys never materialized: absent)."""
+    return {pk: str(meta["fingerprint"]) for pk, meta in recorded_sessions(instance, keys).items()
+            if meta.get("fingerprint") is not None}
 
 
 def build_sessions_sensor(target, minimum_interval_seconds: int = 60) -> dg.SensorDefinition:
@@ -66,22 +53,24 @@ def build_sessions_sensor(target, minimum_interval_seconds: int = 60) -> dg.Sens
                                  "recipes/pipeline.yaml or COMPOSER_TRACE_ROOT")
         seen = json.loads(context.cursor) if context.cursor else {}
         current = scan_sessions(recipes.trace_root)
-        existing = set(context.instance.get_dynamic_partitions(sessions_partitions.name))
-        new_keys = sorted(k for k in current if k not in existing)
+        keymap = session_keymap(context.instance, current)
+        added = keymap.assign()  # session key -> partition key, for sessions without a partition
+        pk = keymap.partition_of
         finished = set(context.instance.get_materialized_partitions(dg.AssetKey(CHAIN_END)))
-        unknown = sorted(k for k in current if k not in seen and k in existing and k in finished)
-        done = {k: fp for k, fp in materialized_fingerprints(context.instance, unknown).items() if current[k] == fp}
+        unknown = sorted(k for k in current if k not in seen and k not in added and pk[k] in finished)
+        by_partition = materialized_fingerprints(context.instance, [pk[k] for k in unknown])
+        done = {k: current[k] for k in unknown if by_partition.get(pk[k]) == current[k]}
         seen = {**seen, **done}  # already materialized with these very files: no run, just remembered
         changed = sorted(k for k, fp in current.items() if seen.get(k) != fp)
-        if not new_keys and not changed:
+        if not added and not changed:
             msg = f"{len(current)} sessions under {recipes.trace_root}, none new or changed"
             if not done:
                 return dg.SkipReason(msg)
             return dg.SensorResult(skip_reason=f"{msg}; {len(done)} found already materialized",
                                    cursor=json.dumps({**seen, **current}, sort_keys=True))
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(partition_key=k, run_key=f"{k}:{current[k]}") for k in changed],
-            dynamic_partitions_requests=[sessions_partitions.build_add_request(new_keys)] if new_keys else [],
+            run_requests=[dg.RunRequest(partition_key=pk[k], run_key=f"{pk[k]}:{current[k]}") for k in changed],
+            dynamic_partitions_requests=[sessions_partitions.build_add_request(sorted(added.values()))] if added else [],
             cursor=json.dumps({**seen, **current}, sort_keys=True),
         )
 

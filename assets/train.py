@@ -15,12 +15,13 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
+from assets.layout import GROUP, stage
 from assets.metadata import counts, png_markdown, preview
 from resources.recipes import PipelineRecipes
 from resources.storage import StoreResource
 from resources.trainer import TrainerLauncher
 
-GROUP = "train"
+STAGE = stage("train")  # (one group for every asset: assets/layout.py)
 
 
 CHANNELS = ("grpo", "sdpo", "dpo", "total")
@@ -52,6 +53,7 @@ def _loss_plot(losses: list[dict], out: Path):
 
 @dg.asset(
     group_name=GROUP,
+    tags=STAGE,
     kinds={"pytorch", "safetensors"},
     description="Policy trained on the training set (GRPO + α·hint self-distillation JSD + β·DPO) in a "
     "Dagster Pipes subprocess; output is a one-row table pointing at the checkpoint.",
@@ -116,6 +118,7 @@ def trained_policy(
 
 @dg.asset(
     group_name=GROUP,
+    tags=STAGE,
     kinds={"pytorch"},
     description="Held-out evaluation of the new checkpoint and of the starting model (same data, same recipe).",
     check_specs=[dg.AssetCheckSpec("no_regression", asset="policy_eval",

@@ -3,7 +3,8 @@
 In: ``pyarrow.Table`` asset outputs. Out: Parquet files laid out exactly as
 ``composer_pipeline.store.Store`` reads them:
 
-* partitioned asset   -> ``<root>/<asset_name>/<partition_key>.parquet``
+* partitioned asset   -> ``<root>/<asset_name>/<partition_key>.parquet`` (a session's short key
+  ``<project>/<id>`` is a folder per project)
 * unpartitioned asset -> ``<root>/<asset_name>.parquet``
 
 ``root`` is a local directory or an ``s3://bucket/prefix`` (s3fs, which honours
@@ -38,9 +39,11 @@ class ParquetUPathIOManager(dg.UPathIOManager):
     extension = ".parquet"
 
     def make_safe_partition_path(self, base_path: UPath, partition: str) -> UPath:
-        if "/" in partition or partition in ("", ".", ".."):
+        # a session key is one file name; a short key <project>/<id> is a folder and a file name
+        parts = partition.split("/")
+        if len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"partition key {partition!r} cannot be a file name")
-        return base_path / partition
+        return base_path.joinpath(*parts)
 
     def dump_to_path(self, context: dg.OutputContext, obj: Any, path: UPath) -> None:
         if obj is None:

@@ -5,7 +5,7 @@ Out: one :class:`SessionFiles` per session: the main file plus its subagent file
 (2.0.x sibling ``agent-<id>.jsonl`` matched by the ``sessionId`` they carry, 2.1.x
 ``<session>/subagents/**/agent-*.jsonl``; 1.0.x inline sidechains live in the main file itself).
 
-``key`` (the Dagster partition key) is the main file's path relative to the root without
+``key`` (the session key; the Dagster partition key is its short form, ``partition_keys.py``) is the main file's path relative to the root without
 ``.jsonl``, ``/`` -> ``__``. Agent files whose parent session file is absent still form a session
 (``main_file=None``) keyed by where the parent would be, so nothing is dropped. A ``sessionId``
 holding a secret is not used (it would reach keys and paths unscrubbed): the file names its session.

@@ -11,7 +11,9 @@ from resources.storage import ParquetIOManager
 
 
 def test_ingest_chain_materializes_partition(trace_root, tmp_path):
-    key = f"-home-dev-proj__{SESSION_ID}"
+    """A short partition key (project/id) names the session; the tables keep the full session key."""
+    key = "proj/11111111"
+    session_key = f"-home-dev-proj__{SESSION_ID}"
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("sessions", [key])
     store_root = tmp_path / "store"
@@ -27,11 +29,11 @@ def test_ingest_chain_materializes_partition(trace_root, tmp_path):
     assert all(c.passed for c in checks.values()), {k: c.metadata for k, c in checks.items()}
 
     for name in ("trace_states", "trace_messages", "quarantine"):
-        assert (store_root / name / f"{key}.parquet").is_file()
+        assert (store_root / name / "proj" / "11111111.parquet").is_file()
     store = Store(str(store_root))
     states = store.read_table("trace_states")
     assert states.num_rows == 4  # 3 tool-use steps + the final answer
-    assert set(states.column("session_key").to_pylist()) == {key}
+    assert set(states.column("session_key").to_pylist()) == {session_key}
     raw = store.read_table("trace_messages").column("raw").to_pylist()
     assert not any(FAKE_GITHUB_TOKEN in r for r in raw)
 
@@ -44,6 +46,8 @@ def test_ingest_chain_materializes_partition(trace_root, tmp_path):
     assert mats["trace_messages"].materialization.metadata["secrets_scrubbed"].value == {"github_token": 1}
     raw_meta = mats["raw_sessions"].materialization.metadata
     assert raw_meta["n_files"].value == 1 and raw_meta["total_bytes"].value > 0
+    assert raw_meta["session_key"].value == session_key
+    assert raw_meta["session_file"].value == str(trace_root / "-home-dev-proj" / f"{SESSION_ID}.jsonl")
 
 
 # fake keys at a line start / after a tab: the positions scrubbing used to miss (issue #12)
@@ -53,7 +57,7 @@ LINE_START_KEYS = {"openai_key": "sk-proj-" + "Dg4sTeR9Mk2L" * 3, "slack_token":
 
 
 def test_metadata_and_event_log_hold_no_secret(tmp_path):
-    """Metadata (rendered example, previews, counts) and logs are built from the scrubbed ingest tables:
+    """(Partitioned by the long session key, as instances from before short keys are.) Metadata (rendered example, previews, counts) and logs are built from the scrubbed ingest tables:
     keys at a line start or after a tab in the session reach no event of the run."""
     root = tmp_path / "projects"
     sid = "22222222-3333-4444-5555-666666666666"

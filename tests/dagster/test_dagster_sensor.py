@@ -30,7 +30,7 @@ def test_sensor_adds_new_and_rerequests_changed(tmp_path):
     instance = dg.DagsterInstance.ephemeral()
 
     _, added, runs, cursor = _tick(sensor, instance, None, root)
-    key_a = "-home-dev-a__aaaaaaaa-0000-0000-0000-000000000001"
+    key_a = "a/aaaaaaaa"  # short and readable: <project>/<id>
     assert added == [key_a]
     assert [r.partition_key for r in runs] == [key_a]
     assert runs[0].run_key.startswith(key_a + ":")
@@ -48,7 +48,7 @@ def test_sensor_adds_new_and_rerequests_changed(tmp_path):
         f.write('{"type":"summary","summary":"later"}\n')
     os.utime(pa_, ns=(pa_.stat().st_atime_ns, pa_.stat().st_mtime_ns + 10**9))
     _, added, runs, cursor = _tick(sensor, instance, cursor, root)
-    key_b = "-home-dev-b__bbbbbbbb-0000-0000-0000-000000000002"
+    key_b = "b/bbbbbbbb"
     assert added == [key_b]
     assert sorted(r.partition_key for r in runs) == [key_a, key_b]
     assert sorted(instance.get_dynamic_partitions("sessions")) == [key_a, key_b]
@@ -65,7 +65,9 @@ def test_sensor_skips_with_reason_when_trace_root_missing(tmp_path):
 
 def test_first_tick_requests_no_run_for_sessions_already_materialized(tmp_path):
     """A fresh sensor cursor (first tick, or the sensor turned on after the demo) must not re-run
-    sessions whose files were already materialized as they are; a new or later-changed one runs."""
+    sessions whose files were already materialized as they are; a new or later-changed one runs.
+    The partitions here have the long keys of an instance from before short keys: they keep
+    working, and their sessions get no second, short partition."""
     from assets.ingest import raw_sessions
 
     root = tmp_path / "projects"
@@ -94,3 +96,31 @@ def test_first_tick_requests_no_run_for_sessions_already_materialized(tmp_path):
     os.utime(pa_, ns=(pa_.stat().st_atime_ns, pa_.stat().st_mtime_ns + 10**9))
     _, _, runs, _ = _tick(sensor, instance, None, root)  # even with a reset cursor
     assert sorted(r.partition_key for r in runs) == [key_a, key_b]
+
+
+def test_a_newcomer_sharing_an_id_prefix_gets_a_longer_key_and_the_old_partition_keeps_its_session(tmp_path):
+    """Collision -> longer id for the newcomer; the older key still names the session it was
+    materialized as (raw_sessions records the full session key and file)."""
+    from assets.ingest import raw_sessions
+
+    root = tmp_path / "projects"
+    write_session(root, "-home-dev-a", "aaaaaaaa-0000-0000-0000-000000000001")
+    sensor = build_sessions_sensor(session_chain_job, 30)
+    instance = dg.DagsterInstance.ephemeral()
+    recipes = PipelineRecipes(trace_root=str(root))
+    _, added, runs, cursor = _tick(sensor, instance, None, root)
+    assert added == ["a/aaaaaaaa"]
+    res = dg.materialize([raw_sessions], partition_key="a/aaaaaaaa", instance=instance, resources={"recipes": recipes})
+    meta = res.asset_materializations_for_node("raw_sessions")[0].metadata
+    assert meta["session_key"].value == "-home-dev-a__aaaaaaaa-0000-0000-0000-000000000001"
+    assert meta["session_file"].value.endswith("-home-dev-a/aaaaaaaa-0000-0000-0000-000000000001.jsonl")
+
+    # a session whose id starts with the same 8 characters and sorts before the first one
+    write_session(root, "-home-dev-a", "aaaaaaaa-0000-0000-0000-000000000000")
+    _, added, runs, cursor = _tick(sensor, instance, cursor, root)
+    assert added == ["a/aaaaaaaa-0000-0000-0000-000000000000"]  # the first character that differs
+    assert [r.partition_key for r in runs] == added
+    res = dg.materialize([raw_sessions], partition_key="a/aaaaaaaa", instance=instance, resources={"recipes": recipes})
+    assert res.asset_materializations_for_node("raw_sessions")[0].metadata["session_key"].value.endswith("0001")
+    res = dg.materialize([raw_sessions], partition_key=added[0], instance=instance, resources={"recipes": recipes})
+    assert res.asset_materializations_for_node("raw_sessions")[0].metadata["session_key"].value.endswith("0000")

@@ -88,3 +88,32 @@ def test_store_resource_uploads_checkpoint_dir_to_s3(moto_s3, tmp_path):
     fs = res.store().fs
     assert fs.cat("composer-test/pipeline/checkpoints/run1/sub/tokenizer.json") == b'{"a": 1}'
     assert fs.size("composer-test/pipeline/checkpoints/run1/model.safetensors") == 1000
+
+
+def test_a_short_session_key_is_a_folder_per_project_and_the_gathering_asset_reads_both_forms(tmp_path):
+    """`calc/a1f0c3d2` is stored as <asset>/calc/a1f0c3d2.parquet beside a long key's file (older
+    instances); a key that would leave the asset's folder is refused."""
+    from upath import UPath
+
+    from resources.storage import ParquetUPathIOManager
+
+    io = ParquetIOManager(root=str(tmp_path / "store"))
+    instance = dg.DagsterInstance.ephemeral()
+    keys = ["calc/a1f0c3d2", "-home-dev-calc__b2e1d4c3-2222-4b4b-8b8b-000000000002"]
+    instance.add_dynamic_partitions("one_session", keys)
+    for key in keys:
+        assert dg.materialize([session_rows], partition_key=key, resources={"io_manager": io}, instance=instance).success
+    assert (tmp_path / "store" / "session_rows" / "calc" / "a1f0c3d2.parquet").is_file()
+    assert (tmp_path / "store" / "session_rows" / f"{keys[1]}.parquet").is_file()
+
+    @dg.asset(ins={"session_rows": dg.AssetIn(metadata={"allow_missing_partitions": True})})
+    def keys_seen(session_rows: dict) -> pa.Table:
+        return pa.table({"key": pa.array(sorted(session_rows), pa.string())})
+
+    res = dg.materialize([session_rows.to_source_asset(), keys_seen], resources={"io_manager": io}, instance=instance)
+    assert res.output_for_node("keys_seen").column("key").to_pylist() == sorted(keys)
+    assert sorted(Store(str(tmp_path / "store")).read_table("session_rows").column("session_key").to_pylist()) == sorted(keys)
+    manager = ParquetUPathIOManager(base_path=UPath(str(tmp_path)))
+    for bad in ("../x", "a/../b", "a/b/c", "a/", ""):
+        with pytest.raises(ValueError, match="cannot be a file name"):
+            manager.make_safe_partition_path(UPath(str(tmp_path)), bad)

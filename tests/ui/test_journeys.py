@@ -32,14 +32,26 @@ CLI = [sys.executable, "-m", "composer_pipeline"]
 
 
 def _session_keys(ui) -> list[str]:
+    """The partition keys of the sessions under the trace root, as the sensor names them: short and
+    readable (``calc/a1f0c3d2``; the long session key is in raw_sessions' metadata)."""
     from composer_pipeline.ingest.discover import discover_sessions
+    from composer_pipeline.ingest.partition_keys import KeyMap
 
-    return sorted(s.key for s in discover_sessions(ui.trace_root))
+    keymap = KeyMap([s.key for s in discover_sessions(ui.trace_root)], ui.partition_keys())
+    keymap.assign()
+    keys = sorted(keymap.partition_of.values())
+    assert all(k.startswith("calc/") and len(k) == len("calc/a1f0c3d2") for k in keys), keys
+    return keys
 
 
 def add_spare_session(ui) -> str:
-    """Drop the next sample session (main file last, after its subagent files) into the watched trace root."""
-    return move_session(ui.spare, ui.trace_root)
+    """Drop the next sample session (main file last, after its subagent files) into the watched trace
+    root; its partition key."""
+    from composer_pipeline.ingest.partition_keys import KeyMap
+
+    session_key = move_session(ui.spare, ui.trace_root)
+    keymap = KeyMap([session_key], ui.partition_keys())
+    return keymap.partition_of.get(session_key) or keymap.assign()[session_key]
 
 
 def register_partition(ui, key: str) -> None:
@@ -90,6 +102,16 @@ def test_journey_1_materialize_a_partition(ui, page):
     for name in CHAIN:
         page.get_by_text(name, exact=True).first.wait_for()
     shot(page, "journey1-asset-chain")
+    # ...and on the global graph (Lineage in the left bar) every asset is drawn by name at once, with
+    # no group to expand first (one asset group; the stage is a tag, shown on each asset's page)
+    page.goto(ui.url + "/overview")
+    page.get_by_role("link", name="Lineage").first.click()
+    page.get_by_text("Global asset lineage").first.wait_for()
+    page.get_by_text("normalized_…_pairs", exact=True).first.wait_for()  # the graph's label (the list has the full name)
+    for name in CHAIN:
+        assert page.get_by_text(name, exact=True).count() >= (1 if "…" in name else 2), name  # list + graph node
+    assert page.get_by_text("Expand all groups").count() == 0
+    shot(page, "journey1-global-lineage")
 
     run = materialize_session_in_ui(page, ui, key, "journey1")
     assert run["status"] == "SUCCESS", ui.log.read_text()[-3000:]
@@ -121,6 +143,12 @@ def test_journey_1_materialize_a_partition(ui, page):
             page.locator("text=Partition").first.wait_for()
             page.get_by_text(key, exact=True).first.wait_for()
         shot(page, f"journey1-checks-{asset}")
+    # the check's history lists results per partition; the short key fits its column
+    page.get_by_text("Execution history", exact=True).first.click()
+    cell = page.locator("td", has_text=key).first
+    cell.wait_for()
+    assert cell.evaluate("td => td.scrollWidth <= td.clientWidth"), "the partition key overflows its column"
+    shot(page, "journey1-check-history")
     assert ui.teachers.requests, "the replay sent no request to the teachers"
 
     # The pairs say which kind of agreement they have: two distinct models agreed.
