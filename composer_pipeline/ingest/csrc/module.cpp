@@ -35,11 +35,13 @@ static PyObject* builder_new(PyTypeObject* type, PyObject*, PyObject*) {
   BuilderObject* self = reinterpret_cast<BuilderObject*>(type->tp_alloc(type, 0));
   if (!self) return nullptr;
   self->tables = new Tables();
+  ++pool().builders;
   return reinterpret_cast<PyObject*>(self);
 }
 
 static void builder_dealloc(PyObject* obj) {
   delete reinterpret_cast<BuilderObject*>(obj)->tables;
+  if (--pool().builders <= 0) std::vector<std::string>().swap(pool().free);  // the last one: keep nothing
   Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -247,7 +249,7 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
   size_t total = 0;
   for (const FileIn& f : files) total += f.size;
   std::string& raw = t.messages.raw.data;
-  if (raw.capacity() < raw.size() + total) raw.reserve(std::max(raw.size() + total, 2 * raw.capacity()));
+  if (raw.capacity() < raw.size() + total) grow(raw, std::max(raw.size() + total, 2 * raw.capacity()));
 
   Arena arena;
   std::vector<Block> blocks;
