@@ -26,6 +26,8 @@
 
 namespace cp {
 
+constexpr size_t kFirstRaw = size_t(32) << 20;  // about one CLI batch of raw lines (FLUSH_BYTES)
+
 struct BuilderObject {
   PyObject_HEAD
   Tables* tables;
@@ -245,11 +247,12 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
     each_column(t, rv);
   };
 
-  // the raw lines are most of the bytes: grow that column geometrically, once per session
+  // the raw lines are most of the bytes: grow that column geometrically, once per session, starting
+  // at kFirstRaw (address space only until written: no doubling chain of copies for the first batch)
   size_t total = 0;
   for (const FileIn& f : files) total += f.size;
   std::string& raw = t.messages.raw.data;
-  if (raw.capacity() < raw.size() + total) grow(raw, std::max(raw.size() + total, 2 * raw.capacity()));
+  if (raw.capacity() < raw.size() + total) grow(raw, std::max({raw.size() + total, 2 * raw.capacity(), kFirstRaw}));
 
   Arena arena;
   std::vector<Block> blocks;
