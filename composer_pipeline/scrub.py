@@ -228,35 +228,34 @@ class Scrubber:
 
         One pass of the prefilter (:data:`PREFILTER_PARTS`, Hyperscan or RE2) marks the lines that could hold
         a built-in secret and, with Hyperscan, which kinds (:data:`PREFILTER_KINDS`); only those kinds'
-        exact patterns run, in order, on only those lines (:meth:`_scrub_line`). Every built-in kind
+        exact patterns run, in order, on only those lines (:meth:`line_splices`). Every built-in kind
         matches within one line, so a line the prefilter rejects is left unchanged by every kind and
         per-line scrubbing equals scrubbing the whole buffer (tests/ingest/test_scrub.py checks both).
         Extra recipe patterns then run on the whole buffer.
         """
-        found: Counter[str] = Counter()
-        hits = _candidate_hits(data, backend)
-        if hits:
-            # splice back only the lines a kind changed (rare), with views, not slices: the unchanged
-            # stretches (almost the whole file) are copied once, by the join
-            view, pieces, pos = memoryview(data), [], 0
-            for start, end, kinds in hits:
-                old = data[start:end]
-                line = self._scrub_line(old, kinds, found)
-                if line is not old:
-                    pieces += (view[pos:start], line)
-                    pos = end
-            if pieces:
-                pieces.append(view[pos:])
-                data = b"".join(pieces)
-            del pieces, view
-        for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
-            if found[p.kind]:
-                self.counts[p.kind] += found[p.kind]
+        data = apply_splices(data, self.line_splices(data, backend))
         for p in self.extra:
             data, n = p.rb.subn(f"[REDACTED:{p.kind}]".encode(), data)
             if n:
                 self.counts[p.kind] += n
         return data
+
+    def line_splices(self, data: bytes, backend: str = "auto") -> list[tuple[int, int, bytes]]:
+        """The built-in kinds over a file buffer, as ``(start, end, scrubbed line)`` for each line they
+        change (``data[start:end]``, newline excluded, in file order): :func:`apply_splices` gives the
+        scrubbed buffer; the native ingest engine reads the lines in place instead (no copy of the
+        file). Counts are added as :meth:`scrub_bytes` adds them. Extra patterns are not applied."""
+        found: Counter[str] = Counter()
+        out = []
+        for start, end, kinds in _candidate_hits(data, backend):
+            old = data[start:end]
+            line = self._scrub_line(old, kinds, found)
+            if line is not old:
+                out.append((start, end, line))
+        for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
+            if found[p.kind]:
+                self.counts[p.kind] += found[p.kind]
+        return out
 
     def _scrub_line(self, line: bytes, kinds: int, counts: Counter) -> bytes:
         """The built-in kinds whose bit (index in :attr:`builtin`) is set in ``kinds``, in order, over one
@@ -320,6 +319,19 @@ class Scrubber:
                 counts[p.kind] += total
                 lowered, spans_cache = None, {}  # offsets moved
         return data
+
+
+def apply_splices(data: bytes, splices: list[tuple[int, int, bytes]]) -> bytes:
+    """``data`` with each ``(start, end, text)`` of :meth:`Scrubber.line_splices` put in place. Views, not
+    slices: the unchanged stretches (almost the whole file) are copied once, by the join."""
+    if not splices:
+        return data
+    view, pieces, pos = memoryview(data), [], 0
+    for start, end, text in splices:
+        pieces += (view[pos:start], text)
+        pos = end
+    pieces.append(view[pos:])
+    return b"".join(pieces)
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")

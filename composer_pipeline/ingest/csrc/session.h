@@ -78,10 +78,19 @@ struct Bail {  // thrown to hand the session back to Python; ``reason`` is repor
   std::string reason;
 };
 
+// A line the secret scrubber changed: bytes [start, end) of the file (a whole line, without its
+// newline) read as ``text`` instead (Python keeps the text alive for the call).
+struct Splice {
+  size_t start = 0, end = 0;
+  const char* text = nullptr;
+  size_t n = 0;
+};
+
 struct FileIn {
   std::string rel;  // relative to the trace root
-  const char* data = nullptr;
+  const char* data = nullptr;  // as read; with ``splices`` applied, the scrubbed file
   size_t size = 0;
+  std::vector<Splice> splices;  // in file order
   bool is_main = false;
   std::string stream_id, kind, agent_id;  // agent files: computed by the Python side
 };
