@@ -80,8 +80,9 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "github_token",
-        _keyed("[A-Za-z0-9_]", "gh") + r"(?:[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{22,})",
-        (r"gh(?:[pousr]_|ithub_pat_)",),
+        # (ghp_..., and fine-grained github_pat_...: both start with "g", the literal the boundary needs)
+        _keyed("[A-Za-z0-9_]", "g") + r"(?:h[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{22,})",
+        (r"g(?:h[pousr]_|ithub_pat_)",),
     ),
     ("anthropic_key", _keyed("[A-Za-z0-9_]", "sk-") + r"ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
     ("openai_key", _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),

@@ -43,6 +43,19 @@ def test_each_kind_scrubbed_and_counted(kind):
     assert out.startswith("before ") and out.endswith(" after")
 
 
+def test_fine_grained_github_token_scrubbed_at_every_boundary():
+    """``github_pat_...`` (fine-grained personal access tokens) as well as ``ghp_...``: a pattern that
+    spelled the prefix ``gh`` + ``ithub_pat_`` never matched one."""
+    pat = "github_pat_11ABCDEFG0" + "x9Y8z7W6v5" * 6
+    for text_ in (pat, f"token: {pat}", f"x\n{pat}", f"GH_TOKEN={pat} rest"):
+        for data in (text_, json.dumps({"c": text_}), json.dumps({"c": json.dumps({"in": text_})})):
+            s = Scrubber()
+            assert "x9Y8z7W6v5" not in s.scrub(data) and s.counts == {"github_token": 1}
+            fast = Scrubber()
+            assert b"x9Y8z7W6v5" not in fast.scrub_bytes(data.encode()) and fast.counts == {"github_token": 1}
+    assert Scrubber().scrub("agithub_pat_" + "n" * 30) == "agithub_pat_" + "n" * 30  # inside a word: not a token
+
+
 def test_near_misses_untouched():
     benign = ("task-abcdefghijklmnopqrstuvwxyz0123 disk-usage ASIAN food pwd: str password: x "
               "output_tokens input_tokens eyJ alone AKIA short sk-short")
