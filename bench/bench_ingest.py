@@ -196,11 +196,13 @@ def child(corpus: Path, out: Path, engine: str) -> None:
     import io
 
     t0 = time.process_time()
+    from composer_pipeline.cli import main
+    from composer_pipeline.cli.ingest import choose_arrow_allocator
+
+    choose_arrow_allocator()  # as `composer-pipeline ingest` does before it imports pyarrow
     import pyarrow.parquet  # noqa: F401  (imports are startup, reported separately)
 
-    import composer_pipeline.cli.ingest  # noqa: F401
     import composer_pipeline.ingest.pipeline  # noqa: F401
-    from composer_pipeline.cli import main
 
     startup = time.process_time() - t0
     captured = io.StringIO()  # the CLI's JSON lines (one per file, then the totals line)
@@ -214,7 +216,10 @@ def child(corpus: Path, out: Path, engine: str) -> None:
     whole = time.process_time()  # the whole process: interpreter start, imports, ingest, Parquet
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     totals = json.loads(captured.getvalue().splitlines()[-1])
+    import pyarrow as pa
+
     print(json.dumps({"rc": rc, "cpu_s": cpu, "startup_cpu_s": startup, "process_cpu_s": whole, "peak_rss_mb": rss_mb,
+                      "arrow_memory_pool": pa.default_memory_pool().backend_name,
                       "engine": totals["engine"], "python_fallback_sessions": totals["python_fallback_sessions"],
                       "secrets_scrubbed": sum(totals["secrets_scrubbed"].values()),
                       "damaged_bridged": totals["damaged_bridged"], "bad_lines": totals["bad_lines"]}))
@@ -250,7 +255,8 @@ def measure(corpus: Path, out: Path, mb: float, copies: int, repeat: int, compar
         "process_ratio_all_runs": [round(r[1] / r[2]["process_cpu_s"], 3) for r in runs],
         "peak_rss_mb": round(max(r[2]["peak_rss_mb"] for r in runs), 1), "target_rss_mb": 300,
         "output_mb": round(sum(p.stat().st_size for p in out.glob("*.parquet")) / 1e6, 1),
-        "engine": res["engine"], "python_fallback_sessions": max(r[2]["python_fallback_sessions"] for r in runs),
+        "engine": res["engine"], "arrow_memory_pool": res["arrow_memory_pool"],
+        "python_fallback_sessions": max(r[2]["python_fallback_sessions"] for r in runs),
         "secrets_scrubbed": res["secrets_scrubbed"], "bad_lines": res["bad_lines"],
         "damaged_bridged": res["damaged_bridged"],
     }

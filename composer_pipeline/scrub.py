@@ -9,8 +9,8 @@ the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``
 escapes of a JSON document nested in a string, matches; see ``_start``). Replacements contain no
 quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
 valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
-lines that could hold a built-in secret; each kind's exact regex then runs only on those lines, and
-only where one of its literal prechecks occurs. Extra patterns from ``recipes/ingest.yaml``
+lines that could hold a built-in secret and, with Hyperscan, which kinds; only those kinds' exact
+regexes then run, line by line, on only those lines. Extra patterns from ``recipes/ingest.yaml``
 (``extra_secret_patterns: {kind: regex}``) always run on the whole buffer.
 
 Deliberately simplified: patterns follow the published token formats (gitleaks-style prefixes:
@@ -80,8 +80,9 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "github_token",
-        _keyed("[A-Za-z0-9_]", "gh") + r"(?:[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{22,})",
-        (r"gh(?:[pousr]_|ithub_pat_)",),
+        # (ghp_..., and fine-grained github_pat_...: both start with "g", the literal the boundary needs)
+        _keyed("[A-Za-z0-9_]", "g") + r"(?:h[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{22,})",
+        (r"g(?:h[pousr]_|ithub_pat_)",),
     ),
     ("anthropic_key", _keyed("[A-Za-z0-9_]", "sk-") + r"ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
     ("openai_key", _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
@@ -134,6 +135,16 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
 ]
 PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS)  # the RE2 form
+# The kinds each part stands for: every match of a kind contains a match of one of its own parts (the
+# part is that kind's exact pattern widened). Hyperscan reports which part matched on which line, so
+# only those kinds' exact patterns run on that line (a kind whose parts did not match the line cannot
+# match it, neither before nor after an earlier kind's replacement: no pattern matches across a tag).
+PREFILTER_KINDS: list[tuple[str, ...]] = [
+    ("private_key",), ("aws_access_key",), ("aws_secret_key",), ("github_token",), ("github_token",),
+    ("anthropic_key", "openai_key"), ("slack_token",), ("slack_token",), ("google_api_key",), ("jwt",),
+    ("password_assignment",),
+]
+assert len(PREFILTER_KINDS) == len(PREFILTER_PARTS)
 
 
 _REGEX_CHARS = set("\\()[]|?*+{}")
@@ -143,7 +154,7 @@ class _Pattern:
     """One secret kind. ``pre``: prechecks every match contains; for a case-insensitive ``(?i)``
     pattern they are lower-case and run on the lower-cased text."""
 
-    __slots__ = ("kind", "rs", "rb", "pre", "assign", "keep")
+    __slots__ = ("kind", "rs", "rb", "pre", "assign", "keep", "tag", "repl")
 
     def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False, keep: bool = False):
         self.kind = kind
@@ -160,6 +171,8 @@ class _Pattern:
         )
         self.assign = assign
         self.keep = keep or assign  # the replacement keeps group 1 (name and separator) before the tag
+        self.tag = f"[REDACTED:{kind}]".encode()
+        self.repl = (lambda m, t=self.tag: m.group(1) + t) if self.keep else self.tag  # for ``rb.subn``
 
     def hit_in(self, text: str) -> bool:
         low = None
@@ -215,38 +228,50 @@ class Scrubber:
         """The ingest hot path over a whole file buffer.
 
         One pass of the prefilter (:data:`PREFILTER_PARTS`, Hyperscan or RE2) marks the lines that could hold
-        a built-in secret; only those lines go through :meth:`_scrub_lines` (the exact patterns, in
-        order). Every built-in kind matches within one line, so a line the prefilter rejects is
-        left unchanged by every kind and per-line scrubbing equals scrubbing the whole buffer
-        (tests/ingest/test_scrub.py checks both). Extra recipe patterns then run on the whole buffer.
+        a built-in secret and, with Hyperscan, which kinds (:data:`PREFILTER_KINDS`); only those kinds'
+        exact patterns run, in order, on only those lines (:meth:`line_splices`). Every built-in kind
+        matches within one line, so a line the prefilter rejects is left unchanged by every kind and
+        per-line scrubbing equals scrubbing the whole buffer (tests/ingest/test_scrub.py checks both).
+        Extra recipe patterns then run on the whole buffer.
         """
-        found: Counter[str] = Counter()
-        spans = _candidate_lines(data, backend)
-        if spans:
-            # the candidate lines as one buffer: one exact pass (it works line by line), then
-            # splice back the lines it changed (rare: only lines with a secret)
-            lines = [data[start:end] for start, end in spans]
-            joined = b"\n".join(lines)
-            new = self._scrub_lines(joined, found)
-            if new != joined:
-                # views, not slices: the unchanged stretches (almost the whole file) are copied once,
-                # by the join, instead of twice (~0.1 CPU-s per 100 MB of files holding a key)
-                view, pieces, pos = memoryview(data), [], 0
-                for (start, end), old, line in zip(spans, lines, new.split(b"\n")):
-                    if line != old:
-                        pieces += (view[pos:start], line)
-                        pos = end
-                pieces.append(view[pos:])
-                data = b"".join(pieces)
-                del pieces, view
-        for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
-            if found[p.kind]:
-                self.counts[p.kind] += found[p.kind]
+        data = apply_splices(data, self.line_splices(data, backend))
         for p in self.extra:
             data, n = p.rb.subn(f"[REDACTED:{p.kind}]".encode(), data)
             if n:
                 self.counts[p.kind] += n
         return data
+
+    def line_splices(self, data: bytes, backend: str = "auto") -> list[tuple[int, int, bytes]]:
+        """The built-in kinds over a file buffer, as ``(start, end, scrubbed line)`` for each line they
+        change (``data[start:end]``, newline excluded, in file order): :func:`apply_splices` gives the
+        scrubbed buffer; the native ingest engine reads the lines in place instead (no copy of the
+        file). Counts are added as :meth:`scrub_bytes` adds them. Extra patterns are not applied."""
+        found: Counter[str] = Counter()
+        out = []
+        for start, end, kinds in _candidate_hits(data, backend):
+            old = data[start:end]
+            line = self._scrub_line(old, kinds, found)
+            if line is not old:
+                out.append((start, end, line))
+        for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
+            if found[p.kind]:
+                self.counts[p.kind] += found[p.kind]
+        return out
+
+    def _scrub_line(self, line: bytes, kinds: int, counts: Counter) -> bytes:
+        """The built-in kinds whose bit (index in :attr:`builtin`) is set in ``kinds``, in order, over one
+        line (no newline in it). Returns ``line`` itself when nothing matched."""
+        for i, p in enumerate(self.builtin):
+            if not kinds >> i & 1:
+                continue
+            if p.assign:
+                new, n = _scrub_assignments(line, line.lower(), p, p.tag)
+            else:
+                new, n = p.rb.subn(p.repl, line)
+            if n:
+                line = new
+                counts[p.kind] += n
+        return line
 
     def _scrub_lines(self, data: bytes, counts: Counter | None = None) -> bytes:
         """The built-in kinds over a buffer of lines (the exact path; also correct on a whole file).
@@ -260,8 +285,7 @@ class Scrubber:
         lowered: bytes | None = None
         spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.builtin:
-            tag = f"[REDACTED:{p.kind}]".encode()
-            repl = (lambda m, t=tag: m.group(1) + t) if p.keep else tag
+            tag, repl = p.tag, p.repl
             if p.assign:
                 lowered = data.lower() if lowered is None else lowered
                 data, n = _scrub_assignments(data, lowered, p, tag)
@@ -296,6 +320,19 @@ class Scrubber:
                 counts[p.kind] += total
                 lowered, spans_cache = None, {}  # offsets moved
         return data
+
+
+def apply_splices(data: bytes, splices: list[tuple[int, int, bytes]]) -> bytes:
+    """``data`` with each ``(start, end, text)`` of :meth:`Scrubber.line_splices` put in place. Views, not
+    slices: the unchanged stretches (almost the whole file) are copied once, by the join."""
+    if not splices:
+        return data
+    view, pieces, pos = memoryview(data), [], 0
+    for start, end, text in splices:
+        pieces += (view[pos:start], text)
+        pos = end
+    pieces.append(view[pos:])
+    return b"".join(pieces)
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
@@ -395,27 +432,42 @@ def _candidate_lines(data: bytes, backend: str = "auto") -> list[tuple[int, int]
     """(start, end) of the lines of ``data`` (split on ``\\n``, end exclusive) that match the prefilter.
 
     ``backend``: ``"auto"`` (Hyperscan if available, else RE2), ``"hyperscan"`` or ``"re2"``."""
+    return [(start, end) for start, end, _ in _candidate_hits(data, backend)]
+
+
+# part id -> bit mask over the built-in kinds (bit i: KINDS[i], the order of Scrubber.builtin)
+_PART_BITS = [sum(1 << KINDS.index(k) for k in kinds) for kinds in PREFILTER_KINDS]
+_ALL_KINDS = (1 << len(KINDS)) - 1
+
+
+def _candidate_hits(data: bytes, backend: str = "auto") -> list[tuple[int, int, int]]:
+    """(start, end, kinds) of the candidate lines, in order: ``kinds`` is the bit mask (over
+    :data:`KINDS`) of the kinds whose prefilter parts matched the line (RE2, which reports no part: all)."""
     if not data:
         return []
     db = _hyperscan_db() if backend != "re2" else False
     if db:
-        ends: list[int] = []
-        db.scan(data, match_event_handler=lambda _id, _from, to, _flags, _ctx: ends.append(to))
-        ends.sort()
-        lines: list[tuple[int, int]] = []
-        line_end = -1
-        for to in ends:  # a match never spans a newline; its last byte (to - 1) is not one
-            if to <= line_end:  # inside the line found last: no rescan (linear even for many hits per line)
-                continue
-            start = data.rfind(b"\n", 0, to) + 1
-            line_end = data.find(b"\n", to)
-            if line_end == -1:
-                line_end = len(data)
-            lines.append((start, line_end))
+        hits: list[tuple[int, int]] = []
+        db.scan(data, match_event_handler=lambda part, _from, to, _flags, _ctx: hits.append((to, part)))
+        hits.sort()
+        lines: list[tuple[int, int, int]] = []
+        line_end, start, kinds = -1, 0, 0
+        for to, part in hits:  # a match never spans a newline; its last byte (to - 1) is not one
+            if to > line_end:  # a new line: close the one found last (linear even for many hits per line)
+                if kinds:
+                    lines.append((start, line_end, kinds))
+                start = data.rfind(b"\n", 0, to) + 1
+                line_end = data.find(b"\n", to)
+                if line_end == -1:
+                    line_end = len(data)
+                kinds = 0
+            kinds |= _PART_BITS[part]
+        if kinds:
+            lines.append((start, line_end, kinds))
         return lines
     if backend == "hyperscan":
         raise RuntimeError("hyperscan is not available")
-    return _candidate_lines_re2(data)
+    return [(start, end, _ALL_KINDS) for start, end in _candidate_lines_re2(data)]
 
 
 def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:

@@ -131,15 +131,20 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         for n in mains:
             p = dirpath + sep + n
             get(p, os.path.isfile(p))
-            sid = _head_session_id(p)
-            if sid:
-                by_sid.setdefault(sid, p)
+        heads_read = False  # the main files' own sessionIds: read only for an agent file no file name matches
         for n in sorted(filenames):
             if not _is_agent(n):
                 continue
             p = dirpath + sep + n
             sid = _head_session_id(p)
             main = by_sid.get(sid) if sid else None
+            if main is None and sid and not heads_read:  # (a name always wins: setdefault)
+                heads_read = True
+                for m in mains:
+                    head = _head_session_id(dirpath + sep + m)
+                    if head:
+                        by_sid.setdefault(head, dirpath + sep + m)
+                main = by_sid.get(sid)
             if main is None:  # parent session not here: keep the agent file as its own session
                 main = dirpath + sep + f"{sid or n[: -len('.jsonl')]}.jsonl"
             get(main, False).subagent_files.append(Path(p))

@@ -35,7 +35,7 @@ from composer_pipeline.ingest.parser import (
     ParsedFile, _quarantine, classify_line, is_empty, parse_buffer, read_session_file,
 )
 from composer_pipeline.ingest.recipe import ENGINES, IngestRecipe
-from composer_pipeline.scrub import Scrubber
+from composer_pipeline.scrub import Scrubber, apply_splices
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
 
 TABLES = ("trace_states", "trace_messages", "quarantine")
@@ -81,8 +81,16 @@ def to_table(name: str, columns: dict[str, list]) -> pa.Table:
 @dataclass
 class _File:
     rel: str
-    data: bytes | None  # scrubbed; None when unreadable
+    data: bytes | None  # as read, scrubbed once ``splices`` are applied; None when unreadable
     error: str | None  # why it could not be read
+    # lines the scrubber changed, not yet put into ``data``: the native engine reads them in place
+    # (no copy of a file that holds a key); everything else reads :meth:`scrubbed`
+    splices: list[tuple[int, int, bytes]] = field(default_factory=list)
+
+    def scrubbed(self) -> bytes | None:
+        if self.splices:
+            self.data, self.splices = apply_splices(self.data, self.splices), []
+        return self.data
 
 
 class SessionIngester:
@@ -113,9 +121,13 @@ class SessionIngester:
         files = []
         for p in sf.files:
             data, error = read_session_file(p)
+            splices = []
             if data is not None and not is_empty(data):
-                data = scrubber.scrub_bytes(data)
-            files.append(_File(sf.rel(p), data, error))
+                if self._native is not None and not scrubber.extra:
+                    splices = scrubber.line_splices(data)
+                else:  # extra recipe patterns run on the whole (scrubbed) buffer
+                    data = scrubber.scrub_bytes(data)
+            files.append(_File(sf.rel(p), data, error, splices))
         reason = None
         if self._native is not None:
             rep = self._add_native(sf, files, scrubber)
@@ -133,8 +145,8 @@ class SessionIngester:
         for i, f in enumerate(files):
             is_main = i == 0 and sf.main_file is not None
             stream_id, kind, agent_id = (None, None, None) if is_main else agent_stream_meta(f.rel, sf.key)
-            data = None if f.data is None or is_empty(f.data) else f.data
-            specs.append((f.rel, data, is_main, stream_id, kind, agent_id,
+            data = None if f.data is None or is_empty(f.data) else f.data  # (scrubbing keeps emptiness)
+            specs.append((f.rel, data, f.splices if data is not None else None, is_main, stream_id, kind, agent_id,
                           (0, f.error, "") if f.error is not None else None))
 
         def classify(i: int, line_no: int, line: bytes) -> tuple | None:
@@ -162,7 +174,7 @@ class SessionIngester:
                 pf = ParsedFile(f.rel)
                 _quarantine(pf, sf.key, 0, f.error, "", q)
             else:
-                pf = parse_buffer(f.data, f.rel, sf.key, q)
+                pf = parse_buffer(f.scrubbed(), f.rel, sf.key, q)
             parsed.append(pf)
         main = parsed[0] if sf.main_file is not None else None
         agents = parsed[1:] if main is not None else parsed

@@ -164,3 +164,23 @@ def test_agent_file_goes_to_the_session_named_by_its_id(tmp_path):
     (d / "agent-a1.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n")
     owners = {s.main_file.name: [p.name for p in s.subagent_files] for s in discover_sessions(tmp_path)}
     assert owners == {"aaaaaaaa-0000-4000-8000-000000000001.jsonl": [], f"{sid}.jsonl": ["agent-a1.jsonl"]}
+
+
+def test_agent_file_whose_id_names_no_file_goes_to_the_first_main_file_carrying_it(tmp_path):
+    """No file is named by the agent's sessionId: the main files' heads are read (only then) and the
+    first main file, in name order, whose first records carry that id takes the agent."""
+    sid = "dddddddd-0000-4000-8000-000000000004"
+    d = tmp_path / "proj"
+    d.mkdir()
+    for name in ("cccccccc-0000-4000-8000-000000000003", "eeeeeeee-0000-4000-8000-000000000005"):
+        (d / f"{name}.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "uuid": name[:2]}) + "\n")
+    (d / "ffffffff-0000-4000-8000-000000000006.jsonl").write_text(json.dumps({"type": "user", "uuid": "f"}) + "\n")
+    (d / "agent-a1.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n")
+    (d / "agent-a2.jsonl").write_text(json.dumps({"type": "user", "sessionId": "0" * 8, "agentId": "a2", "uuid": "u4"}) + "\n")
+    owners = {s.key: ([p.name for p in s.subagent_files], s.main_file and s.main_file.name) for s in discover_sessions(tmp_path)}
+    assert owners == {
+        "proj__cccccccc-0000-4000-8000-000000000003": (["agent-a1.jsonl"], "cccccccc-0000-4000-8000-000000000003.jsonl"),
+        "proj__eeeeeeee-0000-4000-8000-000000000005": ([], "eeeeeeee-0000-4000-8000-000000000005.jsonl"),
+        "proj__ffffffff-0000-4000-8000-000000000006": ([], "ffffffff-0000-4000-8000-000000000006.jsonl"),
+        "proj__00000000": (["agent-a2.jsonl"], None),  # parent not here: a session of its own
+    }

@@ -200,6 +200,45 @@ def test_batched_rows_equal_per_session_tables(corpus, repo_root):
     assert ing.take()["trace_messages"].num_rows == 0  # taken: the builder starts empty
 
 
+@needs_native
+def test_scrubbed_lines_are_read_in_place_and_a_splice_must_be_a_whole_line(tmp_path):
+    """The native engine reads a file that holds a key as (file, the scrubber's changed lines) without the
+    spliced copy: the rows equal those of the spliced file (the Python engine ingests that). A splice
+    that is not one whole line, in order, is refused."""
+    from composer_pipeline.scrub import Scrubber, apply_splices
+
+    s = Session()
+    key = {kind: KEYS[kind][0] for kind in ("github_token", "anthropic_key", "jwt", "slack_token", "aws_access_key")}
+    s.user("first\n" + key["github_token"])
+    s.assistant(text("ok\t" + key["anthropic_key"]), tool("Bash", "t1", command="echo " + key["jwt"]))
+    s.result("t1", "done")
+    s.raw('{"parentUuid":"x","type":"user","message":{"role":"user","content":"cut ' + key["slack_token"])
+    s.assistant(text("last " + key["aws_access_key"]))
+    path = tmp_path / "p" / "s.jsonl"
+    s.write(path)
+    (sf,) = discover_sessions(tmp_path)
+    data = path.read_bytes()
+    splices = Scrubber().line_splices(data)
+    assert len(splices) >= 4 and splices[-1][1] in (len(data), len(data) - 1)
+    res = ingest_checked(sf)  # native (in place) == python (spliced bytes)
+    assert res.engine == "native" and res.quarantine.num_rows == 1
+    stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
+    assert not any(KEYS[kind][1] in stored for kind in key)
+    assert apply_splices(data, splices).count(b"\n") == data.count(b"\n")
+
+    def add(sp):
+        spec = ("p/s.jsonl", data, sp, True, None, None, None, None)
+        return native.Builder().add_session(sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False), False, True)
+
+    start, end, line = splices[0]
+    for bad in ([(start + 1, end, line)], [(start, end - 1, line)], [(start, end, line + b"\n")],
+                [splices[1], splices[0]], [(start, end, line), (start, end, line)], [(-1, end, line)],
+                [(start, len(data) + 1, line)]):
+        with pytest.raises(ValueError, match="whole line"):
+            add(bad)
+    assert add(splices)[0] is True
+
+
 # ---- fuzz: mutated sessions -------------------------------------------------------------------------------
 ODD = [None, 0, 1, -0.0, 1.5, "", "x", "Task", [], {}, [1], {"a": 1}, True, False, 2**70, "\u2028 \x00"]
 TOP_KEYS = ["type", "uuid", "parentUuid", "logicalParentUuid", "isSidechain", "isMeta", "isCompactSummary", "subtype",

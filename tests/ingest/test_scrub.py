@@ -43,6 +43,19 @@ def test_each_kind_scrubbed_and_counted(kind):
     assert out.startswith("before ") and out.endswith(" after")
 
 
+def test_fine_grained_github_token_scrubbed_at_every_boundary():
+    """``github_pat_...`` (fine-grained personal access tokens) as well as ``ghp_...``: a pattern that
+    spelled the prefix ``gh`` + ``ithub_pat_`` never matched one."""
+    pat = "github_pat_11ABCDEFG0" + "x9Y8z7W6v5" * 6
+    for text_ in (pat, f"token: {pat}", f"x\n{pat}", f"GH_TOKEN={pat} rest"):
+        for data in (text_, json.dumps({"c": text_}), json.dumps({"c": json.dumps({"in": text_})})):
+            s = Scrubber()
+            assert "x9Y8z7W6v5" not in s.scrub(data) and s.counts == {"github_token": 1}
+            fast = Scrubber()
+            assert b"x9Y8z7W6v5" not in fast.scrub_bytes(data.encode()) and fast.counts == {"github_token": 1}
+    assert Scrubber().scrub("agithub_pat_" + "n" * 30) == "agithub_pat_" + "n" * 30  # inside a word: not a token
+
+
 def test_near_misses_untouched():
     benign = ("task-abcdefghijklmnopqrstuvwxyz0123 disk-usage ASIAN food pwd: str password: x "
               "output_tokens input_tokens eyJ alone AKIA short sk-short")
@@ -162,9 +175,10 @@ def test_hyperscan_database_cache_round_trip(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("backend", ["auto", "re2"])  # auto = Hyperscan where installed
 def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
-    """scrub_bytes (prefilter, exact patterns only on candidate lines) == the exact path over the
-    whole buffer, on lines mixing secrets, near misses, mixed case, non-ASCII and invalid UTF-8.
-    Both prefilter backends: Hyperscan (auto, where installed) and the RE2 fallback."""
+    """scrub_bytes (prefilter, exact patterns only on candidate lines, and with Hyperscan only the kinds
+    whose prefilter parts matched there) == the exact path over the whole buffer, on lines mixing
+    secrets, near misses, mixed case, non-ASCII and invalid UTF-8. Both prefilter backends: Hyperscan
+    (auto, where installed) and the RE2 fallback."""
     rng = random.Random(11)
     pieces = list(SECRETS.values()) + [
         "PassWord: 'Tr0ub4dor&3'", "API-KEY=abcdefgh", 'api_key\\": \\"zzzzzzzz', "Client_Secret = qwertyuiop",
@@ -184,7 +198,10 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
     lines = []
     for i in range(600):
         parts = [rng.choice(pieces) if rng.random() < 0.4 else "filler words here" for _ in range(rng.randint(1, 6))]
-        line = orjson.dumps({"i": i, "c": " ".join(parts)}) if i % 2 else json.dumps({"i": i, "c": " ".join(parts)}).encode()
+        # every third line glues its pieces together: a key right behind another kind's key (or its tag,
+        # once replaced), where only the kinds the prefilter named for the line may run
+        c = ("" if i % 3 == 0 else " ").join(parts)
+        line = orjson.dumps({"i": i, "c": c}) if i % 2 else json.dumps({"i": i, "c": c}).encode()
         if rng.random() < 0.05:
             line = line[: rng.randint(1, len(line))] + b"\xff\xfe" + line[rng.randint(0, len(line)):]
         lines.append(line)

@@ -3,18 +3,87 @@
 // Rows accumulate over many sessions; ``export_*`` hands the buffers to Python without copying
 // (a ``Buf`` object owns the bytes and exposes them through the buffer protocol, which
 // ``pyarrow.py_buffer`` wraps). ``Mark``/``rollback`` undo a session that turned out to need the
-// Python path after some of its rows were appended.
+// Python path after some of its rows were appended. Large buffers come back to a pool when Python
+// releases them (``recycle``) and hold the next batch (``storage``).
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace cp {
+
+// ---- recycled storage ---------------------------------------------------------------------------
+// Every batch's column buffers go to Python (zero-copy) and are freed once the batch is written. The
+// next batch would then write into freshly mapped memory, and every 4 KiB page of it costs a page
+// fault in which the kernel zeroes the page: the raw lines alone are ~1 fault per 4 KiB of sessions
+// (a third of the process's system time). Instead, a released buffer of at least ``kRecycleMin``
+// bytes keeps its (mapped) storage here, and the next batch's column of about the same size takes it.
+// At most ``kPoolMax`` buffers (a batch's large columns); emptied when the last Builder is gone, so a
+// long-lived process keeps nothing after ingesting. Touched only with the GIL held.
+constexpr size_t kRecycleMin = size_t(64) << 10;
+constexpr size_t kPoolMax = 48;
+
+struct Pool {
+  std::vector<std::string> free;
+  int builders = 0;
+};
+
+inline Pool& pool() {
+  static Pool* p = new Pool();  // never destroyed: Buf objects may outlive module teardown
+  return *p;
+}
+
+inline void recycle(std::string&& s) {
+  Pool& p = pool();
+  if (p.builders <= 0 || s.capacity() < kRecycleMin) return;  // freed by the caller's string
+  if (p.free.size() >= kPoolMax) {  // full: drop the smallest
+    auto it = std::min_element(p.free.begin(), p.free.end(),
+                               [](const std::string& a, const std::string& b) { return a.capacity() < b.capacity(); });
+    if (it->capacity() >= s.capacity()) return;
+    *it = std::string();
+    std::swap(*it, p.free.back());
+    p.free.pop_back();
+  }
+  s.clear();
+  p.free.push_back(std::move(s));
+}
+
+// An empty string with room for ``want`` bytes: the smallest recycled buffer that holds them (and is
+// not more than 4x larger: a big buffer is kept for a big column), else a new allocation.
+inline std::string storage(size_t want) {
+  std::string s;
+  Pool& p = pool();
+  if (want >= kRecycleMin / 2) {
+    size_t best = p.free.size();
+    for (size_t i = 0; i < p.free.size(); ++i) {
+      size_t cap = p.free[i].capacity();
+      if (cap >= want && cap / 4 <= want && (best == p.free.size() || cap < p.free[best].capacity())) best = i;
+    }
+    if (best < p.free.size()) {
+      std::swap(p.free[best], p.free.back());
+      s = std::move(p.free.back());
+      p.free.pop_back();
+      return s;
+    }
+  }
+  s.reserve(want);
+  return s;
+}
+
+// ``s.reserve(want)`` through the pool: the contents move into recycled storage where one fits.
+inline void grow(std::string& s, size_t want) {
+  if (s.capacity() >= want) return;
+  std::string n = storage(want);
+  n.append(s);
+  std::swap(s, n);
+  recycle(std::move(n));
+}
 
 // ---- a bytes-like owner of one buffer ----------------------------------------------------------
 struct BufObject {
@@ -23,7 +92,9 @@ struct BufObject {
 };
 
 inline void buf_dealloc(PyObject* self) {
-  delete reinterpret_cast<BufObject*>(self)->data;
+  std::string* d = reinterpret_cast<BufObject*>(self)->data;
+  recycle(std::move(*d));
+  delete d;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -64,7 +135,9 @@ inline std::string pack_bits(const std::vector<uint8_t>& v) {
 
 template <class T>
 inline std::string as_bytes(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  std::string s = storage(v.size() * sizeof(T));
+  s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  return s;
 }
 
 // ("kind", length, null_count, [buffers...]) -- the Python side maps it onto pyarrow.
@@ -97,6 +170,7 @@ struct StrCol {
   // false when the 32-bit offsets would overflow (the caller falls back for the session)
   bool add(std::string_view s) {
     if (data.size() + s.size() > size_t(INT32_MAX)) return false;
+    if (data.size() + s.size() > data.capacity()) grow(data, std::max(data.size() + s.size(), 2 * data.capacity()));
     data.append(s.data(), s.size());
     offsets.push_back(int32_t(data.size()));
     valid.push_back(1);
@@ -134,8 +208,7 @@ struct StrCol {
     bufs.push_back(std::move(data));
     int64_t k = nulls;
     offsets.assign(1, 0);
-    data = std::string();
-    data.reserve(bytes + bytes / 4);  // the next batch is about as large: no regrowth copies
+    data = storage(bytes + bytes / 4);  // the next batch is about as large: no regrowth copies
     offsets.reserve(n + n / 4 + 1);
     valid.clear();
     valid.reserve(n + n / 4);

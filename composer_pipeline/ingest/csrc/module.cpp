@@ -2,7 +2,9 @@
 //
 //   b = Builder()
 //   b.add_session(session_key, default_session_id, files, classify, compaction_full, drop_warmup)
-//       files: [(rel, data: bytes | None, is_main, stream_id, kind, agent_id, pre_quarantine | None)]
+//       files: [(rel, data: bytes | None, splices, is_main, stream_id, kind, agent_id, pre_quarantine | None)]
+//           splices: [(start, end, line: bytes)] in file order: whole lines (newline excluded) of
+//           ``data`` to read as ``line`` instead (the scrubbed file without splicing it: no copy)
 //       classify(file_index, line_no, line) -> None (only Python can read this line: hand the
 //           session back) | (reason, text, salvaged_uuid, salvaged_parent_uuid, salvaged_sidechain)
 //       -> (True, (streams, warmup_dropped, states, messages),
@@ -26,6 +28,8 @@
 
 namespace cp {
 
+constexpr size_t kFirstRaw = size_t(32) << 20;  // about one CLI batch of raw lines (FLUSH_BYTES)
+
 struct BuilderObject {
   PyObject_HEAD
   Tables* tables;
@@ -35,11 +39,13 @@ static PyObject* builder_new(PyTypeObject* type, PyObject*, PyObject*) {
   BuilderObject* self = reinterpret_cast<BuilderObject*>(type->tp_alloc(type, 0));
   if (!self) return nullptr;
   self->tables = new Tables();
+  ++pool().builders;
   return reinterpret_cast<PyObject*>(self);
 }
 
 static void builder_dealloc(PyObject* obj) {
   delete reinterpret_cast<BuilderObject*>(obj)->tables;
+  if (--pool().builders <= 0) std::vector<std::string>().swap(pool().free);  // the last one: keep nothing
   Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -110,6 +116,33 @@ static PyObject* bail_result(const std::string& reason) {
   return Py_BuildValue("(Os)", Py_False, reason.c_str());
 }
 
+// ``[(start, end, line: bytes)]`` -> f.splices, checked: in order, each a whole line of the file
+// (starting at its start or after a newline, ending at a newline or the end) replaced by text
+// without a newline, so the file's lines stay the lines the Python engine splits.
+static bool splices_of(PyObject* obj, FileIn& f) {
+  if (obj == Py_None) return true;
+  if (!PyList_Check(obj)) {
+    PyErr_SetString(PyExc_TypeError, "splices must be a list or None");
+    return false;
+  }
+  size_t prev = 0;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(obj); ++k) {
+    Py_ssize_t a, b;
+    PyObject* text;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(obj, k), "nnO!", &a, &b, &PyBytes_Type, &text)) return false;
+    Splice sp{size_t(a), size_t(b), PyBytes_AS_STRING(text), size_t(PyBytes_GET_SIZE(text))};
+    if (a < 0 || b < a || sp.end > f.size || sp.start < prev || (k > 0 && sp.start == prev) ||
+        (sp.start > 0 && f.data[sp.start - 1] != '\n') || (sp.end < f.size && f.data[sp.end] != '\n') ||
+        std::memchr(sp.text, '\n', sp.n) != nullptr) {
+      PyErr_SetString(PyExc_ValueError, "a splice must replace one whole line, in file order");
+      return false;
+    }
+    prev = sp.end;
+    f.splices.push_back(sp);
+  }
+  return true;
+}
+
 // Parse one file's lines into records; bad lines go to ``classify``. Returns false with a Python
 // error set, or with ``bail`` set when the session must go to Python.
 static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t file_index, PyObject* classify,
@@ -118,7 +151,15 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
   if (!f.data) return true;
   const char* data = f.data;
   size_t size = f.size;
-  if (!utf8_valid(reinterpret_cast<const unsigned char*>(data), size)) {
+  // the scrubbed file is valid UTF-8 iff each piece is (they meet at line boundaries: ASCII)
+  auto valid = [](const char* q, size_t n) { return utf8_valid(reinterpret_cast<const unsigned char*>(q), n); };
+  bool ok_utf8 = true;
+  size_t pos = 0;
+  for (const Splice& sp : f.splices) {
+    ok_utf8 = ok_utf8 && valid(data + pos, sp.start - pos) && valid(sp.text, sp.n);
+    pos = sp.end;
+  }
+  if (!ok_utf8 || !valid(data + pos, size - pos)) {
     bail = "invalid UTF-8 (the Python path repairs it line by line)";
     return true;
   }
@@ -127,20 +168,31 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
   const char* p = data;
   const char* end = data + size;
   uint32_t line_no = 0;
+  size_t si = 0;  // next splice
   std::vector<Cut> cut;  // damaged lines without a uuid that start like a record: bridge candidates
   for (;;) {  // data is non-empty: Python passes None for an empty or all-whitespace file
-    const char* nl = static_cast<const char*>(std::memchr(p, '\n', size_t(end - p)));
-    const char* le = nl ? nl : end;
+    const char* nl;  // the newline ending the line in ``data`` (null: the last line has none)
+    const char* le;  // the end of the line's text
+    const char* lp = p;  // the line's text: in ``data``, or its scrubbed replacement
+    if (si < f.splices.size() && size_t(p - data) == f.splices[si].start) {
+      const Splice& sp = f.splices[si++];
+      lp = sp.text;
+      le = sp.text + sp.n;
+      nl = data + sp.end < end ? data + sp.end : nullptr;
+    } else {
+      nl = static_cast<const char*>(std::memchr(p, '\n', size_t(end - p)));
+      le = nl ? nl : end;
+    }
     ++line_no;
     recs.emplace_back();
     Rec& r = recs.back();
-    if (parser.parse(p, le, r)) {
-      r.raw = std::string_view(p, size_t(le - p));
+    if (parser.parse(lp, le, r)) {
+      r.raw = std::string_view(lp, size_t(le - lp));
       r.line_no = line_no;
       r.file = file_index;
     } else {
       recs.pop_back();
-      PyObject* line = PyBytes_FromStringAndSize(p, Py_ssize_t(le - p));
+      PyObject* line = PyBytes_FromStringAndSize(lp, Py_ssize_t(le - lp));
       if (!line) return false;
       PyObject* got = PyObject_CallFunction(classify, "InN", file_index, Py_ssize_t(line_no), line);
       if (!got) return false;
@@ -166,7 +218,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
       add_opt(q.salvaged_uuid, vsu);
       add_opt(q.salvaged_parent_uuid, vsp);
       out.bad_lines += 1;
-      if (!vsu.is_str() && le > p && *p == '{') cut.push_back(Cut{line_no, vsp, std::string_view(p, size_t(le - p))});
+      if (!vsu.is_str() && le > lp && *lp == '{') cut.push_back(Cut{line_no, vsp, std::string_view(lp, size_t(le - lp))});
       if (vsu.is_str()) {  // a salvaged chain link: a pass-through record with only its ids
         recs.emplace_back();
         Rec& d = recs.back();
@@ -175,7 +227,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
         d.parent = vsp;
         d.is_sidechain = is_side != 0;
         d.damaged = true;
-        d.raw = std::string_view(p, size_t(le - p));
+        d.raw = std::string_view(lp, size_t(le - lp));
         d.line_no = line_no;
         d.file = file_index;
       }
@@ -215,9 +267,10 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
   std::vector<PyObject*> pre_q(static_cast<size_t>(nfiles), nullptr);
   for (Py_ssize_t i = 0; i < nfiles; ++i) {
     PyObject* item = PyList_GET_ITEM(files_obj, i);
-    PyObject *rel, *data, *stream_id, *kind, *agent_id, *pq;
+    PyObject *rel, *data, *splices, *stream_id, *kind, *agent_id, *pq;
     int is_main;
-    if (!PyArg_ParseTuple(item, "OOpOOOO", &rel, &data, &is_main, &stream_id, &kind, &agent_id, &pq)) return nullptr;
+    if (!PyArg_ParseTuple(item, "OOOpOOOO", &rel, &data, &splices, &is_main, &stream_id, &kind, &agent_id, &pq))
+      return nullptr;
     FileIn& f = files[size_t(i)];
     if (!utf8_of(rel, f.rel)) return nullptr;
     if (data != Py_None) {
@@ -227,6 +280,7 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
       }
       f.data = PyBytes_AS_STRING(data);
       f.size = size_t(PyBytes_GET_SIZE(data));
+      if (!splices_of(splices, f)) return nullptr;
     }
     f.is_main = is_main != 0;
     if (stream_id != Py_None && !utf8_of(stream_id, f.stream_id)) return nullptr;
@@ -243,11 +297,12 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
     each_column(t, rv);
   };
 
-  // the raw lines are most of the bytes: grow that column geometrically, once per session
+  // the raw lines are most of the bytes: grow that column geometrically, once per session, starting
+  // at kFirstRaw (address space only until written: no doubling chain of copies for the first batch)
   size_t total = 0;
   for (const FileIn& f : files) total += f.size;
   std::string& raw = t.messages.raw.data;
-  if (raw.capacity() < raw.size() + total) raw.reserve(std::max(raw.size() + total, 2 * raw.capacity()));
+  if (raw.capacity() < raw.size() + total) grow(raw, std::max({raw.size() + total, 2 * raw.capacity(), kFirstRaw}));
 
   Arena arena;
   std::vector<Block> blocks;

@@ -11,7 +11,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "columns.h"
@@ -79,10 +78,19 @@ struct Bail {  // thrown to hand the session back to Python; ``reason`` is repor
   std::string reason;
 };
 
+// A line the secret scrubber changed: bytes [start, end) of the file (a whole line, without its
+// newline) read as ``text`` instead (Python keeps the text alive for the call).
+struct Splice {
+  size_t start = 0, end = 0;
+  const char* text = nullptr;
+  size_t n = 0;
+};
+
 struct FileIn {
   std::string rel;  // relative to the trace root
-  const char* data = nullptr;
+  const char* data = nullptr;  // as read; with ``splices`` applied, the scrubbed file
   size_t size = 0;
+  std::vector<Splice> splices;  // in file order
   bool is_main = false;
   std::string stream_id, kind, agent_id;  // agent files: computed by the Python side
 };
@@ -104,9 +112,9 @@ struct Cut {
 // ``damaged`` pass-through record at the nearest earlier unused cut line; returns the bridges made.
 inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& cut, uint32_t file_index) {
   if (cut.empty()) return 0;
-  std::unordered_set<std::string_view> known;
+  FlatSet known(recs.size());
   for (const Rec& r : recs)
-    if (r.has_uuid()) known.insert(r.uuid.s);
+    if (r.has_uuid()) known.try_emplace(r.uuid.s);
   struct Open {
     const Cut* c;
     Val before[2];  // the latest record's uuid before the cut line: [main, sidechain]
@@ -121,28 +129,35 @@ inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& c
       ++ci;
     }
     const int side = r.is_sidechain ? 1 : 0;
-    if (r.parent.is_str() && !r.parent.s.empty() && !known.count(r.parent.s) && !unused.empty()) {
+    if (r.parent.is_str() && !r.parent.s.empty() && !known.contains(r.parent.s) && !unused.empty()) {
       Open o = unused.back();
       unused.pop_back();
       Rec b;
       b.type = "damaged";
       b.uuid = r.parent;
-      b.parent = (o.c->parent.is_str() && known.count(o.c->parent.s)) ? o.c->parent : o.before[side];
+      b.parent = (o.c->parent.is_str() && known.contains(o.c->parent.s)) ? o.c->parent : o.before[side];
       b.is_sidechain = side == 1;
       b.damaged = true;
       b.raw = o.c->raw;
       b.line_no = o.c->line_no;
       b.file = file_index;
-      known.insert(r.parent.s);
+      known.try_emplace(r.parent.s);
       bridges.push_back(b);
     }
     if (r.has_uuid()) last[side] = r.uuid;
   }
   if (bridges.empty()) return 0;
-  const uint32_t n = uint32_t(bridges.size());
-  for (Rec& b : bridges) recs.push_back(b);
-  std::stable_sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return a.line_no < b.line_no; });
-  return n;
+  // ``sorted(records + bridges, key=line_no)``: the records are in line order already and every line
+  // number is unique, so the few bridges are merged in from the back (no sort of the whole file)
+  std::sort(bridges.begin(), bridges.end(), [](const Rec& a, const Rec& b) { return a.line_no < b.line_no; });
+  const size_t n = bridges.size();
+  size_t i = recs.size(), j = n, k = recs.size() + n;
+  recs.resize(k);
+  while (j > 0) {
+    if (i > 0 && recs[i - 1].line_no > bridges[j - 1].line_no) recs[--k] = recs[--i];
+    else recs[--k] = bridges[--j];
+  }
+  return uint32_t(n);
 }
 
 struct Stream {
