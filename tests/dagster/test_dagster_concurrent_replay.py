@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from composer_pipeline.teachers.ledger import Ledger
-from conftest import session_lines, write_teachers_yaml
+from dagster_sessions import session_lines, write_teachers_yaml
 
 SIDS = [f"{k}1111111-2222-3333-4444-555555555555" for k in range(2)]
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from assets.demo import print_report, run_demo
-from conftest import SESSION_ID, write_session, write_teachers_yaml
+from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 
 
 @pytest.mark.slow  # every session through the whole chain (the other tests here cover each asset)

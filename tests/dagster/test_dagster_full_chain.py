@@ -9,7 +9,7 @@ import pytest
 from assets.definitions import build_defs
 from assets.settings import REPO_ROOT, load_settings
 from composer_pipeline.store import Store
-from conftest import SESSION_ID, write_session, write_teachers_yaml
+from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import dagster as dg
 from assets.ingest import ingest_session_tables, raw_sessions
 from composer_pipeline.ingest import native
 from composer_pipeline.store import Store
-from conftest import FAKE_GITHUB_TOKEN, SESSION_ID, session_lines
+from dagster_sessions import FAKE_GITHUB_TOKEN, SESSION_ID, session_lines
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
 

@@ -6,7 +6,7 @@ from assets.ingest import ingest_session_tables, raw_sessions
 from assets.pairs import consensus_pairs, normalized_pairs
 from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from composer_pipeline.store import Store
-from conftest import SESSION_ID, write_teachers_yaml
+from dagster_sessions import SESSION_ID, write_teachers_yaml
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager

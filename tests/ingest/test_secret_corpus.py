@@ -44,7 +44,22 @@ KEYS = {
                     "MIIEpPr1vAt3K3yB0dy"),
     "password_assignment": ("DB_PASSWORD=Pw9Corpus7Hunter", "Pw9Corpus7Hunter"),
 }
-FRAGMENTS = [frag for _, frag in KEYS.values()] + ["QkLmNoPq=="]
+# every other form a built-in pattern accepts (an alternation or optional prefix), each at every position
+# too: a form no test plants is a form nobody knows leaks (github_pat_ did, until this list)
+VARIANTS = [
+    ("aws_access_key", "ASIAZXCVBNMLKJHGFDSA", "ZXCVBNMLKJHGFDSA"),
+    ("github_token", "github_pat_11Fg7Pat9Xy0_" + "Fg7Pat9Xy0" * 4, "Fg7Pat9Xy0Fg7Pat9Xy0"),
+    ("github_token", "gho_" + "Oa7Th2Ok9Zz1" * 3, "Oa7Th2Ok9Zz1Oa7Th2"),
+    ("openai_key", "sk-" + "Le9Gy4Cy7Ke2" * 4, "Le9Gy4Cy7Ke2Le9Gy4"),
+    ("openai_key", "sk-svcacct-" + "Sv5Ac7Ct3Kq8" * 3, "Sv5Ac7Ct3Kq8Sv5Ac7"),
+    ("slack_token", "xoxp-2222222222-3333333333-Pe7Rs0nAlTok", "3333333333-Pe7Rs0nAl"),
+    ("slack_token", "https://hooks.slack.com/services/T0AB12CD3/B0EF45GH6/Wh9Ook5Sl4ck8Url", "Wh9Ook5Sl4ck8Url"),
+    ("password_assignment", "API_KEY=Ak9Assign4Value", "Ak9Assign4Value"),
+    ("password_assignment", "client_secret: Cs8Assign3Value", "Cs8Assign3Value"),
+]
+SAMPLES = [(kind, key, frag) for kind, (key, frag) in KEYS.items()] + VARIANTS  # (kind, key, fragment)
+PER_KIND = {kind: sum(1 for k, _, _ in SAMPLES if k == kind) for kind in KEYS}
+FRAGMENTS = [frag for _, _, frag in SAMPLES] + ["QkLmNoPq=="]
 
 # decoded text positions; {k} is the key
 POSITIONS = {
@@ -77,26 +92,26 @@ def _session(tmp: Path, raw_utf8: bool) -> None:
     proj = tmp / "corpus"
     s = Session(sid=sid)
     s.user("start: " + " | ".join(NEAR_MISSES))
-    for kind, (key, _) in KEYS.items():
+    for i, (kind, key, _) in enumerate(SAMPLES):
         for pos, tmpl in POSITIONS.items():
             s.user(tmpl.format(k=key))
         nested = json.dumps({"env": {"TOKEN": key}, "note": "line\n" + key, "cmd": "\t" + key})
-        tid = f"tu_{kind}"
+        tid = f"tu_{i}_{kind}"
         s.assistant(thinking(f"the user pasted\n{key}\ninto the chat"),
                     text(f"I will write the config.\n{key}"),
                     tool("Write", tid, file_path="/tmp/cfg.json", content=nested, deeper=json.dumps({"inner": nested})))
         s.result(tid, f"$ cat .env\nA=1\n{key}\nB=2\n", tur={"stdout": f"A=1\n{key}", "stderr": f"\t{key}"})
     # a damaged line: the record is cut off after the key (a crash mid-write), before its uuid
     cut = json.dumps({"parentUuid": s.last, "type": "user", "message": {"role": "user", "content":
-                      "pasted:\n" + "\n".join(k for k, _ in KEYS.values()) + "\nend"}, "uuid": "x"})
+                      "pasted:\n" + "\n".join(k for _, k, _ in SAMPLES) + "\nend"}, "uuid": "x"})
     s.raw(cut[: cut.index("\\nend")])
     s.assistant(text("done " + " ".join(NEAR_MISSES)))
     agent = Session(sid=sid, agent_id="a5ec0e7", sidechain=True)
     agent.user("Investigate the config")
-    for kind, (key, _) in KEYS.items():
+    for i, (kind, key, _) in enumerate(SAMPLES):
         agent.user(f"found:\n{key}")
-        agent.assistant(text(f"\t{key}"), tool("Bash", f"ag_{kind}", command=f"echo '{key}'"))
-        agent.result(f"ag_{kind}", f"{key}\n", tur={"stdout": key})
+        agent.assistant(text(f"\t{key}"), tool("Bash", f"ag_{i}_{kind}", command=f"echo '{key}'"))
+        agent.result(f"ag_{i}_{kind}", f"{key}\n", tur={"stdout": key})
     for sess, path in ((s, proj / f"{sid}.jsonl"), (agent, proj / sid / "subagents" / "agent-a5ec0e7.jsonl")):
         if raw_utf8:  # as Claude Code writes: non-ASCII as UTF-8, not \\u escapes
             sess.lines = [line if not line.startswith("{") or not line.endswith("}")
@@ -162,7 +177,7 @@ def test_every_kind_at_every_position_is_counted_and_the_engines_agree(corpus):
         # main: positions + thinking + text + 3 in the nested input (x2 depths) + result + 2 tur; the
         # damaged line; the subagent: prompt, text, command, result, tur
         per_kind = len(POSITIONS) + 2 + 6 + 3 + 1 + 5  # every placement counted once, nothing else
-        assert r.secrets == {k: per_kind for k in KINDS}, r.secrets
+        assert r.secrets == {k: per_kind * PER_KIND[k] for k in KINDS}, r.secrets
         assert r.quarantine.num_rows == 1 and r.quarantine.column("salvaged_uuid")[0].as_py() is None
 
 
@@ -178,7 +193,7 @@ def test_no_key_in_any_output_table(ingested):
         _strings(t.to_pylist(), strings)
     assert not _leaks(strings)
     quarantine = pq.read_table(out / "quarantine.parquet").column("text").to_pylist()
-    assert len(quarantine) == 2 and all(q.count("[REDACTED:") == len(KEYS) for q in quarantine)
+    assert len(quarantine) == 2 and all(q.count("[REDACTED:") == len(SAMPLES) for q in quarantine)
     decoded = "\n".join(strings)
     for near in NEAR_MISSES:
         assert near in decoded, f"near miss {near!r} was altered"
@@ -190,12 +205,12 @@ def test_no_key_in_the_prefix_show_prints(ingested):
     with contextlib.redirect_stdout(buf):
         assert main(["show", "--all", "--json", "--store", str(out)]) == 0
     views = [json.loads(line) for line in buf.getvalue().splitlines()]
-    assert len(views) == lines[-1]["states"] == 2 * (len(KEYS) + 1) + 2 * len(KEYS)  # main + subagent states
+    assert len(views) == lines[-1]["states"] == 2 * (len(SAMPLES) + 1) + 2 * len(SAMPLES)  # main + subagent states
     strings: list[str] = []
     _strings(views, strings)
     assert not _leaks(strings)
     prefix_text = "\n".join(s for v in views for m in v["prefix"] for s in _collect(m))
-    assert prefix_text.count("[REDACTED:") > len(KEYS) * len(POSITIONS)
+    assert prefix_text.count("[REDACTED:") > len(SAMPLES) * len(POSITIONS)
     assert "3f786850e387550fdab836ed7e6dc881de23001b" in prefix_text
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import LOCATION, move_session, shot, teacher_server_pids
+from ui_kit import LOCATION, move_session, shot, teacher_server_pids
 
 CHAIN = [
     "raw_sessions", "trace_states", "trace_messages", "cost_plan", "teacher_replays", "dpo_pairs",
