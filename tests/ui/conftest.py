@@ -133,8 +133,11 @@ def write_teachers(path: Path, url: str, *, ceiling_usd: float = 5.0, local_url:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module-scoped on purpose: Playwright's sync API keeps an asyncio loop running in the main thread
+    while it is open, so any later test that calls ``asyncio.run`` (replay, show) would fail if the
+    browser outlived the journeys' module."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "Debian chromium missing: the test command installs it (composer_pipeline.bootstrap)"
