@@ -58,9 +58,9 @@ def _windows(store_root: Path, tokenizer, max_tokens: int) -> list[list[int]]:
 
 
 def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, layers: int = 4, vocab_size: int = 1024, lr: float = 3e-3,
-                  batch_size: int = 8, max_tokens: int = 320, seed: int = 0, log=None) -> Path:
+                  batch_size: int = 16, max_tokens: int = 160, seed: int = 0, every: int = 50, on_step=None) -> Path:
     """Train the tiny base model from scratch; returns its directory (reused when already trained
-    with the same settings)."""
+    with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
     import torch
 
     from composer_pipeline.experiments.read_before_edit import ingest_sessions
@@ -105,10 +105,11 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 50 == 0 or step == steps:
+        if step % every == 0 or step == steps:
             curve.append({"step": step, "loss": round(loss.item(), 4)})
-            if log is not None:
-                log(f"pretrain step {step}/{steps} loss {loss.item():.3f}")
+            if on_step is not None:
+                on_step(step, loss.item(), model, tok)
+                model.train()
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save_pretrained(model_dir)
     meta.write_text(json.dumps({"settings": settings, "windows": len(seqs), "seconds": round(time.perf_counter() - t0, 1),

@@ -10,7 +10,9 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`.ses
    stand-in for strong API teachers on this controlled task, not a model;
 4. pairs and hints with the normal code (``build_pairs``, ``normalize_pairs``, ``load_train_data``);
 5. start policy: the base model supervised on the agents' own actions (:mod:`.sft`), so it edits an
-   unread file about as often as the agents did;
+   unread file about as often as the agents did. With ``--model tiny`` the base model is first
+   trained from scratch on other generated train-split sessions (:mod:`.pretrain`): a random-init
+   model cannot write a held-out path, so no metric could move;
 6. arms from the same start: ``start`` (no training), ``grpo``, ``sdpo`` (hint distillation),
    ``dpo``, ``all`` (the three channels), each through the normal ``train()``, for N seeds. The
    ``sdpo`` arm trains on the error-site states only (the only rows its loss reads; a step whose
@@ -55,7 +57,7 @@ class ExperimentConfig:
     sft_lr: float = 1e-3
     prompt_tokens: int = 160  # policy prompts keep their last N tokens (fitting, arms, probes)
     pretrain_sessions: int = 600  # --model tiny: generated train-split sessions the base model reads
-    pretrain_steps: int = 1200  # --model tiny: steps training it from scratch (experiments.pretrain)
+    pretrain_steps: int = 2400  # --model tiny: steps training it from scratch (experiments.pretrain)
     learning_rate: float = 3e-4  # arms
     eval_every: int = 10
     lora: bool = False

@@ -1,7 +1,7 @@
 """Generated Claude Code sessions for the read-before-edit experiment, in the real JSONL format.
 
 In:  a directory, a session count, a split (``train`` / ``heldout``) and a seed.
-Out: ``<dir>/-work-<project>/<session uuid>.jsonl`` files that ``composer-pipeline ingest`` reads
+Out: ``<dir>/-home-dev-app/<session uuid>.jsonl`` files that ``composer-pipeline ingest`` reads
      like any other Claude Code project: user requests, ``tool_use`` / ``tool_result`` records with
      ``toolUseResult``, parent links, timestamps.
 
@@ -9,9 +9,10 @@ Each session: a user asks to change one value in one file. Half of the agents ca
 get Claude Code's real error (``File has not been read yet. Read it first before writing to it.``),
 then ``Read`` and ``Edit`` again; the other half read first. Before the request some sessions hold
 history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "some file was read"
-does not mean "the target was read"). The train and held-out splits draw files, directories,
-values and request wording from disjoint lists, so a held-out state can only be answered by the rule.
-"""
+does not mean "the target was read"). Every session runs in ``/home/dev/app``. A held-out session
+edits a (directory, file name) pair no train session touches, with request wording of its own, so
+its path must be copied from the request; the pieces (directories, names, extensions, keys, values)
+are shared by both splits (see ``_HELDOUT_PAIRS``)."""
 
 from __future__ import annotations
 
