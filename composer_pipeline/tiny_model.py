@@ -96,8 +96,9 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = 2048):
-    """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast`` (with chat template)."""
+def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None):
+    """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast`` (with chat template).
+    ``corpus`` replaces the default stdlib text (the synthetic tool-call lines are always added)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -110,7 +111,7 @@ def build_tokenizer(vocab_size: int = 2048):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus() if corpus is None else [*corpus, *_SYNTHETIC * 20], trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
@@ -123,14 +124,16 @@ def build_tokenizer(vocab_size: int = 2048):
     return fast
 
 
-def build_tiny_model(out_dir: Path, *, vocab_size: int = 2048, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    """Write a random-init tiny Qwen2 causal LM + tokenizer to ``out_dir``; returns ``out_dir``."""
+def build_tiny_model(out_dir: Path, *, vocab_size: int = 2048, hidden: int = 64, layers: int = 2, seed: int = 0,
+                     corpus: list[str] | None = None) -> Path:
+    """Write a random-init tiny Qwen2 causal LM + tokenizer to ``out_dir``; returns ``out_dir``.
+    ``corpus``: text the tokenizer is trained on instead of the stdlib sources."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(vocab_size, corpus)
     heads = max(1, hidden // 32)
     config = Qwen2Config(
         vocab_size=len(tokenizer),

@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     r.add_argument("--train-sessions", type=int, default=None)
     r.add_argument("--heldout-sessions", type=int, default=None)
     r.add_argument("--sft-steps", type=int, default=None, help="steps fitting the start policy to the agents")
+    r.add_argument("--pretrain-steps", type=int, default=None,
+                   help="--model tiny: steps training the tiny base model from scratch on generated sessions")
+    r.add_argument("--pretrain-sessions", type=int, default=None, help="--model tiny: sessions the base model reads")
     r.add_argument("--lora", action="store_true", help="train LoRA adapters in the arms (large models on CPU)")
     r.set_defaults(func=run)
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.experiments.read_before_edit import ExperimentConfig, run_experiment
 
     kw = {"seeds": args.seeds, "steps": args.steps, "model": args.model, "train_sessions": args.train_sessions,
-          "heldout_sessions": args.heldout_sessions, "sft_steps": args.sft_steps}
+          "heldout_sessions": args.heldout_sessions, "sft_steps": args.sft_steps,
+          "pretrain_steps": args.pretrain_steps, "pretrain_sessions": args.pretrain_sessions}
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if args.quick:
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         cfg = replace(cfg, lora=True)
-    for name in ("seeds", "steps", "train_sessions", "heldout_sessions", "sft_steps"):
+    for name in ("seeds", "steps", "train_sessions", "heldout_sessions", "sft_steps", "pretrain_steps", "pretrain_sessions"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     res = run_experiment(cfg)

@@ -10,7 +10,9 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`.ses
    stand-in for strong API teachers on this controlled task, not a model;
 4. pairs and hints with the normal code (``build_pairs``, ``normalize_pairs``, ``load_train_data``);
 5. start policy: the base model supervised on the agents' own actions (:mod:`.sft`), so it edits an
-   unread file about as often as the agents did;
+   unread file about as often as the agents did. With ``--model tiny`` the base model is first
+   trained from scratch on other generated train-split sessions (:mod:`.pretrain`): a random-init
+   model cannot write a held-out path, so no metric could move;
 6. arms from the same start: ``start`` (no training), ``grpo``, ``sdpo`` (hint distillation),
    ``dpo``, ``all`` (the three channels), each through the normal ``train()``, for N seeds. The
    ``sdpo`` arm trains on the error-site states only (the only rows its loss reads; a step whose
@@ -48,12 +50,15 @@ class ExperimentConfig:
     out: Path
     model: str = "tiny"  # tiny | local:smollm2-135m-instruct | a path
     seeds: int = 3
-    steps: int = 40  # trainer steps per arm
+    steps: int = 30  # trainer steps per arm
     train_sessions: int = 48
     heldout_sessions: int = 16
-    sft_steps: int = 300
+    sft_steps: int = 200
     sft_lr: float = 1e-3
-    learning_rate: float = 1e-4  # arms
+    prompt_tokens: int = 160  # policy prompts keep their last N tokens (fitting, arms, probes)
+    pretrain_sessions: int = 600  # --model tiny: generated train-split sessions the base model reads
+    pretrain_steps: int = 2400  # --model tiny: steps training it from scratch (experiments.pretrain)
+    learning_rate: float = 3e-4  # arms
     eval_every: int = 10
     lora: bool = False
     arms: tuple[str, ...] = tuple(ARMS)
@@ -61,14 +66,14 @@ class ExperimentConfig:
     @classmethod
     def quick(cls, out: Path, **kw) -> "ExperimentConfig":
         """Tiny model, one seed, small sizes (≤ 10 minutes on 2 CPU cores)."""
-        base = dict(model="tiny", seeds=1, steps=20, train_sessions=40, heldout_sessions=12, sft_steps=200,
-                    sft_lr=2e-3, learning_rate=1e-4, eval_every=10)
+        base = dict(model="tiny", seeds=1, steps=20, train_sessions=40, heldout_sessions=12, sft_steps=150,
+                    sft_lr=1e-3, learning_rate=3e-4, eval_every=10, pretrain_steps=500)
         base.update({k: v for k, v in kw.items() if v is not None})
         return cls(out=out, **base)
 
 
 # -- data: sessions -> ingest -> replay -> pairs ---------------------------------------------------
-def _ingest(src: Path, store_root: Path) -> dict[str, int]:
+def ingest_sessions(src: Path, store_root: Path) -> dict[str, int]:
     import pyarrow as pa
 
     from composer_pipeline.ingest.pipeline import ingest_paths
@@ -119,8 +124,8 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     train_plans = write_sessions(work / "sessions" / "train", cfg.train_sessions, "train", seed=0)
     write_sessions(work / "sessions" / "heldout", cfg.heldout_sessions, "heldout", seed=0)
     train_root, heldout_root = work / "train_store", work / "heldout_store"
-    counts = {"train": _ingest(work / "sessions" / "train", train_root),
-              "heldout": _ingest(work / "sessions" / "heldout", heldout_root)}
+    counts = {"train": ingest_sessions(work / "sessions" / "train", train_root),
+              "heldout": ingest_sessions(work / "sessions" / "heldout", heldout_root)}
     store = Store(str(train_root))
     states, messages = store.read_table("trace_states"), store.read_table("trace_messages")
     task = _task_state_ids(train_root)
@@ -245,8 +250,10 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     g, a, b = ARMS[arm]  # type: ignore[misc]
     r = replace(base, model=str(start), weights=Weights(grpo=g, alpha=a, beta=b))
     r = replace(r, optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),
-                data=replace(r.data, heldout_fraction=0.0),
-                grpo=replace(r.grpo, max_completion_length=64, num_generations=4, prompts_per_step=2),
+                data=replace(r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens),
+                # 96 tokens hold a whole Edit call (~80 with the tiny tokenizer): a shorter limit cuts every
+                # Edit rollout into an unparseable one and so rewards reading everywhere
+                grpo=replace(r.grpo, max_completion_length=96, num_generations=4, prompts_per_step=2),
                 dpo=replace(r.dpo, max_completion_tokens=96),
                 lora=LoraSection(enabled=cfg.lora, r=16, alpha=32) if cfg.lora else r.lora)
     return r
@@ -270,14 +277,24 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     base = TrainRecipe.load(repo / "recipes" / "train.yaml")
     train_rows = load_train_data(data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint).prompts
-    base_model = resolve_model_path(cfg.model)
+    if cfg.model == "tiny":  # trained from scratch on other generated train-split sessions first
+        from composer_pipeline.experiments.pretrain import pretrain_base
+
+        base_model = str(pretrain_base(out / "base", sessions=cfg.pretrain_sessions, steps=cfg.pretrain_steps,
+                                       max_tokens=cfg.prompt_tokens))
+        meta = json.loads((out / "base" / "pretrain.json").read_text())
+        emit(json.dumps({"base": {**meta["settings"], "windows": meta["windows"], "seconds": meta["seconds"],
+                                  "final_loss": meta["curve"][-1]["loss"]}}))
+    else:
+        base_model = resolve_model_path(cfg.model)
     results, curves = [], {}
     for seed in range(cfg.seeds):
         ts = time.perf_counter()
         start = supervise_on_agent_actions(base_model, train_rows, out / f"seed{seed}" / "start", steps=cfg.sft_steps,
-                                           seed=seed, lr=cfg.sft_lr)
+                                           seed=seed, lr=cfg.sft_lr,
+                                           max_prompt_tokens=cfg.prompt_tokens)
         tok, start_model = load_policy(str(start))
-        cases = heldout_cases(data_info["heldout_store"], tok)
+        cases = heldout_cases(data_info["heldout_store"], tok, cfg.prompt_tokens)
         start_metrics = probe(start_model, tok, cases)
         del start_model
         sft_s = time.perf_counter() - ts

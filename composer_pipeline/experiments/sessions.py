@@ -1,7 +1,7 @@
 """Generated Claude Code sessions for the read-before-edit experiment, in the real JSONL format.
 
 In:  a directory, a session count, a split (``train`` / ``heldout``) and a seed.
-Out: ``<dir>/-work-<project>/<session uuid>.jsonl`` files that ``composer-pipeline ingest`` reads
+Out: ``<dir>/-home-dev-app/<session uuid>.jsonl`` files that ``composer-pipeline ingest`` reads
      like any other Claude Code project: user requests, ``tool_use`` / ``tool_result`` records with
      ``toolUseResult``, parent links, timestamps.
 
@@ -9,9 +9,10 @@ Each session: a user asks to change one value in one file. Half of the agents ca
 get Claude Code's real error (``File has not been read yet. Read it first before writing to it.``),
 then ``Read`` and ``Edit`` again; the other half read first. Before the request some sessions hold
 history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "some file was read"
-does not mean "the target was read"). The train and held-out splits draw files, directories,
-values and request wording from disjoint lists, so a held-out state can only be answered by the rule.
-"""
+does not mean "the target was read"). Every session runs in ``/home/dev/app``. A held-out session
+edits a (directory, file name) pair no train session touches, with request wording of its own, so
+its path must be copied from the request; the pieces (directories, names, extensions, keys, values)
+are shared by both splits (see ``_HELDOUT_PAIRS``)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,17 @@ from pathlib import Path
 
 NOT_READ = "File has not been read yet. Read it first before writing to it."
 
+# Path pieces are shared by both splits; the (directory, file name) pairs are not: a held-out state
+# names a file no train session touches, so writing its path means copying it from the request, not
+# recalling it. The pieces themselves are shared because a policy trained from scratch on these
+# sessions (the experiment's tiny model) has no embedding for a word it never saw; a pretrained model
+# would. Request wording is disjoint outright (the policy reads it, never writes it).
+_DIRS = ["src/api", "src/core", "lib/net", "app/models", "pkg/cache", "tools/cli"]
+_NAMES = ["server", "client", "config", "router", "store", "worker", "parser", "session", "queue", "auth"]
+_HELDOUT_PAIRS = {(d, n) for i, d in enumerate(_DIRS) for j, n in enumerate(_NAMES) if (i + j) % 4 == 0}
 _SPLITS = {
     "train": {
-        "dirs": ["src/api", "src/core", "lib/net", "app/models", "pkg/cache", "tools/cli"],
-        "names": ["server", "client", "config", "router", "store", "worker", "parser", "session", "queue", "auth"],
-        "exts": ["py", "ts"],
-        "keys": ["TIMEOUT", "RETRIES", "PORT", "BATCH", "LIMIT"],
+        "files": [(d, n) for d in _DIRS for n in _NAMES if (d, n) not in _HELDOUT_PAIRS],
         "asks": [
             "Change {key} from {old} to {new} in {path}",
             "Please set {key} to {new} in {path} (it is {old} now)",
@@ -37,16 +43,16 @@ _SPLITS = {
         ],
     },
     "heldout": {
-        "dirs": ["srv/http", "core/db", "web/views"],
-        "names": ["handler", "pool", "schema", "render", "metrics", "loader"],
-        "exts": ["go", "rs"],
-        "keys": ["MAX_CONN", "WORKERS", "DEPTH"],
+        "files": sorted(_HELDOUT_PAIRS),
         "asks": [
             "{path}: {key} should be {new} instead of {old}",
             "Could you bump {key} in {path} from {old} to {new}?",
         ],
     },
 }
+PROJECT = "app"  # every session runs in /home/dev/app: the file inside it is what varies
+_EXTS = ["py", "ts", "go", "rs"]
+_KEYS = ["TIMEOUT", "RETRIES", "PORT", "BATCH", "LIMIT", "WORKERS", "DEPTH"]
 
 
 @dataclass(frozen=True)
@@ -128,12 +134,12 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
     root = Path(root)
     plans = []
     for i in range(n):
-        project = f"rbe-{split}-{i % 4}"
+        project = PROJECT
         cwd = f"/home/dev/{project}"
         sid = str(uuid.UUID(int=rng.getrandbits(128)))
-        d, name, ext = rng.choice(pool["dirs"]), rng.choice(pool["names"]), rng.choice(pool["exts"])
+        (d, name), ext = rng.choice(pool["files"]), rng.choice(_EXTS)
         path = f"{cwd}/{d}/{name}.{ext}"
-        key = rng.choice(pool["keys"])
+        key = rng.choice(_KEYS)
         a, b = rng.sample(range(2, 99), 2)
         old, new = f"{key} = {a}", f"{key} = {b}"
         edit_first = rng.random() < edit_first_share
@@ -144,8 +150,8 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
             if history == "ls":
                 w.tool("Bash", {"command": f"ls {d}"}, f"{name}.{ext}\n__init__.{ext}", {"stdout": f"{name}.{ext}", "stderr": ""})
             else:
-                decoy = f"{cwd}/{d}/{rng.choice([x for x in pool['names'] if x != name])}.{ext}"
-                _read(w, decoy, _file_body(rng.choice(pool["keys"]), str(rng.randint(2, 99)), rng))
+                decoy = f"{cwd}/{d}/{rng.choice([x for x in _NAMES if x != name])}.{ext}"
+                _read(w, decoy, _file_body(rng.choice(_KEYS), str(rng.randint(2, 99)), rng))
             w.say("Looked around.")
         w.user(rng.choice(pool["asks"]).format(key=key, old=a, new=b, path=path))
         if edit_first:
@@ -153,7 +159,7 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         _read(w, path, _file_body(key, str(a), rng))
         _edit(w, path, old, new, ok=True)
         w.say(f"Done: {key} is {b} in {path}.")
-        out = root / f"-work-{project}" / f"{sid}.jsonl"
+        out = root / f"-home-dev-{project}" / f"{sid}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(w.lines) + "\n")
         plans.append(SessionPlan(sid, project, path, old, new, edit_first, history))

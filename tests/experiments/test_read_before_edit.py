@@ -1,9 +1,10 @@
 """The read-before-edit experiment in a small quick form: the whole chain on generated sessions.
 
 Generated Claude Code JSONL -> the normal ingest -> replay over real HTTP (rule teachers on loopback,
-priced, ledgered) -> pairs/hints -> a start policy fitted to the agents -> the five arms through the
-normal trainer -> held-out probes. The tiny random-init model cannot copy file paths in a few steps,
-so this checks the chain and its bookkeeping, not that a policy learns (bench/RESULTS.md has the run).
+priced, ledgered) -> pairs/hints -> the tiny base model trained from scratch on other generated
+sessions -> a start policy fitted to the agents -> the five arms through the normal trainer ->
+held-out probes. At these sizes (a few steps) it checks the chain and its bookkeeping, not that a
+policy learns: bench/RESULTS.md has the learning run.
 """
 
 import json
@@ -41,11 +42,17 @@ def test_rule_and_generated_sessions(tmp_path):
 def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     out = tmp_path / "exp"
     rc = main(["experiment", "read-before-edit", "--out", str(out), "--quick", "--steps", "3", "--sft-steps", "30",
-               "--train-sessions", "16", "--heldout-sessions", "6"])
+               "--train-sessions", "16", "--heldout-sessions", "6", "--pretrain-steps", "20", "--pretrain-sessions", "24"])
     assert rc == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
-    data = lines[0]["data"]
-    rows = lines[1:]
+    data, base = lines[0]["data"], lines[1]["base"]
+    rows = lines[2:]
+    # the base model read other generated train-split sessions, never a held-out file
+    assert base["steps"] == 20 and base["windows"] > 24 and base["final_loss"] > 0
+    pre_text = "".join(f.read_text() for f in (out / "base" / "sessions").rglob("*.jsonl"))
+    held_paths = {json.loads(x)["message"]["content"][0]["input"]["file_path"] for f in (out / "data" / "sessions" / "heldout").rglob("*.jsonl")
+                  for x in f.read_text().splitlines() if '"name": "Edit"' in x}  # the targets (a decoy Read may name a train file)
+    assert held_paths and not any(p in pre_text for p in held_paths)
     # the data came through the normal stages: ingest, HTTP replay (two teachers per task state), pairs
     assert data["ingest"]["train"]["quarantine"] == 0 and data["ingest"]["heldout"]["trace_states"] > 0
     assert data["teacher_calls_http"] == data["replay"]["calls"] == 2 * data["task_states"]

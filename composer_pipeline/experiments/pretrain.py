@@ -1,0 +1,117 @@
+"""The experiment's tiny base model: a small Qwen2 trained from scratch on generated sessions' text.
+
+In:  a work directory, a session count (train split only, a seed of its own, so none of these
+     sessions is one the experiment replays or holds out), steps, sizes, a seed.
+Out: a model directory (safetensors + the tiny tokenizer) that knows the chat/tool-call format and
+     has learned to copy a file path from the request into its action, plus ``pretrain.json``
+     (the settings and the loss curve).
+
+Why: a random-init model fitted only to the agents' actions memorizes train paths and never writes
+a held-out one, so no metric can move (bench/RESULTS.md). A pretrained model brings copying with it;
+one trained from scratch has to learn it, and that needs far more text than the replayed sessions
+hold. So the base model reads the sessions' text (every token: requests, tool calls, tool results,
+the agents' answers) as one window per agent step: the step's prompt cut to its last ``max_tokens``
+tokens (as the policy will see it) followed by the agent's action. Short windows, each ending in a
+step that copies a path, teach copying far faster per CPU-second than whole transcripts. The agents here act as in the experiment's sessions (half
+edit first), so this base model is no better than the agents at the rule; it only knows the format.
+
+Deliberately simplified: plain next-token cross-entropy, AdamW at a constant rate after a short
+warm-up, fixed-size random batches, prompts cut to their last ``max_tokens`` tokens like the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+
+def _session_text(root: Path) -> list[str]:
+    """The words of the generated sessions (requests, tool inputs as compact JSON, tool results, answers),
+    for the tokenizer: their paths' pieces and keys become single tokens, uuids and timestamps do not."""
+    texts = []
+    for f in sorted(Path(root).rglob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            content = json.loads(line)["message"]["content"]
+            for part in [content] if isinstance(content, str) else content:
+                if isinstance(part, str):
+                    texts.append(part)
+                elif part.get("type") == "tool_use":
+                    texts.append(json.dumps({"arguments": part["input"], "name": part["name"]}, separators=(",", ":"), sort_keys=True))
+                else:
+                    texts.append(str(part.get("text") or part.get("content") or ""))
+    return texts
+
+
+def _windows(store_root: Path, tokenizer, max_tokens: int) -> list[list[int]]:
+    from composer_pipeline.actions import Action
+    from composer_pipeline.train.data import load_train_data, render_prompt
+    from composer_pipeline.train.hints import HintTemplates
+
+    eos = tokenizer.eos_token or ""
+    out = []
+    for r in load_train_data(str(store_root), heldout_fraction=0.0, hints=HintTemplates()).prompts:
+        text = render_prompt(tokenizer, r.messages, r.tools, max_tokens) + Action.from_json(r.agent_action).to_text() + eos
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, layers: int = 4, vocab_size: int = 1024, lr: float = 3e-3,
+                  batch_size: int = 16, max_tokens: int = 160, seed: int = 0, every: int = 50, on_step=None) -> Path:
+    """Train the tiny base model from scratch; returns its directory (reused when already trained
+    with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
+    import torch
+
+    from composer_pipeline.experiments.read_before_edit import ingest_sessions
+    from composer_pipeline.experiments.sessions import write_sessions
+    from composer_pipeline.tiny_model import build_tiny_model
+    from composer_pipeline.train.trainer import load_policy
+
+    work = Path(work)
+    model_dir = work / "model"
+    settings = {"sessions": sessions, "steps": steps, "hidden": hidden, "layers": layers, "vocab_size": vocab_size, "lr": lr,
+                "batch_size": batch_size, "max_tokens": max_tokens, "seed": seed}
+    meta = work / "pretrain.json"
+    if meta.is_file() and (model_dir / "config.json").is_file() and json.loads(meta.read_text())["settings"] == settings:
+        return model_dir
+    t0 = time.perf_counter()
+    write_sessions(work / "sessions", sessions, "train", seed=1000 + seed)  # the replayed ones use seed 0
+    ingest_sessions(work / "sessions", work / "store")
+    build_tiny_model(work / "init", vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed,
+                     corpus=_session_text(work / "sessions"))
+    tok, model = load_policy(str(work / "init"))
+    seqs = _windows(work / "store", tok, max_tokens)
+    if not seqs:
+        raise ValueError(f"no sessions to pretrain on under {work / 'store'}")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    pad = tok.pad_token_id
+    model.train()
+    curve = []
+    for step in range(1, steps + 1):
+        batch = [seqs[rng.randrange(len(seqs))] for _ in range(batch_size)]
+        w = max(map(len, batch))
+        ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch])
+        mask = torch.tensor([[0] * (w - len(s)) + [1] * len(s) for s in batch])
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, :-1]
+        target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % every == 0 or step == steps:
+            curve.append({"step": step, "loss": round(loss.item(), 4)})
+            if on_step is not None:
+                on_step(step, loss.item(), model, tok)
+                model.train()
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tok.save_pretrained(model_dir)
+    meta.write_text(json.dumps({"settings": settings, "windows": len(seqs), "seconds": round(time.perf_counter() - t0, 1),
+                                "curve": curve}, indent=1))
+    return model_dir
