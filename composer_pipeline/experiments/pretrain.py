@@ -66,7 +66,7 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     from composer_pipeline.experiments.read_before_edit import ingest_sessions
     from composer_pipeline.experiments.sessions import write_sessions
     from composer_pipeline.tiny_model import build_tiny_model
-    from composer_pipeline.train.trainer import load_policy
+    from composer_pipeline.train.modeling import load_policy
 
     work = Path(work)
     model_dir = work / "model"
