@@ -63,8 +63,7 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
     import torch
 
-    from composer_pipeline.experiments.read_before_edit import ingest_sessions
-    from composer_pipeline.experiments.sessions import write_sessions
+    from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
     from composer_pipeline.tiny_model import build_tiny_model
     from composer_pipeline.train.modeling import load_policy
 

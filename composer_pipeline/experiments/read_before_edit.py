@@ -73,28 +73,6 @@ class ExperimentConfig:
 
 
 # -- data: sessions -> ingest -> replay -> pairs ---------------------------------------------------
-def ingest_sessions(src: Path, store_root: Path) -> dict[str, int]:
-    import pyarrow as pa
-
-    from composer_pipeline.ingest.pipeline import ingest_paths
-    from composer_pipeline.store import Store
-
-    parts: dict[str, list] = {"trace_states": [], "trace_messages": [], "quarantine": []}
-    for res in ingest_paths([src]):
-        parts["trace_states"].append(res.states)
-        parts["trace_messages"].append(res.messages)
-        parts["quarantine"].append(res.quarantine)
-    store = Store(str(store_root))
-    counts = {}
-    for name, ts in parts.items():
-        if not ts:
-            raise ValueError(f"no sessions found under {src}")
-        t = pa.concat_tables(ts)
-        store.write_table(name, t)
-        counts[name] = t.num_rows
-    return counts
-
-
 def _task_state_ids(store_root: Path) -> set[str]:
     """States whose prompt holds a file request (the rule has an answer there)."""
     from composer_pipeline.experiments.rule_teacher import rule_action
@@ -111,7 +89,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
 
     from composer_pipeline import render
     from composer_pipeline.experiments.rule_teacher import RuleTeacherServer
-    from composer_pipeline.experiments.sessions import write_sessions
+    from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
     from composer_pipeline.store import Store

@@ -164,3 +164,27 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         out.write_text("\n".join(w.lines) + "\n")
         plans.append(SessionPlan(sid, project, path, old, new, edit_first, history))
     return plans
+
+
+def ingest_sessions(src: Path, store_root: Path) -> dict[str, int]:
+    """Ingest the generated sessions under ``src`` through the normal ingest into a store at ``store_root``;
+    rows per table."""
+    import pyarrow as pa
+
+    from composer_pipeline.ingest.pipeline import ingest_paths
+    from composer_pipeline.store import Store
+
+    parts: dict[str, list] = {"trace_states": [], "trace_messages": [], "quarantine": []}
+    for res in ingest_paths([src]):
+        parts["trace_states"].append(res.states)
+        parts["trace_messages"].append(res.messages)
+        parts["quarantine"].append(res.quarantine)
+    store = Store(str(store_root))
+    counts = {}
+    for name, ts in parts.items():
+        if not ts:
+            raise ValueError(f"no sessions found under {src}")
+        t = pa.concat_tables(ts)
+        store.write_table(name, t)
+        counts[name] = t.num_rows
+    return counts
