@@ -96,14 +96,27 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None):
+# GPT-2's pre-tokenizer pattern with one change: a "/" stays with the word after it ("/session" is one
+# piece, so a BPE trained on paths can make it one token).
+_PATH_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?/?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}/]+|/|\s+(?!\S)|\s+"""
+
+
+def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None, *, path_words: bool = False):
     """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast`` (with chat template).
-    ``corpus`` replaces the default stdlib text (the synthetic tool-call lines are always added)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    ``corpus`` replaces the default stdlib text (the synthetic tool-call lines are always added).
+    ``path_words``: keep a ``/`` with the word after it, so that copying a path piece from a request
+    means matching one token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if path_words:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_PATH_WORDS), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -125,15 +138,16 @@ def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None):
 
 
 def build_tiny_model(out_dir: Path, *, vocab_size: int = 2048, hidden: int = 64, layers: int = 2, seed: int = 0,
-                     corpus: list[str] | None = None) -> Path:
+                     corpus: list[str] | None = None, path_words: bool = False) -> Path:
     """Write a random-init tiny Qwen2 causal LM + tokenizer to ``out_dir``; returns ``out_dir``.
-    ``corpus``: text the tokenizer is trained on instead of the stdlib sources."""
+    ``corpus``: text the tokenizer is trained on instead of the stdlib sources; ``path_words``: see
+    :func:`build_tokenizer`."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size, corpus)
+    tokenizer = build_tokenizer(vocab_size, corpus, path_words=path_words)
     heads = max(1, hidden // 32)
     config = Qwen2Config(
         vocab_size=len(tokenizer),

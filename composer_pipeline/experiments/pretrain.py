@@ -1,7 +1,8 @@
 """The experiment's tiny base model: a small Qwen2 trained from scratch on generated sessions' text.
 
-In:  a work directory, a session count (train split only, a seed of its own, so none of these
-     sessions is one the experiment replays or holds out), steps, sizes, a seed.
+In:  a work directory, a session count (the ``pretrain`` split, a seed of its own: every (directory,
+     name) pair, held-out ones included, but train request wording only, so no held-out state or
+     request is among them and none is a session the experiment replays), steps, sizes, a seed.
 Out: a model directory (safetensors + the tiny tokenizer) that knows the chat/tool-call format and
      has learned to copy a file path from the request into its action, plus ``pretrain.json``
      (the settings and the loss curve).
@@ -14,6 +15,12 @@ the agents' answers) as one window per agent step: the step's prompt cut to its 
 tokens (as the policy will see it) followed by the agent's action. Short windows, each ending in a
 step that copies a path, teach copying far faster per CPU-second than whole transcripts. The agents here act as in the experiment's sessions (half
 edit first), so this base model is no better than the agents at the rule; it only knows the format.
+
+Two choices make copying learnable for a model this small (bench/RESULTS.md): the corpus covers the
+whole path space, so that after a directory every name is possible and only the request says which
+(with held-out pairs absent, the model wrote a name it had seen after that directory instead); and
+the tokenizer keeps a ``/`` with the piece after it (``/session``), so copying a name is matching one
+token.
 
 Deliberately simplified: plain next-token cross-entropy, AdamW at a constant rate after a short
 warm-up, fixed-size random batches, prompts cut to their last ``max_tokens`` tokens like the trainer's.
@@ -70,15 +77,16 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     work = Path(work)
     model_dir = work / "model"
     settings = {"sessions": sessions, "steps": steps, "hidden": hidden, "layers": layers, "vocab_size": vocab_size, "lr": lr,
-                "batch_size": batch_size, "max_tokens": max_tokens, "seed": seed}
+                "batch_size": batch_size, "max_tokens": max_tokens, "seed": seed, "corpus": "pretrain-split", "path_words": True}
     meta = work / "pretrain.json"
     if meta.is_file() and (model_dir / "config.json").is_file() and json.loads(meta.read_text())["settings"] == settings:
         return model_dir
     t0 = time.perf_counter()
-    write_sessions(work / "sessions", sessions, "train", seed=1000 + seed)  # the replayed ones use seed 0
+    # the pretrain split: every (directory, name) pair, train wording (never a held-out request)
+    write_sessions(work / "sessions", sessions, "pretrain", seed=1000 + seed)  # the replayed ones use seed 0
     ingest_sessions(work / "sessions", work / "store")
     build_tiny_model(work / "init", vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed,
-                     corpus=_session_text(work / "sessions"))
+                     corpus=_session_text(work / "sessions"), path_words=True)
     tok, model = load_policy(str(work / "init"))
     seqs = _windows(work / "store", tok, max_tokens)
     if not seqs:

@@ -11,7 +11,7 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`.ses
 4. pairs and hints with the normal code (``build_pairs``, ``normalize_pairs``, ``load_train_data``);
 5. start policy: the base model supervised on the agents' own actions (:mod:`.sft`), so it edits an
    unread file about as often as the agents did. With ``--model tiny`` the base model is first
-   trained from scratch on other generated train-split sessions (:mod:`.pretrain`): a random-init
+   trained from scratch on other generated sessions (every file pair, train wording) (:mod:`.pretrain`): a random-init
    model cannot write a held-out path, so no metric could move;
 6. arms from the same start: ``start`` (no training), ``grpo``, ``sdpo`` (hint distillation),
    ``dpo``, ``all`` (the three channels), each through the normal ``train()``, for N seeds. The
@@ -56,7 +56,7 @@ class ExperimentConfig:
     sft_steps: int = 200
     sft_lr: float = 1e-3
     prompt_tokens: int = 160  # policy prompts keep their last N tokens (fitting, arms, probes)
-    pretrain_sessions: int = 600  # --model tiny: generated train-split sessions the base model reads
+    pretrain_sessions: int = 600  # --model tiny: generated pretrain-split sessions the base model reads
     pretrain_steps: int = 2400  # --model tiny: steps training it from scratch (experiments.pretrain)
     learning_rate: float = 3e-4  # arms
     eval_every: int = 10
@@ -255,7 +255,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     base = TrainRecipe.load(repo / "recipes" / "train.yaml")
     train_rows = load_train_data(data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint).prompts
-    if cfg.model == "tiny":  # trained from scratch on other generated train-split sessions first
+    if cfg.model == "tiny":  # trained from scratch on other generated sessions first (every file pair, no held-out request)
         from composer_pipeline.experiments.pretrain import pretrain_base
 
         base_model = str(pretrain_base(out / "base", sessions=cfg.pretrain_sessions, steps=cfg.pretrain_steps,

@@ -12,7 +12,8 @@ history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "so
 does not mean "the target was read"). Every session runs in ``/home/dev/app``. A held-out session
 edits a (directory, file name) pair no train session touches, with request wording of its own, so
 its path must be copied from the request; the pieces (directories, names, extensions, keys, values)
-are shared by both splits (see ``_HELDOUT_PAIRS``)."""
+are shared by both splits (see ``_HELDOUT_PAIRS``). A third split, ``pretrain``, is the tiny base
+model's corpus: every pair, train wording only (no held-out request)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,19 @@ _SPLITS = {
         "asks": [
             "{path}: {key} should be {new} instead of {old}",
             "Could you bump {key} in {path} from {old} to {new}?",
+        ],
+    },
+    # The tiny base model's corpus (experiments.pretrain): every (directory, name) pair, held-out ones
+    # included, as a real pretrained model's corpus mentions files it will later be asked about; with
+    # train wording only, so a held-out *state* (its request) is still never seen. Without this, the
+    # held-out names only ever follow other directories and a from-scratch model writes the name it
+    # saw after this directory instead of copying the requested one (bench/RESULTS.md).
+    "pretrain": {
+        "files": [(d, n) for d in _DIRS for n in _NAMES],
+        "asks": [
+            "Change {key} from {old} to {new} in {path}",
+            "Please set {key} to {new} in {path} (it is {old} now)",
+            "In {path}, update {key} = {old} to {new}",
         ],
     },
 }
@@ -126,7 +140,7 @@ def _edit(w: _Writer, path: str, old: str, new: str, *, ok: bool) -> None:
 
 
 def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_share: float = 0.5) -> list[SessionPlan]:
-    """Write ``n`` sessions of ``split`` under ``root``; returns their plans."""
+    """Write ``n`` sessions of ``split`` (``train`` / ``heldout`` / ``pretrain``) under ``root``; returns their plans."""
     if split not in _SPLITS:
         raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
     pool = _SPLITS[split]

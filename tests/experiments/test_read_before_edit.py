@@ -22,6 +22,10 @@ def test_rule_and_generated_sessions(tmp_path):
     held = write_sessions(tmp_path / "h", 6, "heldout", seed=1)
     assert 0 < sum(p.edit_first for p in plans) < len(plans)
     assert not {p.path for p in plans} & {p.path for p in held}, "held-out files must differ from train files"
+    # the base model's corpus names every (directory, name) pair, held-out ones included
+    pre = write_sessions(tmp_path / "p", 400, "pretrain", seed=1)
+    pair = lambda path: path.rsplit(".", 1)[0]  # noqa: E731
+    assert {pair(p.path) for p in held} <= {pair(p.path) for p in pre}
     text = next((tmp_path / "t").rglob("*.jsonl")).read_text()
     assert all(json.loads(line)["sessionId"] for line in text.splitlines())
     assert any(NOT_READ in (tmp_path / "t" / f).read_text() for f in [p.relative_to(tmp_path / "t") for p in (tmp_path / "t").rglob("*.jsonl")])
@@ -47,12 +51,17 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     data, base = lines[0]["data"], lines[1]["base"]
     rows = lines[2:]
-    # the base model read other generated train-split sessions, never a held-out file
+    # the base model read other generated sessions (all files, train wording), never a held-out state:
+    # no held-out request appears in its corpus; the replayed train sessions never touch a held-out file
     assert base["steps"] == 20 and base["windows"] > 24 and base["final_loss"] > 0
     pre_text = "".join(f.read_text() for f in (out / "base" / "sessions").rglob("*.jsonl"))
-    held_paths = {json.loads(x)["message"]["content"][0]["input"]["file_path"] for f in (out / "data" / "sessions" / "heldout").rglob("*.jsonl")
-                  for x in f.read_text().splitlines() if '"name": "Edit"' in x}  # the targets (a decoy Read may name a train file)
-    assert held_paths and not any(p in pre_text for p in held_paths)
+    held = [json.loads(x) for f in (out / "data" / "sessions" / "heldout").rglob("*.jsonl") for x in f.read_text().splitlines()]
+    held_asks = {r["message"]["content"] for r in held if r["type"] == "user" and isinstance(r["message"]["content"], str)}
+    held_paths = {r["message"]["content"][0]["input"]["file_path"] for r in held
+                  if r["type"] == "assistant" and r["message"]["content"][0].get("name") == "Edit"}  # the targets (a decoy Read may name a train file)
+    assert held_asks and not any(json.dumps(a)[1:-1] in pre_text for a in held_asks if "/" in a)
+    train_text = "".join(f.read_text() for f in (out / "data" / "sessions" / "train").rglob("*.jsonl"))
+    assert held_paths and not any(p in train_text for p in held_paths)
     # the data came through the normal stages: ingest, HTTP replay (two teachers per task state), pairs
     assert data["ingest"]["train"]["quarantine"] == 0 and data["ingest"]["heldout"]["trace_states"] > 0
     assert data["teacher_calls_http"] == data["replay"]["calls"] == 2 * data["task_states"]
