@@ -100,12 +100,16 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
     """Logits ``(B, C, V)`` predicting each of the ``C`` completion tokens (the last C columns)."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    c = completion_ids.size(1)
+    return last_token_logits(model, input_ids, attention_mask, completion_ids.size(1))
+
+
+def last_token_logits(model, input_ids, attention_mask, n: int) -> torch.Tensor:
+    """Logits ``(B, n, V)`` predicting the last ``n`` tokens of ``input_ids`` (left padding aware)."""
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_for(attention_mask),
-        logits_to_keep=c + 1,
+        logits_to_keep=n + 1,
         use_cache=False,
     )
     return out.logits[:, :-1, :]

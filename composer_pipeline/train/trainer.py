@@ -54,7 +54,7 @@ from composer_pipeline.train.losses import (
     completion_logps,
     dpo_sigmoid_loss,
     generalized_jsd,
-    position_ids_for,
+    last_token_logits,
     simpo_loss,
 )
 from composer_pipeline.train.modeling import load_policy, resolve_model_path
@@ -164,14 +164,7 @@ class ThreeChannelTrainer(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
             )
         with self.accelerator.autocast():
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids_for(attention_mask),
-                logits_to_keep=logits_to_keep + 1,
-                use_cache=False,
-            )
-        logits = out.logits[:, :-1, :]
+            logits = last_token_logits(model, input_ids, attention_mask, logits_to_keep)
         self._captured_logits = logits
         logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         completion_ids = input_ids[:, -logits_to_keep:]
