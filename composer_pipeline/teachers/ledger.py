@@ -217,7 +217,7 @@ class _SQLite:
             except sqlite3.DatabaseError as e:
                 if con is not None:
                     con.close()
-                if isinstance(e, sqlite3.OperationalError) and "locked" in str(e) and attempt < 49:
+                if self.retryable(e) and attempt < 49:
                     time.sleep(random.uniform(0.01, 0.05) * min(attempt + 1, 10))
                     continue
                 if "not a database" in str(e) and self._is_duckdb():
