@@ -42,6 +42,10 @@ class GRPOSection:
 class SDPOSection:
     jsd_beta: float = setting(0.5, help="generalized-JSD β: 0 forward KL(teacher‖student), 1 reverse KL(student‖teacher)")
     temperature: float = setting(1.0, help="softmax temperature for both distributions")
+    teacher: Literal["current", "initial"] = setting(
+        "initial", help="the hinted teacher: current (the policy being trained, SDPO's self-teacher) | initial (a frozen "
+        "copy of the starting policy, OPSD's step-0 teacher; with LoRA the adapters disabled): it cannot drift with the "
+        "student, so the two cannot meet at ignoring the hint")
     hint: HintTemplates = setting(factory=HintTemplates, help="corrective hint templates; fields {agent} {error} {consensus}")
 
 
@@ -53,6 +57,10 @@ class DPOSection:
     label_smoothing: float = setting(0.0, help="cDPO ε; 0 = plain DPO (first-step loss is exactly ln 2)")
     simpo_beta: float = setting(2.0, help="SimPO β (variant: simpo)")
     simpo_gamma: float = setting(0.5, help="SimPO target margin γ (variant: simpo)")
+    sft_weight: float = setting(
+        0.0, help="weight of a negative log-likelihood term on the chosen completions (token mean), added to the "
+        "preference loss: TRL's DPOConfig loss_type ['sigmoid', 'sft'] with loss_weights [1, w] (RPO, Pang et al. 2024, "
+        "arXiv:2404.19733); keeps the chosen answers likely while the margin grows. 0 = off")
     batch_size: int = setting(2, help="pairs per step")
     max_completion_tokens: int = setting(64, help="chosen/rejected answers keep their first N tokens")
 

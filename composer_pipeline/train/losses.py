@@ -12,6 +12,8 @@ Out: scalar losses (and per-row values where a caller logs them).
   conservative label smoothing (cDPO): ``-(1-ε)·logσ(βΔ) - ε·logσ(-βΔ)``.
 * :func:`simpo_loss` — SimPO (Meng et al. 2024): reference-free, length-normalised log-probs,
   ``-logσ(β·(avg_c - avg_r) - γ)``.
+* :func:`chosen_nll` — the RPO term (Pang et al. 2024): NLL of the chosen completions, token mean,
+  added to the preference loss with ``dpo.sft_weight``.
 * :func:`completion_logps` — sum (or mean) log-prob of the completion tokens of a
   ``[left-padded prompt | right-padded completion]`` batch, plus the position-id helper.
 
@@ -119,6 +121,18 @@ def token_logps(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.
     """Per-token log-prob of ``ids`` under ``logits / temperature`` (``(B, C)``)."""
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def chosen_nll(chosen_token_logps: torch.Tensor, chosen_mask: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of the chosen completions, a mean over all their tokens in the batch (as
+    TRL's DPO ``loss_type="sft"`` computes it): the RPO term (Pang et al. 2024, arXiv:2404.19733)."""
+    return -(chosen_token_logps * chosen_mask).sum() / chosen_mask.sum().clamp_min(1)
+
+
+def completion_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Per-token completion log-probs ``(B, C)``, 0 on padding."""
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return token_logps(logits, completion_ids) * completion_mask
 
 
 def completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, average: bool = False) -> torch.Tensor:

@@ -10,7 +10,9 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
 1. **GRPO** with verifiable rewards (:mod:`.rewards`) on real rollouts; TRL's ``loss_type``.
 2. **SDPO** hint self-distillation at error sites: the teacher is the same model, under no-grad,
    with a corrective hint (:mod:`.hints`) inserted in its context; the student is the policy
-   without it; generalized JSD (:func:`.losses.generalized_jsd`) over the tokens of the targeted
+   without it. ``sdpo.teacher`` picks which weights teach: ``current`` (the policy being trained,
+   SDPO's self-teacher) or ``initial`` (a frozen copy of the starting policy, OPSD's step-0 teacher:
+   it cannot drift with the student, so teacher and student cannot meet at ignoring the hint); generalized JSD (:func:`.losses.generalized_jsd`) over the tokens of the targeted
    message only (the completion span of error-site rows). The student logits are the ones of the
    GRPO forward (captured, not recomputed), so the channel costs one extra no-grad forward.
    Added to the objective (not blended as ``trl.experimental.sdpo`` does).
@@ -23,8 +25,7 @@ in ``off`` with its reason (its value is ``null``, never a silent 0).
 
 Data-parallel under torchrun/accelerate (:mod:`.distributed`: N ranks train one model on N shards;
 rank 0 writes the checkpoint). Deliberately simplified: no DeepSpeed/FSDP; the DPO batch cycles
-through the pairs in a fixed order; the hint teacher is the *current* policy (OPSD uses the
-step-0 policy as teacher).
+through the pairs in a fixed order; no EMA teacher (SDPO's regularized teacher) between the two.
 
 The package is split the way TRL's is: the recipe in :mod:`.config`, model loading in
 :mod:`.modeling`, data and tokenization in :mod:`.data`, loss math in :mod:`.losses`, this trainer here.
@@ -50,8 +51,10 @@ from composer_pipeline.train import distributed
 from composer_pipeline.train.config import TrainRecipe, Weights
 from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
 from composer_pipeline.train.losses import (
+    chosen_nll,
     completion_logits,
     completion_logps,
+    completion_token_logps,
     dpo_sigmoid_loss,
     generalized_jsd,
     last_token_logits,
@@ -87,13 +90,15 @@ class ThreeChannelTrainer(GRPOTrainer):
     """TRL's GRPOTrainer plus the SDPO and DPO channels, added in ``_compute_loss``. Every TRL method
     overridden here is pinned (signature, call points) by ``tests/train/test_trl_pins.py``."""
 
-    def __init__(self, *args, channels: ChannelState, recipe: TrainRecipe, dpo_batches: list[dict], dpo_ref_model, **kw):
+    def __init__(self, *args, channels: ChannelState, recipe: TrainRecipe, dpo_batches: list[dict], start_copy, **kw):
         super().__init__(*args, **kw)
         self.channels = channels
         self.recipe = recipe
         self.dpo_batches = dpo_batches
         self._dpo_i = 0
-        self.dpo_ref_model = dpo_ref_model.to(self.accelerator.device) if dpo_ref_model is not None else None
+        # frozen copy of the starting policy: DPO's reference and the `initial` hint teacher (None with
+        # LoRA, where the adapters disabled are the starting policy, or when neither needs it)
+        self.start_copy = start_copy.to(self.accelerator.device) if start_copy is not None else None
         self._capture = False
         self._captured_logits = None
         self.pending: list[dict[str, Any]] = []
@@ -184,18 +189,34 @@ class ThreeChannelTrainer(GRPOTrainer):
         b = self._next_dpo_batch()
         args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         n = b["prompt_ids"].size(0) // 2
+        mask = b["completion_mask"]
         with self.accelerator.autocast():
+            tok_lp = completion_token_logps(model, *args)
+            pol = tok_lp.sum(-1)
             if r.variant == "simpo":
-                avg = completion_logps(model, *args, average=True)
-                return simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
-            pol = completion_logps(model, *args)
-            with torch.no_grad():
-                if self.dpo_ref_model is not None:
-                    ref = completion_logps(self.dpo_ref_model, *args)
-                else:  # LoRA: the reference is the base model, adapters disabled
-                    with self.accelerator.unwrap_model(model).disable_adapter():
-                        ref = completion_logps(model, *args)
-        return dpo_sigmoid_loss(pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing)
+                avg = pol / mask.sum(-1).clamp_min(1)
+                loss, margins = simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
+            else:
+                with torch.no_grad():
+                    ref = self._at_start(model, completion_logps, *args)
+                loss, margins = dpo_sigmoid_loss(pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing)
+        nll = chosen_nll(tok_lp[:n], mask[:n]) if r.sft_weight else None
+        if nll is not None:
+            loss = loss + r.sft_weight * nll
+        return loss, margins, nll
+
+    def _at_start(self, model, fn, *args):
+        """``fn(starting policy, *args)``: the frozen copy, or with LoRA the model with its adapters disabled."""
+        if self.start_copy is not None:
+            return fn(self.start_copy, *args)
+        with self.accelerator.unwrap_model(model).disable_adapter():
+            return fn(model, *args)
+
+    def _hint_teacher_logits(self, model, hint_ids, hint_mask, c_ids, c_mask):
+        """The hinted teacher's logits on the student's completion tokens (no grad)."""
+        if self.recipe.sdpo.teacher == "initial":
+            return self._at_start(model, completion_logits, hint_ids, hint_mask, c_ids, c_mask)
+        return completion_logits(model, hint_ids, hint_mask, c_ids, c_mask)
 
     def _compute_loss(self, model, inputs):
         ga = self.current_gradient_accumulation_steps
@@ -236,7 +257,7 @@ class ThreeChannelTrainer(GRPOTrainer):
                 else:
                     student = student[idx]
                 with torch.no_grad():
-                    teacher = completion_logits(model, hint_ids, hint_mask, c_ids, c_mask)
+                    teacher = self._hint_teacher_logits(model, hint_ids, hint_mask, c_ids, c_mask)
             jsd = generalized_jsd(student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature)
             if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
                 jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
@@ -247,12 +268,14 @@ class ThreeChannelTrainer(GRPOTrainer):
         self._captured_logits = None
 
         if self.channels.on("dpo"):
-            d, margins = self._dpo_loss(model)
+            d, margins, nll = self._dpo_loss(model)
             term = w.beta * d / ga
             total = term if total is None else total + term
             rec["dpo"] = float(d.detach())
             rec["dpo_margin"] = float(margins.mean())
             rec["dpo_accuracy"] = float((margins > 0).float().mean())
+            if nll is not None:  # the channel's loss is preference + sft_weight · this
+                rec["dpo_sft"] = float(nll.detach())
             rec["dpo_batch"] = self.dpo_batch_index
         if ddp:
             rec = self._reduce_record(rec)
@@ -263,7 +286,7 @@ class ThreeChannelTrainer(GRPOTrainer):
 
     def _reduce_record(self, rec: dict[str, Any]) -> dict[str, Any]:
         """This micro-batch's logged values over all ranks (each rank's term is 1/N of the global one)."""
-        keys = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy")
+        keys = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy", "dpo_sft")
         local = [rec.get(k, 0.0) for k in keys] + [rec.get("error_sites", 0)]
         summed = distributed.all_reduce_sum(local)
         for k, v in zip(keys, summed[:-1]):
@@ -298,7 +321,7 @@ def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
     rec["states"] = list(trainer.batch_states)
     if any("dpo_batch" in p for p in pend):
         rec["dpo_batches"] = sorted({p["dpo_batch"] for p in pend if "dpo_batch" in p})
-    for k in ("dpo_margin", "dpo_accuracy", "error_sites"):
+    for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "error_sites"):
         vals = [p[k] for p in pend if k in p]
         if vals:
             rec[k] = sum(vals) / len(vals)
@@ -415,9 +438,10 @@ def build_trainer(
     if rank.distributed:  # one model on N shards: every global batch below is split over the ranks
         distributed.per_rank_rows(recipe.dpo.batch_size, rank.world, "dpo.batch_size")
         dpo_batches = distributed.shard_dpo_batches(dpo_batches, rank.rank, rank.world)
-    ref = None
-    if "dpo" not in off and recipe.dpo.variant == "dpo" and not recipe.lora.enabled:
-        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    start_copy = None
+    needs_start = ("dpo" not in off and recipe.dpo.variant == "dpo") or ("sdpo" not in off and recipe.sdpo.teacher == "initial")
+    if needs_start and not recipe.lora.enabled:
+        start_copy = copy.deepcopy(policy).eval().requires_grad_(False)
     peft_config = None
     if recipe.lora.enabled:
         from peft import LoraConfig
@@ -470,7 +494,7 @@ def build_trainer(
             channels=ChannelState(weights=w, off_reasons=off),
             recipe=recipe,
             dpo_batches=dpo_batches,
-            dpo_ref_model=ref,
+            start_copy=start_copy,
         )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -541,6 +565,8 @@ def train(
         "reload_max_abs_logit_diff": reload_diff,
     }
     first_dpo = metrics["first"]["dpo"]
+    if first_dpo is not None and recipe.dpo.sft_weight:  # the sanity value is the preference part alone
+        first_dpo -= recipe.dpo.sft_weight * next(r["dpo_sft"] for r in losses if r.get("dpo_sft") is not None)
     if first_dpo is not None and recipe.dpo.variant == "dpo" and recipe.dpo.label_smoothing == 0:
         metrics["ln2_check"] = {"first_dpo_loss": first_dpo, "ln2": math.log(2), "ok": abs(first_dpo - math.log(2)) < 1e-3}
     (ckpt / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from composer_pipeline.train.losses import completion_logits, dpo_sigmoid_loss, generalized_jsd, simpo_loss
+from composer_pipeline.train.losses import chosen_nll, completion_logits, dpo_sigmoid_loss, generalized_jsd, simpo_loss
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.1, 0.5, 0.9, 1.0])
@@ -75,6 +75,18 @@ def test_dpo_sigmoid_is_ln2_when_policy_equals_reference():
     assert torch.all(margins == 0)
     better, _ = dpo_sigmoid_loss(pc + 1.0, pr, pc, pr, beta=0.1)
     assert better.item() < math.log(2)
+
+
+def test_chosen_nll_is_trls_sft_term():
+    """TRL's DPO ``loss_type="sft"``: ``-chosen_per_token_logps[chosen_mask.bool()].mean()`` (trl 1.16,
+    dpo_trainer.py): one mean over every chosen token of the batch, not a mean of per-row means."""
+    g = torch.Generator().manual_seed(3)
+    lp = -torch.rand(3, 6, generator=g) * 4
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
+    trl_value = -lp[mask.bool()].mean()
+    assert chosen_nll(lp * mask, mask).item() == pytest.approx(trl_value.item(), rel=1e-6)
+    per_row_mean = -((lp * mask).sum(-1) / mask.sum(-1)).mean()
+    assert abs(chosen_nll(lp * mask, mask).item() - per_row_mean.item()) > 1e-3  # the two differ here
 
 
 def test_simpo_formula():

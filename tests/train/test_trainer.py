@@ -104,6 +104,52 @@ def test_lora_dpo_uses_adapter_disabled_reference(tiny_model_dir, synth_store, t
     assert res.metrics["reload_max_abs_logit_diff"] == 0.0
 
 
+def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, synth_store, tmp_path):
+    """``dpo.sft_weight``: the channel's loss is the preference loss + w · NLL of the chosen answers (the
+    NLL logged as ``dpo_sft``); the ln 2 sanity check still reads the preference part."""
+    from dataclasses import replace
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = replace(r, dpo=replace(r.dpo, sft_weight=0.5))
+    res = train(synth_store, r, steps=2, out_dir=tmp_path)
+    first = res.losses[0]
+    assert first["dpo_sft"] > 0
+    assert first["dpo"] == pytest.approx(math.log(2) + 0.5 * first["dpo_sft"], abs=1e-4)
+    assert res.metrics["ln2_check"]["ok"]
+    assert all("dpo_sft" in rec for rec in res.losses)
+    plain = train(synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0), steps=1, out_dir=tmp_path / "plain")
+    assert "dpo_sft" not in plain.losses[0]  # off by default: plain DPO, as before
+
+
+@pytest.mark.parametrize("teacher", ["initial", "current"])
+def test_hint_teacher_is_the_frozen_start_or_the_live_policy(tiny_model_dir, synth_store, tmp_path, teacher):
+    """``sdpo.teacher: initial`` scores the hinted context with the starting weights however far the policy
+    has moved; ``current`` with the policy itself."""
+    from dataclasses import replace
+
+    from composer_pipeline.train.losses import completion_logits
+    from composer_pipeline.train.modeling import load_policy
+    from composer_pipeline.train.trainer import build_trainer
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=1.0, beta=0.0)
+    r = replace(r, sdpo=replace(r.sdpo, teacher=teacher))
+    built = build_trainer(synth_store, r, steps=1, out_dir=tmp_path)
+    tr = built.trainer
+    assert (tr.start_copy is not None) == (teacher == "initial")  # no copy is made when nothing needs one
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the policy has moved away from the start
+    ids, mask = torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long)
+    c_ids, c_mask = torch.tensor([[9, 10, 11]]), torch.ones(1, 3, dtype=torch.long)
+    got = tr._hint_teacher_logits(tr.model, ids, mask, c_ids, c_mask)
+    _, start = load_policy(str(tiny_model_dir))
+    with torch.no_grad():
+        at_start = completion_logits(start.eval(), ids, mask, c_ids, c_mask)
+        live = completion_logits(tr.model, ids, mask, c_ids, c_mask)
+    want, other = (at_start, live) if teacher == "initial" else (live, at_start)
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, other, atol=1e-3)
+
+
 def test_absent_inputs_are_reported_off(tiny_model_dir, tmp_path):
     import pyarrow as pa
     from composer_pipeline.testing.synthetic_train import pair_rows
