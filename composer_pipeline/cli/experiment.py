@@ -17,7 +17,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("read-before-edit", help="does training teach Read before Edit on held-out states?")
     r.add_argument("--out", required=True, help="output directory (data stores, checkpoints, results, plots)")
     r.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick: 1)")
-    r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 40; --quick: 20)")
+    r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 60; --quick: 20)")
     r.add_argument("--model", default=None, help="tiny | local:smollm2-135m-instruct | a model path (default tiny)")
     r.add_argument("--quick", action="store_true", help="tiny model, 1 seed, small sizes (<= 10 min on 2 CPU cores)")
     r.add_argument("--arms", default=None, help="comma-separated subset of start,grpo,sdpo,dpo,all")
@@ -28,6 +28,10 @@ def register(subparsers) -> None:
                    help="--model tiny: steps training the tiny base model from scratch on generated sessions")
     r.add_argument("--pretrain-sessions", type=int, default=None, help="--model tiny: sessions the base model reads")
     r.add_argument("--lora", action="store_true", help="train LoRA adapters in the arms (large models on CPU)")
+    r.add_argument("--hint-teacher", choices=["initial", "current"], default=None,
+                   help="the hint channel's teacher: the frozen start policy (default) or the policy being trained")
+    r.add_argument("--dpo-sft-weight", type=float, default=None,
+                   help="weight of the NLL term on chosen answers beside the DPO loss (default 1.0; 0 = plain DPO)")
     r.set_defaults(func=run)
 
 
@@ -38,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     kw = {"seeds": args.seeds, "steps": args.steps, "model": args.model, "train_sessions": args.train_sessions,
           "heldout_sessions": args.heldout_sessions, "sft_steps": args.sft_steps,
-          "pretrain_steps": args.pretrain_steps, "pretrain_sessions": args.pretrain_sessions}
+          "pretrain_steps": args.pretrain_steps, "pretrain_sessions": args.pretrain_sessions,
+          "hint_teacher": args.hint_teacher, "dpo_sft_weight": args.dpo_sft_weight}
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if args.quick:

@@ -51,33 +51,80 @@ def _session_text(root: Path) -> list[str]:
     return texts
 
 
-def _windows(store_root: Path, tokenizer, max_tokens: int) -> list[list[int]]:
+# errors a hint may name: drawn independently of the step, so that what the hint teaches is "take the
+# step it names", not which error calls for which step (that rule is what the arms must learn)
+_HINT_ERRORS = [
+    "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>",
+    "<tool_use_error>String to replace not found in file.</tool_use_error>",
+    "Error: File does not exist.",
+    "Error: Permission denied",
+]
+
+
+def _hint_for(action, rng: random.Random, templates) -> str | None:
+    """A hint in the trainer's own format (``train.hints.build_hint``) whose "better next step" is
+    ``action``: the failed step named in it is the other tool on the same file, its error drawn from
+    :data:`_HINT_ERRORS`. None for an action without a file tool call."""
+    from composer_pipeline.actions import Action, ToolCall
+    from composer_pipeline.train.hints import build_hint
+
+    call = action.tool_calls[0] if action.tool_calls else None
+    path = call.arguments.get("file_path") if call else None
+    if not path:
+        return None
+    if call.name == "Read":
+        key = rng.choice(["PORT", "LIMIT", "DEPTH", "BATCH"])
+        a, b = rng.sample(range(2, 99), 2)
+        other = ToolCall("Edit", {"file_path": path, "old_string": f"{key} = {a}", "new_string": f"{key} = {b}"}, "call_0")
+    else:
+        other = ToolCall("Read", {"file_path": path}, "call_0")
+    error_after = json.dumps([{"tool_name": other.name, "content": rng.choice(_HINT_ERRORS)}])
+    return build_hint(Action(tool_calls=(other,)).to_json(), error_after, action.to_json(), templates)
+
+
+def _windows(store_root: Path, tokenizer, max_tokens: int, hint_share: float = 0.0, seed: int = 0, templates=None) -> list[list[int]]:
+    """One token window per agent step: its prompt (last ``max_tokens`` tokens) and the agent's action.
+    A ``hint_share`` of the steps get a corrective hint before the action, in the trainer's format,
+    naming exactly the action that follows (whatever it is, right or wrong by the rule)."""
     from composer_pipeline.actions import Action
     from composer_pipeline.train.data import load_train_data, render_prompt
-    from composer_pipeline.train.hints import HintTemplates
+    from composer_pipeline.train.hints import HintTemplates, with_hint
 
+    templates = templates or HintTemplates()
+    rng = random.Random(f"hints|{seed}")
     eos = tokenizer.eos_token or ""
     out = []
-    for r in load_train_data(str(store_root), heldout_fraction=0.0, hints=HintTemplates()).prompts:
-        text = render_prompt(tokenizer, r.messages, r.tools, max_tokens) + Action.from_json(r.agent_action).to_text() + eos
+    for r in load_train_data(str(store_root), heldout_fraction=0.0, hints=templates).prompts:
+        action = Action.from_json(r.agent_action)
+        messages = r.messages
+        if hint_share and rng.random() < hint_share:
+            hint = _hint_for(action, rng, templates)
+            if hint is not None:
+                messages = with_hint(messages, hint, templates.role)
+        text = render_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text() + eos
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 
 
 def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, layers: int = 4, vocab_size: int = 1024, lr: float = 3e-3,
-                  batch_size: int = 16, max_tokens: int = 160, seed: int = 0, every: int = 50, on_step=None) -> Path:
+                  batch_size: int = 16, max_tokens: int = 160, hint_share: float = 0.25, hint_templates=None, seed: int = 0,
+                  every: int = 50, on_step=None) -> Path:
     """Train the tiny base model from scratch; returns its directory (reused when already trained
     with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
     import torch
 
     from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
     from composer_pipeline.tiny_model import build_tiny_model
+    from composer_pipeline.train.hints import HintTemplates
     from composer_pipeline.train.modeling import load_policy
 
+    templates = hint_templates or HintTemplates()
     work = Path(work)
     model_dir = work / "model"
     settings = {"sessions": sessions, "steps": steps, "hidden": hidden, "layers": layers, "vocab_size": vocab_size, "lr": lr,
-                "batch_size": batch_size, "max_tokens": max_tokens, "seed": seed, "corpus": "pretrain-split", "path_words": True}
+                "batch_size": batch_size, "max_tokens": max_tokens, "hint_share": hint_share,
+                "hint_template": templates.with_consensus, "seed": seed,
+                "corpus": "pretrain-split-v2", "path_words": True}
     meta = work / "pretrain.json"
     if meta.is_file() and (model_dir / "config.json").is_file() and json.loads(meta.read_text())["settings"] == settings:
         return model_dir
@@ -86,9 +133,9 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     write_sessions(work / "sessions", sessions, "pretrain", seed=1000 + seed)  # the replayed ones use seed 0
     ingest_sessions(work / "sessions", work / "store")
     build_tiny_model(work / "init", vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed,
-                     corpus=_session_text(work / "sessions"), path_words=True)
+                     corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS], path_words=True)
     tok, model = load_policy(str(work / "init"))
-    seqs = _windows(work / "store", tok, max_tokens)
+    seqs = _windows(work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates)
     if not seqs:
         raise ValueError(f"no sessions to pretrain on under {work / 'store'}")
     torch.manual_seed(seed)

@@ -50,9 +50,9 @@ class ExperimentConfig:
     out: Path
     model: str = "tiny"  # tiny | local:smollm2-135m-instruct | a path
     seeds: int = 3
-    steps: int = 30  # trainer steps per arm
+    steps: int = 60  # trainer steps per arm
     train_sessions: int = 48
-    heldout_sessions: int = 16
+    heldout_sessions: int = 40  # ~60 unread and ~60 read probe states: one state moves a share by < 0.02
     sft_steps: int = 200
     sft_lr: float = 1e-3
     prompt_tokens: int = 160  # policy prompts keep their last N tokens (fitting, arms, probes)
@@ -62,6 +62,12 @@ class ExperimentConfig:
     eval_every: int = 10
     lora: bool = False
     arms: tuple[str, ...] = tuple(ARMS)
+    # the hinted teacher of the sdpo channel: the frozen start policy (a teacher that moves with the
+    # student let this tiny model collapse, teacher and student agreeing on one broken answer: bench/RESULTS.md)
+    hint_teacher: str = "initial"
+    # RPO's NLL term on the chosen answers beside the DPO loss (plain DPO broke this tiny model's output
+    # format within 60 steps: the margin grew by pushing both answers down)
+    dpo_sft_weight: float = 1.0
 
     @classmethod
     def quick(cls, out: Path, **kw) -> "ExperimentConfig":
@@ -147,8 +153,25 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         "error_sites": len(err_ids), "ingest": counts,
         "edit_first_sessions": sum(p.edit_first for p in train_plans), "train_sessions": len(train_plans),
         "task_states": len(task), "teacher_calls_http": calls, "replay": {k: res.summary[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
-        "pairs": norm.kept.num_rows, "positives": pairs.positives.num_rows, "dropped": norm.dropped.num_rows,
+        "pairs": norm.kept.num_rows, "pair_kinds": _pair_kinds(norm.kept), "positives": pairs.positives.num_rows,
+        "dropped": norm.dropped.num_rows,
     }
+
+
+def _pair_kinds(pairs) -> dict[str, int]:
+    """How many pairs prefer which tool over which (``"Read over Edit"``): both directions are needed,
+    or DPO learns "always X" instead of the rule."""
+    from composer_pipeline.actions import Action
+
+    def tool(js: str) -> str:
+        a = Action.from_json(js)
+        return a.tool_calls[0].name if a.tool_calls else "text"
+
+    kinds: dict[str, int] = {}
+    for c, r in zip(pairs.column("chosen").to_pylist(), pairs.column("rejected").to_pylist()):
+        k = f"{tool(c)} over {tool(r)}"
+        kinds[k] = kinds.get(k, 0) + 1
+    return dict(sorted(kinds.items()))
 
 
 # -- held-out probe -----------------------------------------------------------------------------------
@@ -232,7 +255,8 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
                 # 96 tokens hold a whole Edit call (~80 with the tiny tokenizer): a shorter limit cuts every
                 # Edit rollout into an unparseable one and so rewards reading everywhere
                 grpo=replace(r.grpo, max_completion_length=96, num_generations=4, prompts_per_step=2),
-                dpo=replace(r.dpo, max_completion_tokens=96),
+                dpo=replace(r.dpo, max_completion_tokens=96, sft_weight=cfg.dpo_sft_weight),
+                sdpo=replace(r.sdpo, teacher=cfg.hint_teacher),
                 lora=LoraSection(enabled=cfg.lora, r=16, alpha=32) if cfg.lora else r.lora)
     return r
 
@@ -259,7 +283,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
         from composer_pipeline.experiments.pretrain import pretrain_base
 
         base_model = str(pretrain_base(out / "base", sessions=cfg.pretrain_sessions, steps=cfg.pretrain_steps,
-                                       max_tokens=cfg.prompt_tokens))
+                                       max_tokens=cfg.prompt_tokens, hint_templates=base.sdpo.hint))
         meta = json.loads((out / "base" / "pretrain.json").read_text())
         emit(json.dumps({"base": {**meta["settings"], "windows": meta["windows"], "seconds": meta["seconds"],
                                   "final_loss": meta["curve"][-1]["loss"]}}))

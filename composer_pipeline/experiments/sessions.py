@@ -7,7 +7,10 @@ Out: ``<dir>/-home-dev-app/<session uuid>.jsonl`` files that ``composer-pipeline
 
 Each session: a user asks to change one value in one file. Half of the agents call ``Edit`` first and
 get Claude Code's real error (``File has not been read yet. Read it first before writing to it.``),
-then ``Read`` and ``Edit`` again; the other half read first. Before the request some sessions hold
+then ``Read`` and ``Edit`` again; the other half read first. Independently, half of the agents read
+the file a second time before editing it: a wasted step where the teachers edit. So the agents err
+both ways (too early an edit, too many reads), the pairs say both "Read, not Edit" and "Edit, not
+Read", and "always Read" is as wrong as "always Edit". Before the request some sessions hold
 history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "some file was read"
 does not mean "the target was read"). Every session runs in ``/home/dev/app``. A held-out session
 edits a (directory, file name) pair no train session touches, with request wording of its own, so
@@ -65,7 +68,10 @@ _SPLITS = {
     },
 }
 PROJECT = "app"  # every session runs in /home/dev/app: the file inside it is what varies
-_EXTS = ["py", "ts", "go", "rs"]
+# each component of the repository is written in one language, as in a real monorepo: the extension
+# follows the directory. (With extensions drawn per session the tiny base model learned a prior for
+# `.go` instead of copying the requested one, which capped every strict metric: bench/RESULTS.md.)
+_EXT_OF_DIR = {"src/api": "py", "src/core": "py", "lib/net": "go", "app/models": "ts", "pkg/cache": "go", "tools/cli": "rs"}
 _KEYS = ["TIMEOUT", "RETRIES", "PORT", "BATCH", "LIMIT", "WORKERS", "DEPTH"]
 
 
@@ -79,6 +85,7 @@ class SessionPlan:
     old: str
     new: str
     edit_first: bool
+    reread: bool  # read the target a second time before editing it (a wasted step; teachers edit there)
     history: str  # none | ls | decoy_read
 
 
@@ -139,7 +146,8 @@ def _edit(w: _Writer, path: str, old: str, new: str, *, ok: bool) -> None:
         w.tool("Edit", inp, f"<tool_use_error>{NOT_READ}</tool_use_error>", f"Error: {NOT_READ}", error=True)
 
 
-def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_share: float = 0.5) -> list[SessionPlan]:
+def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_share: float = 0.5,
+                   reread_share: float = 0.5) -> list[SessionPlan]:
     """Write ``n`` sessions of ``split`` (``train`` / ``heldout`` / ``pretrain``) under ``root``; returns their plans."""
     if split not in _SPLITS:
         raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
@@ -151,12 +159,14 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         project = PROJECT
         cwd = f"/home/dev/{project}"
         sid = str(uuid.UUID(int=rng.getrandbits(128)))
-        (d, name), ext = rng.choice(pool["files"]), rng.choice(_EXTS)
+        d, name = rng.choice(pool["files"])
+        ext = _EXT_OF_DIR[d]
         path = f"{cwd}/{d}/{name}.{ext}"
         key = rng.choice(_KEYS)
         a, b = rng.sample(range(2, 99), 2)
         old, new = f"{key} = {a}", f"{key} = {b}"
         edit_first = rng.random() < edit_first_share
+        reread = rng.random() < reread_share
         history = rng.choice(["none", "ls", "decoy_read"])
         w = _Writer(sid, cwd, datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc) + timedelta(minutes=i))
         if history != "none":
@@ -170,13 +180,16 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         w.user(rng.choice(pool["asks"]).format(key=key, old=a, new=b, path=path))
         if edit_first:
             _edit(w, path, old, new, ok=False)
-        _read(w, path, _file_body(key, str(a), rng))
+        body = _file_body(key, str(a), rng)
+        _read(w, path, body)
+        if reread:
+            _read(w, path, body)
         _edit(w, path, old, new, ok=True)
         w.say(f"Done: {key} is {b} in {path}.")
         out = root / f"-home-dev-{project}" / f"{sid}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(w.lines) + "\n")
-        plans.append(SessionPlan(sid, project, path, old, new, edit_first, history))
+        plans.append(SessionPlan(sid, project, path, old, new, edit_first, reread, history))
     return plans
 
 
