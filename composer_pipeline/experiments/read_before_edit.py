@@ -332,23 +332,34 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     return {"results": results, "table": table, "seconds": time.perf_counter() - t0, "data": data_info, "out": str(out)}
 
 
-def _mean_std(xs: list[float]) -> str:
+def _mean_std(xs: list[float], *, signed: bool = False, digits: int = 3) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
         return "n/a"
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return f"{m:.3f} ± {sd:.3f}"
+    return f"{m:{'+' if signed else ''}.{digits}f} ± {sd:.{digits}f}"
 
 
 def summary_table(results: list[dict]) -> str:
-    lines = ["| arm | seeds | read_when_unread | edit_when_read | read tool (any path) | edit tool (any path) | steps | seconds |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Mean ± std over seeds per arm, and each arm's change from the start policy *of the same seed*
+    (paired: the seeds' start policies differ more than most arms move them)."""
+    start = {r["seed"]: r for r in results if r["arm"] == "start"}
+
+    def delta(rs: list[dict], key: str) -> str:
+        ds = [r[key] - start[r["seed"]][key] for r in rs if r["seed"] in start and r[key] is not None and start[r["seed"]][key] is not None]
+        return _mean_std(ds, signed=True) if ds else "n/a"
+
+    lines = ["| arm | seeds | read_when_unread | edit_when_read | Δ read_when_unread | Δ edit_when_read | read tool (any path) "
+             "| edit tool (any path) | steps | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in dict.fromkeys(r["arm"] for r in results):
         rs = [r for r in results if r["arm"] == arm]
+        d_read, d_edit = ("—", "—") if arm == "start" else (delta(rs, "read_when_unread"), delta(rs, "edit_when_read"))
         lines.append(f"| {arm} | {len(rs)} | {_mean_std([r['read_when_unread'] for r in rs])} | {_mean_std([r['edit_when_read'] for r in rs])} "
+                     f"| {d_read} | {d_edit} "
                      f"| {_mean_std([r['read_tool_when_unread'] for r in rs])} | {_mean_std([r['edit_tool_when_read'] for r in rs])} "
-                     f"| {rs[0]['steps']} | {_mean_std([r['seconds'] for r in rs])} |")
+                     f"| {rs[0]['steps']} | {_mean_std([r['seconds'] for r in rs], digits=0)} |")
     return "\n".join(lines)
 
 
