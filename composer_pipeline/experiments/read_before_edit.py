@@ -377,7 +377,10 @@ def plot_curves(curves: dict[str, list[list[dict]]], path: Path) -> Path:
             for s in steps:
                 vals = [p[key] for run in runs for p in run if p["step"] == s and p[key] is not None]
                 ys.append(sum(vals) / len(vals) if vals else float("nan"))
-            ax.plot(steps, ys, marker="o", label=arm)
+            if len(steps) == 1:  # an arm that does not train (start): its level as a reference line
+                ax.axhline(ys[0], linestyle="--", color="grey", label=arm)
+            else:
+                ax.plot(steps, ys, marker="o", label=arm)
         ax.set_title(f"held-out {key} (mean over seeds)")
         ax.set_xlabel("trainer step")
         ax.set_ylim(-0.05, 1.05)
