@@ -137,9 +137,7 @@ def completion_token_logps(model, prompt_ids, prompt_mask, completion_ids, compl
 
 def completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, average: bool = False) -> torch.Tensor:
     """Per-sequence summed (or mean, ``average=True``) completion log-probs ``(B,)``."""
-    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    lp = token_logps(logits, completion_ids) * completion_mask
-    total = lp.sum(-1)
+    total = completion_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask).sum(-1)
     if average:
         return total / completion_mask.sum(-1).clamp_min(1)
     return total

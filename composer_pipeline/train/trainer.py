@@ -12,13 +12,15 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
    with a corrective hint (:mod:`.hints`) inserted in its context; the student is the policy
    without it. ``sdpo.teacher`` picks which weights teach: ``current`` (the policy being trained,
    SDPO's self-teacher) or ``initial`` (a frozen copy of the starting policy, OPSD's step-0 teacher:
-   it cannot drift with the student, so teacher and student cannot meet at ignoring the hint); generalized JSD (:func:`.losses.generalized_jsd`) over the tokens of the targeted
-   message only (the completion span of error-site rows). The student logits are the ones of the
+   it cannot drift with the student, so teacher and student cannot meet at ignoring the hint).
+   Generalized JSD (:func:`.losses.generalized_jsd`) over the tokens of the targeted message only
+   (the completion span of error-site rows). The student logits are the ones of the
    GRPO forward (captured, not recomputed), so the channel costs one extra no-grad forward.
    Added to the objective (not blended as ``trl.experimental.sdpo`` does).
 3. **DPO** on the normalized pairs against a frozen copy of the starting policy (reference log-probs
    computed every step, never cached constants; with LoRA the reference is the adapter-disabled
-   base), or **SimPO** (reference-free) as a switch.
+   base), or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
+   answers (under DDP: the mean of each rank's token mean).
 
 Each step's per-channel losses are logged; a channel with weight 0 or with no inputs is reported
 in ``off`` with its reason (its value is ``null``, never a silent 0).
