@@ -69,11 +69,14 @@ def _parts(session_key: str) -> tuple[str, str, int]:
     return project_name(session_key), ident, ID_LEN if _UUIDISH.fullmatch(stem) else min(len(ident), NAME_MAX)
 
 
+def _first_key(project: str, ident: str, start: int) -> str:
+    return f"{project}/{ident[:start].rstrip('-')}"
+
+
 def first_candidate(session_key: str) -> str:
     """The key a session gets when no other session's id starts like its own; every later candidate
     starts with it."""
-    project, ident, start = _parts(session_key)
-    return f"{project}/{ident[:start].rstrip('-')}"
+    return _first_key(*_parts(session_key))
 
 
 def candidates(session_key: str) -> list[str]:
@@ -130,7 +133,7 @@ class KeyMap:
         self._lengths: dict[str, set[int]] = defaultdict(set)
         for s in self.session_keys:
             project, ident, start = self._parts(s)
-            first = f"{project}/{ident[:start].rstrip('-')}"  # (first_candidate)
+            first = _first_key(project, ident, start)
             self._first[first].append(s)
             self._lengths[project].add(len(first) - len(project) - 1)
         shorts, taken = [], set()
@@ -207,8 +210,7 @@ class KeyMap:
         for s in self.session_keys:
             if s in self.partition_of:
                 continue
-            project, ident, start = self._parts(s)
-            for c in _lazy_candidates(s, f"{project}/{ident[:start].rstrip('-')}"):
+            for c in _lazy_candidates(s, _first_key(*self._parts(s))):
                 if c not in used and self.holders(c) == [s]:
                     break
             else:  # the last candidate carries a hash of the whole session key: not reached in practice

@@ -308,11 +308,12 @@ def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
     out = []
     for i in range(0, len(pairs), bs):
         chunk = pairs[i : i + bs]
+        shared = [tokenizer(render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens),
+                            add_special_tokens=False)["input_ids"] for p in chunk]  # one prompt per pair, both sides
         prompts, comps = [], []
         for side in ("chosen_text", "rejected_text"):
-            for p in chunk:
-                text = render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens)
-                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            for p, prompt in zip(chunk, shared):
+                prompts.append(prompt)
                 c = tokenizer(getattr(p, side) + eos, add_special_tokens=False)["input_ids"]
                 comps.append(c[: recipe.dpo.max_completion_tokens])
         pw, cw = max(map(len, prompts)), max(map(len, comps))
