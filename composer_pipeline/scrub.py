@@ -5,8 +5,12 @@ Out: the same text with every secret replaced, plus per-kind counts in ``Scrubbe
 
 Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column (content, raw line,
 quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
-the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, or the doubled
-escapes of a JSON document nested in a string, matches; see ``_start``). Replacements contain no
+the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, the doubled
+escapes of a JSON document nested in a string, or a URL's percent-escape ``%20`` / ``%2F`` / ``%3D``,
+matches; see ``_start``). A URL-encoded key itself is caught as far as encoding changes it: the
+built-in token formats consist of characters URL encoders leave alone (letters, digits, ``-_.``), a
+Slack webhook URL is also matched with ``%2F`` for ``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for
+``:`` / ``=`` / a quote) counts as an assignment (its value up to the next ``&``); a PEM block whose blanks became ``%20`` is not caught. Replacements contain no
 quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
 valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret and, with Hyperscan, which kinds; only those kinds' exact
@@ -37,7 +41,9 @@ import pyarrow as pa
 # redaction). An escape of an ASCII letter *inside* a key (``s\u006b-...``) is not decoded: no JSON
 # encoder writes one (JSON.stringify, orjson and json.dumps escape only quotes, backslashes, control
 # characters and, optionally, non-ASCII).
-_ESCAPE_BEFORE = r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4}))"  # case-sensitive even in a (?i) pattern
+# A URL's percent-escape (``%20``, ``%2F``, ``%3D``, ``%0A``: a curl command, a logged URL) ends in a hex
+# digit too, and decodes to a separator: a key right after one matches as well.
+_ESCAPE_BEFORE = r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4})|(?<=%[0-9A-Fa-f]{2}))"  # case-sensitive even in (?i)
 
 
 def _start(cls: str) -> str:
@@ -49,14 +55,16 @@ def _keyed(cls: str, lit: str) -> str:
     """``_start(cls) + lit``, written literal first: the same matches, but ``re`` can then find candidates
     with its fast literal-prefix search instead of trying the lookbehinds at every offset (``lit``: a
     literal, or an alternation of literals of one length)."""
-    return (rf"(?:{lit})(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))))")
+    return (rf"(?:{lit})(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
+            rf"|(?<=%[0-9A-Fa-f]{{2}}(?:{lit}))))")
 
 
 # Between a secret-sounding name and its value: a quote (escaped at any depth: ``\"``, ``\\\"``), blanks
 # (a tab is ``\t`` in JSON), ``:`` or ``=``, blanks, a quote.
-_QUOTE = r"""(?:\\*[\"'])?"""
+_QUOTE = r"""(?:\\*[\"']|%2[27])?"""  # (%22 / %27: a URL-encoded quote)
 _BLANKS = r"(?:[ \t]|\\t)*"
-_SEP = _QUOTE + _BLANKS + "[:=]" + _BLANKS + _QUOTE
+# (``%3A`` / ``%3D``: the ``:`` / ``=`` of a URL-encoded query string, ``?q=DB_PASSWORD%3Dhunter22``)
+_SEP = _QUOTE + _BLANKS + "(?:[:=]|%3[AaDd])" + _BLANKS + _QUOTE
 
 # kind -> (regex source, prechecks). Every match of the regex contains a match of one precheck
 # (literals, or regexes that start with a literal so ``re`` can use its fast prefix search).
@@ -88,7 +96,9 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     ("openai_key", _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
     (
         "slack_token",
-        _keyed("[A-Za-z0-9]", "xox") + r"[abposr]-[A-Za-z0-9\-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
+        # (a webhook URL also URL-encoded, as a query parameter: ``/`` -> ``%2F``)
+        _keyed("[A-Za-z0-9]", "xox") + r"[abposr]-[A-Za-z0-9\-]{10,}"
+        r"|(?:https://)?hooks\.slack\.com(?:/|%2[Ff])services(?:/|%2[Ff])(?:[A-Za-z0-9/_\-]|%2[Ff])+",
         ("xox", r"hooks\.slack\.com"),
     ),
     ("google_api_key", _keyed("[A-Za-z0-9]", "AIza") + r"[0-9A-Za-z_\-]{35}", ("AIza",)),
@@ -129,7 +139,7 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("github_pat_[A-Za-z0-9_]{22}", False),
     (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
     (r"xox[abposr]-[A-Za-z0-9\-]{10}", False),
-    (r"hooks\.slack\.com/services/[A-Za-z0-9/_\-]", False),
+    (r"hooks\.slack\.com(?:/|%2[Ff])services(?:/|%2[Ff])[A-Za-z0-9/_\-%]", False),
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
     ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
@@ -340,10 +350,12 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 def starts_word(data: bytes, i: int) -> bool:
     """``_start("[A-Za-z0-9]")`` at offset ``i`` of ``data``: no letter or digit before it, or an escape
-    (backslash + ``nrtbf``, or ``\\uXXXX``) right before it."""
+    (backslash + ``nrtbf``, ``\\uXXXX``, or a URL's ``%XX``) right before it."""
     if i == 0 or data[i - 1] not in _ALNUM:
         return True
     if i >= 2 and data[i - 2] == 92 and data[i - 1] in b"nrtbf":
+        return True
+    if i >= 3 and data[i - 3] == 37 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape)
         return True
     return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4:i])
 

@@ -56,6 +56,12 @@ VARIANTS = [
     ("slack_token", "https://hooks.slack.com/services/T0AB12CD3/B0EF45GH6/Wh9Ook5Sl4ck8Url", "Wh9Ook5Sl4ck8Url"),
     ("password_assignment", "API_KEY=Ak9Assign4Value", "Ak9Assign4Value"),
     ("password_assignment", "client_secret: Cs8Assign3Value", "Cs8Assign3Value"),
+    # URL-encoded keys: the token formats are made of characters URL encoders keep (letters, digits,
+    # ``-_.``), so only these forms change under encoding
+    ("slack_token", "https%3A%2F%2Fhooks.slack.com%2Fservices%2FT0AB12CD3%2FB0EF45GH6%2FUr1Enc0dedHo0k9",
+     "Ur1Enc0dedHo0k9"),
+    ("password_assignment", "DB_PASSWORD%3DPw9UrlEnc0ded7", "Pw9UrlEnc0ded7"),
+    ("password_assignment", "%22api_key%22%3A%22Ak9UrlEnc0ded3%22", "Ak9UrlEnc0ded3"),
 ]
 SAMPLES = [(kind, key, frag) for kind, (key, frag) in KEYS.items()] + VARIANTS  # (kind, key, fragment)
 PER_KIND = {kind: sum(1 for k, _, _ in SAMPLES if k == kind) for kind in KEYS}
@@ -75,6 +81,13 @@ POSITIONS = {
     "after CR": "line one\r\n{k}",
     "after escaped non-ASCII": "pfeil\u2192{k}",
     "after backslash": "C:\\keys\\{k}",
+    # after a URL's percent-escape (a curl command, a logged URL): the escape ends in a hex digit
+    "after %20": "curl 'https://api.example.com/search?q=key%20{k}'",
+    "after %2F": "GET /v1/keys%2F{k} HTTP/1.1",
+    "after %3D": "next=%3Ftoken%3D{k}",
+    "after %3A": "header=Authorization%3A{k}",
+    "after %22": "body=%7B%22k%22%3A%22{k}%22%7D",
+    "after %0A": "text=line%0A{k}",
 }
 
 # must come through unchanged (decoded), wherever they stand
