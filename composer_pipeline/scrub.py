@@ -93,7 +93,14 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         (r"g(?:h[pousr]_|ithub_pat_)",),
     ),
     ("anthropic_key", _keyed("[A-Za-z0-9_]", "sk-") + r"ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
-    ("openai_key", _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
+    (
+        "openai_key",
+        # a bare sk-... after "-" is a near miss (task-sk-...); one with its proj-/svcacct-/admin- prefix
+        # is a key there too (Claude Code's project folder for a cwd /home/dev/sk-proj-...: -home-dev-sk-proj-...)
+        _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}"
+        r"|" + _keyed("[A-Za-z0-9_]", "sk-") + r"(?:proj-|svcacct-|admin-)[A-Za-z0-9_\-]{20,}",
+        ("sk-",),
+    ),
     (
         "slack_token",
         # (a webhook URL also URL-encoded, as a query parameter: ``/`` -> ``%2F``)

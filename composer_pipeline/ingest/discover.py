@@ -6,15 +6,24 @@ Out: one :class:`SessionFiles` per session: the main file plus its subagent file
 ``<session>/subagents/**/agent-*.jsonl``; 1.0.x inline sidechains live in the main file itself).
 
 ``key`` (the session key; the Dagster partition key is its short form, ``partition_keys.py``) is the main file's path relative to the root without
-``.jsonl``, ``/`` -> ``__``. Agent files whose parent session file is absent still form a session
+``.jsonl``, ``/`` -> ``__``. Names taken from paths (``key``, and :meth:`SessionFiles.rel`, the
+``source_file`` and ``stream_id`` of every row) are cleaned component by component (:func:`clean_name`):
+a secret in a directory or file name (Claude Code names a project folder after its ``cwd``) becomes
+``[REDACTED:<kind>]``, and a byte that is not UTF-8 (a file name from another encoding) becomes
+``%XX``; a changed component gets ``~`` + 8 hex of its original bytes' sha256, so two different
+names never clean to one key (deterministic: the same file keeps its key). Agent files whose parent session file is absent still form a session
 (``main_file=None``) keyed by where the parent would be, so nothing is dropped. A ``sessionId``
 holding a secret is not used (it would reach keys and paths unscrubbed): the file names its session.
+Symbolic links are not followed: a linked directory is not walked (``os.walk``), and a linked
+``.jsonl`` file is listed but not read (a quarantine row says so: ``parser.read_session_file``), so
+nothing outside the root is ingested; a file named on the command line is read where it leads.
 Deliberately simplified: non-``agent-*`` files under ``subagents/`` (workflow journals) and
 ``tool-results/`` blobs are not sessions and are skipped.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -38,18 +47,48 @@ class SessionFiles:
         return ([self.main_file] if self.main_file else []) + list(self.subagent_files)
 
     def rel(self, p: Path) -> str:
+        """``p`` relative to the root, ``/``-separated, cleaned (:func:`clean_name`): what rows record."""
         root, path = str(self.root), str(p)
         if path.startswith(root) and path[len(root):len(root) + 1] == os.sep:  # (pathlib's relative_to is slow)
-            return path[len(root) + 1:].replace(os.sep, "/")
-        return p.relative_to(self.root).as_posix()
+            return clean_name(path[len(root) + 1:].replace(os.sep, "/"))
+        return clean_name(p.relative_to(self.root).as_posix())
 
 
 def session_key(rel_without_suffix: str) -> str:
-    return rel_without_suffix.replace("\\", "/").replace("/", "__")
+    return clean_name(rel_without_suffix.replace("\\", "/")).replace("/", "__")
+
+
+# what Claude Code names files and folders: nothing in them to clean (the common case, skipped fast)
+# (a UUID, agent-<id>, or a name of 16 letters/digits: too short for any key)
+_PLAIN = re.compile(r"(?:agent-)?(?:[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|[0-9A-Za-z]{1,16})(?:\.jsonl)?")
+
+
+def clean_name(rel: str) -> str:
+    """A ``/``-separated relative path with each component cleaned (:func:`_clean_part`)."""
+    return "/".join(_clean_part(c) for c in rel.split("/"))
+
+
+@functools.lru_cache(maxsize=65536)  # a project's folder repeats for each of its files
+def _clean_part(part: str) -> str:
+    """One path component as ids may hold it: secrets redacted, undecodable bytes (``os`` hands them over
+    as lone surrogates) as ``%XX``; when that changed anything, ``~`` + 8 hex of the original bytes'
+    sha256 (before a ``.jsonl`` suffix), so distinct names stay distinct."""
+    if _PLAIN.fullmatch(part):
+        return part
+    stem, suffix = (part[:-6], ".jsonl") if part.endswith(".jsonl") else (part, "")
+    raw = os.fsencode(stem)
+    text = raw.decode("utf-8", "surrogateescape")
+    text = "".join(f"%{ord(ch) - 0xDC00:02X}" if "\udc80" <= ch <= "\udcff" else ch for ch in text)
+    text = _scrubber().scrub(text)
+    if text == stem:
+        return part
+    return f"{text}~{hashlib.sha256(raw).hexdigest()[:8]}{suffix}"
 
 
 def _head_session_id(p: str | Path) -> str | None:
     """The first ``sessionId`` in the first 64 KiB of a file (summary and snapshot records carry none)."""
+    if os.path.islink(p) or not os.path.isfile(p):  # not followed, not read (parser.read_session_file)
+        return None
     try:
         with open(p, "rb") as f:
             head = f.read(_FIRST_READ)
@@ -89,8 +128,8 @@ def _is_agent(name: str) -> bool:
 
 def discover_sessions(root: Path) -> list[SessionFiles]:
     root = Path(root)
-    if root.is_file():
-        return _discover_single(root)
+    if root.is_file():  # a file named by the user is read where its link (if it is one) leads
+        return _discover_single(Path(os.path.realpath(root)) if root.is_symlink() else root)
     if not root.is_dir():
         raise FileNotFoundError(f"no such trace path: {root}")
     # paths are handled as strings here (pathlib's parsing was most of the cost on many small files);
@@ -128,9 +167,8 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         # a file named <sessionId>.jsonl wins; otherwise the sessionId its first records carry
         # (a resumed session can start with records of the session it continues)
         by_sid: dict[str, str] = {n[: -len(".jsonl")]: dirpath + sep + n for n in mains}
-        for n in mains:
-            p = dirpath + sep + n
-            get(p, os.path.isfile(p))
+        for n in mains:  # (a symlink or special file too: reading it is refused with a reason, not skipped)
+            get(dirpath + sep + n, True)
         heads_read = False  # the main files' own sessionIds: read only for an agent file no file name matches
         for n in sorted(filenames):
             if not _is_agent(n):

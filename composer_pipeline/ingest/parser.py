@@ -252,10 +252,26 @@ def _valid_utf8(data: bytes) -> bool:
         return False
 
 
+NOT_FOLLOWED = "not read: a symbolic link (links in the trace root are not followed)"
+NOT_REGULAR = "not read: not a regular file"
+
+
 def read_session_file(path: Path) -> tuple[bytes | None, str | None]:
-    """A session file's bytes, or ``(None, reason)`` when it cannot be read (a quarantine row, line 0)."""
+    """A session file's bytes, or ``(None, reason)`` when it cannot be read (a quarantine row, line 0).
+    A symbolic link is not followed (it may lead out of the trace root: ``x.jsonl -> /etc/passwd``), and
+    only a regular file is read (a FIFO would block)."""
+    import os
+    import stat
+
     try:
-        return path.read_bytes(), None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return None, NOT_FOLLOWED if os.path.islink(path) else f"unreadable file: {e.strerror or e}"
+    try:
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, NOT_REGULAR
+            return f.read(), None
     except OSError as e:
         return None, f"unreadable file: {e.strerror or e}"
 

@@ -184,3 +184,74 @@ def test_agent_file_whose_id_names_no_file_goes_to_the_first_main_file_carrying_
         "proj__ffffffff-0000-4000-8000-000000000006": ([], "ffffffff-0000-4000-8000-000000000006.jsonl"),
         "proj__00000000": (["agent-a2.jsonl"], None),  # parent not here: a session of its own
     }
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_file_name_that_is_not_utf8_is_ingested_under_an_escaped_key(tmp_path, repo_root, engine):
+    """A session file named in another encoding (``os`` hands its bytes over as lone surrogates) used to
+    abort the whole ingest (exit 2, no rows for any session); now it is ingested under a key with the
+    byte as ``%XX`` and a hash of the original name, and every other session as before."""
+    import os
+    import shutil
+
+    from composer_pipeline.ingest import native
+
+    if engine == "native" and not native.AVAILABLE:
+        pytest.skip("the native engine is not built here")
+    src = repo_root / "composer_pipeline/samples/projects"
+    root = tmp_path / "p"
+    shutil.copytree(src, root)
+    calc = root / "-home-demo-calc"
+    bad_dir = os.fsencode(calc) + b"/caf\xe9-latin1.jsonl"  # "café" in Latin-1
+    shutil.copy(calc / "a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl", bad_dir)
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", os.fsencode(root), "--out", str(out),
+                        "--engine", engine], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    assert lines[-1]["files"] == 7 and lines[-1]["python_fallback_sessions"] == 0
+    keys = set(pq.read_table(out / "trace_states.parquet").column("session_key").to_pylist())
+    escaped = {k for k in keys if "caf%E9-latin1~" in k}
+    assert len(escaped) == 1 and SAMPLES_KEY_A in keys and SAMPLES_KEY_C in keys
+    (rep,) = [r for r in lines[:-1] if "caf%E9" in r["file"]]
+    assert rep["states"] > 0 and rep["file"].startswith("-home-demo-calc/caf%E9-latin1~")
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_links_and_special_files_in_the_root_are_reported_not_followed(tmp_path, repo_root, engine):
+    """``x.jsonl -> /etc/passwd`` put its lines into quarantine.text and a session outside the root was
+    ingested: a linked file is now listed with a quarantine row saying it was not followed, a FIFO is
+    not opened (it would block), and a linked directory is not walked."""
+    import os
+    import shutil
+
+    from composer_pipeline.ingest import native
+    from composer_pipeline.ingest.parser import NOT_FOLLOWED, NOT_REGULAR
+
+    if engine == "native" and not native.AVAILABLE:
+        pytest.skip("the native engine is not built here")
+    src = repo_root / "composer_pipeline/samples/projects/-home-demo-calc"
+    outside = tmp_path / "outside"
+    shutil.copytree(src, outside / "proj")
+    root = tmp_path / "root"
+    (root / "p").mkdir(parents=True)
+    shutil.copy(src / "a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl", root / "p")
+    (root / "p" / "x.jsonl").symlink_to("/etc/passwd")
+    (root / "p" / "y.jsonl").symlink_to(outside / "proj" / "c3d2e1f0-3333-4c4c-8c8c-000000000003.jsonl")
+    (root / "p" / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    (root / "linked").symlink_to(outside / "proj", target_is_directory=True)
+    os.mkfifo(root / "p" / "fifo.jsonl")
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(root), "--out", str(out),
+                        "--engine", engine], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    assert sorted(r["file"] for r in lines[:-1]) == [
+        "p/a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl", "p/fifo.jsonl", "p/gone.jsonl", "p/x.jsonl", "p/y.jsonl"]
+    q = pq.read_table(out / "quarantine.parquet").to_pylist()
+    reasons = {r["source_file"]: r["reason"] for r in q if r["line_no"] == 0}
+    assert reasons == {"p/x.jsonl": NOT_FOLLOWED, "p/y.jsonl": NOT_FOLLOWED, "p/gone.jsonl": NOT_FOLLOWED,
+                       "p/fifo.jsonl": NOT_REGULAR}
+    assert not any("root:" in r["text"] for r in q)
+    keys = set(pq.read_table(out / "trace_states.parquet").column("session_key").to_pylist())
+    assert keys == {"p__a1f0c3d2-1111-4a4a-8a8a-000000000001"}  # nothing from outside the root

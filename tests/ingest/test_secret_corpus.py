@@ -268,3 +268,58 @@ def test_a_secret_in_a_session_id_reaches_no_key_or_path(tmp_path):
     res = ingest_checked(sf)
     stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.file_reports])
     assert key not in stored and "[REDACTED:github_token]" in stored
+
+
+# Claude Code names a project folder after its cwd ("/" -> "-"): a key in the cwd is in the folder name
+CWD_KINDS = ["aws_access_key", "anthropic_key", "openai_key", "github_token", "google_api_key", "slack_token"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp_path, engine):
+    """The folder name becomes the session key, ``source_file``, ``stream_id`` and the partition key
+    (the Dagster store path, run tags, UI): each is cleaned; two folders that differ only in their key
+    keep distinct keys."""
+    from composer_pipeline.ingest.partition_keys import KeyMap
+    from resources.storage import ParquetUPathIOManager
+    from upath import UPath
+
+    root, sid = tmp_path / "traces", "c0ffee00-0000-4000-8000-000000000777"
+    folders = [f"-home-dev-{KEYS[kind][0]}" for kind in CWD_KINDS]
+    folders.append("-home-dev-" + KEYS["aws_access_key"][0].replace("QWERTY", "ZXCVBN"))  # same session file name
+    for folder in folders:
+        cwd = "/" + folder[1:].replace("-", "/", 2)
+        s = Session(sid=sid, cwd=cwd)
+        s.user("hello")
+        s.assistant(text("ok"), tool("Bash", "t1", command="ls"))
+        s.result("t1", "a b")
+        s.write(root / folder / f"{sid}.jsonl")
+        agent = Session(sid=sid, agent_id="a5ec0e7", sidechain=True, cwd=cwd)
+        agent.user("look")
+        agent.assistant(text("done"))
+        agent.write(root / folder / sid / "subagents" / "agent-a5ec0e7.jsonl")
+    frags = [KEYS[kind][1] for kind in CWD_KINDS] + ["ZXCVBNUIOPASDFGH"]
+
+    out = tmp_path / "out"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["ingest", str(root), "--out", str(out), "--engine", engine]) == 0
+    lines = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert lines[-1]["sessions"] == len(folders) and lines[-1]["python_fallback_sessions"] == 0
+    strings: list[str] = [buf.getvalue()]
+    for p in sorted(out.glob("*.parquet")):
+        _strings(pq.read_table(p).to_pylist(), strings)
+    states = pq.read_table(out / "trace_states.parquet")
+    session_keys = set(states.column("session_key").to_pylist())
+    assert len(session_keys) == len(folders)  # distinct after cleaning
+    assert all("[REDACTED:" in k for k in session_keys)
+    streams = set(pq.read_table(out / "trace_messages.parquet").column("stream_id").to_pylist())
+    assert len(streams) == 2 * len(folders) and all("[REDACTED:" in s for s in streams)  # main + agent streams
+
+    keys = KeyMap(session_keys).assign()
+    assert len(set(keys.values())) == len(folders)
+    io_manager = ParquetUPathIOManager(base_path=UPath(str(tmp_path / "store")))
+    paths = [str(io_manager.make_safe_partition_path(UPath(str(tmp_path / "store" / "trace_states")), pk))
+             for pk in keys.values()]
+    strings += list(keys.values()) + paths
+    bad = [f"{f!r} in {s[:160]!r}" for s in strings for f in frags if f in s]
+    assert not bad, bad[:5]
