@@ -7,13 +7,21 @@ Two layouts are read transparently, so every command works on what either front 
 
 S3 goes through s3fs (which honours ``AWS_ENDPOINT_URL``); DuckDB never touches the network:
 tables are read with pyarrow and registered as views (no httpfs extension download needed).
+
+Every Parquet file is written whole or not at all (:func:`staged`): locally to a temporary file in the
+same directory, renamed over the old one only once written and closed, so a failure (a full disk)
+leaves the previous output as it was, and the error names the file. On S3 an object is replaced
+only by a completed upload, so it is written in place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
+import secrets
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import IO, Iterable, Iterator
 
 import fsspec
 import pyarrow as pa
@@ -34,6 +42,59 @@ def default_store() -> str:
     import os
 
     return os.environ.get("COMPOSER_STORE") or DEFAULT_STORE
+
+
+def path_error(e: OSError, path: str) -> OSError:
+    """``e`` naming ``path`` (pyarrow's write errors name no file: ``error:: No space left on device``)."""
+    if getattr(e, "filename", None):
+        return e
+    return OSError(e.errno, e.strerror or str(e), path)
+
+
+@contextlib.contextmanager
+def staged(path: str) -> Iterator[str]:
+    """A temporary path beside the local file ``path``; renamed to ``path`` when the block ends without
+    an error, removed when it raises (the previous ``path`` stays whole). ``os.replace`` within one
+    directory is atomic on POSIX."""
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        yield tmp
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise path_error(e, path) from e
+
+
+@contextlib.contextmanager
+def open_replacing(fs: fsspec.AbstractFileSystem, path: str, where: str | None = None) -> Iterator[IO[bytes]]:
+    """A binary file that replaces ``path`` on ``fs`` only once written whole (:func:`staged` locally; an
+    object store's upload is all or nothing). An ``OSError`` names ``where`` (default ``path``)."""
+    try:
+        if _is_local(fs):
+            with staged(path) as tmp, open(tmp, "wb") as f:
+                yield f
+        else:
+            f = fs.open(path, "wb")
+            try:
+                yield f
+            except BaseException:  # not close(): that would upload what was written so far
+                f.discard()  # (s3fs: aborts a multipart upload)
+                f.closed = True
+                raise
+            f.close()
+    except OSError as e:
+        raise path_error(e, where or path) from e
+
+
+def _is_local(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
 def read_parquet(f, where: str, columns: Iterable[str] | None = None) -> pa.Table:
@@ -81,7 +142,7 @@ class Store:
     def write_table(self, name: str, table: pa.Table, partition: str | None = None) -> str:
         path = self.path(name, f"{partition}.parquet") if partition else self.path(f"{name}.parquet")
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        with self.fs.open(path, "wb") as f:
+        with open_replacing(self.fs, path, self._user_path(path)) as f:
             pq.write_table(table, f, compression="zstd")
         return path
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
-from composer_pipeline.store import Store
+from composer_pipeline.store import Store, open_replacing
 
 
 def _upath(root: str) -> UPath:
@@ -50,7 +50,8 @@ class ParquetUPathIOManager(dg.UPathIOManager):
             return
         if not isinstance(obj, pa.Table):
             raise TypeError(f"{context.asset_key.to_user_string()}: expected a pyarrow.Table, got {type(obj).__name__}")
-        with path.open("wb") as f:
+        # written whole or not at all: a failed write leaves the previous partition file as it was
+        with open_replacing(path.fs, path.path, str(path)) as f:
             pq.write_table(obj, f, compression="zstd")
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pa.Table:

@@ -32,26 +32,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _open_outputs(out: str, names) -> tuple[dict, str]:
-    """One writable file per table under ``out``, and the location to report.
+def _open_outputs(out: str, names, stack) -> tuple[dict, dict, str]:
+    """One writable file per table under ``out`` (closed by ``stack``), each table's path for errors, and
+    the location to report.
 
     A plain local path is opened natively (``pyarrow.OSFile``): no fsspec import (~0.07-0.15 CPU-s of
-    every start-up) and no Python callback per write. URLs (``s3://``, ``file://``) go through ``Store``.
+    every start-up) and no Python callback per write. Each is a temporary file renamed over
+    ``<name>.parquet`` only when ``stack`` closes without an error (``store.staged``), so a failed run
+    leaves the previous output whole. URLs (``s3://``, ``file://``) go through ``Store``.
     """
     if "://" not in out:
         import os
 
         import pyarrow as pa
 
+        from composer_pipeline.store import staged
+
         base = os.path.expanduser(out.rstrip("/") or "/")
         base = base if os.path.isabs(base) else os.path.abspath(base)  # as Store.url() spells it
         os.makedirs(base, exist_ok=True)
-        return {n: pa.OSFile(os.path.join(base, f"{n}.parquet"), "wb") for n in names}, base
-    from composer_pipeline.store import Store
+        paths = {n: os.path.join(base, f"{n}.parquet") for n in names}
+        tmps = {n: stack.enter_context(staged(paths[n])) for n in names}
+        return {n: stack.enter_context(pa.OSFile(tmps[n], "wb")) for n in names}, paths, base
+    from composer_pipeline.store import Store, open_replacing
 
     store = Store(out)
     store.fs.makedirs(store.base, exist_ok=True)
-    return {n: store.fs.open(store.path(f"{n}.parquet"), "wb") for n in names}, store.url()
+    paths = {n: store.url(f"{n}.parquet") for n in names}
+    return ({n: stack.enter_context(open_replacing(store.fs, store.path(f"{n}.parquet"), paths[n])) for n in names},
+            paths, store.url())
 
 
 def choose_arrow_allocator() -> None:
@@ -69,21 +78,45 @@ def choose_arrow_allocator() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import gc
-    from collections import Counter
-    from pathlib import Path
+    import contextlib
 
     choose_arrow_allocator()
-    import pyarrow.parquet as pq
-
-    from composer_pipeline import tables
-    from composer_pipeline.ingest.discover import discover_sessions
     from composer_pipeline.ingest.pipeline import TABLES, SessionIngester
     from composer_pipeline.ingest.recipe import IngestRecipe
 
     recipe = IngestRecipe.load(args.recipe)
     ingester = SessionIngester(recipe, args.engine)
-    handles, out_url = _open_outputs(args.out, TABLES)
+    with contextlib.ExitStack() as stack:  # the outputs replace the previous ones only if all are written
+        handles, paths, out_url = _open_outputs(args.out, TABLES, stack)
+        try:
+            totals, secrets, files = _ingest(args, ingester, handles)
+        except OSError as e:
+            from composer_pipeline.store import path_error
+
+            name = getattr(e, "table", None)
+            raise (path_error(e, paths[name]) if name else e) from e
+    engine = {"engine": ingester.engine, "python_fallback_sessions": sum(ingester.fallbacks.values())}
+    if ingester.fallbacks:
+        engine["python_fallback_reasons"] = dict(ingester.fallbacks)
+    print(json.dumps({"total": True, "files": files, **dict(totals), "secrets_scrubbed": dict(secrets), **engine,
+                      "out": out_url}))
+    sys.stdout.flush()
+    return 0
+
+
+def _ingest(args: argparse.Namespace, ingester, handles: dict):
+    """Every session of ``args.paths`` written to ``handles``; (totals, secrets, files). A failed write
+    is raised with ``.table`` set to the table being written."""
+    import gc
+    from collections import Counter
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from composer_pipeline import tables
+    from composer_pipeline.ingest.discover import discover_sessions
+    from composer_pipeline.ingest.pipeline import TABLES
+
     writers = {
         n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1,
                             use_dictionary=[c for c in DICTIONARY_COLUMNS if c in tables.SCHEMAS[n].names],
@@ -96,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         nonlocal frozen
         for n, t in ingester.take().items():
             if t.num_rows:
-                writers[n].write_table(t, row_group_size=max(t.num_rows, 1))
+                try:
+                    writers[n].write_table(t, row_group_size=max(t.num_rows, 1))
+                except OSError as e:
+                    e.table = n
+                    raise
         if not frozen:  # pyarrow has now imported pandas (at its first table): freeze those objects too
             gc.freeze()
             frozen = True
@@ -108,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     totals: Counter = Counter()
     secrets: Counter = Counter()
-    files = 0
+    files, done = 0, False
     try:
         for path in args.paths:
             for sf in discover_sessions(Path(path)):
@@ -124,14 +161,13 @@ def run(args: argparse.Namespace) -> int:
                 totals["sessions"] += 1
                 secrets.update(rep.secrets)
         flush()
+        done = True
     finally:
         for n in TABLES:
-            writers[n].close()
-            handles[n].close()
-    engine = {"engine": ingester.engine, "python_fallback_sessions": sum(ingester.fallbacks.values())}
-    if ingester.fallbacks:
-        engine["python_fallback_reasons"] = dict(ingester.fallbacks)
-    print(json.dumps({"total": True, "files": files, **dict(totals), "secrets_scrubbed": dict(secrets), **engine,
-                      "out": out_url}))
-    sys.stdout.flush()
-    return 0
+            try:
+                writers[n].close()  # (writes the footer) the handles are closed by the caller's stack
+            except OSError as e:
+                if done:  # (after an earlier error, that one is raised)
+                    e.table = n
+                    raise
+    return totals, secrets, files

@@ -255,3 +255,24 @@ def test_links_and_special_files_in_the_root_are_reported_not_followed(tmp_path,
     assert not any("root:" in r["text"] for r in q)
     keys = set(pq.read_table(out / "trace_states.parquet").column("session_key").to_pylist())
     assert keys == {"p__a1f0c3d2-1111-4a4a-8a8a-000000000001"}  # nothing from outside the root
+
+
+def _file_size_limit(limit: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_failed_write_leaves_the_previous_output_whole_and_names_the_file(tmp_path, repo_root):
+    """A write that fails (here: RLIMIT_FSIZE in the child, EFBIG, as a full disk gives ENOSPC) used to
+    truncate the previous good tables in place, with an error naming no file."""
+    samples = str(repo_root / "composer_pipeline/samples/projects")
+    out = tmp_path / "out"
+    run_cli(samples, "--out", str(out))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    limit = len(before["trace_messages.parquet"]) // 2
+    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", samples, "--out", str(out)],
+                       capture_output=True, text=True, preexec_fn=_file_size_limit(limit))
+    assert p.returncode == 1, p.stderr
+    assert f"error: {out / 'trace_messages.parquet'}: " in p.stderr and "File too large" in p.stderr, p.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # whole, and no temporary file left

@@ -137,3 +137,46 @@ def test_in_memory_views_and_markdown_for_dagster(samples_store):
     assert f"*… {len(v.prefix) - 2} earlier messages not shown*" in short and len(short) < len(md)
     text = format_view(v, width=100)
     assert f"state {v.state_id}" in text and all(len(ln) <= 100 for ln in text.splitlines()[:1])
+
+
+_WRITE_UNDER_A_LIMIT = """
+import resource, sys
+import pyarrow as pa
+from upath import UPath
+from composer_pipeline.store import Store
+
+how, root, rows, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+table = pa.table({"x": pa.array(range(rows), pa.int64())})
+if how != "store":
+    from resources.storage import ParquetUPathIOManager  # (imports dagster: only here)
+
+    path = UPath(root) / "replays" / "calc" / "a1f0c3d2.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    manager = ParquetUPathIOManager(base_path=UPath(root))
+if limit:  # (after the imports: their caches are written first)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+if how == "store":
+    Store(root).write_table("replays", table)
+else:
+    manager.dump_to_path(None, table, path)
+"""
+
+
+@pytest.mark.parametrize("how,rel", [("store", "replays.parquet"), ("io_manager", "replays/calc/a1f0c3d2.parquet")])
+def test_a_failed_parquet_write_leaves_the_previous_file_whole(tmp_path, how, rel):
+    """``Store.write_table`` (replay, pairs, experiments) and the Dagster IO manager wrote in place: a
+    write that fails (RLIMIT_FSIZE here, a full disk in production) truncated the previous file."""
+    import subprocess
+    import sys
+
+    def write(rows: int, limit: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _WRITE_UNDER_A_LIMIT, how, str(tmp_path), str(rows), str(limit)],
+                              capture_output=True, text=True)
+
+    assert write(1000, 0).returncode == 0
+    before = (tmp_path / rel).read_bytes()
+    p = write(200_000, len(before) * 2)
+    assert p.returncode == 1 and "File too large" in p.stderr and str(tmp_path / rel) in p.stderr, p.stderr
+    assert (tmp_path / rel).read_bytes() == before
+    assert not [f for f in tmp_path.rglob("*") if f.name.endswith(".tmp")]
+    assert write(200_000, 0).returncode == 0 and (tmp_path / rel).read_bytes() != before
