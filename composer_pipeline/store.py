@@ -5,8 +5,9 @@ Two layouts are read transparently, so every command works on what either front 
 * flat, written by the CLI:            ``<root>/<name>.parquet`` (or an alias, e.g. ``replays.parquet``)
 * partitioned, written by Dagster:     ``<root>/<name>/<partition_key>.parquet`` (UPath IO manager)
 
-S3 goes through s3fs (which honours ``AWS_ENDPOINT_URL``); DuckDB never touches the network:
-tables are read with pyarrow and registered as views (no httpfs extension download needed).
+S3 goes through s3fs (which honours ``AWS_ENDPOINT_URL``); DuckDB never touches the network or any
+file: tables are read with pyarrow and registered as views (no httpfs extension download needed), then
+its external access is switched off (:meth:`Store.duckdb`: ``sql`` reads the stored tables only).
 
 Every Parquet file is written whole or not at all (:func:`staged`): locally to a temporary file in the
 same directory, renamed over the old one only once written and closed, so a failure (a full disk)
@@ -191,10 +192,16 @@ class Store:
         return names
 
     def duckdb(self):
-        """An in-memory DuckDB connection with one view per stored table (named after the asset)."""
+        """An in-memory DuckDB connection with one view per stored table (named after the asset), that
+        reads those views only: the tables are read here (pyarrow, s3fs for S3) and registered, then
+        DuckDB's file system and network access is switched off and its configuration locked, so a query
+        can neither write (``COPY ... TO``, ``EXPORT``), nor read other files (``read_text('/etc/passwd')``,
+        ``ATTACH``), nor fetch or load extensions (``read_csv('https://...')``, ``INSTALL``), nor turn any
+        of that back on (``SET``); it is refused with DuckDB's permission error."""
         import duckdb
 
-        con = duckdb.connect()
+        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                                     "python_enable_replacements": False})  # (no Python variable is a table)
         for name in self.table_names():
             table = self.read_table(name)
             if name == "trace_messages" and "content" not in table.column_names:
@@ -203,6 +210,8 @@ class Store:
                 con.execute(_MESSAGES_VIEW)
             else:
                 con.register(name, table)
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
         return con
 
 

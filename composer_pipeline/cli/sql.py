@@ -1,4 +1,9 @@
-"""``composer-pipeline sql "<query>"``: DuckDB over the stored Parquet tables (views named after the assets)."""
+"""``composer-pipeline sql "<query>"``: DuckDB over the stored Parquet tables (views named after the assets).
+
+Read-only by construction (``Store.duckdb``): a query reads the stored tables and nothing else; one that
+would write a file, read another, reach the network, load an extension or change a setting is refused
+(exit 2). Cells are printed with control characters escaped (a session key can hold a terminal escape).
+"""
 
 from __future__ import annotations
 
@@ -34,6 +39,11 @@ def format_table(columns: list[str], rows: list[tuple], full: bool = False) -> s
     return "\n".join(out)
 
 
+def _query_error(e: Exception, store) -> ValueError:
+    names = ", ".join(store.table_names()) or "none"
+    return ValueError(f"{e}\n(tables under {store.root}: {names})")
+
+
 def run(args: argparse.Namespace) -> int:
     import csv
     import sys
@@ -47,9 +57,13 @@ def run(args: argparse.Namespace) -> int:
     con = store.duckdb()
     try:
         cur = con.execute(args.query)
+    except (duckdb.PermissionException, duckdb.InvalidInputException) as e:
+        if isinstance(e, duckdb.PermissionException) or "configuration has been locked" in str(e):
+            raise ValueError(f"refused: {e}\n(`sql` reads the stored tables only: no other files, network, "
+                             "extensions or settings)") from None
+        raise _query_error(e, store) from None
     except duckdb.Error as e:
-        names = ", ".join(store.table_names()) or "none"
-        raise ValueError(f"{e}\n(tables under {store.root}: {names})") from None
+        raise _query_error(e, store) from None
     if cur.description is None:
         return 0
     columns = [d[0] for d in cur.description]

@@ -66,7 +66,34 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
     rows = orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))
     assert orjson.loads(rows[0]["content"]) == "Please fix the failing test in src/app.py"
     assert orjson.loads(rows[1]["content"])[0]["tool_use_id"] == "toolu_1" and rows[1]["tool_use_result"] is None
+    _sql_is_read_only(root, store, capsys)
     return store, pid
+
+
+# each wrote, read or fetched outside the store (COPY overwrote trace_states.parquet: 173 -> 1 rows)
+HOSTILE_SQL = [
+    "COPY (select 1 as x) TO '{root}/trace_states.parquet' (FORMAT parquet)",
+    "EXPORT DATABASE '{root}/export'",
+    "select * from read_text('/etc/passwd')",
+    "select * from read_parquet('{root}/trace_states.parquet')",
+    "ATTACH '{root}/ledger.sqlite' (TYPE sqlite)",
+    "select * from read_csv('https://example.com/x.csv')",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "SET autoinstall_known_extensions = true",
+]
+
+
+def _sql_is_read_only(root: str, store: Store, capsys) -> None:
+    before = {p: store.fs.cat_file(p) for p in store.fs.find(store.base)}
+    for q in HOSTILE_SQL:
+        capsys.readouterr()
+        assert main(["sql", q.format(root=root), "--store", root]) == 2, q
+        err = capsys.readouterr().err
+        assert "refused:" in err and "reads the stored tables only" in err, (q, err)
+    assert {p: store.fs.cat_file(p) for p in store.fs.find(store.base)} == before
+    assert "(1 row)" in _run(capsys, "sql", "select count(*) from trace_states", "--store", root)
 
 
 def test_local_end_to_end(tmp_path, session_tables, capsys):
