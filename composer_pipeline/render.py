@@ -19,7 +19,9 @@ Out: :class:`RenderedState` ``(messages, tools)``:
 * ``tools``: OpenAI function schemas of the tools the stream shows the agent using, with the
   argument keys observed (values untyped: ``{}``).
 
-Every rendered prefix is scrubbed once more as the JSON it is sent as (:func:`_scrubbed`).
+Every rendered prefix is scrubbed once more as the JSON it is sent as (:func:`_scrubbed`), after a
+secret split across two blocks of a message (or two tool arguments) is redacted in both halves
+(:func:`_seams_scrubbed`).
 
 Deliberately simplified: the real Claude Code system prompt and tool descriptions are not in the
 traces; ``system_prompt`` is a recipe option and tool schemas are inferred from usage.
@@ -269,7 +271,7 @@ def prefix_path(s: _Stream, leaf: str | None, compaction: str) -> tuple[list[dic
 
 def _assistant_message(rows: list[dict], strip_thinking: bool) -> tuple[dict, list[tuple[str, str]]]:
     blocks = [b for r in sorted(rows, key=lambda r: r["line_no"] or 0) for b in _blocks(r["_content"])]
-    action = action_from_blocks(blocks)
+    action = action_from_blocks(_seams_scrubbed(blocks))
     msg = action.to_chat_message()
     if not strip_thinking and action.thinking:
         msg["content"] = f"<thinking>{action.thinking}</thinking>" + (f"\n{action.text}" if action.text else "")
@@ -310,13 +312,71 @@ def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = N
         elif rt == "user":
             if row.get("is_meta") or (crossed and row.get("is_compact_summary")):
                 continue
-            parts = user_parts(row["_content"], s.tool_uses)
+            parts = _egress().scrub_seams(user_parts(row["_content"], s.tool_uses))
             if parts:
                 messages.append({"role": "user", "content": "\n\n".join(parts)})
     return _scrubbed(RenderedState(messages, conv.tool_schemas(sid)))
 
 
 _EGRESS = None  # the built-in secret patterns, for _scrubbed
+
+
+def _egress():
+    global _EGRESS
+    if _EGRESS is None:
+        from composer_pipeline.scrub import Scrubber
+
+        _EGRESS = Scrubber()
+    return _EGRESS
+
+
+def _seams_scrubbed(blocks: list[dict]) -> list[dict]:
+    """The blocks of one assistant message with a secret split across two of them redacted in both
+    (``Scrubber.scrub_seams``): the text blocks in order, the thinking blocks, and the string arguments
+    of its tool calls in order. Ingest scrubs each block's line alone, where each half matches nothing;
+    rendered, the halves stand next to each other."""
+    if len(blocks) < 2 and not any(b.get("type") == "tool_use" for b in blocks):
+        return blocks
+    out = [dict(b) for b in blocks]
+    for typ, field_ in (("text", "text"), ("thinking", "thinking")):
+        idx = [i for i, b in enumerate(out) if b.get("type") == typ and isinstance(b.get(field_), str) and b[field_]]
+        if len(idx) > 1:
+            for i, new in zip(idx, _egress().scrub_seams([out[i][field_] for i in idx])):
+                out[i][field_] = new
+    calls = [i for i, b in enumerate(out) if b.get("type") == "tool_use"]
+    leaves: list[str] = []
+    for i in calls:
+        _strings_in(out[i].get("input"), leaves)
+    if len(leaves) > 1:
+        clean = _egress().scrub_seams(leaves)
+        if clean != leaves:
+            it = iter(clean)
+            for i in calls:
+                out[i]["input"] = _with_strings(out[i].get("input"), it)
+    return out
+
+
+def _strings_in(v: Any, out: list[str]) -> None:
+    """The string values in ``v`` (object values and list items, depth first, in order)."""
+    if isinstance(v, str):
+        out.append(v)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _strings_in(x, out)
+    elif isinstance(v, list):
+        for x in v:
+            _strings_in(x, out)
+
+
+def _with_strings(v: Any, it) -> Any:
+    """``v`` with its string values (in :func:`_strings_in` order) taken from ``it``."""
+    if isinstance(v, str):
+        return next(it)
+    if isinstance(v, dict):
+        return {k: _with_strings(x, it) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_with_strings(x, it) for x in v]
+    return v
 
 
 def _scrubbed(rs: RenderedState) -> RenderedState:
@@ -326,13 +386,8 @@ def _scrubbed(rs: RenderedState) -> RenderedState:
     re-encoded by orjson (which escapes no ASCII letter), so a key that a writer had spelled with
     escapes (``s\\u006b-...``), invisible in the raw line, is visible and caught. One Hyperscan pass
     over the JSON; the exact patterns run only on the rare candidate lines (one line here)."""
-    global _EGRESS
-    if _EGRESS is None:
-        from composer_pipeline.scrub import Scrubber
-
-        _EGRESS = Scrubber()
     data = orjson.dumps([rs.messages, rs.tools])
-    clean = _EGRESS.scrub_bytes(data)
+    clean = _egress().scrub_bytes(data)
     if clean is data or clean == data:
         return rs
     messages, tools = orjson.loads(clean)

@@ -241,6 +241,36 @@ class Scrubber:
                 self.counts[p.kind] += n
         return text
 
+    def scrub_seams(self, pieces: list[str], reach: int = 4096) -> list[str]:
+        """Pieces a reader sees one after another (a message's text blocks, a tool call's string
+        arguments), each already scrubbed: a secret split across the seam of two neighbours, which
+        neither half matches, is found in their concatenation (the last and first ``reach``
+        characters) and redacted in both, the first from where the match starts, the second up to
+        where it ends (after a ``name=`` the name and separator stay, as in :meth:`scrub`)."""
+        out = list(pieces)
+        for i in range(len(out) - 1):
+            a, b = out[i], out[i + 1]
+            if not a or not b:
+                continue
+            tail, head = a[-reach:], b[:reach]
+            joined, seam = tail + head, len(tail)
+            for p in self.patterns:
+                if p.pre and not p.hit_in(joined):
+                    continue
+                m = next((m for m in p.rs.finditer(joined) if m.start() < seam < m.end()), None)
+                if m is None:
+                    continue
+                start = m.end(1) if p.keep else m.start()
+                if start >= seam:  # (only the value's head is in b: b alone is cut)
+                    b = f"[REDACTED:{p.kind}]" + b[m.end() - seam:]
+                else:
+                    a = a[: len(a) - seam + start] + f"[REDACTED:{p.kind}]"
+                    b = f"[REDACTED:{p.kind}]" + b[m.end() - seam:]
+                self.counts[p.kind] += 1
+                break  # (one seam, one secret: the halves are now tags)
+            out[i], out[i + 1] = a, b
+        return out
+
     def scrub_bytes(self, data: bytes, backend: str = "auto") -> bytes:
         """The ingest hot path over a whole file buffer.
 

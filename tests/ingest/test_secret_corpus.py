@@ -323,3 +323,43 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
     strings += list(keys.values()) + paths
     bad = [f"{f!r} in {s[:160]!r}" for s in strings for f in frags if f in s]
     assert not bad, bad[:5]
+
+
+def test_a_key_split_across_two_blocks_or_two_arguments_reaches_no_prefix(tmp_path):
+    """Claude Code writes each block of a message as its own line, and ingest scrubs line by line: a key
+    split across two text blocks, two thinking blocks, two user text blocks or two string arguments
+    of a tool call matched nowhere, and the rendered prefix put its halves side by side. Each half
+    alone matches no pattern (checked); the prefix holds neither (a PEM block is not split here: its
+    BEGIN half is redacted alone)."""
+    from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+    s = Session(sid="c0ffee00-0000-4000-8000-0000000000f9")
+    halves = []
+    for i, (kind, key, _) in enumerate(SAMPLES):
+        if kind == "private_key":
+            continue
+        probe = Scrubber()  # the cut nearest the middle where neither half matches alone
+        cut = min((c for c in range(4, len(key) - 3)
+                   if probe.scrub(key[:c]) == key[:c] and probe.scrub(key[c:]) == key[c:]),
+                  key=lambda c: abs(c - len(key) // 2))
+        h1, h2 = key[:cut], key[cut:]
+        # what must not be sent: the key's characters, not a name=/separator a redaction keeps
+        value = next((m.end(1) for p in probe.patterns if p.kind == kind and p.keep for m in [p.rs.search(key)]), 0)
+        halves += [x for x in (key[value:cut], key[max(cut, value):]) if len(x) >= 4]
+        s.user([text("the token is " + h1), text(h2 + " please use it")])
+        s.assistant(thinking("they pasted " + h1), thinking(h2), text("I will set " + h1), text(h2 + " now"),
+                    tool("Bash", f"t{i}", command="export TOKEN=" + h1, description=h2))
+        s.result(f"t{i}", "ok")
+    s.user("thanks")
+    s.assistant(text("done"))
+    s.write(tmp_path / "p" / "s.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    res = ingest_checked(sf)
+    conv = Conversation.from_table(res.messages)
+    states = res.states.to_pylist()
+    sent = json.dumps([render_state(conv, st, RenderOptions()).messages for st in states])
+    leaked = [h for h in halves if h in sent]
+    assert not leaked, leaked
+    assert not _leaks([sent])
+    last = render_state(conv, states[-1], RenderOptions()).messages
+    assert sum(json.dumps(m).count("[REDACTED:") for m in last) >= 4 * (len(SAMPLES) - 1)
