@@ -19,10 +19,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from composer_pipeline.cli.terminal import safe
     from composer_pipeline.lineage import format_lineage, to_json, trace_pair
     from composer_pipeline.store import Store, default_store
 
     roots = args.store or [default_store()]
     chain = trace_pair([Store(r) for r in roots], args.pair_id)
-    print(to_json(chain) if args.json else format_lineage(chain))
+    print(to_json(chain) if args.json else safe(format_lineage(chain)))  # (stored text: no terminal escapes)
     return 0

@@ -15,6 +15,9 @@ import argparse
 import sys
 
 
+MIN_WIDTH, MAX_WIDTH = 40, 1000  # (a width of 10^8 printed 1.2 GB of rules)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("show", help="audit a state or pair: the exact prefix teachers saw, the action, each answer")
     p.add_argument("ids", nargs="*", metavar="ID", help="state id or pair id (or a unique prefix of >= 6 chars)")
@@ -29,13 +32,15 @@ def register(subparsers) -> None:
     p.add_argument("--teachers", default=None,
                    help="teachers YAML: check each replay row's call_id against the request rebuilt from the shown prefix")
     p.add_argument("--full", action="store_true", help="terminal view: shorten nothing")
-    p.add_argument("--width", type=int, default=None, help="terminal view width (default: the terminal's)")
+    p.add_argument("--width", type=int, default=None,
+                   help=f"terminal view width, {MIN_WIDTH}-{MAX_WIDTH} (default: the terminal's)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from composer_pipeline.cli.terminal import safe
     from composer_pipeline.render import RenderOptions
     from composer_pipeline.show import ShowError, format_view, gather, to_json_line
     from composer_pipeline.store import default_store
@@ -44,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise ShowError("give IDs or --all, not both")
     if not args.all and not args.ids:
         raise ShowError("give at least one state or pair id (or --all)")
+    if args.width is not None and not MIN_WIDTH <= args.width <= MAX_WIDTH:
+        raise ShowError(f"--width must be between {MIN_WIDTH} and {MAX_WIDTH}, not {args.width}")
     opts = RenderOptions.from_recipe(args.recipe)
     if args.compaction:
         opts = dataclasses.replace(opts, compaction=args.compaction)
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.write(to_json_line(view) + "\n")
         else:
-            sys.stdout.write(("" if first else "\n\n") + format_view(view, width=args.width, full=args.full) + "\n")
+            text = safe(format_view(view, width=args.width, full=args.full))  # (stored text: no terminal escapes)
+            sys.stdout.write(("" if first else "\n\n") + text + "\n")
         first = False
     sys.stdout.flush()
     return 0

@@ -24,8 +24,9 @@ def register(subparsers) -> None:
 
 
 def _cell(v, full: bool) -> str:
-    s = "NULL" if v is None else str(v)
-    s = s.replace("\n", "\\n")
+    from composer_pipeline.cli.terminal import safe
+
+    s = safe("NULL" if v is None else str(v), cells=True)
     return s if full or len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…"
 
 
@@ -72,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
         print(orjson.dumps([dict(zip(columns, r)) for r in rows], default=str).decode())
     elif args.csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
+        if sys.stdout.isatty():  # a person reads it: no terminal escapes from the data
+            from composer_pipeline.cli.terminal import safe
+
+            columns = [safe(c) for c in columns]
+            rows = [tuple(safe(v) if isinstance(v, str) else v for v in r) for r in rows]
         w.writerow(columns)
         w.writerows(rows)
     else:

@@ -180,3 +180,30 @@ def test_a_failed_parquet_write_leaves_the_previous_file_whole(tmp_path, how, re
     assert (tmp_path / rel).read_bytes() == before
     assert not [f for f in tmp_path.rglob("*") if f.name.endswith(".tmp")]
     assert write(200_000, 0).returncode == 0 and (tmp_path / rel).read_bytes() != before
+
+
+def test_terminal_escapes_in_stored_text_are_escaped_and_width_is_bounded(tmp_path):
+    """A folder name holding ``ESC ] 0 ; ... BEL`` (it sets the window title) became part of the session
+    key, which ``sql`` and ``show`` printed raw; ``show --width 100000000`` printed 1.2 GB of rules."""
+    from composer_pipeline.testing.sessions import Session, text, tool
+
+    hostile = "\x1b]0;pwned\x07\x1b[2Jproj\x9b31m"
+    s = Session(sid="c0ffee00-0000-4000-8000-0000000000a1")
+    s.user("list the files \x1b[31mred\x1b[0m")
+    s.assistant(text("ok"), tool("Bash", "t1", command="ls"))
+    s.result("t1", "a b")
+    s.assistant(text("done"))
+    s.write(tmp_path / "traces" / hostile / "s.jsonl")
+    store = tmp_path / "store"
+    rc, _, err = cli("ingest", tmp_path / "traces", "--out", store)
+    assert rc == 0, err
+    rc, out, err = cli("sql", "select distinct session_key from trace_states", "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out
+    assert "\\x1b]0;pwned\\x07\\x1b[2Jproj\\x9b31m__s" in out
+    rc, out, err = cli("show", "--all", "--store", store, "--width", "100")
+    assert rc == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b[31mred" in out and "list the files" in out
+    for width in ("100000000", "0", "-5"):
+        rc, out, err = cli("show", "--all", "--store", store, "--width", width)
+        assert rc == 2 and not out and "--width must be between 40 and 1000" in err, (width, err)
