@@ -55,7 +55,12 @@ def _keyed(cls: str, lit: str) -> str:
     """``_start(cls) + lit``, written literal first: the same matches, but ``re`` can then find candidates
     with its fast literal-prefix search instead of trying the lookbehinds at every offset (``lit``: a
     literal, or an alternation of literals of one length)."""
-    return (rf"(?:{lit})(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
+    return rf"(?:{lit})" + _after(cls, lit)
+
+
+def _after(cls: str, lit: str) -> str:
+    """The boundary check of :func:`_keyed`, placed right after ``lit``."""
+    return (rf"(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
             rf"|(?<=%[0-9A-Fa-f]{{2}}(?:{lit}))))")
 
 
@@ -97,15 +102,17 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         "openai_key",
         # a bare sk-... after "-" is a near miss (task-sk-...); one with its proj-/svcacct-/admin- prefix
         # is a key there too (Claude Code's project folder for a cwd /home/dev/sk-proj-...: -home-dev-sk-proj-...)
-        _keyed(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}"
-        r"|" + _keyed("[A-Za-z0-9_]", "sk-") + r"(?:proj-|svcacct-|admin-)[A-Za-z0-9_\-]{20,}",
+        # (one leading literal for both boundaries: ``re`` keeps its fast prefix search)
+        r"(?:sk-)(?:" + _after(r"[A-Za-z0-9_\-]", "sk-") + r"(?:proj-|svcacct-|admin-)?"
+        r"|" + _after("[A-Za-z0-9_]", "sk-") + r"(?:proj-|svcacct-|admin-))[A-Za-z0-9_\-]{20,}",
         ("sk-",),
     ),
     (
         "slack_token",
         # (a webhook URL also URL-encoded, as a query parameter: ``/`` -> ``%2F``)
         _keyed("[A-Za-z0-9]", "xox") + r"[abposr]-[A-Za-z0-9\-]{10,}"
-        r"|(?:https://)?hooks\.slack\.com(?:/|%2[Ff])services(?:/|%2[Ff])(?:[A-Za-z0-9/_\-]|%2[Ff])+",
+        r"|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+"
+        r"|hooks\.slack\.com%2[Ff]services%2[Ff](?:[A-Za-z0-9_\-]|%2[Ff])+",
         ("xox", r"hooks\.slack\.com"),
     ),
     ("google_api_key", _keyed("[A-Za-z0-9]", "AIza") + r"[0-9A-Za-z_\-]{35}", ("AIza",)),
@@ -146,7 +153,7 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("github_pat_[A-Za-z0-9_]{22}", False),
     (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
     (r"xox[abposr]-[A-Za-z0-9\-]{10}", False),
-    (r"hooks\.slack\.com(?:/|%2[Ff])services(?:/|%2[Ff])[A-Za-z0-9/_\-%]", False),
+    (r"hooks\.slack\.com[/%]", False),  # (also URL-encoded: %2F)
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
     ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),

@@ -205,7 +205,7 @@ def session_fingerprint(sf: SessionFiles) -> str:
     h = hashlib.sha256(sf.key.encode())
     for p in sf.files:
         try:
-            st = p.stat()
+            st = p.stat(follow_symlinks=False)  # (a link is fingerprinted, not followed)
             h.update(f"|{p}|{st.st_size}|{st.st_mtime_ns}".encode())
         except OSError:
             h.update(f"|{p}|missing".encode())
