@@ -1,7 +1,8 @@
 """Secret scrubbing: API keys, tokens, private keys and ``password=``-style values -> ``[REDACTED:<kind>]``.
 
 In:  text (``str``) or a whole file buffer (``bytes``, the ingest hot path).
-Out: the same text with every secret replaced, plus per-kind counts in ``Scrubber.counts``.
+Out: the same text with every secret replaced, plus per-kind counts in ``Scrubber.counts``;
+``Scrubber.scrub_seams`` for pieces shown side by side (a key split across two of them).
 
 Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column (content, raw line,
 quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
