@@ -65,16 +65,19 @@ _PLAIN = re.compile(r"(?:agent-)?(?:[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-f
 
 def clean_name(rel: str) -> str:
     """A ``/``-separated relative path with each component cleaned (:func:`_clean_part`)."""
-    return "/".join(_clean_part(c) for c in rel.split("/"))
+    head, sep, name = rel.rpartition("/")
+    return _clean_dir(head) + sep + (name if _PLAIN.fullmatch(name) else _clean_part(name))
 
 
-@functools.lru_cache(maxsize=65536)  # a project's folder repeats for each of its files
+@functools.lru_cache(maxsize=4096)  # a project's folder repeats for each of its files
+def _clean_dir(head: str) -> str:
+    return "/".join(c if _PLAIN.fullmatch(c) else _clean_part(c) for c in head.split("/")) if head else ""
+
+
 def _clean_part(part: str) -> str:
     """One path component as ids may hold it: secrets redacted, undecodable bytes (``os`` hands them over
     as lone surrogates) as ``%XX``; when that changed anything, ``~`` + 8 hex of the original bytes'
     sha256 (before a ``.jsonl`` suffix), so distinct names stay distinct."""
-    if _PLAIN.fullmatch(part):
-        return part
     stem, suffix = (part[:-6], ".jsonl") if part.endswith(".jsonl") else (part, "")
     raw = os.fsencode(stem)
     text = raw.decode("utf-8", "surrogateescape")
