@@ -207,3 +207,26 @@ def test_terminal_escapes_in_stored_text_are_escaped_and_width_is_bounded(tmp_pa
     for width in ("100000000", "0", "-5"):
         rc, out, err = cli("show", "--all", "--store", store, "--width", width)
         assert rc == 2 and not out and "--width must be between 40 and 1000" in err, (width, err)
+
+
+def test_a_failed_write_to_s3_leaves_the_previous_object(moto_s3):
+    """On S3 a write that fails part way (here: the writer raises after 5 MiB, past s3fs's first
+    multipart block) is discarded, not completed: the previous object stays, the error names it."""
+    import pyarrow as pa
+
+    from composer_pipeline.store import open_replacing
+
+    store = Store("s3://pairs-test/atomic")
+    store.write_table("replays", pa.table({"x": [1, 2, 3]}))
+    before = store.read_table("replays")
+    path = store.path("replays.parquet")
+
+    class Full(OSError):
+        pass
+
+    with pytest.raises(OSError) as err:
+        with open_replacing(store.fs, path, store.url("replays.parquet")) as f:
+            f.write(b"x" * (6 << 20))
+            raise Full(28, "No space left on device")
+    assert err.value.filename == "s3://pairs-test/atomic/replays.parquet"
+    assert store.read_table("replays").equals(before)
