@@ -8,11 +8,13 @@ Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column 
 quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
 the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, the doubled
 escapes of a JSON document nested in a string, or a URL's percent-escape ``%20`` / ``%2F`` / ``%3D``,
-matches; see ``_start``). A URL-encoded key itself is caught as far as encoding changes it: the
-built-in token formats consist of characters URL encoders leave alone (letters, digits, ``-_.``), a
-Slack webhook URL is also matched with ``%2F`` for ``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for
-``:`` / ``=`` / a quote) counts as an assignment (its value up to the next ``&``); a PEM block whose blanks became ``%20`` is not caught. Replacements contain no
-quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
+matches; see ``_start``). A URL-encoded key itself: the built-in token formats consist of
+characters URL encoders leave alone (letters, digits, ``-_.``: encodeURIComponent, ``urllib.parse.quote``),
+so an encoded key is the key and is caught; a Slack webhook URL is also matched with ``%2F`` for
+``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an
+assignment (its value up to the next ``&``). Not caught: a key whose unreserved characters were
+escaped too (``sk%2Dant%2D...``, which no standard encoder writes) and a PEM block whose blanks
+became ``%20``. Replacements contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
 valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret and, with Hyperscan, which kinds; only those kinds' exact
 regexes then run, line by line, on only those lines. Extra patterns from ``recipes/ingest.yaml``
