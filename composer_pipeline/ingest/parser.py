@@ -264,7 +264,7 @@ def read_session_file(path: Path) -> tuple[bytes | None, str | None]:
     import stat
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))  # (POSIX)
     except OSError as e:
         return None, NOT_FOLLOWED if os.path.islink(path) else f"unreadable file: {e.strerror or e}"
     try:
