@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from assets.deployment import DeploymentSettings
-from composer_pipeline import settings
+from composer_pipeline import home, settings
 from composer_pipeline.settings import setting
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -53,9 +53,11 @@ class PipelineFile:
 
     trace_root: str = setting("~/.claude/projects", help="where the sessions sensor scans for sessions ($COMPOSER_TRACE_ROOT overrides)")
     store_root: str = setting(".store", help="Parquet tables: a local dir or s3://bucket/prefix ($COMPOSER_STORE overrides)")
-    ledger_path: str = setting(
-        ".state/ledger.sqlite", help="budget ledger: a file (embedded SQLite) or postgresql://... ($COMPOSER_LEDGER_URL overrides)")
-    cache_dir: str = setting(".state/teacher_cache", help="content-addressed teacher response cache")
+    ledger_path: str | None = setting(
+        None, help="budget ledger: a file (embedded SQLite) or postgresql://...; null: the CLI's, "
+        "$COMPOSER_PIPELINE_HOME/ledger.sqlite ($COMPOSER_LEDGER_URL overrides)")
+    cache_dir: str | None = setting(
+        None, help="content-addressed teacher response cache; null: the CLI's, $COMPOSER_PIPELINE_HOME/teacher_cache")
     checkpoints_dir: str = setting(".state/checkpoints", help="trainer output before it is uploaded to the store")
     recipes: dict[str, str | None] = setting(
         factory=dict, help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)")
@@ -99,8 +101,8 @@ def load_settings(path: str | Path | None = None) -> PipelineSettings:
     return PipelineSettings(
         trace_root=_abs(os.environ.get("COMPOSER_TRACE_ROOT") or f.trace_root),
         store_root=_abs(os.environ.get("COMPOSER_STORE") or f.store_root),
-        ledger_path=_abs(os.environ.get("COMPOSER_LEDGER_URL") or f.ledger_path),
-        cache_dir=_abs(f.cache_dir),
+        ledger_path=_abs(home.default_ledger_url(f.ledger_path)),
+        cache_dir=_abs(home.default_cache_dir(f.cache_dir)),
         checkpoints_dir=_abs(f.checkpoints_dir),
         recipes=recipes,
         train_model=os.environ.get("COMPOSER_TRAIN_MODEL") or f.train.model,

@@ -54,7 +54,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from composer_pipeline.home import default_home
+from composer_pipeline import home
 
 EPS = 1e-12  # float slack when comparing sums of dollars
 DEFAULT_LEASE_S = 30.0
@@ -850,8 +850,8 @@ class AsyncLedger:
 
 
 def default_ledger_url() -> str:
-    """``$COMPOSER_LEDGER_URL``, else ``<home>/ledger.sqlite``."""
-    return os.environ.get("COMPOSER_LEDGER_URL") or str(default_home() / "ledger.sqlite")
+    """``$COMPOSER_LEDGER_URL``, else ``<home>/ledger.sqlite`` (the one rule: :func:`composer_pipeline.home.default_ledger_url`)."""
+    return home.default_ledger_url()
 
 
 def open_ledger(url: str | Path | None = None) -> Ledger:
