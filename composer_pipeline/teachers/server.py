@@ -10,7 +10,7 @@ The prompt is the model's own chat template applied to the messages, with ``tool
 template when it uses them; otherwise the tool list is described in the system turn, with the
 ``<tool_call>{"name", "arguments"}</tool_call>`` convention of :mod:`composer_pipeline.actions`.
 Assistant ``tool_calls`` and ``tool`` messages are given to templates that cannot render them as
-plain text. Greedy decoding at ``temperature`` 0, sampling otherwise.
+plain text. The rendering is :mod:`composer_pipeline.chat`'s, the trainer's too. Greedy decoding at ``temperature`` 0, sampling otherwise.
 
 Served names that resolve to the same model directory share one loaded copy of the weights (and
 its lock). Greedy memo: a ``temperature`` 0 generation is a pure function of (weights, prompt,
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import orjson
 
-from composer_pipeline.chat import plain_messages, text_of
+from composer_pipeline import chat
 
 MAX_NEW_TOKENS = 1024
 MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
@@ -158,35 +158,9 @@ class LocalModel:
         self.max_prompt_tokens = min(self.max_prompt_tokens, ctx)
         return self
 
-    @property
-    def template_takes_tools(self) -> bool:
-        return "tools" in (self.tokenizer.chat_template or "")
-
-    def _ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
-        if hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
-
-    def render_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
-        """Token ids of the prompt: native tool rendering when the template has it, else plain text."""
-        if self.template_takes_tools:
-            try:
-                return self._ids([{**m, "content": text_of(m.get("content"))} for m in messages], tools or None)
-            except Exception:
-                pass  # template cannot render these messages: fall back to the plain form
-        return self._ids(plain_messages(messages, tools))
-
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new: int) -> list[int]:
-        budget = max(16, self.max_prompt_tokens - max_new)
-        ids = self.render_ids(messages, tools)
-        # drop the oldest non-system messages until the prompt fits, keeping the last one
-        msgs = list(messages)
-        while len(ids) > budget and len(msgs) > 2:
-            drop = 1 if msgs[0].get("role") == "system" else 0
-            msgs = msgs[:drop] + msgs[drop + 1 :]
-            ids = self.render_ids(msgs, tools)
-        return ids[-budget:] if len(ids) > budget else ids
+        """The prompt's token ids within ``max_prompt_tokens - max_new`` (the one renderer: :mod:`composer_pipeline.chat`)."""
+        return chat.prompt_ids(self.tokenizer, messages, tools, max(16, self.max_prompt_tokens - max_new))
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.complete_with_memo(body)[0]
