@@ -13,6 +13,7 @@ from typing import ClassVar
 from assets.deployment import DeploymentSettings
 from composer_pipeline import home, settings
 from composer_pipeline.settings import setting
+from resources.recipes import CHECKPOINTS_DIR, CheckThresholds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "pipeline.yaml"
@@ -25,17 +26,6 @@ def _abs(p: str | None) -> str | None:
         return str(p)
     path = Path(os.path.expanduser(str(p)))
     return str(path if path.is_absolute() else (REPO_ROOT / path).resolve())
-
-
-@dataclass(frozen=True)
-class CheckThresholds:
-    """Asset check thresholds (the one home of each: the ``recipes`` resource takes its defaults from here)."""
-
-    min_parse_success_ratio: float = setting(0.95, help="parsed lines / all lines, per session")
-    max_quarantine_rows: int = setting(1000, help="quarantined lines per session")
-    max_replay_error_rate: float = setting(0.25, help="failed / all teacher calls, per session")
-    max_pair_drop_rate: float = setting(0.95, help="dropped / (kept + dropped) in normalization, per session")
-    max_eval_regression: float = setting(0.05, help="allowed drop of the new policy's score vs the starting model")
 
 
 @dataclass(frozen=True)
@@ -58,7 +48,7 @@ class PipelineFile:
         "$COMPOSER_PIPELINE_HOME/ledger.sqlite ($COMPOSER_LEDGER_URL overrides)")
     cache_dir: str | None = setting(
         None, help="content-addressed teacher response cache; null: the CLI's, $COMPOSER_PIPELINE_HOME/teacher_cache")
-    checkpoints_dir: str = setting(".state/checkpoints", help="trainer output before it is uploaded to the store")
+    checkpoints_dir: str = setting(CHECKPOINTS_DIR, help="trainer output before it is uploaded to the store")
     recipes: dict[str, str | None] = setting(
         factory=dict, help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)")
     train: TrainerRun = setting(factory=TrainerRun, help="the trainer run by `trained_policy` (through Dagster Pipes)")

@@ -138,6 +138,22 @@ def test_moved_keys_name_their_new_home():
         IngestRecipe.from_dict({"trace_root": "~/.claude/projects"})
 
 
+def test_check_thresholds_are_one_set_in_the_file_and_the_resource(tmp_path):
+    """The ``checks`` of pipeline.yaml reach the ``recipes`` resource by name: the resource has every
+    threshold of :class:`CheckThresholds` with the same default, and a value set in the file arrives."""
+    import dataclasses
+
+    from resources.recipes import CheckThresholds, PipelineRecipes
+
+    fields = PipelineRecipes.model_fields
+    for f in dataclasses.fields(CheckThresholds):
+        assert f.name in fields and fields[f.name].default == f.default, f.name
+    recipe = tmp_path / "pipeline.yaml"
+    recipe.write_text("checks: {max_quarantine_rows: 7, max_eval_regression: 0.5}\n")
+    res = PipelineRecipes.from_settings(load_settings(recipe))
+    assert (res.max_quarantine_rows, res.max_eval_regression, res.min_parse_success_ratio) == (7, 0.5, 0.95)
+
+
 if __name__ == "__main__":
     DOC.write_text(generate() + "\n")
     print(f"wrote {DOC}")
