@@ -323,10 +323,6 @@ class Ledger:
         return self._db.label
 
     @property
-    def path(self) -> str:  # kept for callers that print where the ledger is
-        return self._db.label
-
-    @property
     def backend(self) -> str:
         return self._db.kind
 
