@@ -87,6 +87,7 @@ def test_one_rule_for_unknown_keys_everywhere(tmp_path):
              (IngestRecipe, {"render": {"strip_thinkin": True}}, "render", "strip_thinkin"),
              (PairRecipe, {"signature": {"ignore_order": True}}, "signature", "ignore_order"),
              (PipelineFile, {"checks": {"max_quarantine": 5}}, "checks", "max_quarantine"),
+             (PipelineFile, {"deployment": {"trainer": {"k8s": {"imag": "x"}}}}, "deployment.trainer.k8s", "imag"),
              (NormalizeFile, {"procces": []}, "", "procces")]
     for cls, raw, section, key in cases:
         p = tmp_path / "r.yaml"
@@ -119,6 +120,20 @@ def test_types_are_checked_with_the_key_path(tmp_path):
     r = TrainRecipe.from_dict({"weights": {"alpha": 1}, "optim": {"steps": 4.0}})  # int -> float, whole float -> int
     assert (type(r.weights.alpha), r.optim.steps, type(r.optim.steps)) == (float, 4, int)
     assert TrainRecipe.from_dict(settings.to_dict(r)) == r
+
+
+def test_trainer_pod_settings_are_typed(tmp_path):
+    """The k8s trainer pod is a typed section (resources/trainer.py ``K8sTrainerPod``): a wrong type is an
+    error naming its key, and the launcher reads back what the recipe set."""
+    from resources.trainer import TrainerLauncher
+
+    recipe = tmp_path / "pipeline.yaml"
+    recipe.write_text("deployment: {trainer: {launcher: k8s, k8s: {image: i, gpus: two}}}\n")
+    with pytest.raises(ValueError, match=r"deployment\.trainer\.k8s\.gpus must be an integer, got 'two'"):
+        load_settings(recipe)
+    recipe.write_text("deployment: {trainer: {launcher: k8s, k8s: {image: i, command: torchrun, gpus: 2, env_secrets: [s3]}}}\n")
+    pod = TrainerLauncher.from_deployment(load_settings(recipe).deployment.trainer).pod
+    assert (pod.image, pod.command, pod.gpus, pod.env_secrets, pod.namespace) == ("i", "torchrun", 2, ("s3",), "default")
 
 
 def test_missing_required_keys_say_what_they_are():

@@ -55,9 +55,10 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from composer_pipeline import home
+from composer_pipeline.teachers.config import TeachersConfig
 
 EPS = 1e-12  # float slack when comparing sums of dollars
-DEFAULT_LEASE_S = 30.0
+DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's lease_s default
 OPEN_STATES = ("reserved", "sent")
 
 # Versioned schema: append a migration, never edit one that has shipped.
