@@ -256,7 +256,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {path}", "not_found")
 
     def do_POST(self):
-        self.server.last_request = time.monotonic()
+        with self.server.busy:  # idle means nothing in flight: the idle exit never cuts a generation short
+            self.server.in_flight += 1
+            self.server.last_request = time.monotonic()
+        try:
+            self._post()
+        finally:
+            with self.server.busy:
+                self.server.in_flight -= 1
+                self.server.last_request = time.monotonic()
+
+    def _post(self):
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -296,7 +306,9 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.models = models
         self.log = log
-        self.last_request = time.monotonic()  # completions only (health checks do not keep it alive)
+        self.last_request = time.monotonic()  # start/end of the last completion (health checks do not keep it alive)
+        self.in_flight = 0  # completion requests being answered (or waiting for their model's lock)
+        self.busy = threading.Lock()
         memos = {id(m.memo): m.memo for m in models.values() if m.memo is not None}
         if len(memos) > 1:
             raise ValueError("all served models must share one GreedyMemo")
@@ -343,22 +355,35 @@ def process_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+OWNER_GONE_GRACE_S = 120.0  # answers in flight when the owning process went: finished first, within this
+
+
 def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int | None,
            on_exit: Callable[[str], None] | None) -> None:
-    """Stop the server when it has been idle too long, or when the process it belongs to is gone."""
+    """Stop the server when it has been idle too long, or when the process it belongs to is gone.
+
+    Idle counts from the end of the last completion and only while none is in flight: shutting down
+    under a generation killed its handler thread inside torch at interpreter exit (the client got a
+    dropped connection, the log ``terminate called without an active exception``). When the owner is
+    gone, requests in flight are still answered (up to ``OWNER_GONE_GRACE_S``) before the server stops."""
+    owner_gone_at = None
     while True:
-        idle = time.monotonic() - srv.last_request
+        with srv.busy:
+            busy = srv.in_flight
+            idle = 0.0 if busy else time.monotonic() - srv.last_request
         why = None
         if idle_exit_s and idle >= idle_exit_s:
             why = f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g})"
         elif exit_with_pid and not process_alive(exit_with_pid):
-            why = f"process {exit_with_pid} (exit_with_pid) is gone"
+            owner_gone_at = owner_gone_at or time.monotonic()
+            if not busy or time.monotonic() - owner_gone_at >= OWNER_GONE_GRACE_S:
+                why = f"process {exit_with_pid} (exit_with_pid) is gone"
         if why:
             if on_exit:
                 on_exit(f"{why}: stopping")
             srv.shutdown()
             return
-        time.sleep(1.0 if exit_with_pid else min(5.0, max(0.2, idle_exit_s - idle)))
+        time.sleep(1.0 if exit_with_pid or busy else min(5.0, max(0.2, idle_exit_s - idle)))
 
 
 def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
