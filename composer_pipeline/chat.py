@@ -21,22 +21,13 @@ from typing import Any
 import orjson
 
 from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.render import flatten_content  # the one content-to-text rule
 
 TOOL_PROMPT = (
     "You can call these tools. To call one, answer with a block\n"
     '<tool_call>\n{"name": <tool name>, "arguments": {<argument>: <value>}}\n</tool_call>\n'
     "Tools:\n"
 )
-
-
-def text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return orjson.dumps(content).decode()
 
 
 def _arguments(args: Any) -> Any:
@@ -53,7 +44,7 @@ def native_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages for a template that takes ``tools``: content as text, tool-call arguments as objects."""
     out = []
     for m in messages:
-        m = {**m, "content": text_of(m.get("content"))}
+        m = {**m, "content": flatten_content(m.get("content"))}
         if m.get("tool_calls"):
             m["tool_calls"] = [{**c, "function": {**(fn := dict((c or {}).get("function") or {})),
                                                   "arguments": _arguments(fn.get("arguments"))}}
@@ -124,7 +115,7 @@ def plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> 
     (also used by the trainer for policies whose template cannot take ``tools``)."""
     out: list[dict[str, str]] = []
     for m in messages:
-        role, text = m.get("role", "user"), text_of(m.get("content"))
+        role, text = m.get("role", "user"), flatten_content(m.get("content"))
         if role == "assistant" and m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:
