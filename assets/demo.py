@@ -280,7 +280,7 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"  {cp} lineage {pair}{store_flag}")
     echo(f"  {cp} show {pair}{store_flag}")
     echo("  the UI (http://127.0.0.1:3000; this demo's runs are under Runs, the env makes it see the same sessions):")
-    echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+    echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} env --default-signal=INT .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
 
 
 def main(argv: list[str] | None = None) -> int:
