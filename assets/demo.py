@@ -116,7 +116,7 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
         trace_root=str(Path(trace_root or SAMPLES).expanduser().resolve()),
         store_root=str(store) if store and "://" in str(store) else str(Path(store or settings.store_root).expanduser().resolve()),
         recipes={**settings.recipes, "teachers": str(Path(teachers or DEMO_TEACHERS).resolve())},
-        train_steps=steps if steps is not None else settings.train_steps,
+        train=replace(settings.train, steps=steps if steps is not None else settings.train.steps),
     )
     defs = build_defs(settings)
     instance = dg.DagsterInstance.get()

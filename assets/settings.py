@@ -6,7 +6,8 @@ keys are an error (a typo never falls back to a default), values are type-checke
 """
 
 import os
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -59,21 +60,9 @@ class PipelineFile:
 
 
 @dataclass(frozen=True)
-class PipelineSettings:
-    """What the Dagster layer uses: :class:`PipelineFile` with absolute paths and the environment overrides."""
-
-    trace_root: str
-    store_root: str
-    ledger_path: str
-    cache_dir: str
-    checkpoints_dir: str
-    recipes: dict[str, str | None] = field(default_factory=dict)
-    train_model: str | None = None
-    train_steps: int | None = None
-    sensor_interval_s: int = 60
-    checks: CheckThresholds = CheckThresholds()
-    # where steps and the trainer run (docs/SCALING.md); defaults: in-process executor, local subprocess
-    deployment: DeploymentSettings = DeploymentSettings()
+class PipelineSettings(PipelineFile):
+    """What the Dagster layer uses: the same fields as :class:`PipelineFile` (declared once, there), with
+    absolute paths, the environment overrides applied, and the ledger and cache defaults filled in."""
 
     def recipe(self, name: str) -> str | None:
         """Absolute path of a stage recipe, or None when it does not exist (stage defaults apply)."""
@@ -95,8 +84,7 @@ def load_settings(path: str | Path | None = None) -> PipelineSettings:
         cache_dir=_abs(home.default_cache_dir(f.cache_dir)),
         checkpoints_dir=_abs(f.checkpoints_dir),
         recipes=recipes,
-        train_model=os.environ.get("COMPOSER_TRAIN_MODEL") or f.train.model,
-        train_steps=f.train.steps,
+        train=dataclasses.replace(f.train, model=os.environ.get("COMPOSER_TRAIN_MODEL") or f.train.model),
         sensor_interval_s=f.sensor_interval_s,
         checks=f.checks,
         deployment=f.deployment.resolved(REPO_ROOT),

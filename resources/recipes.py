@@ -58,8 +58,8 @@ class PipelineRecipes(dg.ConfigurableResource):
             pairs=s.recipe("pairs"),
             normalize=s.recipe("normalize"),
             train=s.recipe("train"),
-            train_model=s.train_model,
-            train_steps=s.train_steps,
+            train_model=s.train.model,
+            train_steps=s.train.steps,
             checkpoints_dir=s.checkpoints_dir,
             **dataclasses.asdict(s.checks),
         )
