@@ -116,7 +116,7 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
         trace_root=str(Path(trace_root or SAMPLES).expanduser().resolve()),
         store_root=str(store) if store and "://" in str(store) else str(Path(store or settings.store_root).expanduser().resolve()),
         recipes={**settings.recipes, "teachers": str(Path(teachers or DEMO_TEACHERS).resolve())},
-        train_steps=steps if steps is not None else settings.train_steps,
+        train=replace(settings.train, steps=steps if steps is not None else settings.train.steps),
     )
     defs = build_defs(settings)
     instance = dg.DagsterInstance.get()
@@ -280,7 +280,7 @@ def print_report(r: DemoReport, echo=print) -> None:
     echo(f"  {cp} lineage {pair}{store_flag}")
     echo(f"  {cp} show {pair}{store_flag}")
     echo("  the UI (http://127.0.0.1:3000; this demo's runs are under Runs, the env makes it see the same sessions):")
-    echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+    echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} env --default-signal=INT .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,16 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from composer_pipeline import settings
-from composer_pipeline.settings import check_keys, derived, setting
+from composer_pipeline.settings import derived, setting
+from resources.trainer import K8sTrainerPod
 
 Executor = Literal["in_process", "multiprocess", "k8s", "celery"]
 Launcher = Literal["subprocess", "torchrun", "accelerate", "k8s"]
-IN_POD = ("python", "torchrun", "accelerate")  # what the trainer pod runs
-_K8S_TRAINER_KEYS = {
-    "image", "namespace", "command", "nproc_per_node", "accelerate_config", "gpus", "resources", "env",
-    "env_secrets", "node_selector", "tolerations", "volumes", "volume_mounts", "service_account_name",
-    "image_pull_policy", "load_incluster_config", "kubeconfig_file", "poll_interval_s",
-}
 
 
 @dataclass(frozen=True)
@@ -39,15 +34,10 @@ class TrainerDeployment:
     torchrun_args: tuple[str, ...] = setting((), help="multi-node rendezvous flags for torchrun; empty: --standalone")
     accelerate_config: str | None = setting(None, help="`accelerate launch --config_file` (relative to the repo root)")
     env: dict[str, str] = setting(factory=dict, help="extra environment of the trainer process")
-    k8s: dict[str, Any] = setting(
-        factory=dict, help=f"pod of the Pipes trainer (launcher: k8s); keys: {', '.join(sorted(_K8S_TRAINER_KEYS))}")
+    k8s: K8sTrainerPod = setting(factory=K8sTrainerPod, help="pod of the Pipes trainer (launcher: k8s)")
 
     def __post_init__(self) -> None:
-        check_keys("k8s", self.k8s, _K8S_TRAINER_KEYS)
-        inner = str(self.k8s.get("command") or "python")
-        if inner not in IN_POD:
-            raise ValueError(f"k8s.command must be one of {IN_POD}, got {inner!r}")
-        if self.launcher == "k8s" and not self.k8s.get("image"):
+        if self.launcher == "k8s" and not self.k8s.image:
             raise ValueError("launcher is k8s but k8s.image is not set")
         if self.nproc_per_node < 1:
             raise ValueError("nproc_per_node must be >= 1")

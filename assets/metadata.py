@@ -33,10 +33,6 @@ def counts(values: Iterable[Any]) -> dict[str, int]:
     return {str(k): int(v) for k, v in Counter(values).most_common()}
 
 
-def json_md(d: dict) -> dg.MetadataValue:
-    return dg.MetadataValue.json(d)
-
-
 def png_markdown(png_path: str, title: str) -> dg.MetadataValue:
     data = base64.b64encode(open(png_path, "rb").read()).decode()
     return dg.MetadataValue.md(f"### {title}\n\n![{title}](data:image/png;base64,{data})")

@@ -124,7 +124,8 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
     ],
 )
 def normalized_pairs(
-    context: dg.AssetExecutionContext, dpo_pairs: pa.Table, trace_messages: pa.Table, recipes: PipelineRecipes
+    context: dg.AssetExecutionContext, dpo_pairs: pa.Table, trace_states: pa.Table, trace_messages: pa.Table,
+    teacher_replays: pa.Table, recipes: PipelineRecipes,
 ):
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
 
@@ -138,7 +139,9 @@ def normalized_pairs(
         "pairs_by_agreement_kind": dg.MetadataValue.json(kinds_md(kept)),
         "stats": dg.MetadataValue.json(_scalar_stats(res.stats)),
         "preview": pair_preview(kept),
-        "example": dg.MetadataValue.md(example_pair_md(kept, "normalized_dpo_pairs")),
+        # the same view as on dpo_pairs (where the README sends auditors): state, agent and every teacher's answer
+        "example": dg.MetadataValue.md(example_pair_md(kept, "normalized_dpo_pairs", trace_states, trace_messages,
+                                                       teacher_replays, render_options(recipes))),
     })
     yield dg.Output(dropped, output_name="dropped_pairs", metadata={
         "dagster/row_count": dropped.num_rows,

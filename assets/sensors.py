@@ -38,13 +38,15 @@ def materialized_fingerprints(instance, keys: list[str]) -> dict[str, str]:
             if meta.get("fingerprint") is not None}
 
 
-def build_sessions_sensor(target, minimum_interval_seconds: int = 60) -> dg.SensorDefinition:
+def build_sessions_sensor(target, minimum_interval_seconds: int = 60, trace_root: str | None = None) -> dg.SensorDefinition:
+    where = f"`{trace_root}`" if trace_root else "the trace root"
     @dg.sensor(
         name="sessions_sensor",
         target=target,
         minimum_interval_seconds=minimum_interval_seconds,
-        description="Adds a `sessions` partition per new Claude Code session under the trace root and "
-        "requests a run for each new or changed session.",
+        description=f"Watches {where} (`trace_root` in recipes/pipeline.yaml, `$COMPOSER_TRACE_ROOT`): adds a "
+        "`sessions` partition per new Claude Code session there and requests a run for each new or changed "
+        f"session, every {minimum_interval_seconds} s. A tick that requests nothing says why (Skipped, with the reason).",
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def sessions_sensor(context: dg.SensorEvaluationContext, recipes: PipelineRecipes):

@@ -6,13 +6,15 @@ keys are an error (a typo never falls back to a default), values are type-checke
 """
 
 import os
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from assets.deployment import DeploymentSettings
-from composer_pipeline import settings
+from composer_pipeline import home, settings
 from composer_pipeline.settings import setting
+from resources.recipes import CHECKPOINTS_DIR, CheckThresholds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "pipeline.yaml"
@@ -25,17 +27,6 @@ def _abs(p: str | None) -> str | None:
         return str(p)
     path = Path(os.path.expanduser(str(p)))
     return str(path if path.is_absolute() else (REPO_ROOT / path).resolve())
-
-
-@dataclass(frozen=True)
-class CheckThresholds:
-    """Asset check thresholds (the one home of each: the ``recipes`` resource takes its defaults from here)."""
-
-    min_parse_success_ratio: float = setting(0.95, help="parsed lines / all lines, per session")
-    max_quarantine_rows: int = setting(1000, help="quarantined lines per session")
-    max_replay_error_rate: float = setting(0.25, help="failed / all teacher calls, per session")
-    max_pair_drop_rate: float = setting(0.95, help="dropped / (kept + dropped) in normalization, per session")
-    max_eval_regression: float = setting(0.05, help="allowed drop of the new policy's score vs the starting model")
 
 
 @dataclass(frozen=True)
@@ -53,10 +44,12 @@ class PipelineFile:
 
     trace_root: str = setting("~/.claude/projects", help="where the sessions sensor scans for sessions ($COMPOSER_TRACE_ROOT overrides)")
     store_root: str = setting(".store", help="Parquet tables: a local dir or s3://bucket/prefix ($COMPOSER_STORE overrides)")
-    ledger_path: str = setting(
-        ".state/ledger.sqlite", help="budget ledger: a file (embedded SQLite) or postgresql://... ($COMPOSER_LEDGER_URL overrides)")
-    cache_dir: str = setting(".state/teacher_cache", help="content-addressed teacher response cache")
-    checkpoints_dir: str = setting(".state/checkpoints", help="trainer output before it is uploaded to the store")
+    ledger_path: str | None = setting(
+        None, help="budget ledger: a file (embedded SQLite) or postgresql://...; null: the CLI's, "
+        "$COMPOSER_PIPELINE_HOME/ledger.sqlite ($COMPOSER_LEDGER_URL overrides)")
+    cache_dir: str | None = setting(
+        None, help="content-addressed teacher response cache; null: the CLI's, $COMPOSER_PIPELINE_HOME/teacher_cache")
+    checkpoints_dir: str = setting(CHECKPOINTS_DIR, help="trainer output before it is uploaded to the store")
     recipes: dict[str, str | None] = setting(
         factory=dict, help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)")
     train: TrainerRun = setting(factory=TrainerRun, help="the trainer run by `trained_policy` (through Dagster Pipes)")
@@ -67,21 +60,9 @@ class PipelineFile:
 
 
 @dataclass(frozen=True)
-class PipelineSettings:
-    """What the Dagster layer uses: :class:`PipelineFile` with absolute paths and the environment overrides."""
-
-    trace_root: str
-    store_root: str
-    ledger_path: str
-    cache_dir: str
-    checkpoints_dir: str
-    recipes: dict[str, str | None] = field(default_factory=dict)
-    train_model: str | None = None
-    train_steps: int | None = None
-    sensor_interval_s: int = 60
-    checks: CheckThresholds = CheckThresholds()
-    # where steps and the trainer run (docs/SCALING.md); defaults: in-process executor, local subprocess
-    deployment: DeploymentSettings = DeploymentSettings()
+class PipelineSettings(PipelineFile):
+    """What the Dagster layer uses: the same fields as :class:`PipelineFile` (declared once, there), with
+    absolute paths, the environment overrides applied, and the ledger and cache defaults filled in."""
 
     def recipe(self, name: str) -> str | None:
         """Absolute path of a stage recipe, or None when it does not exist (stage defaults apply)."""
@@ -99,12 +80,11 @@ def load_settings(path: str | Path | None = None) -> PipelineSettings:
     return PipelineSettings(
         trace_root=_abs(os.environ.get("COMPOSER_TRACE_ROOT") or f.trace_root),
         store_root=_abs(os.environ.get("COMPOSER_STORE") or f.store_root),
-        ledger_path=_abs(os.environ.get("COMPOSER_LEDGER_URL") or f.ledger_path),
-        cache_dir=_abs(f.cache_dir),
+        ledger_path=_abs(home.default_ledger_url(f.ledger_path)),
+        cache_dir=_abs(home.default_cache_dir(f.cache_dir)),
         checkpoints_dir=_abs(f.checkpoints_dir),
         recipes=recipes,
-        train_model=os.environ.get("COMPOSER_TRAIN_MODEL") or f.train.model,
-        train_steps=f.train.steps,
+        train=dataclasses.replace(f.train, model=os.environ.get("COMPOSER_TRAIN_MODEL") or f.train.model),
         sensor_interval_s=f.sensor_interval_s,
         checks=f.checks,
         deployment=f.deployment.resolved(REPO_ROOT),

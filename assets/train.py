@@ -24,33 +24,6 @@ from resources.trainer import TrainerLauncher
 STAGE = stage("train")  # (one group for every asset: assets/layout.py)
 
 
-CHANNELS = ("grpo", "sdpo", "dpo", "total")
-
-
-def _loss_plot(losses: list[dict], out: Path):
-    """All per-channel loss curves in one PNG (one line per channel), or None without data."""
-    series = {ch: [(r["step"], r[ch]) for r in losses if r.get(ch) is not None] for ch in CHANNELS}
-    series = {k: v for k, v in series.items() if v}
-    if not series:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-    for name, pts in series.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return out
-
-
 @dg.asset(
     group_name=GROUP,
     tags=STAGE,
@@ -105,7 +78,9 @@ def trained_policy(
     for ch, v in (metrics.get("final") or {}).items():
         if isinstance(v, (int, float)):
             meta[f"final_{ch}_loss"] = float(v)
-    png = _loss_plot(losses, out_dir / "losses.png")
+    from composer_pipeline.train.plots import plot_channels
+
+    png = plot_channels(losses, out_dir / "losses.png")
     if png:
         meta["loss_curves"] = png_markdown(str(png), "Per-channel training loss")
     row = pa.table({

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,12 +101,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="calls per run = rounds x C")
     ap.add_argument("--no-zero-latency", action="store_true")
     args = ap.parse_args()
-    configs = [(int(c), float(l)) for c, l in (x.split(":") for x in args.configs.split(","))]
+    configs = [(int(c), float(lat)) for c, lat in (x.split(":") for x in args.configs.split(","))]
     if not args.no_zero_latency:
         configs.append((8, 0.0))
     warm_up()
-    for c, l in configs:
-        print(json.dumps(run_one(c, l, args.rounds)), flush=True)
+    for c, lat in configs:
+        print(json.dumps(run_one(c, lat, args.rounds)), flush=True)
 
 
 if __name__ == "__main__":

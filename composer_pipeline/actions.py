@@ -11,7 +11,7 @@ free text, then one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson

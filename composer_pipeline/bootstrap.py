@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     elif what == "setup":
         return 0
     else:
-        print(f"usage: python3 -m composer_pipeline.bootstrap [demo|test|setup] [args...]", file=sys.stderr)
+        print("usage: python3 -m composer_pipeline.bootstrap [demo|test|setup] [args...]", file=sys.stderr)
         return 2
     print("+", " ".join(cmd), flush=True)
     os.execv(cmd[0], cmd)

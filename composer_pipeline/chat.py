@@ -1,10 +1,17 @@
-"""Chat messages as plain text turns: what any ChatML-like template can render.
+"""Chat messages through a tokenizer's chat template: the one prompt renderer.
 
-In:  OpenAI chat messages (``content`` a string or parts, assistant ``tool_calls``, ``tool`` messages)
-     and the tool schemas. Out: ``{"role", "content": str}`` turns; tool calls written in the
-     ``<tool_call>`` text form of :mod:`composer_pipeline.actions`, tool results as user turns, and the
-     tool list described in the system turn. Used by the local teacher server (templates that cannot
-     take ``tools``) and by the trainer (the policy's prompts), so both see the same text.
+In:  OpenAI chat messages (``content`` a string or parts, assistant ``tool_calls``, ``tool`` messages),
+     the tool schemas and a tokenizer. Out: the prompt's token ids (:func:`prompt_ids`) or text
+     (:func:`prompt_text`), with the generation prompt. A template that takes ``tools`` gets the
+     messages natively (content as text, tool-call arguments as objects, so they render like
+     ``Action.to_text``'s sorted keys); one that cannot (SmolLM2's) gets :func:`plain_messages`: tool
+     calls in the ``<tool_call>`` text form of :mod:`composer_pipeline.actions`, tool results as user
+     turns, the tool list in the system turn. The local teacher server, the trainer and the experiments
+     all call these, so a local teacher and the policy being trained see the same tokens for a state.
+
+Deliberately simplified: a prompt longer than its budget drops its oldest non-system messages (the
+last one always stays) until it fits; only a single message longer than the budget is cut to its
+last tokens (then the text is the decoded ids, which may re-tokenize differently at the cut).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 import orjson
 
 from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.render import flatten_content  # the one content-to-text rule
 
 TOOL_PROMPT = (
     "You can call these tools. To call one, answer with a block\n"
@@ -22,14 +30,84 @@ TOOL_PROMPT = (
 )
 
 
-def text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return orjson.dumps(content).decode()
+def _arguments(args: Any) -> Any:
+    """A tool call's arguments as an object when they are a JSON string (OpenAI sends strings)."""
+    if isinstance(args, str):
+        try:
+            return orjson.loads(args or "{}")
+        except orjson.JSONDecodeError:
+            return args  # unparseable: kept as it is
+    return args
+
+
+def native_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for a template that takes ``tools``: content as text, tool-call arguments as objects."""
+    out = []
+    for m in messages:
+        m = {**m, "content": flatten_content(m.get("content"))}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {**(fn := dict((c or {}).get("function") or {})),
+                                                  "arguments": _arguments(fn.get("arguments"))}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def render_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
+    """The chat-template text with the generation prompt: native tools where the template takes them
+    (and can render these messages), else the plain form."""
+    if "tools" in (tokenizer.chat_template or ""):
+        try:
+            return tokenizer.apply_chat_template(native_messages(messages), tools=tools or None, tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception:
+            pass  # the template cannot render these messages: fall back to the plain form
+    return tokenizer.apply_chat_template(plain_messages(messages, tools), tokenize=False, add_generation_prompt=True)
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # as apply_chat_template(tokenize=True) does
+
+
+def _fit(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, max_tokens: int) -> tuple[str, list[int]]:
+    """The rendered text and ids of the longest suffix of ``messages`` (system message kept) within ``max_tokens``."""
+    text = render_text(tokenizer, messages, tools)
+    ids = _ids(tokenizer, text)
+    if len(ids) <= max_tokens or len(messages) <= 2:
+        return text, ids
+    head = messages[:1] if messages[0].get("role") == "system" else []
+    body = messages[len(head):]
+
+    def render(drop: int) -> tuple[str, list[int]]:
+        t = render_text(tokenizer, head + body[drop:], tools)
+        return t, _ids(tokenizer, t)
+
+    # fewest oldest messages to drop, by bisection (a shorter history never renders longer); like the
+    # teacher server always did: stop at two messages (the system one and the last, or the last two)
+    lo, hi = 1, len(body) - (1 if head else 2)
+    best = render(hi)
+    if len(best[1]) > max_tokens:
+        return best  # even the shortest history is too long: the caller cuts it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = render(mid)
+        if len(got[1]) <= max_tokens:
+            hi, best = mid, got
+        else:
+            lo = mid + 1
+    return best
+
+
+def prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, max_tokens: int) -> list[int]:
+    """Token ids of the prompt, at most ``max_tokens`` (oldest messages dropped first, then cut from the left)."""
+    ids = _fit(tokenizer, messages, tools, max_tokens)[1]
+    return ids[-max_tokens:] if len(ids) > max_tokens else ids
+
+
+def prompt_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, max_tokens: int) -> str:
+    """The text whose tokens are :func:`prompt_ids` (the rendered text itself unless a cut was needed)."""
+    text, ids = _fit(tokenizer, messages, tools, max_tokens)
+    return tokenizer.decode(ids[-max_tokens:]) if len(ids) > max_tokens else text
 
 
 def plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict[str, str]]:
@@ -37,7 +115,7 @@ def plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> 
     (also used by the trainer for policies whose template cannot take ``tools``)."""
     out: list[dict[str, str]] = []
     for m in messages:
-        role, text = m.get("role", "user"), text_of(m.get("content"))
+        role, text = m.get("role", "user"), flatten_content(m.get("content"))
         if role == "assistant" and m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:

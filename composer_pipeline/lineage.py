@@ -21,9 +21,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from composer_pipeline.ids import MIN_PREFIX, resolve_id
 from composer_pipeline.store import Store
 
-MIN_PREFIX = 6
 # where a pair can live, and what that says about it
 PAIR_TABLES = (
     ("normalized_dpo_pairs", "kept"),
@@ -58,8 +58,8 @@ def resolve_pair_id(store: Store | Sequence[Store], pair_id: str) -> str:
     """The full pair id for ``pair_id`` (exact, or a unique prefix of >= 6 chars)."""
     stores = _stores(store)
     pid = pair_id.strip().lower()
-    if len(pid) < MIN_PREFIX:
-        raise ValueError(f"pair id {pair_id!r} too short: give at least {MIN_PREFIX} characters")
+    if len(pid) < MIN_PREFIX:  # the resolver's own wording, before any table is read
+        resolve_id(pair_id, {"pair": ()}, "")
     ids: set[str] = set()
     any_table = False
     for name, _ in PAIR_TABLES:
@@ -69,11 +69,7 @@ def resolve_pair_id(store: Store | Sequence[Store], pair_id: str) -> str:
             ids.update(t.column("pair_id").to_pylist())
     if not any_table:
         raise FileNotFoundError(f"no pair tables under {', '.join(s.root for s in stores)}")
-    if not ids:
-        raise ValueError(f"no pair with id {pair_id!r} under {', '.join(s.root for s in stores)}")
-    if len(ids) > 1:
-        raise ValueError(f"pair id prefix {pair_id!r} is ambiguous: {', '.join(sorted(ids)[:10])}")
-    return ids.pop()
+    return resolve_id(pair_id, {"pair": ids}, ", ".join(s.root for s in stores))[1]  # the same rules and words as show
 
 
 def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:

@@ -468,8 +468,9 @@ def _hyperscan_cache_path() -> Path:
     under ``$COMPOSER_PIPELINE_HOME`` (default ``~/.cache/composer-pipeline``, as the ledger and the
     response cache; patterns only, never data), named by the patterns."""
     key = hashlib.sha256(repr(PREFILTER_PARTS).encode()).hexdigest()[:16]
-    home = os.environ.get("COMPOSER_PIPELINE_HOME") or os.path.join("~", ".cache", "composer-pipeline")
-    return Path(os.path.expanduser(home), f"secret-prefilter-{key}.hsdb")
+    from composer_pipeline.home import default_home
+
+    return default_home() / f"secret-prefilter-{key}.hsdb"
 
 
 def _hyperscan_cached(hyperscan):

@@ -25,15 +25,17 @@ import shutil
 import textwrap
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from composer_pipeline.pairs.build import agreement_label
-from composer_pipeline.lineage import MIN_PREFIX, PAIR_TABLES  # where a pair can live, and what that says
-from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions
+from composer_pipeline import ids as ids_mod
+from composer_pipeline.ids import MIN_PREFIX
+from composer_pipeline.lineage import PAIR_TABLES  # where a pair can live, and what that says
+from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions, flatten_content
 from composer_pipeline.store import Store
 
 _STATE_META = ("session_key", "session_id", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
@@ -266,27 +268,20 @@ def _stores(store: Store | str | Sequence[Store | str]) -> list[Store]:
     return [s if isinstance(s, Store) else Store(s) for s in items]
 
 
-def resolve_ids(ids: Sequence[str], state_ids: Sequence[str], pair_ids: Sequence[str], where: str) -> list[tuple[str, str]]:
-    """Each id -> ("state" | "pair", full id): exact match, else a unique prefix of >= 6 chars."""
+def resolve_ids(ids: Sequence[str], state_ids: Sequence[str], pair_ids: Sequence[str], where: str,
+                sessions: Mapping[str, Sequence[str]] | None = None) -> list[tuple[str, str]]:
+    """Each id -> ("state" | "pair", full id): exact match, else a unique prefix of >= 6 chars
+    (:func:`composer_pipeline.ids.resolve_id`, as ``lineage``). With ``sessions`` (session key -> its
+    state ids), a session key or the short partition key the UI shows (``calc/a1f0c3d2``) names every
+    state of that session."""
     sset, pset = set(state_ids), set(pair_ids)
-    out = []
+    out: list[tuple[str, str]] = []
     for raw in ids:
-        q = raw.strip().lower()
-        if len(q) < MIN_PREFIX:
-            raise ShowError(f"id {raw!r} too short: give at least {MIN_PREFIX} characters of a state or pair id")
-        if q in sset:
-            out.append(("state", q))
+        session = ids_mod.session_of(raw, sessions or {}, where, ShowError) if sessions else None
+        if session is not None:
+            out += [("state", s) for s in sessions[session]]
             continue
-        if q in pset:
-            out.append(("pair", q))
-            continue
-        hits = [("state", s) for s in sorted(sset) if s.startswith(q)] + [("pair", p) for p in sorted(pset) if p.startswith(q)]
-        if not hits:
-            raise ShowError(f"no state or pair with id {raw!r} under {where} ({len(sset)} states, {len(pset)} pairs searched)")
-        if len(hits) > 1:
-            shown = ", ".join(f"{k} {i}" for k, i in hits[:10])
-            raise ShowError(f"id prefix {raw!r} is ambiguous under {where}: {shown}{' ...' if len(hits) > 10 else ''}")
-        out.append(hits[0])
+        out.append(ids_mod.resolve_id(raw, {"state": sset, "pair": pset}, where, ShowError))
     return out
 
 
@@ -306,7 +301,12 @@ def gather(store: Store | str | Sequence[Store | str], ids: Sequence[str] = (), 
         targets = [("state", s) for s in states.column("state_id").to_pylist()]
     else:
         pair_ids = sorted({p for _, _, t in pair_tables for p in t.column("pair_id").to_pylist() if p})
-        targets = resolve_ids(ids, states.column("state_id").to_pylist() if states is not None else [], pair_ids, where)
+        sessions: dict[str, list[str]] = {}
+        if states is not None:
+            for sk, sid in zip(states.column("session_key").to_pylist(), states.column("state_id").to_pylist()):
+                sessions.setdefault(sk, []).append(sid)
+        targets = resolve_ids(ids, states.column("state_id").to_pylist() if states is not None else [], pair_ids, where,
+                              sessions)
 
     # the pair rows (first table in PAIR_TABLES order wins; every appearance is listed)
     pairs: dict[str, tuple[dict, list[dict]]] = {}
@@ -501,8 +501,7 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
     names = _tool_names(v.prefix)
     for i, msg in enumerate(v.prefix, 1):
         role = msg.get("role")
-        content = msg.get("content")
-        text = content if isinstance(content, str) else ("" if content is None else orjson.dumps(content).decode())
+        text = flatten_content(msg.get("content"))
         if role == "tool":
             tid = msg.get("tool_call_id")
             head = f"[{i}] tool ← {names.get(tid, '?')} {tid}"
@@ -644,8 +643,7 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
     n_tool, n_text, lim = (0, 0, 0) if full else (6, 12, 160)
     for i, msg in msgs:
         role = msg.get("role")
-        content = msg.get("content")
-        text = content if isinstance(content, str) else ("" if content is None else orjson.dumps(content).decode())
+        text = flatten_content(msg.get("content"))
         if role == "tool":
             tid = msg.get("tool_call_id")
             if text == INTERRUPTED:

@@ -3,17 +3,37 @@
 In: ``assets.settings.PipelineSettings`` (recipes/pipeline.yaml). Out: recipe paths for each
 stage (None -> the stage's built-in defaults), the trace root the sensor scans, the trainer's
 base model/steps and the asset check thresholds.
+
+The thresholds are declared once, in :class:`CheckThresholds` (here, below the Dagster assets that
+read the settings file: ``resources/`` never imports ``assets/``); the resource's fields of the same
+names take their defaults from it, and ``tests/test_settings.py`` checks that the two stay one set.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Optional
 
 import dagster as dg
 
-from assets.settings import CheckThresholds, PipelineFile
+from composer_pipeline.settings import setting
 
-_CHECKS = CheckThresholds()  # the thresholds' defaults live there, once
+CHECKPOINTS_DIR = ".state/checkpoints"  # trainer output before it is uploaded to the store (pipeline.yaml's default)
+
+
+@dataclass(frozen=True)
+class CheckThresholds:
+    """Asset check thresholds (the ``checks`` section of recipes/pipeline.yaml)."""
+
+    min_parse_success_ratio: float = setting(0.95, help="parsed lines / all lines, per session")
+    max_quarantine_rows: int = setting(1000, help="quarantined lines per session")
+    max_replay_error_rate: float = setting(0.25, help="failed / all teacher calls, per session")
+    max_pair_drop_rate: float = setting(0.95, help="dropped / (kept + dropped) in normalization, per session")
+    max_eval_regression: float = setting(0.05, help="allowed drop of the new policy's score vs the starting model")
+
+
+_CHECKS = CheckThresholds()
 
 class PipelineRecipes(dg.ConfigurableResource):
     trace_root: str
@@ -23,7 +43,7 @@ class PipelineRecipes(dg.ConfigurableResource):
     train: Optional[str] = None
     train_model: Optional[str] = None
     train_steps: Optional[int] = None
-    checkpoints_dir: str = PipelineFile().checkpoints_dir
+    checkpoints_dir: str = CHECKPOINTS_DIR
     min_parse_success_ratio: float = _CHECKS.min_parse_success_ratio
     max_quarantine_rows: int = _CHECKS.max_quarantine_rows
     max_replay_error_rate: float = _CHECKS.max_replay_error_rate
@@ -32,19 +52,14 @@ class PipelineRecipes(dg.ConfigurableResource):
 
     @classmethod
     def from_settings(cls, s) -> "PipelineRecipes":
-        c = s.checks
         return cls(
             trace_root=s.trace_root,
             ingest=s.recipe("ingest"),
             pairs=s.recipe("pairs"),
             normalize=s.recipe("normalize"),
             train=s.recipe("train"),
-            train_model=s.train_model,
-            train_steps=s.train_steps,
+            train_model=s.train.model,
+            train_steps=s.train.steps,
             checkpoints_dir=s.checkpoints_dir,
-            min_parse_success_ratio=c.min_parse_success_ratio,
-            max_quarantine_rows=c.max_quarantine_rows,
-            max_replay_error_rate=c.max_replay_error_rate,
-            max_pair_drop_rate=c.max_pair_drop_rate,
-            max_eval_regression=c.max_eval_regression,
+            **dataclasses.asdict(s.checks),
         )

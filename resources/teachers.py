@@ -52,11 +52,17 @@ class TeachersResource(dg.ConfigurableResource):
 
     recipe: str
     api_keys: dict[str, str] = {}
-    cache_dir: str = ".state/teacher_cache"
+    cache_dir: Optional[str] = None  # None: composer_pipeline.home.default_cache_dir() (the CLI's)
     autostart_local: bool = True
     startup_timeout_s: float = 180.0
     local_server_idle_s: int = 600  # a server a run started exits after this long without requests
     stop_with_parent: bool = True  # ... and when the process that launched this one exits (dagster dev: the code location)
+
+    @property
+    def cache_path(self) -> str:
+        from composer_pipeline.home import default_cache_dir
+
+        return default_cache_dir(self.cache_dir)
 
     def load_config(self):
         from composer_pipeline.teachers.config import load_teachers
@@ -70,8 +76,8 @@ class TeachersResource(dg.ConfigurableResource):
     def response_cache(self):
         from composer_pipeline.teachers.cache import ResponseCache
 
-        Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
-        return ResponseCache(self.cache_dir)
+        Path(self.cache_path).mkdir(parents=True, exist_ok=True)
+        return ResponseCache(self.cache_path)
 
     def ensure_local_servers(self, log=None, only: Optional[set[str]] = None) -> list[str]:
         """Start the local teacher server for loopback base_urls nobody answers on; returns started URLs.
@@ -91,7 +97,7 @@ class TeachersResource(dg.ConfigurableResource):
             port = u.port or 80
             if _port_open(u.hostname, port):
                 raise ConnectionError(f"{u.hostname}:{port} is taken by something that is not an OpenAI-compatible server")
-            log_path = Path(self.cache_dir).resolve().parent / f"teacher_server-{port}.log"
+            log_path = Path(self.cache_path).resolve().parent / f"teacher_server-{port}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             pid_path = log_path.with_suffix(".pid")
             cmd = [sys.executable, "-m", "composer_pipeline", "teachers", "serve",

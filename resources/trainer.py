@@ -20,12 +20,42 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import dagster as dg
 
+from composer_pipeline import settings
+from composer_pipeline.settings import setting
+
 ENTRY_MODULE = "composer_pipeline.train.pipes_entry"
+
+
+@dataclass(frozen=True)
+class K8sTrainerPod:
+    """The trainer pod (``deployment.trainer.k8s`` of recipes/pipeline.yaml, launcher ``k8s``): what
+    ``PipesK8sClient`` starts. Declared once, here; the settings layer reads it from the recipe and the
+    launcher reads it back from its Dagster config (:meth:`TrainerLauncher.pod`)."""
+
+    image: str | None = setting(None, help="the pod's image (required with launcher: k8s)")
+    namespace: str = setting("default", help="Kubernetes namespace of the pod")
+    command: Literal["python", "torchrun", "accelerate"] = setting("python", help="what the pod runs: python | torchrun | accelerate")
+    nproc_per_node: int | None = setting(None, help="ranks in the pod (torchrun / accelerate); null: gpus, else 1")
+    accelerate_config: str | None = setting(None, help="`accelerate launch --config_file` inside the pod")
+    gpus: int = setting(0, help="nvidia.com/gpu request (= limit); 0: a CPU pod")
+    resources: dict[str, dict[str, str]] = setting(factory=dict, help="container resources: requests / limits")
+    env: dict[str, str] = setting(factory=dict, help="extra environment of the trainer container")
+    env_secrets: tuple[str, ...] = setting((), help="Secrets given to the container as environment (envFrom)")
+    node_selector: dict[str, str] = setting(factory=dict, help="the pod's nodeSelector")
+    tolerations: tuple[dict[str, Any], ...] = setting((), help="the pod's tolerations")
+    volumes: tuple[dict[str, Any], ...] = setting((), help="the pod's volumes")
+    volume_mounts: tuple[dict[str, Any], ...] = setting((), help="the container's volumeMounts")
+    service_account_name: str | None = setting(None, help="the pod's serviceAccountName")
+    image_pull_policy: str | None = setting(None, help="the container's imagePullPolicy")
+    load_incluster_config: bool | None = setting(None, help="PipesK8sClient: in-cluster config (null: its own detection)")
+    kubeconfig_file: str | None = setting(None, help="PipesK8sClient: kubeconfig file outside the cluster")
+    poll_interval_s: float = setting(10.0, help="PipesK8sClient: seconds between polls of the pod")
 
 
 def torchrun_command(nproc_per_node: int, python: str | None = None, extra: list[str] | None = None) -> list[str]:
@@ -59,7 +89,12 @@ class TrainerLauncher(dg.ConfigurableResource):
     nproc_per_node: int = 1
     torchrun_args: list[str] = []  # multi-node rendezvous flags; empty: --standalone (one machine)
     accelerate_config: Optional[str] = None
-    k8s: dict[str, Any] = {}
+    k8s: dict[str, Any] = {}  # a K8sTrainerPod as plain data (Dagster config); read it through .pod
+
+    @property
+    def pod(self) -> K8sTrainerPod:
+        """``k8s`` as the typed pod settings (unknown keys and wrong types are an error naming the key)."""
+        return settings.from_dict(K8sTrainerPod, self.k8s, "TrainerLauncher", "k8s")
 
     def command(self) -> list[str]:
         if self.command_prefix:
@@ -73,62 +108,57 @@ class TrainerLauncher(dg.ConfigurableResource):
     def run(self, context, *, extras: dict, pipes_client: dg.PipesSubprocessClient):
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **self.env}
         if self.launcher == "k8s":  # the trainer in its own pod; pipes_client (local) is not used
-            k = self.k8s
+            pod = self.pod
             return self.pipes_k8s_client().run(
-                context=context, extras=extras, image=k["image"], command=self.k8s_command(),
-                namespace=k.get("namespace") or "default", env={**env, **(k.get("env") or {})},
-                base_pod_spec=self.k8s_pod_spec(),
+                context=context, extras=extras, image=pod.image, command=self.k8s_command(),
+                namespace=pod.namespace, env={**env, **pod.env}, base_pod_spec=self.k8s_pod_spec(),
             )
         return pipes_client.run(command=self.command(), context=context, extras=extras, env=env)
 
     # --- launcher: k8s -------------------------------------------------------------------------
     def k8s_command(self) -> list[str]:
         """What the trainer pod runs: ``python -m <entry>``, or torchrun / accelerate inside the pod."""
-        k = self.k8s
-        inner = k.get("command") or "python"
-        nproc = int(k.get("nproc_per_node") or k.get("gpus") or 1)
-        if inner == "torchrun":
+        pod = self.pod
+        nproc = pod.nproc_per_node or pod.gpus or 1
+        if pod.command == "torchrun":
             return torchrun_command(nproc)
-        if inner == "accelerate":
-            return accelerate_command(k.get("accelerate_config"), nproc)
+        if pod.command == "accelerate":
+            return accelerate_command(pod.accelerate_config, nproc)
         return ["python", "-m", ENTRY_MODULE]
 
     def k8s_pod_spec(self) -> dict[str, Any]:
         """``base_pod_spec`` for ``PipesK8sClient``: resources (+ ``nvidia.com/gpu``), secrets, volumes."""
-        k = self.k8s
-        resources = {kind: dict(v) for kind, v in (k.get("resources") or {}).items()}
-        gpus = int(k.get("gpus") or 0)
-        if gpus:
+        pod = self.pod
+        resources = {kind: dict(v) for kind, v in pod.resources.items()}
+        if pod.gpus:
             for kind in ("requests", "limits"):  # GPUs: requests must equal limits
-                resources.setdefault(kind, {})["nvidia.com/gpu"] = str(gpus)
-        container: dict[str, Any] = {"name": "trainer", "image": k["image"]}
+                resources.setdefault(kind, {})["nvidia.com/gpu"] = str(pod.gpus)
+        container: dict[str, Any] = {"name": "trainer", "image": pod.image}
         if resources:
             container["resources"] = resources
-        if k.get("image_pull_policy"):
-            container["imagePullPolicy"] = k["image_pull_policy"]
-        if k.get("env_secrets"):
-            container["envFrom"] = [{"secretRef": {"name": name}} for name in k["env_secrets"]]
-        if k.get("volume_mounts"):
-            container["volumeMounts"] = list(k["volume_mounts"])
+        if pod.image_pull_policy:
+            container["imagePullPolicy"] = pod.image_pull_policy
+        if pod.env_secrets:
+            container["envFrom"] = [{"secretRef": {"name": name}} for name in pod.env_secrets]
+        if pod.volume_mounts:
+            container["volumeMounts"] = list(pod.volume_mounts)
         spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
-        for key, field in (("volumes", "volumes"), ("node_selector", "nodeSelector"),
-                           ("tolerations", "tolerations"), ("service_account_name", "serviceAccountName")):
-            if k.get(key):
-                spec[field] = k[key]
+        for field, value in (("volumes", list(pod.volumes)), ("nodeSelector", pod.node_selector),
+                             ("tolerations", list(pod.tolerations)), ("serviceAccountName", pod.service_account_name)):
+            if value:
+                spec[field] = value
         return spec
 
     def pipes_k8s_client(self):
         from dagster_k8s import PipesK8sClient
 
-        k = self.k8s
-        return PipesK8sClient(
-            load_incluster_config=k.get("load_incluster_config"),
-            kubeconfig_file=k.get("kubeconfig_file"),
-            poll_interval=float(k.get("poll_interval_s") or 10.0),
-        )
+        pod = self.pod
+        return PipesK8sClient(load_incluster_config=pod.load_incluster_config, kubeconfig_file=pod.kubeconfig_file,
+                              poll_interval=pod.poll_interval_s)
 
     @classmethod
     def from_deployment(cls, trainer) -> "TrainerLauncher":
         """From ``PipelineSettings.deployment.trainer`` (``assets.deployment.TrainerDeployment``)."""
+        pod = {k: v for k, v in settings.to_dict(trainer.k8s).items() if v is not None}  # Dagster config takes no nulls
         return cls(launcher=trainer.launcher, nproc_per_node=trainer.nproc_per_node, torchrun_args=list(trainer.torchrun_args),
-                   accelerate_config=trainer.accelerate_config, env=dict(trainer.env), k8s=dict(trainer.k8s))
+                   accelerate_config=trainer.accelerate_config, env=dict(trainer.env), k8s=pod)

@@ -1,7 +1,10 @@
-"""The layout rules of docs/ARCHITECTURE.md, checked on the source: no import cycles inside
-composer_pipeline (between modules, and between its packages), no Dagster in the domain code, the
-test helpers (composer_pipeline.testing) never imported by the pipeline, and only composer_pipeline
-installed (the Dagster layer stays top-level folders of the checkout)."""
+"""The layout rules of docs/ARCHITECTURE.md, checked on the source of the whole repo (composer_pipeline/,
+assets/, resources/, bench/): no import cycle between modules, none between composer_pipeline's
+packages, none between the top-level folders (composer_pipeline <- resources <- assets <- bench), no
+Dagster in the domain code, the test helpers (composer_pipeline.testing) never imported by the
+pipeline, and only composer_pipeline installed (the Dagster layer stays top-level folders of the
+checkout). Imports are read statically (``import``/``from`` at any depth, lazy ones included); an
+import built at run time (``importlib``, ``__import__``) is not seen."""
 
 from __future__ import annotations
 
@@ -11,18 +14,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "composer_pipeline"
+ROOTS = ("composer_pipeline", "resources", "assets", "bench")  # lowest first: each imports only those before it
 
 
-def _modules() -> dict[str, Path]:
+def _modules(roots: tuple[str, ...] = ("composer_pipeline",)) -> dict[str, Path]:
     out = {}
-    for p in PKG.rglob("*.py"):
-        parts = p.relative_to(REPO).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    for root in roots:
+        for p in (REPO / root).rglob("*.py"):
+            parts = p.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every composer_pipeline module ``name`` imports, at any depth of the file (lazy imports count)."""
+    """Every module of ``modules`` that ``name`` imports, at any depth of the file (lazy imports count)."""
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -41,13 +46,13 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         for t in targets:
             while t and t not in modules:  # `import a.b.c` of a non-module attribute: its module
                 t = t.rpartition(".")[0]
-            if t.startswith("composer_pipeline") and t != name:
+            if t and t != name:
                 found.add(t)
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
+def _graph(roots: tuple[str, ...] = ("composer_pipeline",)) -> dict[str, set[str]]:
+    modules = _modules(roots)
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
@@ -81,9 +86,9 @@ def _unit(module: str) -> str:
 def test_no_import_cycle_between_modules():
     # a package's __init__ importing its own submodules (cli/__init__.py registering the subcommands)
     # is how Python packages are built, not a cycle between modules
-    modules = _modules()
+    modules = _modules(ROOTS)
     graph = {n: {m for m in deps if not (modules[n].name == "__init__.py" and m.rpartition(".")[0] == n)}
-             for n, deps in _graph().items()}
+             for n, deps in _graph(ROOTS).items()}
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -97,6 +102,13 @@ def test_no_import_cycle_between_packages():
         deps.discard("composer_pipeline")
     cycle = _cycle(graph)
     assert cycle is None, "packages import each other: " + " -> ".join(cycle)
+
+
+def test_top_level_folders_import_only_those_below():
+    rank = {root: i for i, root in enumerate(ROOTS)}
+    upward = sorted(f"{n} imports {m}" for n, deps in _graph(ROOTS).items() for m in deps
+                    if rank[m.split(".")[0]] > rank[n.split(".")[0]])
+    assert upward == [], "a folder imports one above it (cycle risk): " + "; ".join(upward)
 
 
 def test_domain_code_has_no_dagster_and_never_imports_the_test_helpers():

@@ -87,6 +87,7 @@ def test_one_rule_for_unknown_keys_everywhere(tmp_path):
              (IngestRecipe, {"render": {"strip_thinkin": True}}, "render", "strip_thinkin"),
              (PairRecipe, {"signature": {"ignore_order": True}}, "signature", "ignore_order"),
              (PipelineFile, {"checks": {"max_quarantine": 5}}, "checks", "max_quarantine"),
+             (PipelineFile, {"deployment": {"trainer": {"k8s": {"imag": "x"}}}}, "deployment.trainer.k8s", "imag"),
              (NormalizeFile, {"procces": []}, "", "procces")]
     for cls, raw, section, key in cases:
         p = tmp_path / "r.yaml"
@@ -121,6 +122,20 @@ def test_types_are_checked_with_the_key_path(tmp_path):
     assert TrainRecipe.from_dict(settings.to_dict(r)) == r
 
 
+def test_trainer_pod_settings_are_typed(tmp_path):
+    """The k8s trainer pod is a typed section (resources/trainer.py ``K8sTrainerPod``): a wrong type is an
+    error naming its key, and the launcher reads back what the recipe set."""
+    from resources.trainer import TrainerLauncher
+
+    recipe = tmp_path / "pipeline.yaml"
+    recipe.write_text("deployment: {trainer: {launcher: k8s, k8s: {image: i, gpus: two}}}\n")
+    with pytest.raises(ValueError, match=r"deployment\.trainer\.k8s\.gpus must be an integer, got 'two'"):
+        load_settings(recipe)
+    recipe.write_text("deployment: {trainer: {launcher: k8s, k8s: {image: i, command: torchrun, gpus: 2, env_secrets: [s3]}}}\n")
+    pod = TrainerLauncher.from_deployment(load_settings(recipe).deployment.trainer).pod
+    assert (pod.image, pod.command, pod.gpus, pod.env_secrets, pod.namespace) == ("i", "torchrun", 2, ("s3",), "default")
+
+
 def test_missing_required_keys_say_what_they_are():
     with pytest.raises(ValueError, match=r"t: teachers\[0\] \(a\): missing required key\(s\) \['budget_usd'\] \(budget_usd: lifetime budget"):
         settings.from_dict(TeachersConfig, {"ceiling_usd": 1.0, "teachers": [
@@ -136,6 +151,22 @@ def test_a_rule_of_the_class_says_where_it_failed():
 def test_moved_keys_name_their_new_home():
     with pytest.raises(ValueError, match=r"'trace_root' now lives in recipes/pipeline.yaml"):
         IngestRecipe.from_dict({"trace_root": "~/.claude/projects"})
+
+
+def test_check_thresholds_are_one_set_in_the_file_and_the_resource(tmp_path):
+    """The ``checks`` of pipeline.yaml reach the ``recipes`` resource by name: the resource has every
+    threshold of :class:`CheckThresholds` with the same default, and a value set in the file arrives."""
+    import dataclasses
+
+    from resources.recipes import CheckThresholds, PipelineRecipes
+
+    fields = PipelineRecipes.model_fields
+    for f in dataclasses.fields(CheckThresholds):
+        assert f.name in fields and fields[f.name].default == f.default, f.name
+    recipe = tmp_path / "pipeline.yaml"
+    recipe.write_text("checks: {max_quarantine_rows: 7, max_eval_regression: 0.5}\n")
+    res = PipelineRecipes.from_settings(load_settings(recipe))
+    assert (res.max_quarantine_rows, res.max_eval_regression, res.min_parse_success_ratio) == (7, 0.5, 0.95)
 
 
 if __name__ == "__main__":

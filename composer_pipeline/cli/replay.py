@@ -5,8 +5,9 @@ Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` w
 into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, unknown
 hosts and an unwritable ``--out`` exit 2 naming them. Exit 1 when a teacher was cut off (invalid
 responses) or no call was answered; 143/130 after SIGTERM/SIGINT (the ledger run is closed first). API keys are read from the environment variables the
-teachers YAML names. The ledger and response cache default to ``$COMPOSER_PIPELINE_HOME`` (else
-``~/.cache/composer-pipeline``), so budgets hold across runs and a re-run pays for nothing twice.
+teachers YAML names. The ledger and response cache default to those of the Dagster assets
+(:mod:`composer_pipeline.home`: ``$COMPOSER_PIPELINE_HOME``, else ``~/.cache/composer-pipeline``), so
+budgets hold across runs and a re-run or a Dagster run of the same states pays for nothing twice.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import load_teachers
-    from composer_pipeline.teachers.ledger import default_home, open_ledger
+    from composer_pipeline.home import default_cache_dir
+    from composer_pipeline.teachers.ledger import open_ledger
     from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
     from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
 
@@ -55,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if not src.exists("trace_states"):
         raise FileNotFoundError(f"no trace_states under {args.states} (run `composer-pipeline ingest` first)")
     states, messages = src.read_table("trace_states"), src.read_table("trace_messages")
-    home = default_home()
     ledger = open_ledger(args.ledger)
-    cache_dir = Path(args.cache or home / "teacher_cache").expanduser()
+    cache_dir = Path(args.cache or default_cache_dir()).expanduser()
     cache = ResponseCache(cache_dir)
     opts = render.RenderOptions.from_recipe(args.ingest_recipe)
 

@@ -20,7 +20,8 @@ MIN_WIDTH, MAX_WIDTH = 40, 1000  # (a width of 10^8 printed 1.2 GB of rules)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("show", help="audit a state or pair: the exact prefix teachers saw, the action, each answer")
-    p.add_argument("ids", nargs="*", metavar="ID", help="state id or pair id (or a unique prefix of >= 6 chars)")
+    p.add_argument("ids", nargs="*", metavar="ID", help="state id or pair id (or a unique prefix of >= 6 chars), or a "
+                   "session: the short partition key the Dagster UI shows (calc/a1f0c3d2) or its session key (after --)")
     p.add_argument("--all", action="store_true", help="show every state in the store")
     p.add_argument("--store", action="append", default=None,
                    help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .store)")

@@ -36,8 +36,9 @@ def register(subparsers) -> None:
     s.set_defaults(func=run_serve)
 
     k = sub.add_parser("stop", help="stop the local teacher servers Dagster runs started (pid files in the state dir)")
-    k.add_argument("--state-dir", default=".state",
-                   help="where the servers' teacher_server-<port>.pid files are (default .state: the repo's)")
+    k.add_argument("--state-dir", default=None,
+                   help="where the servers' teacher_server-<port>.pid files are: beside the response cache "
+                        "(default $COMPOSER_PIPELINE_HOME, else ~/.cache/composer-pipeline)")
     k.set_defaults(func=run_stop)
 
     ledger_help = ("ledger URL: a file path (SQLite) or postgresql://user@host/db (password via PGPASSWORD); "
@@ -141,11 +142,14 @@ def stop_servers(state_dir: str | Path, timeout_s: float = 10.0) -> list[dict]:
 def run_stop(args: argparse.Namespace) -> int:
     import orjson
 
-    results = stop_servers(args.state_dir)
+    from composer_pipeline.home import default_cache_dir
+
+    state_dir = args.state_dir or Path(default_cache_dir()).parent
+    results = stop_servers(state_dir)
     for r in results:
         print(orjson.dumps(r).decode())
     if not results:
-        print(orjson.dumps({"state_dir": str(Path(args.state_dir).resolve()), "status": "no teacher server pid files"}).decode())
+        print(orjson.dumps({"state_dir": str(Path(state_dir).resolve()), "status": "no teacher server pid files"}).decode())
     return 1 if any(r["status"] == "still running" for r in results) else 0
 
 

@@ -73,12 +73,6 @@ def _first_key(project: str, ident: str, start: int) -> str:
     return f"{project}/{ident[:start].rstrip('-')}"
 
 
-def first_candidate(session_key: str) -> str:
-    """The key a session gets when no other session's id starts like its own; every later candidate
-    starts with it."""
-    return _first_key(*_parts(session_key))
-
-
 def candidates(session_key: str) -> list[str]:
     """Every partition key this session may get, shortest first (see the module docstring)."""
     project, ident, start = _parts(session_key)

@@ -25,18 +25,9 @@ data-juicer traps handled here (each measured on py-data-juicer 1.6.1; tests/pai
 * fork start method / worker pools: never started (no ``datasets.map(num_proc=...)``), so this
   is safe inside a threaded Dagster process.
 
-Running the same recipe on Ray for large corpora. Export the text columns (``pair_id``,
-``chosen_text``, ``rejected_text`` and, for dedup, ``pair_text`` = prompt + "\n\x1e\n" +
-chosen_text + "\n\x1e\n" + rejected_text, see :func:`pair_text_column`) to JSONL, copy
-``recipes/normalize.yaml`` and add ``executor_type: ray``, ``ray_address: auto`` (a running
-cluster; ``local`` starts one in-process), ``dataset_path`` and ``export_path``; rename
-``document_deduplicator`` to ``ray_document_deduplicator`` (the plain one is not supported on
-Ray); run ``dj-process --config ray_normalize.yaml``. Keep one op instance per text key and, for
-filters on both keys, one run per key: the stats collision exists on Ray too. The export is a
-folder of JSON part files; join the surviving ``pair_id`` s back to the full pair table with
-DuckDB or pyarrow (dropped = anti-join), so nested columns never travel through Ray. Checked on
-300 synthetic pairs (rejected-side length filter + ray dedup, ``ray_address: local``): same 265
-surviving ids as :func:`normalize_pairs`, 23 s including Ray start-up.
+On Ray: a recipe with ``executor_type: ray`` (``recipes/normalize_ray.yaml``) is handed to
+:func:`composer_pipeline.pairs.normalize_ray.normalize_pairs_ray` (data-juicer's ``RayExecutor``, one
+pass per op, the same result table); docs/SCALING.md section 4 says how to run it on a cluster.
 
 Deliberately simplified: only Filter and Deduplicator ops are accepted (a Mapper would rewrite
 ``chosen_text`` without rewriting the ``chosen`` Action JSON); filters run as one batch per op.

@@ -54,10 +54,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from composer_pipeline.home import default_home
+from composer_pipeline import home
+from composer_pipeline.teachers.config import TeachersConfig
 
 EPS = 1e-12  # float slack when comparing sums of dollars
-DEFAULT_LEASE_S = 30.0
+DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's lease_s default
 OPEN_STATES = ("reserved", "sent")
 
 # Versioned schema: append a migration, never edit one that has shipped.
@@ -320,10 +321,6 @@ class Ledger:
     @property
     def label(self) -> str:
         """Where the ledger is, password removed."""
-        return self._db.label
-
-    @property
-    def path(self) -> str:  # kept for callers that print where the ledger is
         return self._db.label
 
     @property
@@ -850,8 +847,8 @@ class AsyncLedger:
 
 
 def default_ledger_url() -> str:
-    """``$COMPOSER_LEDGER_URL``, else ``<home>/ledger.sqlite``."""
-    return os.environ.get("COMPOSER_LEDGER_URL") or str(default_home() / "ledger.sqlite")
+    """``$COMPOSER_LEDGER_URL``, else ``<home>/ledger.sqlite`` (the one rule: :func:`composer_pipeline.home.default_ledger_url`)."""
+    return home.default_ledger_url()
 
 
 def open_ledger(url: str | Path | None = None) -> Ledger:

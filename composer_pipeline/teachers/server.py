@@ -10,7 +10,7 @@ The prompt is the model's own chat template applied to the messages, with ``tool
 template when it uses them; otherwise the tool list is described in the system turn, with the
 ``<tool_call>{"name", "arguments"}</tool_call>`` convention of :mod:`composer_pipeline.actions`.
 Assistant ``tool_calls`` and ``tool`` messages are given to templates that cannot render them as
-plain text. Greedy decoding at ``temperature`` 0, sampling otherwise.
+plain text. The rendering is :mod:`composer_pipeline.chat`'s, the trainer's too. Greedy decoding at ``temperature`` 0, sampling otherwise.
 
 Served names that resolve to the same model directory share one loaded copy of the weights (and
 its lock). Greedy memo: a ``temperature`` 0 generation is a pure function of (weights, prompt,
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import orjson
 
-from composer_pipeline.chat import plain_messages, text_of
+from composer_pipeline import chat
 
 MAX_NEW_TOKENS = 1024
 MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
@@ -158,35 +158,9 @@ class LocalModel:
         self.max_prompt_tokens = min(self.max_prompt_tokens, ctx)
         return self
 
-    @property
-    def template_takes_tools(self) -> bool:
-        return "tools" in (self.tokenizer.chat_template or "")
-
-    def _ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
-        if hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
-
-    def render_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
-        """Token ids of the prompt: native tool rendering when the template has it, else plain text."""
-        if self.template_takes_tools:
-            try:
-                return self._ids([{**m, "content": text_of(m.get("content"))} for m in messages], tools or None)
-            except Exception:
-                pass  # template cannot render these messages: fall back to the plain form
-        return self._ids(plain_messages(messages, tools))
-
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None, max_new: int) -> list[int]:
-        budget = max(16, self.max_prompt_tokens - max_new)
-        ids = self.render_ids(messages, tools)
-        # drop the oldest non-system messages until the prompt fits, keeping the last one
-        msgs = list(messages)
-        while len(ids) > budget and len(msgs) > 2:
-            drop = 1 if msgs[0].get("role") == "system" else 0
-            msgs = msgs[:drop] + msgs[drop + 1 :]
-            ids = self.render_ids(msgs, tools)
-        return ids[-budget:] if len(ids) > budget else ids
+        """The prompt's token ids within ``max_prompt_tokens - max_new`` (the one renderer: :mod:`composer_pipeline.chat`)."""
+        return chat.prompt_ids(self.tokenizer, messages, tools, max(16, self.max_prompt_tokens - max_new))
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.complete_with_memo(body)[0]
@@ -282,7 +256,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {path}", "not_found")
 
     def do_POST(self):
-        self.server.last_request = time.monotonic()
+        with self.server.busy:  # idle means nothing in flight: the idle exit never cuts a generation short
+            self.server.in_flight += 1
+            self.server.last_request = time.monotonic()
+        try:
+            self._post()
+        finally:
+            with self.server.busy:
+                self.server.in_flight -= 1
+                self.server.last_request = time.monotonic()
+
+    def _post(self):
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -322,7 +306,9 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.models = models
         self.log = log
-        self.last_request = time.monotonic()  # completions only (health checks do not keep it alive)
+        self.last_request = time.monotonic()  # start/end of the last completion (health checks do not keep it alive)
+        self.in_flight = 0  # completion requests being answered (or waiting for their model's lock)
+        self.busy = threading.Lock()
         memos = {id(m.memo): m.memo for m in models.values() if m.memo is not None}
         if len(memos) > 1:
             raise ValueError("all served models must share one GreedyMemo")
@@ -369,22 +355,35 @@ def process_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+OWNER_GONE_GRACE_S = 120.0  # answers in flight when the owning process went: finished first, within this
+
+
 def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int | None,
            on_exit: Callable[[str], None] | None) -> None:
-    """Stop the server when it has been idle too long, or when the process it belongs to is gone."""
+    """Stop the server when it has been idle too long, or when the process it belongs to is gone.
+
+    Idle counts from the end of the last completion and only while none is in flight: shutting down
+    under a generation killed its handler thread inside torch at interpreter exit (the client got a
+    dropped connection, the log ``terminate called without an active exception``). When the owner is
+    gone, requests in flight are still answered (up to ``OWNER_GONE_GRACE_S``) before the server stops."""
+    owner_gone_at = None
     while True:
-        idle = time.monotonic() - srv.last_request
+        with srv.busy:
+            busy = srv.in_flight
+            idle = 0.0 if busy else time.monotonic() - srv.last_request
         why = None
         if idle_exit_s and idle >= idle_exit_s:
             why = f"no completion request for {idle:.0f}s (idle_exit_s {idle_exit_s:g})"
         elif exit_with_pid and not process_alive(exit_with_pid):
-            why = f"process {exit_with_pid} (exit_with_pid) is gone"
+            owner_gone_at = owner_gone_at or time.monotonic()
+            if not busy or time.monotonic() - owner_gone_at >= OWNER_GONE_GRACE_S:
+                why = f"process {exit_with_pid} (exit_with_pid) is gone"
         if why:
             if on_exit:
                 on_exit(f"{why}: stopping")
             srv.shutdown()
             return
-        time.sleep(1.0 if exit_with_pid else min(5.0, max(0.2, idle_exit_s - idle)))
+        time.sleep(1.0 if exit_with_pid or busy else min(5.0, max(0.2, idle_exit_s - idle)))
 
 
 def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,

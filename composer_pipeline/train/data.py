@@ -221,40 +221,12 @@ def _add_unpaired_states(store: Store, data: TrainData, seen: set[str], fraction
 
 
 # -- rendering -------------------------------------------------------------------------------
-def normalize_messages(messages: list[dict]) -> list[dict]:
-    """Tool-call arguments as objects (OpenAI sends JSON strings), so templates render them like
-    ``Action.to_text`` does (sorted keys); unparseable strings are kept as they are."""
-    out = []
-    for m in messages:
-        calls = m.get("tool_calls") if isinstance(m, dict) else None
-        if calls:
-            m = dict(m)
-            fixed = []
-            for c in calls:
-                fn = dict((c or {}).get("function") or {})
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        fn["arguments"] = orjson.loads(fn["arguments"] or "{}")
-                    except orjson.JSONDecodeError:
-                        pass
-                fixed.append({**c, "function": fn})
-            m["tool_calls"] = fixed
-        out.append(m)
-    return out
-
-
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
-    """Chat-template text with the generation prompt, keeping the last ``max_prompt_tokens`` tokens."""
-    if "tools" in (tokenizer.chat_template or ""):
-        text = tokenizer.apply_chat_template(normalize_messages(messages), tools=tools or None, tokenize=False, add_generation_prompt=True)
-    else:  # template without tool support (e.g. SmolLM2's): the plain form the local teacher server uses
-        from composer_pipeline.chat import plain_messages
+    """Chat-template text with the generation prompt, at most ``max_prompt_tokens`` tokens: the one
+    renderer the local teacher server also uses (:func:`composer_pipeline.chat.prompt_text`)."""
+    from composer_pipeline.chat import prompt_text
 
-        text = tokenizer.apply_chat_template(plain_messages(messages, tools), tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) > max_prompt_tokens:
-        text = tokenizer.decode(ids[-max_prompt_tokens:])
-    return text
+    return prompt_text(tokenizer, messages, tools, max_prompt_tokens)
 
 
 def interleave_error_sites(rows: list[PromptRow], group: int, seed: int) -> list[PromptRow]:

@@ -34,7 +34,8 @@ def session_lines(sid: str = SESSION_ID, n_steps: int = 3, task: str = "Fix the 
     """A main session: user task, then ``n_steps`` (assistant tool_use -> user tool_result), then a final answer."""
     recs, parent, ts = [], None, 0
     u = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}-0"))
-    recs.append(_rec("user", parent, u, sid, task, ts)); parent = u
+    recs.append(_rec("user", parent, u, sid, task, ts))
+    parent = u
     for i in range(n_steps):
         ts += 1
         a = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}-a{i}"))
@@ -43,13 +44,15 @@ def session_lines(sid: str = SESSION_ID, n_steps: int = 3, task: str = "Fix the 
             {"type": "text", "text": f"Step {i}: let me look at the file."},
             {"type": "tool_use", "id": tid, "name": "Read" if i % 2 == 0 else "Bash",
              "input": {"file_path": f"/home/dev/proj/app{i}.py"} if i % 2 == 0 else {"command": f"pytest -q test_{i}.py"}},
-        ], ts)); parent = a
+        ], ts))
+        parent = a
         ts += 1
         r = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}-r{i}"))
         recs.append(_rec("user", parent, r, sid, [
             {"type": "tool_result", "tool_use_id": tid,
              "content": f"line {i}: def f(): return {i}" + (f"\nGITHUB_TOKEN={FAKE_GITHUB_TOKEN}" if i == 0 else "")}], ts,
-            toolUseResult={"stdout": f"ok {i}"})); parent = r
+            toolUseResult={"stdout": f"ok {i}"}))
+        parent = r
     ts += 1
     f = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}-final"))
     recs.append(_rec("assistant", parent, f, sid, [{"type": "text", "text": "Done: the test passes now."}], ts))

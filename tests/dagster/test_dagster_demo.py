@@ -17,6 +17,7 @@ def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monk
     write_session(root, "-home-dev-two", "22222222-0000-0000-0000-000000000002", n_steps=2)
     teachers = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
     monkeypatch.setenv("COMPOSER_PIPELINE_RECIPE", str(tmp_path / "none.yaml"))  # defaults, nothing from the repo's state
+    monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))  # the default ledger and cache: fresh
     lines: list[str] = []
     report = run_demo(trace_root=root, store=tmp_path / "store", skip_train=True, teachers=teachers,
                       echo=lines.append, dagster_home=tmp_path / "dh")

@@ -28,7 +28,7 @@ def test_full_chain_through_dagster(tmp_path, scripted_server, tiny_model_dir, m
     from dataclasses import replace
 
     s = replace(s, ledger_path=str(tmp_path / "ledger.sqlite"), cache_dir=str(tmp_path / "cache"),
-                checkpoints_dir=str(tmp_path / "ckpt"), train_steps=2)
+                checkpoints_dir=str(tmp_path / "ckpt"), train=replace(s.train, steps=2))
     assert s.recipe("train") == str(REPO_ROOT / "recipes" / "train.yaml")
     defs = build_defs(s)
     instance = dg.DagsterInstance.ephemeral()

@@ -57,7 +57,8 @@ LINE_START_KEYS = {"openai_key": "sk-proj-" + "Dg4sTeR9Mk2L" * 3, "slack_token":
 
 
 def test_metadata_and_event_log_hold_no_secret(tmp_path):
-    """(Partitioned by the long session key, as instances from before short keys are.) Metadata (rendered example, previews, counts) and logs are built from the scrubbed ingest tables:
+    """(Partitioned by the long session key, as instances from before short keys are.) Metadata (rendered
+    example, previews, counts) and logs are built from the scrubbed ingest tables:
     keys at a line start or after a tab in the session reach no event of the run."""
     root = tmp_path / "projects"
     sid = "22222222-3333-4444-5555-666666666666"

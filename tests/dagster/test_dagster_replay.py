@@ -84,8 +84,10 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     kinds = meta["dpo_pairs"]["pairs_by_agreement_kind"].value
     assert kinds == {"cross_model": store.read_table("dpo_pairs").num_rows}  # three distinct model names agree
     assert "- **agreement: cross_model**, 3 of 3 models" in meta["dpo_pairs"]["example"].value
-    norm_example = meta["normalized_dpo_pairs"]["example"].value  # the stored prompt, by choice: nothing "missing"
-    assert "- **agreement: cross_model**" in norm_example and "missing: trace_states" not in norm_example
+    norm_example = meta["normalized_dpo_pairs"]["example"].value  # rendered as on dpo_pairs: with the replays
+    assert "- **agreement: cross_model**" in norm_example and "missing: " not in norm_example
+    assert "not replayed yet" not in norm_example and "| t0 |" in norm_example  # every teacher's answer
+    assert f"- stream: `{KEY}:main`" in norm_example  # the state's stream, not None
 
     # the summary names what it counts: every row went over HTTP once (no cache yet) ...
     s = meta["teacher_replays"]["summary"].value

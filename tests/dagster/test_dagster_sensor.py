@@ -124,3 +124,13 @@ def test_a_newcomer_sharing_an_id_prefix_gets_a_longer_key_and_the_old_partition
     assert res.asset_materializations_for_node("raw_sessions")[0].metadata["session_key"].value.endswith("0001")
     res = dg.materialize([raw_sessions], partition_key=added[0], instance=instance, resources={"recipes": recipes})
     assert res.asset_materializations_for_node("raw_sessions")[0].metadata["session_key"].value.endswith("0000")
+
+
+def test_sensor_description_names_the_folder_it_watches(tmp_path, monkeypatch):
+    from assets.definitions import build_defs
+    from assets.settings import load_settings
+
+    monkeypatch.setenv("COMPOSER_TRACE_ROOT", str(tmp_path / "projects"))
+    defs = build_defs(load_settings())
+    sensor = defs.resolve_sensor_def("sessions_sensor")
+    assert f"Watches `{tmp_path / 'projects'}`" in sensor.description

@@ -6,7 +6,9 @@ run with ``bash -c`` from a directory laid out like the repo root: ``recipes/`` 
 ``demo_teachers.yaml`` serves the offline tiny weights under its model names, and its teachers are
 answered by the scripted loopback server, so the chain is fast, makes pairs, and cannot collide with a
 running demo; ``8765`` in a command becomes a free port), a HOME whose ``~/.claude/projects`` holds
-the bundled sample sessions, and ``.store`` holding what the CLI chain wrote (flat files, which every
+the bundled sample sessions, ``.venv`` (the venv running the tests; its ``bin/`` is NOT on PATH, so a
+command a user could not run from the repo root without activating it fails here too), and ``.store``
+holding what the CLI chain wrote (flat files, which every
 reader takes like the demo's Dagster layout). Placeholders (``<pair_id>`` ...) are real ids from it.
 
 A few commands are not run here because another test runs them (a real ``dagster dev``: tests/ui;
@@ -63,6 +65,11 @@ def readme_commands(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _bare(cmd: str) -> str:
+    """The command without the ``.venv/bin/`` the README prefixes (for matching commands by name)."""
+    return cmd.removeprefix(".venv/bin/")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,7 +103,10 @@ def root(tmp_path_factory, tiny_model_dir, scripted):
     home = base / "home"
     shutil.copytree(SAMPLES, home / ".claude" / "projects")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSER_")}
-    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    venv_bin = Path(sys.executable).parent  # .../.venv/bin (unresolved: the venv, not the base interpreter)
+    (r / ".venv").symlink_to(venv_bin.parent, target_is_directory=True)
+    path = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p) != venv_bin)
+    env.update(HOME=str(home), PATH=path,
                PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
                COMPOSER_PIPELINE_HOME=str(base / "cp_home"))
     return {"dir": r, "env": env, "port": port, "background": []}
@@ -133,16 +143,16 @@ def readme_run(root):
     try:
         # the CLI section first (it makes data/), in README order; then .store gets the same tables
         cli = [c for c in commands if c not in elsewhere and "--store .store" not in c and "<pair_id>" not in c
-               and "<state_id|pair_id>" not in c and not c.startswith(("composer-pipeline train eval",
-                                                                     "composer-pipeline sql \"select drop_op"))]
+               and "<state_id|pair_id>" not in c and not _bare(c).startswith(("composer-pipeline train eval",
+                                                                            "composer-pipeline sql \"select drop_op"))]
         for c in cli:
             out = run(root, c)
             ran.append(c)
-            if c.startswith("composer-pipeline pairs"):
+            if _bare(c).startswith("composer-pipeline pairs"):
                 summary = orjson.loads(out.strip().splitlines()[-1])
                 assert summary["pairs_by_agreement_kind"], summary  # the demo recipe's samples agree: pairs exist
                 shutil.copytree(root["dir"] / "data", root["dir"] / ".store")
-                pairs = orjson.loads(run(root, "composer-pipeline sql \"select pair_id, state_id from "
+                pairs = orjson.loads(run(root, ".venv/bin/composer-pipeline sql \"select pair_id, state_id from "
                                                "normalized_dpo_pairs limit 1\" --store data/ --json"))
                 ids = {"<pair_id>": pairs[0]["pair_id"], "<state_id|pair_id>": pairs[0]["state_id"]}
         assert ids, "no pair to substitute: the CLI chain made none"
@@ -154,7 +164,7 @@ def readme_run(root):
                 c = c.replace(k, v)
             out = run(root, c)
             ran.append(printed)
-            if "lineage" in c or c.startswith("composer-pipeline show"):
+            if "lineage" in c or _bare(c).startswith("composer-pipeline show"):
                 assert ids["<pair_id>"] in out or ids["<state_id|pair_id>"] in out, (c, out[:500])
     finally:
         for p in root["background"]:
@@ -167,7 +177,10 @@ def test_every_readme_command_runs_as_printed(readme_run):
     commands, ran, elsewhere = readme_run["commands"], readme_run["ran"], readme_run["elsewhere"]
     assert sorted(set(ran) | elsewhere) == sorted(commands)  # each README command ran here or is covered
     assert len(ran) >= 15, ran
-    assert any(c.startswith("composer-pipeline show <pair_id>") for c in ran)  # the one that failed before
+    assert any(_bare(c).startswith("composer-pipeline show <pair_id>") for c in ran)  # the one that failed before
+    # from the repo root a bare `composer-pipeline` / `python` is not the venv's: every command names it
+    bare = [c for c in commands if c.startswith(("composer-pipeline ", "python "))]
+    assert bare == [], f"README commands that fail without an activated venv: {bare}"
 
 
 def test_every_command_the_demo_prints_runs_as_printed(root, readme_run, monkeypatch):
@@ -175,9 +188,10 @@ def test_every_command_the_demo_prints_runs_as_printed(root, readme_run, monkeyp
     from assets.demo import DemoReport, print_report
 
     monkeypatch.chdir(root["dir"])  # the demo prints commands for the directory it runs in
+    monkeypatch.setenv("PATH", root["env"]["PATH"])  # ... and for the shell it runs in (no venv activated)
 
     store = root["dir"] / ".store"
-    pid = orjson.loads(run(root, "composer-pipeline sql \"select pair_id from normalized_dpo_pairs limit 1\" --json"))
+    pid = orjson.loads(run(root, ".venv/bin/composer-pipeline sql \"select pair_id from normalized_dpo_pairs limit 1\" --json"))
     report = DemoReport(store=str(store), sessions=["s"], example_pair=pid[0]["pair_id"],
                         ui_env="DAGSTER_HOME=x", row_counts={"trace_states": 1, "training_set": 1})
     lines: list[str] = []

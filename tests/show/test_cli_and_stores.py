@@ -230,3 +230,38 @@ def test_a_failed_write_to_s3_leaves_the_previous_object(moto_s3):
             raise Full(28, "No space left on device")
     assert err.value.filename == "s3://pairs-test/atomic/replays.parquet"
     assert store.read_table("replays").equals(before)
+
+
+def test_a_session_by_its_key_or_the_short_partition_key_the_ui_shows(samples_store):
+    """`show calc/a1f0c3d2` (the key the Dagster UI shows) and `show <session key>` list that session's states."""
+    from composer_pipeline.ids import partition_keys
+
+    states = Store(str(samples_store)).read_table("trace_states").to_pylist()
+    session = states[0]["session_key"]
+    mine = [s["state_id"] for s in states if s["session_key"] == session]
+    short = partition_keys({s["session_key"] for s in states})[session]
+    assert "/" in short and short != session
+    assert [v["state_id"] for v in _json(short, "--store", samples_store)] == mine
+    rc, out, err = cli("show", "--store", samples_store, "--json", "--", session)  # a key starting with "-": after --
+    assert rc == 0, err
+    assert [orjson.loads(line)["state_id"] for line in out.splitlines()] == mine
+    rc, _, err = cli("show", short.split("/")[0] + "/zzzzzzzz", "--store", samples_store)
+    assert rc == 2 and "no session with partition key" in err
+
+
+def test_show_and_lineage_resolve_ids_with_the_same_words(samples_store, tmp_path):
+    from composer_pipeline.lineage import resolve_pair_id
+
+    store = tmp_path / "pairs"
+    Store(str(store)).write_table("dpo_pairs", Store(str(samples_store)).read_table("trace_states").select(["state_id"])
+                                  .rename_columns(["pair_id"]))
+    errors = []
+    for call in (lambda q: resolve_ids([q], [], ["abcdef0001", "abcdef0002"], str(store)),
+                 lambda q: resolve_pair_id(Store(str(store)), q)):
+        for q in ("abc", "zzzzzzzz"):
+            with pytest.raises(ValueError) as e:
+                call(q)
+            errors.append(str(e.value).split(" under ")[0].replace("state or pair", "pair"))
+    show_words, lineage_words = errors[:2], errors[2:]
+    assert show_words == lineage_words == ["id 'abc' too short: give at least 6 characters of a pair id",
+                                           "no pair with id 'zzzzzzzz'"]

@@ -118,3 +118,15 @@ def test_generation_batch_keys_and_attributes():
         assert f"self.{attr} =" in init, f"GRPOTrainer.__init__ no longer sets self.{attr}"
     for attr in TRAINER_ATTRIBUTES:
         assert f"self.{attr} =" in trainer, f"transformers.Trainer no longer sets self.{attr}"
+
+
+def test_metrics_store_holds_the_rewards_the_step_log_reads():
+    """``train/trainer.py``'s step record reads ``trainer._metrics["train"]["reward"|"reward_std"]`` (the
+    latest value): GRPOTrainer must keep that per-mode dict of lists and append both keys each generation."""
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert 'self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}' in init, (
+        "GRPOTrainer.__init__ no longer sets self._metrics as {'train': defaultdict(list), ...}")
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for key in ("reward", "reward_std"):
+        assert f'self._metrics[mode]["{key}"].append(' in src, (
+            f"_generate_and_score_completions no longer appends self._metrics[mode][{key!r}]")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -248,7 +247,7 @@ def test_failing_cost_check_blocks_downstream_and_says_why(ui, page):
     assert run["status"] == "FAILURE"
     assert len(ui.teachers.requests) == n_requests, "the replay spent although the cost check failed"
 
-    page.goto(ui.url + f"/assets/cost_plan?view=checks")
+    page.goto(ui.url + "/assets/cost_plan?view=checks")
     page.get_by_text("Failed").first.wait_for()
     page.get_by_text(key).first.wait_for()  # the failed result names the session it blocked
     shot(page, "costcheck-failed")
