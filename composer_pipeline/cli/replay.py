@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline import render
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.config import load_teachers
+    from composer_pipeline.teachers.config import clean_api_keys, load_teachers
     from composer_pipeline.teachers.ledger import default_home, open_ledger
     from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
     from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     requests, failed = build_requests(states, messages, cfg, opts)
     plan = plan_requests(requests, cfg, cache, ledger)
-    api_keys = {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
+    api_keys = clean_api_keys(cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers})
     to_call = {t for t, c in zip(plan.table.column("teacher").to_pylist(), plan.table.column("cached").to_pylist()) if not c}
     # before anything is sent: keys, hosts, and where the answers go
     preflight(cfg, api_keys, teachers=None if args.plan_only else to_call,
