@@ -123,3 +123,40 @@ def test_a_dropped_connection_is_reopened(postgres_server, tmp_path, server):
     cfg = make_config(server.url)
     res = replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="r")
     assert res.summary["answered"] == 1
+
+
+def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_path, server):
+    """The SQLite ledger's disk fills while four calls are in flight: their settles fail (the ledger cannot
+    grow), the answers go to the response cache (another volume, here: small files under the limit), and the
+    re-run serves them instead of buying them again; the dead run's reservations are kept at worst case.
+
+    The full disk is simulated at the OS boundary: ``RLIMIT_FSIZE`` set on the running replay process from
+    outside (``prlimit``), so every write past 8 KiB into a file fails with EFBIG (SIGXFSZ ignored), as a
+    full disk's writes fail with ENOSPC; the ledger's write-ahead log is already larger, the cache files are not."""
+    import resource
+    import time
+
+    from .test_concurrency import _result, _start
+
+    server.latency_s = 1.5
+    states = [0, 1, 2, 3]
+    args = {"url": server.url, "ledger": str(tmp_path / "ledger.sqlite"), "cache": str(tmp_path / "cache"), "states": states,
+            "max_concurrency": 4, "ignore_sigxfsz": True}
+    p = _start({**args, "run": "full"})
+    deadline = time.monotonic() + 90
+    while len(server.requests) < len(states):
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.01)
+    assert os.path.getsize(tmp_path / "ledger.sqlite-wal") > 8192
+    resource.prlimit(p.pid, resource.RLIMIT_FSIZE, (8192, 8192))
+    p.communicate(timeout=90)  # it cannot close its run either: exits with the ledger error
+    assert len(server.billed) == len(states)
+    assert len(ResponseCache(tmp_path / "cache")) == len(states)  # the paid answers, kept where they could be
+    rc, out = _result(_start({**args, "run": "after"}))
+    assert rc == 0 and out["summary"]["answered"] == len(states) and out["summary"]["cache_hits"] == len(states)
+    assert len(server.requests) == len(states)  # nothing bought again
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert ledger.open_reservations() == 0
+    held = [r for r in ledger.rows("reservations") if r["run_id"] == "full"]
+    assert len(held) == len(states) and {r["state"] for r in held} == {"kept"}  # counted at worst case, once
+    assert {r["run_id"]: r["state"] for r in ledger.rows("runs")} == {"full": "expired", "after": "closed"}
