@@ -187,29 +187,36 @@ class ReplayInterrupted(RuntimeError):
 _URL_PASSWORD_RE = re.compile(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd|sslpassword)=)[^&;\s]*")
 
 
+def _userinfo(rest: str) -> tuple[str, str, str]:
+    """``user``, ``password`` (may be empty) and what follows the ``@`` of a URL without its scheme. The
+    ``@`` is the last one before the query (a password may hold ``/``, ``@`` or ``%`` written raw)."""
+    q = rest.find("?")
+    at = rest.rfind("@", 0, len(rest) if q < 0 else q)
+    if at < 0:
+        at = rest.rfind("@")
+    if at < 0:
+        return "", "", rest
+    user, _, password = rest[:at].partition(":")
+    return user, password, rest[at + 1:]
+
+
 def redact_url(url: str) -> str:
     """The URL without its password (safe for logs, metadata and JSON output): the ``user:password@`` part and
     any ``password=`` query parameter; never parsed with anything that could raise and echo it."""
     if "://" not in url:
         return url
     scheme, _, rest = url.partition("://")
-    netloc, sep, tail = rest.partition("/") if "/" in rest else (rest, "", "")
-    head, at, host = netloc.rpartition("@")
-    if at and ":" in head:
-        netloc = f"{head.split(':', 1)[0]}:***@{host}"
-    return _URL_PASSWORD_RE.sub(r"\1***", f"{scheme}://{netloc}{sep}{tail}")
+    user, password, after = _userinfo(rest)
+    if password:
+        rest = f"{user}:***@{after}"
+    return _URL_PASSWORD_RE.sub(r"\1***", f"{scheme}://{rest}")
 
 
 def url_secrets(url: str) -> list[str]:
     """Every password a ledger URL carries, as written and percent-decoded (to remove from error text)."""
     from urllib.parse import unquote
 
-    found: list[str] = []
-    rest = url.partition("://")[2]
-    netloc = rest.split("/", 1)[0]
-    head, at, _ = netloc.rpartition("@")
-    if at and ":" in head:
-        found.append(head.split(":", 1)[1])
+    found = [_userinfo(url.partition("://")[2])[1]]
     found += [m.group(0).split("=", 1)[1] for m in _URL_PASSWORD_RE.finditer(url)]
     out = set()
     for v in found:

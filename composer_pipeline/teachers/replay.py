@@ -296,7 +296,7 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
         # one identity per teacher name on this ledger (registered by the first run that uses it)
         await aledger._run(ledger.check_identities, config.identities())
         await aledger.start()
-        uncached = [r for r in requests if _cache_get(cache, r.call_id) is None]
+        uncached = [r for r in requests if not cache.path(r.call_id).is_file()]
         legacy_answered = await aledger._run(ledger.answered_ids, sorted({_legacy_id(r) for r in uncached}))
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     except asyncio.CancelledError:
