@@ -118,8 +118,9 @@ def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server
 
 
 @pytest.mark.slow
-def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(tmp_path, pg, server, samples_dir, samples_tables):
-    """While the server is stopped: SIGTERM to one run exits 143 once the run could be closed (no traceback);
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_path, pg, server, samples_dir, samples_tables):
+    """While the server is stopped: SIGTERM/SIGINT to one run exits 143/130 once the run could be closed (no traceback);
     the other run, with ``ledger_outage_s: 4``, stops with a clear error when the server stays down; after the
     server is back the next replay finalizes that run at its start and buys only what was never answered."""
     states, _ = samples_tables
@@ -130,7 +131,7 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(tmp_path, pg
     p2 = _replay(samples_dir, _yaml(tmp_path, server.url, "short.yaml", ledger_outage_s=4), tmp_path / "out2", url, tmp_path / "cache2")
     _wait_requests(server, 8, [p1, p2], url)
     pg.halt()
-    p1.send_signal(signal.SIGTERM)
+    p1.send_signal(sig)
     time.sleep(1.0)
     assert p1.poll() is None, "exited without closing its ledger run"
     rc2, _, err2 = _finish(p2, timeout=60)  # the server stays down longer than ledger_outage_s
@@ -138,7 +139,7 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(tmp_path, pg
     assert "Traceback" not in err2 and "unreachable for 4s" in err2, err2[-3000:]
     pg.resume()
     rc1, _, err1 = _finish(p1, timeout=60)
-    assert rc1 == 143 and "Traceback" not in err1 and "interrupted by SIGTERM" in err1, err1[-3000:]
+    assert rc1 == 128 + sig and "Traceback" not in err1 and f"interrupted by {sig.name}" in err1, err1[-3000:]
     ledger = Ledger(url)
     runs = {r["pid"]: r["state"] for r in ledger.rows("runs")}
     assert runs[p1.pid] == "closed" and runs[p2.pid] == "live"  # p2 could not close it: the server was gone
