@@ -32,7 +32,10 @@ Money rules (the replay client follows them):
 Concurrency: SQLite serializes writers with ``BEGIN IMMEDIATE`` + ``busy_timeout`` (WAL: readers,
 e.g. an auditor's connection held open, never block a writer); PostgreSQL locks the ``totals`` and
 ``claims`` rows a transaction decides on (``SELECT … FOR UPDATE``) and retries on deadlock. Time
-comes from the database's clock, so leases agree across hosts. DuckDB stays the SQL engine over the
+comes from the database's clock, so leases agree across hosts. A PostgreSQL server lost after the ledger
+was opened (restart, stop, failover) is ridden through: each transaction reopens its thread's connection
+and retries with backoff until ``outage_s`` (then :class:`LedgerUnavailable`). A teacher name has one
+identity per ledger (``teacher_identities``, :meth:`Ledger.check_identities`). DuckDB stays the SQL engine over the
 Parquet tables; it is not used here.
 """
 
