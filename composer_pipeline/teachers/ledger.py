@@ -330,6 +330,9 @@ class _SQLite:
     def disconnected(self, e: BaseException) -> bool:
         return False  # an embedded file has no connection to lose
 
+    def beat(self, column: str) -> str:
+        return column
+
     has_schema = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
 
 
@@ -369,6 +372,11 @@ class _Postgres:
         return isinstance(e, (LedgerUnavailable, psycopg2.OperationalError, psycopg2.InterfaceError))
 
     has_schema = "SELECT COUNT(*) FROM pg_catalog.pg_class WHERE oid = to_regclass('schema_migrations')"
+
+    def beat(self, column: str) -> str:
+        """A run's last heartbeat as leases judge it: never before the server (re)started, since no run could
+        heartbeat while it was down (a restart longer than a lease must not expire every live run at once)."""
+        return f"GREATEST({column}, CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS DOUBLE PRECISION))"
 
     def sql(self, q: str) -> str:
         return q.replace("?", "%s")
@@ -608,7 +616,7 @@ class Ledger:
         gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
 
         def run(c: _Cursor) -> dict[str, Any]:
-            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND heartbeat_at + lease_s < {self._db.now} ORDER BY run_id")]
+            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s < {self._db.now} ORDER BY run_id")]
             expired += sorted(gone - set(expired))
             # reservations of runs that never registered (a direct Ledger.reserve without start_run) are covered
             # by the auto-registration in try_reserve, so every open reservation has a runs row
@@ -667,7 +675,7 @@ class Ledger:
             if state == "answered":
                 return Claim("answered", orjson.loads(record))
             if state == "inflight" and owner != run_id:
-                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND heartbeat_at + lease_s >= {now}", [owner])
+                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s >= {now}", [owner])
                 if live:
                     return Claim("wait", owner=owner)
             c.execute(f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
@@ -685,7 +693,7 @@ class Ledger:
         def run(c: _Cursor) -> None:
             for i in range(0, len(call_ids), 500):
                 chunk = call_ids[i:i + 500]
-                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND r.heartbeat_at + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
+                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND {self._db.beat('r.heartbeat_at')} + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
                      f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})")
                 for cid, state, live in c.all(q, chunk):
                     out[cid] = "orphaned" if state == "inflight" and not live else state

@@ -82,12 +82,13 @@ def _billed_usd(server) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("outage", ["restart", "stop_start"])
+@pytest.mark.parametrize("outage", ["restart", "stop_start", "stop_longer_than_lease"])
 def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server, samples_dir, samples_tables):
     states, _ = samples_tables
     server.latency_s = 0.3
     url = pg.create_database("ledger")
-    teachers = _yaml(tmp_path, server.url)
+    # a stop longer than the runs' lease: no run could heartbeat, so none may be finalized for it
+    teachers = _yaml(tmp_path, server.url, **({"lease_s": 2} if outage == "stop_longer_than_lease" else {}))
     cache = tmp_path / "cache"  # shared: the second run waits on the first's claims (the waits that hung)
     procs = [_replay(samples_dir, teachers, tmp_path / f"out{i}", url, cache) for i in (1, 2)]
     _wait_requests(server, 8, procs, url)
@@ -96,7 +97,7 @@ def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server
         pg.restart()
     else:
         pg.halt()
-        time.sleep(3.0)
+        time.sleep(3.0 if outage == "stop_start" else 5.0)
         pg.resume()
     outage_s = time.monotonic() - t0
     results = [_finish(p) for p in procs]
@@ -154,3 +155,21 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_pat
     assert len(server.requests) - n == 2 * states.num_rows - s3["shared_answers"]  # only what was never answered
     assert {r["state"] for r in ledger.rows("runs")} == {"closed", "expired"}
     assert ledger.open_reservations() == 0
+
+
+def test_a_server_restart_expires_no_lease(pg):
+    """While the server was down no run could heartbeat: right after a restart a lease is judged from the
+    server's start, so a live run whose last beat is older than its lease is not finalized (its claims not
+    handed to another run to buy again). A run that stays silent for a whole lease after it is."""
+    url = pg.create_database("ledger")
+    ledger = Ledger(url)
+    ledger.start_run("quiet", 30.0)
+    assert ledger.claim("c" * 64, "t1", "quiet").state == "mine"
+    ledger._tx(lambda c: c.execute("UPDATE runs SET heartbeat_at = heartbeat_at - 60, lease_s = 30 WHERE run_id = 'quiet'"))
+    pg.restart()
+    assert ledger.claims_status(["c" * 64]) == {"c" * 64: "inflight"}
+    assert ledger.reconcile()["expired_runs"] == []
+    assert ledger.claim("c" * 64, "t1", "other").state == "wait"
+    ledger._tx(lambda c: c.execute("UPDATE runs SET lease_s = 0.5 WHERE run_id = 'quiet'"))
+    time.sleep(1.0)
+    assert ledger.reconcile()["expired_runs"] == ["quiet"]
