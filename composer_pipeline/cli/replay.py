@@ -2,8 +2,10 @@
 
 Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
 ``replays.parquet`` (schema ``teacher_replays``, one row per state × teacher) and ``cost_plan.parquet``
-into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, unknown
-hosts and an unwritable ``--out`` exit 2 naming them. Exit 1 when a teacher was cut off (invalid
+into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, a key with a
+control character inside (surrounding whitespace is stripped), unknown hosts, an unwritable ``--out`` and
+a teacher name the ledger knows with another endpoint, model or price exit 2 naming them. A PostgreSQL
+ledger lost mid-run is retried for ``ledger_outage_s``, then exit 2. Exit 1 when a teacher was cut off (invalid
 responses) or no call was answered; 143/130 after SIGTERM/SIGINT (the ledger run is closed first). API keys are read from the environment variables the
 teachers YAML names. The ledger and response cache default to ``$COMPOSER_PIPELINE_HOME`` (else
 ``~/.cache/composer-pipeline``), so budgets hold across runs and a re-run pays for nothing twice.
