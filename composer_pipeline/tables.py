@@ -93,7 +93,7 @@ COST_PLAN = pa.schema(
 
 TEACHER_REPLAYS = pa.schema(
     [
-        ("call_id", _str),  # content address: sha256(teacher, model, request body)
+        ("call_id", _str),  # content address: sha256(teacher, model, base_url, request body)
         ("state_id", _str),
         ("session_key", _str),
         ("teacher", _str),

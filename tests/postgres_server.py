@@ -50,14 +50,28 @@ class PostgresServer:
             shutil.chown(self.dir, "postgres", "postgres")
         subprocess.run(self._as_owner([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
                                        "--no-sync", "-E", "UTF8"]), check=True, capture_output=True)
+        self._pg_ctl("start")
+        return self
+
+    def _pg_ctl(self, action: str, *extra: str) -> None:
         opts = (f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off "
                 "-c max_connections=200 -c shared_buffers=32MB")
         r = subprocess.run(self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"),
-                                           "-w", "-o", opts, "start"]), capture_output=True, text=True)
+                                           "-w", "-o", opts, *extra, action]), capture_output=True, text=True)
         if r.returncode != 0:
             log = (self.dir / "log").read_text() if (self.dir / "log").exists() else ""
-            raise RuntimeError(f"PostgreSQL did not start: {r.stdout}{r.stderr}{log}")
-        return self
+            raise RuntimeError(f"PostgreSQL did not {action}: {r.stdout}{r.stderr}{log}")
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast`` (what a managed service does for maintenance): every connection is dropped."""
+        self._pg_ctl("restart", "-m", "fast")
+
+    def halt(self) -> None:
+        """Stop the server (fast: sessions terminated), keeping its data; :meth:`resume` starts it again."""
+        self._pg_ctl("stop", "-m", "fast")
+
+    def resume(self) -> None:
+        self._pg_ctl("start")
 
     def stop(self) -> None:
         subprocess.run(self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),

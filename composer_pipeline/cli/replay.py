@@ -2,8 +2,10 @@
 
 Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
 ``replays.parquet`` (schema ``teacher_replays``, one row per state × teacher) and ``cost_plan.parquet``
-into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, unknown
-hosts and an unwritable ``--out`` exit 2 naming them. Exit 1 when a teacher was cut off (invalid
+into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, a key with a
+control character inside (surrounding whitespace is stripped), unknown hosts, an unwritable ``--out`` and
+a teacher name the ledger knows with another endpoint, model or price exit 2 naming them. A PostgreSQL
+ledger lost mid-run is retried for ``ledger_outage_s``, then exit 2. Exit 1 when a teacher was cut off (invalid
 responses) or no call was answered; 143/130 after SIGTERM/SIGINT (the ledger run is closed first). API keys are read from the environment variables the
 teachers YAML names. The ledger and response cache default to those of the Dagster assets
 (:mod:`composer_pipeline.home`: ``$COMPOSER_PIPELINE_HOME``, else ``~/.cache/composer-pipeline``), so
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline import render
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.config import load_teachers
+    from composer_pipeline.teachers.config import clean_api_keys, load_teachers
     from composer_pipeline.home import default_cache_dir
     from composer_pipeline.teachers.ledger import open_ledger
     from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     requests, failed = build_requests(states, messages, cfg, opts)
     plan = plan_requests(requests, cfg, cache, ledger)
-    api_keys = {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
+    api_keys = clean_api_keys(cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers})
     to_call = {t for t, c in zip(plan.table.column("teacher").to_pylist(), plan.table.column("cached").to_pylist()) if not c}
     # before anything is sent: keys, hosts, and where the answers go
     preflight(cfg, api_keys, teachers=None if args.plan_only else to_call,

@@ -1,6 +1,6 @@
 """Content-addressed response cache: one JSON file per ``call_id``, written atomically.
 
-In:  ``call_id`` = sha256 of ``teacher|model|canonical request body`` (see :func:`call_id`) and the
+In:  ``call_id`` = sha256 of ``teacher|model|base_url|canonical request body`` (see :func:`call_id`) and the
      teacher's response as it arrived (status 200, JSON), with its usage and cost.
 Out: ``get(call_id)`` → the stored record or ``None``.
 
@@ -31,11 +31,23 @@ def canonical_json(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
 
-def call_id(teacher: str, model: str, body: dict[str, Any]) -> str:
+def call_id(teacher: str, model: str, body: dict[str, Any], base_url: str = "") -> str:
+    """The request's content address: ``sha256(teacher|model|base_url|body)``, so the same name and model at
+    another endpoint is another call (as the pair builder counts votes by ``base_url|model``). Without
+    ``base_url``: the id of earlier versions, ``sha256(teacher|model|body)``, still looked up by replay for
+    answers bought before (see ``legacy_call_id``)."""
     h = hashlib.sha256()
     h.update(f"{teacher}|{model}|".encode())
+    if base_url:
+        h.update(f"{base_url.rstrip('/')}|".encode())
     h.update(canonical_json(body))
     return h.hexdigest()
+
+
+def legacy_call_id(teacher: str, model: str, body: dict[str, Any]) -> str:
+    """The id earlier versions gave the same request (no endpoint in it): their cache files and ledger answers
+    are served to the teacher that holds the name on the ledger (one identity per name, ``Ledger.check_identities``)."""
+    return call_id(teacher, model, body)
 
 
 class ResponseCache:

@@ -12,6 +12,7 @@ Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing s
 * 429 / 408 / 5xx error response → release, back off (``Retry-After`` honoured), retry;
 * other 4xx → release, fail (no retry);
 * connect error (nothing sent) → release, retry;
+* the request cannot be formed (a header value HTTP forbids; nothing sent) → release, fail (no retry);
 * timeout, connection dropped before or while reading the body → keep (may be billed), retry;
 * any other transport error (decoding, protocol, proxy) → keep, fail (no retry);
 * 200 with a body that is not JSON / lacks ``choices[0].message`` → keep, fail (no retry); after
@@ -24,8 +25,9 @@ it kept at its worst case while one killed before sending has it released.
 Retries are bounded by ``max_retries``; backoff is exponential with full jitter
 (``uniform(0, min(backoff_max_s, backoff_s · 2^n))``, the AWS "full jitter" scheme).
 
-The key is only ever placed in the ``Authorization`` header; any reason text derived from a
-response is scrubbed of it before it is stored. A teacher's answer (and any error text) also goes
+The key is only ever placed in the ``Authorization`` header; the whole response and any reason text
+derived from a response or an exception have it removed (as written, JSON-, URL- and repr-escaped:
+``redact.py``) before anything is cached, stored or logged. A teacher's answer (and any error text) also goes
 through the ingest secret scrubber before it is cached, stored or logged: a teacher that echoes or
 invents a key does not put it on disk.
 """
@@ -46,8 +48,9 @@ from composer_pipeline.actions import Action, ActionParseError, parse_chat_messa
 from composer_pipeline.scrub import scrub_obj
 from composer_pipeline.teachers.cache import ResponseCache, canonical_json
 from composer_pipeline.teachers.config import TeacherConfig
-from composer_pipeline.teachers.ledger import AsyncLedger, Reserve
+from composer_pipeline.teachers.ledger import AsyncLedger, LedgerError, Reserve
 from composer_pipeline.teachers.pricing import usage_cost, worst_case_usd
+from composer_pipeline.teachers.redact import key_forms, redact_key, redact_text
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 MAX_RETRY_AFTER_S = 300.0
@@ -98,9 +101,9 @@ def backoff_delay(teacher: TeacherConfig, attempt: int, retry_after: float | Non
 
 
 def _scrub(text: str, api_key: str | None, limit: int = 300) -> str:
-    """Reason text from a response or an exception: without the teacher's key or any other secret."""
-    if api_key:
-        text = text.replace(api_key, "[REDACTED]")
+    """Reason text from a response or an exception: without the teacher's key (in any encoding, see
+    ``redact.py``) or any other secret."""
+    text = redact_text(text, key_forms(api_key))
     return " ".join(scrub_obj(text)[:limit].split())
 
 
@@ -223,6 +226,10 @@ async def call_teacher(
                 async with http.stream("POST", teacher.chat_url, content=payload, headers=headers) as resp:
                     status_code = resp.status_code
                     raw = await resp.aread()
+            except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
+                # the request could not be formed (e.g. a header value HTTP forbids): nothing left this process
+                outcome = "release"
+                last_reason = f"request_refused: {type(e).__name__} building the request to {_host(teacher)} (nothing was sent)"
             except httpx.ConnectError as e:
                 outcome, retry = "release", True
                 last_reason = f"connection_error: {type(e).__name__} connecting to {_host(teacher)}"
@@ -248,7 +255,9 @@ async def call_teacher(
                         head = _scrub(raw[:60].decode("utf-8", "replace"), api_key, 60)
                         problem = f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
                     else:
-                        data = scrub_obj(data)  # before the cache, the table and any log see it
+                        # before the cache, the ledger, the table and any log see it: secrets by their look, and the
+                        # key this request carried by its value, wherever the teacher echoed it
+                        data = redact_key(scrub_obj(data), api_key)
                         problem = _valid_completion(data)
                         problem = f"bad_response: {_scrub(problem, api_key)}" if problem else None
                     if problem:
@@ -259,20 +268,29 @@ async def call_teacher(
                         return out
                     guard.valid()
                     p, c, cost = usage_cost(data.get("usage"), teacher)
-                    record = {"teacher": teacher.name, "model": teacher.model, "response": data,
+                    record = {"teacher": teacher.name, "model": teacher.model, "base_url": teacher.base_url.rstrip("/"), "response": data,
                               "cost_usd": worst if cost is None else cost, "latency_s": latency, "attempts": attempt,
                               "run_id": run_id, "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                     # the answer is durable in the ledger (same transaction as its settle) before anything else
-                    if cost is None:
-                        await ledger.close(res.id, "kept", note="no usable usage in response", answer=(cid, record))
-                        cost = worst
-                    else:
-                        await ledger.close(res.id, "settled", cost_usd=cost, answer=(cid, record))
+                    ledger_note = None
+                    try:
+                        if cost is None:
+                            await ledger.close(res.id, "kept", note="no usable usage in response", answer=(cid, record))
+                        else:
+                            await ledger.close(res.id, "settled", cost_usd=cost, answer=(cid, record))
+                    except LedgerError as e:
+                        # paid, but the ledger could not record it (full disk, server gone past its outage limit): the
+                        # reservation stays open (sent: kept at worst case when the run is finalized) and the answer
+                        # goes to the cache, so a re-run serves it instead of buying it again
+                        ledger_note = f"ledger_error: settle not recorded ({_scrub(str(e), api_key, 160)})"
+                    cost = worst if cost is None else cost
                     cache_note = None
                     try:
                         await asyncio.to_thread(cache.put, cid, record)
                     except OSError as e:
-                        cache_note = f"cache_error: {e.strerror or type(e).__name__} writing {cache.dir} (answer kept in the ledger)"
+                        cache_note = (f"cache_error: {e.strerror or type(e).__name__} writing {cache.dir} "
+                                      + ("(answer lost: a re-run buys it again)" if ledger_note else "(answer kept in the ledger)"))
+                    cache_note = "; ".join(n for n in (ledger_note, cache_note) if n) or None
                     ans = answer_from_response(data, teacher)
                     ans.cost_usd = out.cost_usd + cost
                     ans.reserved_usd = out.reserved_usd

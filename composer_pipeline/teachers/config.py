@@ -81,6 +81,12 @@ class TeacherConfig:
     def chat_url(self) -> str:
         return self.base_url.rstrip("/") + "/chat/completions"
 
+    def identity(self) -> dict[str, Any]:
+        """Who this name stands for on a ledger: endpoint, model and prices (the budget is not identity: it may
+        be raised). ``call_id`` carries ``base_url`` and ``model``; the ledger refuses the name for another identity."""
+        return {"base_url": self.base_url.rstrip("/"), "model": self.model,
+                "input_usd_per_mtok": float(self.input_usd_per_mtok), "output_usd_per_mtok": float(self.output_usd_per_mtok)}
+
 
 @dataclass(frozen=True)
 class TeachersConfig:
@@ -94,6 +100,8 @@ class TeachersConfig:
         30.0, help="a replay run heartbeats; its open reservations are finalized this long after it dies (0 < lease_s <= 600)")
     max_invalid_responses: int = setting(
         3, help="consecutive 200s that are not a chat completion (HTML, non-JSON) before a teacher is cut off")
+    ledger_outage_s: float = setting(
+        120.0, help="a ledger server lost mid-run (restart, failover) is retried this long, then the run stops with an error (> 0)")
 
     def __post_init__(self) -> None:
         if not self.teachers:
@@ -103,7 +111,7 @@ class TeachersConfig:
         if dupes:
             raise ValueError(f"duplicate teacher name(s) {dupes}")
         _at_least(self, ("ceiling_usd",))
-        _at_least(self, ("lease_s", "max_invalid_responses"), positive=True)
+        _at_least(self, ("lease_s", "max_invalid_responses", "ledger_outage_s"), positive=True)
         if self.lease_s > 600:
             raise ValueError(f"lease_s must be <= 600 (a dead run's reservations are held that long), got {self.lease_s!r}")
 
@@ -116,6 +124,31 @@ class TeachersConfig:
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.teachers]
+
+    def identities(self) -> dict[str, dict[str, Any]]:
+        return {t.name: t.identity() for t in self.teachers}
+
+
+def clean_api_key(value: str | None, env_name: str) -> str | None:
+    """An API key as found in its variable, without the surrounding whitespace a copy-paste adds (a trailing
+    newline, CR, tab or space: HTTP refuses such a header, or the provider rejects the key). A key with a
+    control character or a non-ASCII character inside cannot travel in a header: ``ValueError`` naming the
+    variable (never the value), before anything is reserved or sent. Empty after stripping: ``None``."""
+    if value is None:
+        return None
+    key = value.strip()
+    bad = [c for c in key if ord(c) < 0x21 or ord(c) > 0x7E]
+    if bad:
+        kind = "a control character" if any(ord(c) < 0x20 or ord(c) == 0x7F for c in bad) else \
+            "whitespace" if any(c.isspace() for c in bad) else "a non-ASCII character"
+        raise ValueError(f"environment variable {env_name}: the API key contains {kind} inside it; set it to the key alone")
+    return key or None
+
+
+def clean_api_keys(config: TeachersConfig, api_keys: dict[str, str | None]) -> dict[str, str | None]:
+    """:func:`clean_api_key` for every teacher's key (teacher name -> value)."""
+    return {name: clean_api_key(v, next((t.api_key_env or name for t in config.teachers if t.name == name), name))
+            for name, v in api_keys.items()}
 
 
 def parse_teachers(data: Any, source: str = "<teachers>") -> TeachersConfig:

@@ -32,7 +32,10 @@ Money rules (the replay client follows them):
 Concurrency: SQLite serializes writers with ``BEGIN IMMEDIATE`` + ``busy_timeout`` (WAL: readers,
 e.g. an auditor's connection held open, never block a writer); PostgreSQL locks the ``totals`` and
 ``claims`` rows a transaction decides on (``SELECT … FOR UPDATE``) and retries on deadlock. Time
-comes from the database's clock, so leases agree across hosts. DuckDB stays the SQL engine over the
+comes from the database's clock, so leases agree across hosts. A PostgreSQL server lost after the ledger
+was opened (restart, stop, failover) is ridden through: each transaction reopens its thread's connection
+and retries with backoff until ``outage_s`` (then :class:`LedgerUnavailable`). A teacher name has one
+identity per ledger (``teacher_identities``, :meth:`Ledger.check_identities`). DuckDB stays the SQL engine over the
 Parquet tables; it is not used here.
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import socket
 import threading
@@ -50,7 +54,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -58,7 +61,8 @@ from composer_pipeline import home
 from composer_pipeline.teachers.config import TeachersConfig
 
 EPS = 1e-12  # float slack when comparing sums of dollars
-DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's lease_s default
+DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defaults
+DEFAULT_OUTAGE_S = TeachersConfig.ledger_outage_s  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
 OPEN_STATES = ("reserved", "sent")
 
 # Versioned schema: append a migration, never edit one that has shipped.
@@ -111,6 +115,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             created_at DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX waiters_teacher ON waiters (teacher, created_at)",
     ]),
+    # 2: a teacher name's identity (base_url, model, prices): a recipe reusing the name for another identity is
+    # refused instead of sharing its budget and answers (see Ledger.check_identities)
+    (2, [
+        """CREATE TABLE teacher_identities (
+            teacher TEXT PRIMARY KEY,
+            identity TEXT NOT NULL,              -- canonical JSON of TeacherConfig.identity()
+            created_at DOUBLE PRECISION NOT NULL)""",
+    ]),
 ]
 
 
@@ -158,6 +170,15 @@ class LedgerError(RuntimeError):
     """The ledger store cannot be opened or written (bad path, server down); names the URL, never a password."""
 
 
+class LedgerUnavailable(LedgerError):
+    """The ledger's server cannot be reached (refused, restarting, connection dropped). After the ledger was
+    once opened, a transaction meeting it reconnects and retries until ``Ledger.outage_s`` has passed."""
+
+
+class TeacherIdentityError(ValueError):
+    """A recipe gives a teacher name the ledger already knows a different identity (base_url, model, prices)."""
+
+
 class ReplayInterrupted(RuntimeError):
     """SIGTERM/SIGINT arrived: the run closed its ledger run (nothing left reserved) and stops."""
 
@@ -167,15 +188,53 @@ class ReplayInterrupted(RuntimeError):
                          "(calls not sent released, calls in flight kept at worst case); re-run to finish")
 
 
+_URL_PASSWORD_RE = re.compile(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd|sslpassword)=)[^&;\s]*")
+
+
+def _userinfo(rest: str) -> tuple[str, str, str]:
+    """``user``, ``password`` (may be empty) and what follows the ``@`` of a URL without its scheme. The
+    ``@`` is the last one before the query (a password may hold ``/``, ``@`` or ``%`` written raw)."""
+    q = rest.find("?")
+    at = rest.rfind("@", 0, len(rest) if q < 0 else q)
+    if at < 0:
+        at = rest.rfind("@")
+    if at < 0:
+        return "", "", rest
+    user, _, password = rest[:at].partition(":")
+    return user, password, rest[at + 1:]
+
+
 def redact_url(url: str) -> str:
-    """The URL without its password (safe for logs, metadata and JSON output)."""
+    """The URL without its password (safe for logs, metadata and JSON output): the ``user:password@`` part and
+    any ``password=`` query parameter; never parsed with anything that could raise and echo it."""
     if "://" not in url:
         return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    scheme, _, rest = url.partition("://")
+    user, password, after = _userinfo(rest)
+    if password:
+        rest = f"{user}:***@{after}"
+    return _URL_PASSWORD_RE.sub(r"\1***", f"{scheme}://{rest}")
+
+
+def url_secrets(url: str) -> list[str]:
+    """Every password a ledger URL carries, as written and percent-decoded (to remove from error text)."""
+    from urllib.parse import unquote
+
+    found = [_userinfo(url.partition("://")[2])[1]]
+    found += [m.group(0).split("=", 1)[1] for m in _URL_PASSWORD_RE.finditer(url)]
+    out = set()
+    for v in found:
+        if v:
+            out |= {v, unquote(v)}
+    return sorted((v for v in out if v), key=len, reverse=True)
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's error message) without the URL's passwords, in any form the driver may echo them."""
+    for v in url_secrets(url):
+        text = text.replace(v, "***")
+    # libpq quotes a malformed percent-escape it could not decode ("invalid percent-encoded token: \"p%zz\"")
+    return re.sub(r'(invalid percent-encoded token:\s*)"[^"]*"', r'\1"***"', text)
 
 
 def is_postgres(url: str) -> bool:
@@ -269,6 +328,14 @@ class _SQLite:
     def migration_lock(self, cur) -> None:
         pass  # BEGIN IMMEDIATE already excludes every other writer
 
+    def disconnected(self, e: BaseException) -> bool:
+        return False  # an embedded file has no connection to lose
+
+    def beat(self, column: str) -> str:
+        return column
+
+    has_schema = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+
 
 class _Postgres:
     kind = "postgresql"
@@ -284,11 +351,33 @@ class _Postgres:
         import psycopg2
 
         try:
-            con = psycopg2.connect(self.url, connect_timeout=10)
+            # keepalives: a server that vanished without closing the socket is noticed within ~25 s, not hours
+            con = psycopg2.connect(self.url, connect_timeout=10, keepalives=1, keepalives_idle=10,
+                                   keepalives_interval=5, keepalives_count=3)
+        except psycopg2.OperationalError as e:  # refused, starting up, shutting down: may pass
+            raise LedgerUnavailable(f"ledger {self.label}: cannot connect: {self.reason(e)}") from None
         except psycopg2.Error as e:
-            raise LedgerError(f"ledger {self.label}: cannot connect: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+            raise LedgerError(f"ledger {self.label}: cannot connect: {self.reason(e)}") from None
         con.autocommit = True  # transactions are explicit BEGIN/COMMIT, as on SQLite
         return con
+
+    def reason(self, e: BaseException) -> str:
+        """First line of a driver error, without any password of the URL."""
+        text = str(e).strip()
+        return redact_text(text.splitlines()[0], self.url) if text else type(e).__name__
+
+    def disconnected(self, e: BaseException) -> bool:
+        """The connection is gone or the server cannot take it now (restart, stop, admin shutdown)."""
+        import psycopg2
+
+        return isinstance(e, (LedgerUnavailable, psycopg2.OperationalError, psycopg2.InterfaceError))
+
+    has_schema = "SELECT COUNT(*) FROM pg_catalog.pg_class WHERE oid = to_regclass('schema_migrations')"
+
+    def beat(self, column: str) -> str:
+        """A run's last heartbeat as leases judge it: never before the server (re)started, since no run could
+        heartbeat while it was down (a restart longer than a lease must not expire every live run at once)."""
+        return f"GREATEST({column}, CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS DOUBLE PRECISION))"
 
     def sql(self, q: str) -> str:
         return q.replace("?", "%s")
@@ -311,12 +400,16 @@ class _Postgres:
 class Ledger:
     """The ledger at ``url`` (file path → SQLite, ``postgresql://`` → PostgreSQL); thread-safe."""
 
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, *, outage_s: float = DEFAULT_OUTAGE_S):
         url = str(url)
         self.url = url
         self._db = _Postgres(url) if is_postgres(url) else _SQLite(url)
         self._local = threading.local()
+        self.outage_s = float(outage_s)  # how long a transaction rides through a lost server before it fails
+        self._opened = False  # a server unreachable at open is an error at once; later, an outage to ride through
+        self._outage_since: float | None = None  # monotonic time the current outage began (shared by all threads)
         self._migrate()
+        self._opened = True
 
     @property
     def label(self) -> str:
@@ -339,19 +432,30 @@ class Ledger:
         """Close this thread's connection (``close`` settles a reservation)."""
         con = getattr(self._local, "con", None)
         if con is not None:
-            con.close()
             self._local.con = None
+            try:
+                con.close()
+            except Exception:
+                pass  # already broken
 
     def _tx(self, fn: Callable[[Any], Any], *, write: bool = True) -> Any:
-        """Run ``fn(cursor)`` in one transaction; retried on deadlock / lock timeouts."""
-        for attempt in range(8):
-            con = self._con()
-            cur = con.cursor()
+        """Run ``fn(cursor)`` in one transaction; retried on deadlock / lock timeouts. A lost server (restart,
+        stop, dropped connection) is ridden through: the connection is reopened and the transaction retried,
+        with backoff, until ``outage_s`` has passed, then :class:`LedgerUnavailable`. A retried transaction may
+        repeat one whose COMMIT reached the server before the connection broke: every write here is idempotent
+        on retry or leaves at worst a ``reserved`` row of this run, released when the run closes."""
+        attempt = 0
+        pause = 0.05
+        while True:
+            cur = None
             try:
+                con = self._con()
+                cur = con.cursor()
                 cur.execute(self._db.begin if write else "BEGIN")
                 try:
                     out = fn(_Cursor(cur, self._db))
                     cur.execute("COMMIT")
+                    self._outage_since = None
                     if write:
                         self._db.check_wal(self._local)
                     return out
@@ -363,18 +467,48 @@ class Ledger:
                     raise
             except Exception as e:
                 if self._db.retryable(e) and attempt < 7:
-                    time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                    attempt += 1
+                    time.sleep(random.uniform(0.01, 0.05) * attempt)
                     continue
+                if self._opened and self._db.disconnected(e):
+                    self.disconnect()  # reopened by the next attempt
+                    now = time.monotonic()
+                    if self._outage_since is None:
+                        self._outage_since = now
+                    outage_until = self._outage_since + self.outage_s  # one deadline per outage, not per transaction
+                    if now < outage_until:
+                        time.sleep(min(pause, outage_until - now) * random.uniform(0.5, 1.0))
+                        pause = min(pause * 2, 1.0)
+                        continue
+                    why = str(e).split(": ", 1)[-1] if isinstance(e, LedgerError) else self._reason(e)
+                    raise LedgerUnavailable(f"ledger {self.label}: unreachable for {self.outage_s:g}s ({why}); "
+                                            "this run stops. Its reservations are finalized by the next replay or "
+                                            "`composer-pipeline teachers reconcile` once the server is back") from None
                 if isinstance(e, LedgerError):
                     raise
                 if type(e).__module__.startswith(("sqlite3", "psycopg2")):
-                    raise LedgerError(f"ledger {self.label}: {type(e).__name__}: {str(e).strip()[:300]}") from e
+                    raise LedgerError(f"ledger {self.label}: {type(e).__name__}: {self._reason(e)[:300]}") from None
                 raise
             finally:
-                cur.close()
-        raise AssertionError("unreachable")
+                if cur is not None:
+                    try:
+                        cur.close()
+                    except Exception:
+                        pass  # the connection under it is gone
+
+    def _reason(self, e: BaseException) -> str:
+        text = " ".join(str(e).split()) or type(e).__name__
+        return redact_text(text, self.url)
 
     def _migrate(self) -> None:
+        def current(c: _Cursor) -> bool:
+            if not int(c.one(self._db.has_schema)[0]):
+                return False
+            return int(c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]) >= MIGRATIONS[-1][0]
+
+        if self._tx(current, write=False):
+            return  # nothing to create: a role that may only read (``teachers budget``) opens it too
+
         def run(c: _Cursor) -> None:
             self._db.migration_lock(c.cur)
             c.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
@@ -422,6 +556,34 @@ class Ledger:
     def schema_version(self) -> int:
         return int(self._tx(lambda c: c.one("SELECT MAX(version) FROM schema_migrations")[0], write=False))
 
+    # -- teacher identities
+    def check_identities(self, identities: dict[str, dict[str, Any]], *, register: bool = True) -> None:
+        """Each teacher name has one identity (``TeacherConfig.identity()``: base_url, model, prices) on a
+        ledger: the first run that uses a name registers it (``register``), a later recipe giving the name
+        another identity is refused with :class:`TeacherIdentityError` naming both, before anything is
+        reserved. (Sharing the name would share its budget and, for a different model or endpoint, mislabel
+        its spend.) The budget is not part of the identity: raising it is how a lifetime budget grows."""
+        if not identities:
+            return
+        want = {name: orjson.dumps(ident, option=orjson.OPT_SORT_KEYS).decode() for name, ident in identities.items()}
+        now = self._db.now
+
+        def run(c: _Cursor) -> dict[str, str]:
+            if register:
+                for name, ident in sorted(want.items()):
+                    c.execute(f"INSERT INTO teacher_identities VALUES (?, ?, {now}) ON CONFLICT (teacher) DO NOTHING", [name, ident])
+            names = sorted(want)
+            rows = c.all(f"SELECT teacher, identity FROM teacher_identities WHERE teacher IN ({','.join('?' * len(names))})", names)
+            return dict(rows)
+
+        have = self._tx(run, write=register)
+        clashes = [f"teacher {name!r}: this recipe has {want[name]}, the ledger {self.label} already knows it as {have[name]}"
+                   for name in sorted(want) if name in have and have[name] != want[name]]
+        if clashes:
+            raise TeacherIdentityError(
+                "a teacher name is reused for a different endpoint, model or price; give it a new name (a new name "
+                "has its own budget and answers) or use another ledger:\n  " + "\n  ".join(clashes))
+
     # -- runs and leases
     def start_run(self, run_id: str, lease_s: float = DEFAULT_LEASE_S) -> None:
         """Register (or revive) a live run with a lease of ``lease_s`` seconds from now."""
@@ -451,7 +613,7 @@ class Ledger:
         gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
 
         def run(c: _Cursor) -> dict[str, Any]:
-            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND heartbeat_at + lease_s < {self._db.now} ORDER BY run_id")]
+            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s < {self._db.now} ORDER BY run_id")]
             expired += sorted(gone - set(expired))
             # reservations of runs that never registered (a direct Ledger.reserve without start_run) are covered
             # by the auto-registration in try_reserve, so every open reservation has a runs row
@@ -510,7 +672,7 @@ class Ledger:
             if state == "answered":
                 return Claim("answered", orjson.loads(record))
             if state == "inflight" and owner != run_id:
-                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND heartbeat_at + lease_s >= {now}", [owner])
+                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s >= {now}", [owner])
                 if live:
                     return Claim("wait", owner=owner)
             c.execute(f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
@@ -528,7 +690,7 @@ class Ledger:
         def run(c: _Cursor) -> None:
             for i in range(0, len(call_ids), 500):
                 chunk = call_ids[i:i + 500]
-                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND r.heartbeat_at + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
+                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND {self._db.beat('r.heartbeat_at')} + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
                      f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})")
                 for cid, state, live in c.all(q, chunk):
                     out[cid] = "orphaned" if state == "inflight" and not live else state
@@ -701,10 +863,10 @@ class Ledger:
 
     def rows(self, table: str = "reservations") -> list[dict[str, Any]]:
         """Every row of one ledger table (for audits and tests)."""
-        if table not in ("reservations", "claims", "runs", "totals", "waiters"):
+        if table not in ("reservations", "claims", "runs", "totals", "waiters", "teacher_identities"):
             raise ValueError(f"no ledger table {table!r}")
         order = {"reservations": "created_at, id", "claims": "created_at, call_id", "runs": "started_at, run_id",
-                 "totals": "scope, key", "waiters": "created_at, id"}[table]
+                 "totals": "scope, key", "waiters": "created_at, id", "teacher_identities": "teacher"}[table]
 
         def run(c: _Cursor):
             cur = c.execute(f"SELECT * FROM {table} ORDER BY {order}")
@@ -763,6 +925,10 @@ class AsyncLedger:
 
     async def start(self) -> None:
         await self._run(self.ledger.start_run, self.run_id, self.lease_s)
+        # a killed run's reservations stop counting now (its process is gone, or its lease expired), not only
+        # once this run has to wait for money
+        self._last_reconcile = time.monotonic()
+        await self._run(self.ledger.reconcile)
         self._heart = asyncio.create_task(self._heartbeat())
 
     async def _heartbeat(self) -> None:
@@ -795,13 +961,22 @@ class AsyncLedger:
             await asyncio.shield(fut)
 
     async def _watch_claims(self) -> None:
+        """Poll the claims waited for. A ledger error (its server gone past ``outage_s``: each poll already
+        rode through the outage) is handed to every waiter, so no wait stays pending forever."""
         delay = 0.02
         while self._watch:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.25)
             ids = list(self._watch)
-            status = await self._run(self.ledger.claims_status, ids)
-            await self.maybe_reconcile()  # a claimant whose lease expired, or whose process is gone, is finalized
+            try:
+                status = await self._run(self.ledger.claims_status, ids)
+                await self.maybe_reconcile()  # a claimant whose lease expired, or whose process is gone, is finalized
+            except Exception as e:
+                for cid in ids:
+                    fut = self._watch.pop(cid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                continue
             for cid, s in status.items():
                 if s != "inflight":
                     fut = self._watch.pop(cid, None)
@@ -834,6 +1009,9 @@ class AsyncLedger:
 
     async def fail_claim(self, call_id: str, reason: str) -> None:
         await self._run(self.ledger.fail_claim, call_id, self.run_id, reason)
+
+    async def answer(self, call_id: str) -> dict[str, Any] | None:
+        return await self._run(self.ledger.answer, call_id)
 
     async def finish(self, note: str = "run ended") -> dict[str, int]:
         """Stop heartbeating and close the run (anything still open is finalized: released or kept)."""

@@ -9,7 +9,8 @@ Out: :func:`plan_costs` → :class:`CostPlan` (schema ``cost_plan``: worst case 
 Each teacher sees exactly what the agent saw: ``render.render_states`` gives the prefix as OpenAI
 chat messages and the tools the stream shows the agent using; the request body is
 ``{model, messages, tools, <teacher request params>}`` and nothing else (no key, no ids), so
-``call_id = sha256(teacher|model|canonical body)`` is a pure content address.
+``call_id = sha256(teacher|model|base_url|canonical body)`` is a pure content address of one request to
+one endpoint. Answers bought under the id of earlier versions (no ``base_url``) are still served.
 
 Nothing is dropped: a state the renderer does not yield, a teacher whose key is missing, a refused
 reservation and every transport failure each become a row with its status and reason.
@@ -31,9 +32,9 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 
 from composer_pipeline import tables
-from composer_pipeline.teachers.cache import ResponseCache, call_id
+from composer_pipeline.teachers.cache import ResponseCache, call_id, legacy_call_id
 from composer_pipeline.teachers.client import CallResult, TeacherGuard, answer_from_response, call_teacher, make_http_client
-from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig
+from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
 
@@ -78,7 +79,12 @@ def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict]
 def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None) -> ReplayRequest:
     body = request_body(teacher, messages, tools)
     est, worst = worst_case_usd(body, teacher)
-    return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body), est, worst)
+    return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body, teacher.base_url),
+                         est, worst)
+
+
+def _legacy_id(r: ReplayRequest) -> str:
+    return legacy_call_id(r.teacher.name, r.teacher.model, r.body)
 
 
 def render_prompt(conv, state_row: dict, render_opts):
@@ -115,8 +121,11 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
 # ---------------------------------------------------------------------------------------------
 def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger) -> CostPlan:
     rows = {name: [] for name in tables.COST_PLAN.names}
-    in_cache = {r.call_id for r in requests if _cache_get(cache, r.call_id) is not None}
+    ledger.check_identities(config.identities(), register=False)  # a name reused for another endpoint: refused first
+    in_cache = {r.call_id for r in requests if _cache_get(cache, r.call_id) is not None or _cache_get(cache, _legacy_id(r)) is not None}
     in_ledger = ledger.answered_ids(sorted({r.call_id for r in requests} - in_cache))  # paid answers the cache lost
+    legacy = ledger.answered_ids(sorted({_legacy_id(r) for r in requests if r.call_id not in in_cache | in_ledger}))
+    in_ledger |= {r.call_id for r in requests if _legacy_id(r) in legacy}
     for r in requests:
         rows["state_id"].append(r.state_id)
         rows["teacher"].append(r.teacher.name)
@@ -205,6 +214,8 @@ def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
 
 async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], cache: ResponseCache,
                   ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> tuple[list[CallResult], dict[str, Any]]:
+    api_keys = clean_api_keys(config, api_keys)  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
+    ledger.outage_s = config.ledger_outage_s
     aledger = AsyncLedger(ledger, run_id, config.lease_s)
     sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
     guards = {t.name: TeacherGuard(config.max_invalid_responses) for t in config.teachers}
@@ -214,13 +225,29 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
     done = 0
     shared = 0  # answers another run bought while this one waited for its claim
 
+    async def paid_answer(r: ReplayRequest) -> dict[str, Any] | None:
+        """The answer this request already has in the ledger (bought by any run, also under its legacy id)."""
+        rec = await aledger.answer(r.call_id)
+        if rec is None and _legacy_id(r) in legacy_answered:
+            rec = await aledger.answer(_legacy_id(r))
+        if rec is not None:
+            try:
+                await asyncio.to_thread(cache.put, r.call_id, rec)  # repair the cache from the ledger
+            except OSError:
+                pass
+        return rec
+
     async def buy(r: ReplayRequest) -> CallResult:
         nonlocal shared
         t = r.teacher
-        rec = _cache_get(cache, r.call_id)
+        rec = _cache_get(cache, r.call_id) or _cache_get(cache, _legacy_id(r))
         if rec is not None:
             return _from_cache(rec, t)
         key = api_keys.get(t.name)
+        if (t.api_key_env and not key) or guards[t.name].disabled_reason or _legacy_id(r) in legacy_answered:
+            rec = await paid_answer(r)  # nothing to buy: served without a key, also from a cut-off teacher
+            if rec is not None:
+                return _from_cache(rec, t)
         if t.api_key_env and not key:
             return CallResult(status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set")
         if guards[t.name].disabled_reason:
@@ -264,8 +291,13 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
             progress(done, len(requests))
 
     note = "run ended"
+    legacy_answered: set[str] = set()
     try:
+        # one identity per teacher name on this ledger (registered by the first run that uses it)
+        await aledger._run(ledger.check_identities, config.identities())
         await aledger.start()
+        uncached = [r for r in requests if not cache.path(r.call_id).is_file()]
+        legacy_answered = await aledger._run(ledger.answered_ids, sorted({_legacy_id(r) for r in uncached}))
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     except asyncio.CancelledError:
         note = "run interrupted"

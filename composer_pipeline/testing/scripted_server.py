@@ -11,7 +11,8 @@ In:  requests to ``POST /v1/chat/completions``. What happens to a request is rea
      then close) · ``reset`` (TCP RST after reading the request) · ``nousage`` (answer without usage)
      · ``garbage`` (an answer whose ``<tool_call>`` is not JSON) · ``echoauth`` (401 whose error message
      echoes the Authorization header, as a careless provider might) · ``html`` (200 with an HTML page, as
-     a login wall or a misconfigured proxy sends).
+     a login wall or a misconfigured proxy sends) · ``echokey`` (an answer echoing the key it received in its
+     text, URL-encoded, in a native tool call's arguments and in ``system_fingerprint``).
 
 Out: responses; ``server.requests`` (every request: sha256 of its body, its Authorization header, the
      raw body), ``server.count(body_hash)`` and ``server.billed`` (body hash, prompt and completion tokens
@@ -128,12 +129,21 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "hang":
             time.sleep(float(arg or 30))
         content = {"garbage": "<tool_call>{not json at all</tool_call>"}.get(kind, arg if kind == "answer" and arg else DEFAULT_ANSWER)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         resp: dict[str, Any] = {
             "id": f"chatcmpl-{h[:12]}",
             "object": "chat.completion",
             "model": body.get("model"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
         }
+        if kind == "echokey":  # a provider (or a model shown its own headers) repeating the credential
+            from urllib.parse import quote
+
+            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            message["content"] = content = f"Your key is {key} (as a URL: https://x.test/?k={quote(key, safe='')})"
+            message["tool_calls"] = [{"id": "call_1", "type": "function", "function": {
+                "name": "Bash", "arguments": orjson.dumps({"command": f"curl -H 'Authorization: Bearer {key}' x"}).decode()}}]
+            resp["system_fingerprint"] = key
         if kind != "nousage":
             resp["usage"] = {"prompt_tokens": len(raw) // 4, "completion_tokens": len(content) // 4 + 1,
                              "total_tokens": len(raw) // 4 + len(content) // 4 + 1}

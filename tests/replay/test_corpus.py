@@ -56,7 +56,7 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     for req in server.requests:
         body = orjson.loads(req.body)
         if body["model"] == "scripted":
-            body_by_cid[call_id("a", "scripted", body)] = body
+            body_by_cid[call_id("a", "scripted", body, server.url)] = body
     checked = 0
     for st in states.to_pylist():
         called = {c["name"] for c in orjson.loads(st["action"])["tool_calls"]}

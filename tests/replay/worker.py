@@ -1,7 +1,8 @@
 """One replay process for the concurrency tests: ``python worker.py '<json args>'``.
 
 Args: url, ledger (URL), cache, run, states (list of ints), pad, teachers (1 or 2), budget_usd,
-max_concurrency, lease_s, start_file (wait for it to exist before replaying: a common start line).
+max_concurrency, lease_s, start_file (wait for it to exist before replaying: a common start line),
+ignore_sigxfsz (for a file-size limit set on this process from outside: a full disk).
 Prints one JSON line: the summary and the rows; exits 128+signal after SIGTERM/SIGINT (run closed).
 """
 
@@ -21,6 +22,10 @@ from composer_pipeline.teachers.ledger import Ledger, ReplayInterrupted  # noqa:
 from composer_pipeline.teachers.replay import replay_requests  # noqa: E402
 
 a = json.loads(sys.argv[1])
+if a.get("ignore_sigxfsz"):  # a file-size limit (a simulated full disk) makes write() fail instead of killing us
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 over = dict(budget_usd=a.get("budget_usd", 10.0), max_concurrency=a.get("max_concurrency", 4), timeout_s=20.0)  # a loaded 2-core CI box
 teachers = [teacher_dict(a["url"], "t1", **over)] + ([teacher_dict(a["url"], "t2", model="scripted-b", **over)] if a.get("teachers", 1) > 1 else [])
 cfg = dataclasses.replace(make_config(a["url"], teachers=teachers, ceiling_usd=a.get("ceiling_usd", 10.0)), lease_s=a.get("lease_s", 30.0))
