@@ -16,7 +16,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from composer_pipeline import settings
 from composer_pipeline.settings import derived, setting
@@ -51,6 +51,20 @@ class TeacherConfig:
     max_retries: int = setting(4, help="extra attempts after the first, on 429 / 5xx / timeout / connection errors")
     backoff_s: float = setting(1.0, help="base of the exponential backoff (full jitter), capped at backoff_max_s")
     backoff_max_s: float = setting(30.0, help="cap of one backoff wait")
+    api: Literal["openai", "anthropic"] = setting(
+        "openai", help="wire protocol: openai (POST {base_url}/chat/completions) or anthropic (native Messages API, "
+        "POST {base_url}/v1/messages, with cache_control breakpoints)")
+    cached_input_usd_per_mtok: float | None = setting(
+        None, help="price per million prompt tokens the provider reports as cached (read); null: the input price (no discount)")
+    cache_write_usd_per_mtok: float | None = setting(
+        None, help="price per million prompt tokens written to the cache (Anthropic: 1.25x input); null: the input price")
+    prompt_cache_key: bool = setting(
+        True, help="openai: send prompt_cache_key = a hash of the stream (raises the hit rate); false for servers that refuse unknown fields")
+    context_window: int | None = setting(
+        None, help="the teacher's window in tokens (prompt + max_tokens); longer prefixes are fitted (render.fit_messages); null: no limit")
+    anthropic_version: str = setting("2023-06-01", help="anthropic: the anthropic-version header")
+    fit_elide_step: int = setting(
+        8, help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)")
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
@@ -66,7 +80,20 @@ class TeacherConfig:
                 "api_key_env must be the NAME of an environment variable (e.g. OPENROUTER_API_KEY) or null, not the key itself")
         _at_least(self, ("input_usd_per_mtok", "output_usd_per_mtok", "budget_usd", "temperature", "top_p", "seed",
                          "max_retries", "backoff_s", "backoff_max_s"))
-        _at_least(self, ("max_concurrency", "max_tokens", "timeout_s"), positive=True)
+        _at_least(self, ("max_concurrency", "max_tokens", "timeout_s", "fit_elide_step"), positive=True)
+        _at_least(self, ("cached_input_usd_per_mtok", "cache_write_usd_per_mtok"))
+        if self.api not in ("openai", "anthropic"):
+            raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
+        if self.cached_input_usd_per_mtok is not None and self.cached_input_usd_per_mtok > self.input_usd_per_mtok:
+            raise ValueError(f"cached_input_usd_per_mtok {self.cached_input_usd_per_mtok:g} is above input_usd_per_mtok "
+                             f"{self.input_usd_per_mtok:g} (a cached prompt token never costs more than an uncached one)")
+        if self.context_window is not None:
+            from composer_pipeline.render import min_window
+
+            need = min_window(self.max_tokens)
+            if self.context_window < need:
+                raise ValueError(f"context_window {self.context_window} is too small for the system prompt plus one turn "
+                                 f"and max_tokens {self.max_tokens} (needs at least {need} tokens)")
 
     def request_params(self) -> dict[str, Any]:
         """The sampling parameters sent with every request (part of the cache key)."""
@@ -81,6 +108,22 @@ class TeacherConfig:
     def chat_url(self) -> str:
         return self.base_url.rstrip("/") + "/chat/completions"
 
+    @property
+    def request_url(self) -> str:
+        """Where requests go: the chat-completions URL, or for ``api: anthropic`` the Messages API URL."""
+        if self.api == "anthropic":
+            base = self.base_url.rstrip("/")
+            return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+        return self.chat_url
+
+    @property
+    def cached_price(self) -> float:
+        return self.input_usd_per_mtok if self.cached_input_usd_per_mtok is None else self.cached_input_usd_per_mtok
+
+    @property
+    def write_price(self) -> float:
+        return self.input_usd_per_mtok if self.cache_write_usd_per_mtok is None else self.cache_write_usd_per_mtok
+
 
 @dataclass(frozen=True)
 class TeachersConfig:
@@ -94,6 +137,9 @@ class TeachersConfig:
         30.0, help="a replay run heartbeats; its open reservations are finalized this long after it dies (0 < lease_s <= 600)")
     max_invalid_responses: int = setting(
         3, help="consecutive 200s that are not a chat completion (HTML, non-JSON) before a teacher is cut off")
+    scheduling: Literal["stream", "all"] = setting(
+        "stream", help="stream: the states of one stream go to a teacher in order (each request extends the previous "
+        "one's prefix, so it reads the cache that one wrote), streams in parallel up to max_concurrency; all: every call at once")
 
     def __post_init__(self) -> None:
         if not self.teachers:
