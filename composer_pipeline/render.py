@@ -451,7 +451,7 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         h += 1
     head = list(messages[:h])
     cut = 0
-    head_budget = max_prompt_tokens - fixed - MIN_TURN_TOKENS // 2
+    head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
     if h and sum(costs[:h]) > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
         others = sum(costs[: h - 1])
         head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - others), bpt)
@@ -467,11 +467,17 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     for k in range(len(units) - 1, -1, -1):
         suffix[k] = suffix[k + 1] + ucost[k]
     step = max(1, int(step))
+    def over(k: int) -> bool:
+        return suffix[k] + (marker_cost if k else 0) > room
+
     k = 0
-    while k < len(units) and suffix[k] + (marker_cost if k else 0) > room:
-        k = min(len(units), k + step)
-    if k >= len(units):
-        k = len(units) - 1 if units else 0  # keep at least the last turn, cut below
+    while k < len(units) and over(k):
+        k += step
+    if k >= len(units):  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+        k = max(0, k - step)
+        while k < len(units) - 1 and over(k):
+            k += 1
+    k = min(k, max(len(units) - 1, 0))  # keep at least the last turn (cut below when even it is too large)
     kept_idx = [i for u in units[k:] for i in u]
     elided = sum(len(u) for u in units[:k])
     out = head + ([{"role": "user", "content": ELIDED_MARKER.format(n=elided)}] if elided else [])
