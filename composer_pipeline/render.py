@@ -405,12 +405,12 @@ def _units(messages: list[dict]) -> list[list[int]]:
     return units
 
 
-def _cut_middle(msg: dict, max_tokens: int, bpt: float) -> dict:
-    """``msg`` with its text content cut in the middle so that the message counts at most ``max_tokens``."""
+def _cut_middle(msg: dict, max_tokens: int, bpt: float, tok: Any) -> dict:
+    """``msg`` with its text content cut in the middle so that the message counts (``tok``) at most ``max_tokens``."""
     content = msg.get("content")
     if not isinstance(content, str):
         return msg
-    over = count_tokens(msg, bpt) - max_tokens
+    over = tok(msg) - max_tokens
     if over <= 0:
         return msg
     # bytes to drop: the overrun at the ratio, plus the marker; characters ≥ bytes/4 (UTF-8), so drop by
@@ -420,13 +420,13 @@ def _cut_middle(msg: dict, max_tokens: int, bpt: float) -> dict:
         keep = max(0, len(content) - drop)
         head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2):] if keep else ""
         out = {**msg, "content": head + CUT_MARKER.format(n=len(content) - keep) + tail}
-        if count_tokens(out, bpt) <= max_tokens or keep == 0:
+        if tok(out) <= max_tokens or keep == 0:
             return out
         drop += max(64, drop // 4)
 
 
 def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_prompt_tokens: int, *,
-                 bytes_per_token: float = FIT_BYTES_PER_TOKEN, step: int = 1) -> Fitted:
+                 bytes_per_token: float = FIT_BYTES_PER_TOKEN, step: int = 1, count: Any = None, scale: float = 1.0) -> Fitted:
     """Fit a rendered prefix into ``max_prompt_tokens`` (the window minus the answer's ``max_tokens``).
 
     Keeps the system prompt and the session's first user message, then as many of the most recent turns
@@ -436,10 +436,16 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     ``step`` > 1 the number of elided units is a multiple of ``step``: consecutive states of a stream then
     share the same elision point (the same prefix) for several steps, so a provider's prompt cache still
     hits behind the marker; the price is keeping up to ``step`` − 1 fewer turns than would fit.
-    Counts with :func:`count_tokens` (conservative bytes-per-token ratio)."""
+    Counts with ``count`` (a tokenizer's count of a message, teachers/token_count.py) times ``scale``
+    when given, else :func:`count_tokens` (conservative bytes-per-token ratio)."""
     bpt = bytes_per_token
-    fixed = FIT_TOKENS_FIXED + (count_tokens(tools, bpt) if tools else 0)
-    costs = [count_tokens(m, bpt) for m in messages]
+
+    def tok(obj: Any) -> int:
+        if count is None:
+            return count_tokens(obj, bpt)
+        return int(-(-count(obj) * scale // 1))  # the tokenizer's count, scaled up for a refit
+    fixed = FIT_TOKENS_FIXED + (tok(tools) if tools else 0)
+    costs = [tok(m) for m in messages]
     total = fixed + sum(costs)
     if total <= max_prompt_tokens:
         return Fitted(list(messages), tokens=total)
@@ -454,13 +460,13 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
     if h and sum(costs[:h]) > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
         others = sum(costs[: h - 1])
-        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - others), bpt)
+        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - others), bpt, tok)
         cut += 1
-    head_cost = sum(count_tokens(m, bpt) for m in head)
+    head_cost = sum(tok(m) for m in head)
     rest = messages[h:]
     units = _units(rest)
     ucost = [sum(costs[h + i] for i in u) for u in units]
-    marker_cost = count_tokens({"role": "user", "content": ELIDED_MARKER.format(n=10 ** 9)}, bpt)
+    marker_cost = tok({"role": "user", "content": ELIDED_MARKER.format(n=10 ** 9)})
     room = max_prompt_tokens - fixed - head_cost
     # suffix sums: keeping units[k:] costs suffix[k]
     suffix = [0] * (len(units) + 1)
@@ -482,18 +488,18 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     elided = sum(len(u) for u in units[:k])
     out = head + ([{"role": "user", "content": ELIDED_MARKER.format(n=elided)}] if elided else [])
     tail = [rest[i] for i in kept_idx]
-    used = fixed + sum(count_tokens(m, bpt) for m in out)
-    tail_cost = sum(count_tokens(m, bpt) for m in tail)
+    used = fixed + sum(tok(m) for m in out)
+    tail_cost = sum(tok(m) for m in tail)
     if used + tail_cost > max_prompt_tokens and tail:
         # the kept turn is itself too large: cut its largest text contents in the middle, biggest first
-        order = sorted(range(len(tail)), key=lambda i: -count_tokens(tail[i], bpt))
+        order = sorted(range(len(tail)), key=lambda i: -tok(tail[i]))
         for i in order:
-            over = used + sum(count_tokens(m, bpt) for m in tail) - max_prompt_tokens
+            over = used + sum(tok(m) for m in tail) - max_prompt_tokens
             if over <= 0:
                 break
             if not isinstance(tail[i].get("content"), str):
                 continue
-            tail[i] = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, count_tokens(tail[i], bpt) - over), bpt)
+            tail[i] = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, tok(tail[i]) - over), bpt, tok)
             cut += 1
     out += tail
-    return Fitted(out, elided, cut, fixed + sum(count_tokens(m, bpt) for m in out))
+    return Fitted(out, elided, cut, fixed + sum(tok(m) for m in out))

@@ -54,6 +54,7 @@ class ReplayRequest:
     elided_messages: int = 0  # what fitting the teacher's window did (render.fit_messages)
     cut_messages: int = 0
     source: tuple[list[dict], list[dict] | None] | None = None  # the unfitted prefix, for a tighter refit
+    counter: Callable[[Any], int] | None = None  # the teacher's tokenizer count (local models), else the bytes ratio
 
 
 @dataclass
@@ -84,21 +85,24 @@ def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict]
 
 
 def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None,
-                 *, stream_id: str | None = None, order: int = 0, bytes_per_token: float | None = None) -> ReplayRequest:
-    """One state × teacher request; fitted into the teacher's ``context_window`` when it has one."""
+                 *, stream_id: str | None = None, order: int = 0, bytes_per_token: float | None = None,
+                 counter: Callable[[Any], int] | None = None, scale: float = 1.0) -> ReplayRequest:
+    """One state × teacher request; fitted into the teacher's ``context_window`` when it has one (counted
+    with ``counter``, the teacher's tokenizer, when given, else at ``bytes_per_token``)."""
     elided = cut = 0
     source = None
     if teacher.context_window is not None:
         from composer_pipeline.render import FIT_BYTES_PER_TOKEN, fit_messages
 
         fitted = fit_messages(messages, tools, teacher.context_window - teacher.max_tokens,
-                              bytes_per_token=bytes_per_token or FIT_BYTES_PER_TOKEN, step=teacher.fit_elide_step)
+                              bytes_per_token=bytes_per_token or FIT_BYTES_PER_TOKEN, step=teacher.fit_elide_step,
+                              count=counter, scale=scale)
         source = (messages, tools)
         messages, elided, cut = fitted.messages, fitted.elided, fitted.cut
     body = request_body(teacher, messages, tools)
     est, worst = worst_case_usd(body, teacher)
     return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body), est, worst,
-                         stream_id, order, elided, cut, source)
+                         stream_id, order, elided, cut, source, counter)
 
 
 REFIT_FACTOR = 0.7  # a provider said "too long": count 1/0.7 more tokens per byte and fit again, once
@@ -112,7 +116,8 @@ def refit(r: ReplayRequest) -> ReplayRequest | None:
     from composer_pipeline.render import FIT_BYTES_PER_TOKEN
 
     tighter = make_request(r.state_id, r.session_key, r.teacher, r.source[0], r.source[1], stream_id=r.stream_id,
-                           order=r.order, bytes_per_token=FIT_BYTES_PER_TOKEN * REFIT_FACTOR)
+                           order=r.order, bytes_per_token=FIT_BYTES_PER_TOKEN * REFIT_FACTOR, counter=r.counter,
+                           scale=1 / REFIT_FACTOR)
     return dataclasses.replace(tighter, call_id=r.call_id)
 
 
@@ -130,7 +135,10 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
     """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
     from composer_pipeline.render import Conversation
 
+    from composer_pipeline.teachers.token_count import counter_for
+
     conv = Conversation.from_table(messages)
+    counters = {t.name: counter_for(config, t) for t in config.teachers}
     reqs: list[ReplayRequest] = []
     failed: list[tuple[str, str | None, str]] = []
     for row in states.to_pylist():
@@ -144,7 +152,8 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
             continue
         for t in config.teachers:
             reqs.append(make_request(row["state_id"], row.get("session_key"), t, rs.messages, rs.tools,
-                                     stream_id=row.get("stream_id"), order=int(row.get("n_prefix_messages") or 0)))
+                                     stream_id=row.get("stream_id"), order=int(row.get("n_prefix_messages") or 0),
+                                     counter=counters[t.name]))
     return reqs, failed
 
 

@@ -81,3 +81,32 @@ def test_tools_count_and_min_window():
     assert f.tokens <= 6_000 and f.tokens >= count_tokens(tools) + sum(count_tokens(m) for m in f.messages)
     assert min_window(512) > 512 + count_tokens({"role": "system", "content": "x"})
     assert len(orjson.dumps(f.messages)) < len(orjson.dumps(msgs))
+
+
+def test_local_teacher_fits_with_its_own_tokenizer(tmp_path, monkeypatch):
+    """A locally served teacher (its model in the recipe's `serve`) is fitted with its tokenizer: the fitted
+    prefix's real token count (that tokenizer, each message's JSON) is within the window."""
+    from tokenizers import Tokenizer
+
+    from composer_pipeline.teachers.config import parse_teachers
+    from composer_pipeline.teachers.replay import make_request
+    from composer_pipeline.teachers.token_count import counter_for, tokenizer_file
+    from composer_pipeline.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "tiny")
+    cfg = parse_teachers({"ceiling_usd": 1.0, "serve": {"tiny": str(model_dir)}, "teachers": [
+        dict(name="local", base_url="http://127.0.0.1:1/v1", model="tiny", api_key_env=None, input_usd_per_mtok=0.1,
+             output_usd_per_mtok=0.1, budget_usd=1.0, max_concurrency=1, max_tokens=64, context_window=3_000),
+        dict(name="api", base_url="http://127.0.0.1:1/v1", model="other", api_key_env=None, input_usd_per_mtok=0.1,
+             output_usd_per_mtok=0.1, budget_usd=1.0, max_concurrency=1, max_tokens=64, context_window=3_000)]}, "t")
+    local, api = cfg.teachers
+    assert tokenizer_file(cfg, local) == model_dir / "tokenizer.json" and counter_for(cfg, api) is None
+    count = counter_for(cfg, local)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    msgs = _prefix(30, result=600)
+    r = make_request("s", "k", local, msgs, None, counter=count)
+    assert r.elided_messages > 0
+    real = sum(len(tok.encode(orjson.dumps(m).decode(), add_special_tokens=False).ids) + 8 for m in r.body["messages"])
+    assert real + 32 <= 3_000 - 64
+    # the bytes ratio and the tokenizer disagree: the tokenizer decides for the local teacher
+    assert make_request("s", "k", api, msgs, None).elided_messages != r.elided_messages
