@@ -25,6 +25,7 @@ no extended thinking.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -57,10 +58,21 @@ def _arguments(raw: Any) -> dict[str, Any]:
     return {}
 
 
-def convert_messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class CacheHint:
+    """What replay knows about a request's stream (session-affine scheduling): the previous request of the
+    stream had ``read_through`` messages and this request extends it (None: unknown or not a prefix), and
+    whether a later request of the stream will read what this one writes (``write``)."""
+
+    read_through: int | None = None
+    write: bool = True
+
+
+def convert_messages(messages: list[dict[str, Any]], ends: list[dict[str, Any] | None] | None = None
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(system blocks, alternating user/assistant messages with content blocks) from OpenAI chat messages.
     Every tool_use keeps its id and is answered by the tool_result of the same id (render.py answers each
-    call exactly once)."""
+    call exactly once). ``ends``, when given, receives per input message the last block it became."""
     system: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     ids: dict[str, str] = {}
@@ -74,6 +86,8 @@ def convert_messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any
 
     for m in messages:
         role = m.get("role")
+        if ends is not None:
+            ends.append(None)
         if role == "system":
             system.append(_text_block(m.get("content") or ""))
         elif role == "assistant":
@@ -94,6 +108,8 @@ def convert_messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any
                           "content": content if isinstance(content, str) and content else EMPTY_TEXT}])
         else:  # user
             add("user", [_text_block(m.get("content") or "")])
+        if ends is not None:
+            ends[-1] = (system[-1] if role == "system" else out[-1]["content"][-1]) if (system or out) else None
     if not out or out[0]["role"] != "user":
         out.insert(0, {"role": "user", "content": [_text_block("[session start]")]})
     if out[-1]["role"] == "assistant":  # a trailing assistant turn would be a prefill: ask for the next step
@@ -101,33 +117,49 @@ def convert_messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any
     return system, out
 
 
-def place_breakpoints(system: list[dict[str, Any]], messages: list[dict[str, Any]], limit: int = MAX_BREAKPOINTS) -> int:
+def place_breakpoints(system: list[dict[str, Any]], messages: list[dict[str, Any]], limit: int = MAX_BREAKPOINTS,
+                      read_at: dict[str, Any] | None = None, write: bool = True) -> int:
     """Mark ``cache_control`` breakpoints in place; returns how many (≤ ``limit``).
 
     The last block of the request: writes the whole prefix for the next state of the stream, whose request
     extends this one (and reads what the previous state wrote, when it ended within the lookback). Then
     one breakpoint every ``LOOKBACK_BLOCKS − 2`` blocks before it, so a previous state that ended further
     back than one lookback is still found; the last one on the system prompt (tools + system, the part
-    every stream of a recipe shares)."""
+    every stream of a recipe shares).
+
+    With a hint from replay: ``read_at`` (the block where the previous request of the stream ended, which
+    that request wrote) gets a breakpoint of its own, so the read never depends on the lookback; with
+    ``write`` false (the last request of its stream: nobody reads after it) only that breakpoint is
+    placed, so nothing is written at the 1.25× write price for no later read."""
     blocks = [b for m in messages for b in m["content"]]
     marks: list[dict[str, Any]] = []
+    if read_at is not None:
+        marks.append(read_at)
+    if not write:
+        for b in marks:
+            b["cache_control"] = {"type": "ephemeral"}
+        return len(marks)
     if blocks:
         i = len(blocks) - 1
         while i >= 0 and len(marks) < limit - (1 if system else 0):
-            marks.append(blocks[i])
+            if not any(b is blocks[i] for b in marks):
+                marks.append(blocks[i])
             i -= LOOKBACK_BLOCKS - 2
-    if system and len(marks) < limit:
+    if system and len(marks) < limit and not any(b is system[-1] for b in marks):
         marks.append(system[-1])
     for b in marks:
         b["cache_control"] = {"type": "ephemeral"}
     return len(marks)
 
 
-def to_messages_request(body: dict[str, Any], *, cache: bool = True) -> dict[str, Any]:
+def to_messages_request(body: dict[str, Any], *, cache: bool = True, hint: CacheHint | None = None) -> dict[str, Any]:
     """The Messages API body for a replay request body (see the module docstring)."""
-    system, messages = convert_messages(body.get("messages") or [])
+    ends: list[dict[str, Any] | None] = []
+    system, messages = convert_messages(body.get("messages") or [], ends)
     if cache:
-        place_breakpoints(system, messages)
+        hint = hint or CacheHint()
+        read_at = ends[hint.read_through - 1] if hint.read_through and 0 < hint.read_through <= len(ends) else None
+        place_breakpoints(system, messages, read_at=read_at, write=hint.write)
     out: dict[str, Any] = {"model": body["model"], "max_tokens": int(body.get("max_tokens") or 512), "messages": messages}
     if system:
         out["system"] = system

@@ -187,12 +187,13 @@ def stream_cache_key(stream_id: str | None) -> str | None:
     return "cp-" + hashlib.sha256(f"composer-pipeline|{stream_id}".encode()).hexdigest()[:32]
 
 
-def wire_body(teacher: TeacherConfig, body: dict[str, Any], cache_key: str | None = None) -> dict[str, Any]:
+def wire_body(teacher: TeacherConfig, body: dict[str, Any], cache_key: str | None = None,
+              cache_hint: anthropic.CacheHint | None = None) -> dict[str, Any]:
     """What goes on the wire for ``body`` (the hashed request): the Messages API body for ``api: anthropic``;
     for OpenAI-style teachers the body plus ``prompt_cache_key`` when the teacher sends it. Neither changes
     the ``call_id``: a cached answer stays found whatever the transport adds."""
     if teacher.api == "anthropic":
-        return anthropic.to_messages_request(body)
+        return anthropic.to_messages_request(body, hint=cache_hint)
     if cache_key and teacher.prompt_cache_key:
         return {**body, "prompt_cache_key": cache_key}
     return body
@@ -217,6 +218,7 @@ async def call_teacher(
     semaphore: asyncio.Semaphore,
     guard: TeacherGuard | None = None,
     cache_key: str | None = None,
+    cache_hint: anthropic.CacheHint | None = None,
 ) -> CallResult:
     """Send one request (with retries) under the money rules; always returns a result.
 
@@ -224,7 +226,7 @@ async def call_teacher(
     settle, one transaction) before the cache file is written; a cache that cannot be written costs
     nothing but the note ``cache_error`` on the row (the next run finds the answer in the ledger)."""
     _, worst = worst_case_usd(body, teacher)
-    payload = canonical_json(wire_body(teacher, body, cache_key))
+    payload = canonical_json(wire_body(teacher, body, cache_key, cache_hint))
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if teacher.api == "anthropic":
         headers["anthropic-version"] = teacher.anthropic_version

@@ -35,6 +35,7 @@ from composer_pipeline import tables
 from composer_pipeline.teachers.cache import ResponseCache, call_id
 from composer_pipeline.teachers.client import (CallResult, TeacherGuard, answer_from_response, call_teacher, make_http_client,
                                                stream_cache_key)
+from composer_pipeline.teachers.anthropic import CacheHint
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
@@ -55,6 +56,7 @@ class ReplayRequest:
     cut_messages: int = 0
     source: tuple[list[dict], list[dict] | None] | None = None  # the unfitted prefix, for a tighter refit
     counter: Callable[[Any], int] | None = None  # the teacher's tokenizer count (local models), else the bytes ratio
+    cache_hint: CacheHint | None = None  # its place in its stream (with_cache_hints): where to read, whether to write
 
 
 @dataclass
@@ -196,17 +198,17 @@ def predict_cached(requests: list[ReplayRequest]) -> list[float]:
         idx.sort(key=lambda i: (requests[i].order, i))
         prev_msgs: list[dict] | None = None
         prev_tokens = 0
-        for i in idx:
+        for n, i in enumerate(idx):
             r = requests[i]
             t = r.teacher
             msgs = r.body.get("messages") or []
             tokens = int((len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))) / PREDICT_BYTES_PER_TOKEN)
-            extends = prev_msgs is not None and len(msgs) >= len(prev_msgs) and msgs[:len(prev_msgs)] == prev_msgs
+            extends = _extends(msgs, prev_msgs)
             reads = writes = 0
             if t.api == "anthropic":
                 if extends and prev_tokens >= ANTHROPIC_MIN_CACHED:
                     reads = prev_tokens
-                writes = tokens - reads if tokens >= ANTHROPIC_MIN_CACHED else 0
+                writes = tokens - reads if tokens >= ANTHROPIC_MIN_CACHED and n < len(idx) - 1 else 0  # the last one writes nothing
             elif extends and prev_tokens >= OPENAI_MIN_CACHED:
                 reads = (min(prev_tokens, tokens) // OPENAI_CACHE_STEP) * OPENAI_CACHE_STEP
             uncached = max(0, tokens - reads - writes)
@@ -335,14 +337,15 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
         try:
             res = await call_teacher(clients[t.name], t, key, r.body, r.call_id, ledger=aledger, cache=cache, run_id=run_id,
                                      ceiling_usd=config.ceiling_usd, semaphore=sems[t.name], guard=guards[t.name],
-                                     cache_key=stream_cache_key(r.stream_id))
+                                     cache_key=stream_cache_key(r.stream_id), cache_hint=r.cache_hint)
             if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
                 # the provider counts more tokens than the fit did (not billed): one tighter refit, then skip
                 tighter = refit(r)
                 if tighter is not None:
                     again = await call_teacher(clients[t.name], t, key, tighter.body, r.call_id, ledger=aledger, cache=cache,
                                                run_id=run_id, ceiling_usd=config.ceiling_usd, semaphore=sems[t.name],
-                                               guard=guards[t.name], cache_key=stream_cache_key(r.stream_id))
+                                               guard=guards[t.name], cache_key=stream_cache_key(r.stream_id),
+                                               cache_hint=dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None)
                     again.attempts += res.attempts
                     again.cost_usd += res.cost_usd
                     again.reserved_usd += res.reserved_usd
@@ -400,6 +403,26 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
     info = {"reservation_waits": aledger.waits, "shared_answers": shared,
             "disabled_teachers": {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason}}
     return results, info  # type: ignore[return-value]
+
+
+def _extends(msgs: list[dict], prev: list[dict] | None) -> bool:
+    return prev is not None and len(msgs) >= len(prev) and msgs[:len(prev)] == prev
+
+
+def with_cache_hints(requests: list[ReplayRequest]) -> list[ReplayRequest]:
+    """Each request with its :class:`CacheHint`: per teacher and stream, in stream order, whether it extends
+    the previous request (then it reads through that request's messages) and whether a later request of the
+    stream follows (then what it sends is worth writing to the cache). Used for ``api: anthropic``, where
+    writes cost 1.25× and breakpoints say where to read."""
+    out = list(requests)
+    for idx in stream_groups(requests):
+        prev: list[dict] | None = None
+        for n, i in enumerate(idx):
+            msgs = requests[i].body.get("messages") or []
+            hint = CacheHint(len(prev) if _extends(msgs, prev) else None, write=n < len(idx) - 1)
+            out[i] = dataclasses.replace(requests[i], cache_hint=hint)
+            prev = msgs
+    return out
 
 
 def stream_groups(requests: list[ReplayRequest]) -> list[list[int]]:
@@ -485,6 +508,7 @@ def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_k
                     cache: ResponseCache, ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None = None,
                     extra_failed: Iterable[tuple[str, str | None, str]] = ()) -> ReplayResult:
     """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
+    requests = with_cache_hints(requests)
     results, info = asyncio.run(_with_signals(_replay(requests, config, api_keys, cache, ledger, run_id, progress)))
     rows = [_row(r, res) for r, res in zip(requests, results)]
     for sid, skey, reason in extra_failed:

@@ -106,6 +106,15 @@ def test_stream_in_order_hits_and_is_settled_at_cached_price_on_both_ledgers(emu
         assert u["full_price_usd"] > 2.5 * u["billed_usd"]
         assert led.balance(name, t.budget_usd).settled_usd == pytest.approx(u["billed_usd"], rel=1e-9)
     assert sum(b.cache_write_tokens for b in emu.billed if b.model == "claude") > 0  # Anthropic writes, billed at 1.25x
+    # ... except for the last state of a stream: nothing reads after it, so it only reads (one breakpoint)
+    claude_rows = sorted((r for r in rows if r["teacher"] == "claude"), key=lambda r: r["state_id"])
+    for r in claude_rows:
+        last = r["state_id"].endswith("-006")
+        assert (r["cache_write_tokens"] == 0) == last, (r["state_id"], r["cache_write_tokens"])
+    last_bodies = [s.body for s in emu.requests if s.path == "/v1/messages" and len(s.body["messages"]) == max(
+        len(x.body["messages"]) for x in emu.requests if x.path == "/v1/messages")]
+    assert last_bodies and all(sum("cache_control" in b for m in body["messages"] for b in m["content"]) == 1
+                               and "cache_control" not in body["system"][-1] for body in last_bodies)
     assert usage_by_run(led, "r")["claude"]["cache_write_tokens"] > 0
     assert res.summary["cached_prompt_tokens_by_teacher"]["gpt"] == usage_by_teacher(led, "gpt")["cached_prompt_tokens"]
     # OpenAI-style requests carry prompt_cache_key = a hash of the stream, one per stream
