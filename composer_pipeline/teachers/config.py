@@ -36,7 +36,7 @@ class TeacherConfig:
     """One entry of ``teachers:``: an OpenAI-compatible endpoint + model, its prices, budget and request params."""
 
     name: str = setting(help="stable id: appears in call_id, the ledger and Parquet ([A-Za-z0-9_.-])")
-    base_url: str = setting(help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions)")
+    base_url: str = setting(help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions); api: anthropic: https://api.anthropic.com")
     model: str = setting(help="the `model` field of the request")
     api_key_env: str | None = setting(help="NAME of the environment variable holding the key (never the key); null for keyless local servers")
     input_usd_per_mtok: float = setting(help="price per million input tokens, USD")
