@@ -133,12 +133,26 @@ def render_prompt(conv, state_row: dict, render_opts):
     return render_state(conv, state_row, render_opts)
 
 
+def check_windows(config: TeachersConfig, render_opts) -> None:
+    """Every ``context_window`` holds the system prompt actually rendered (the ingest recipe's, which the
+    teachers recipe cannot see at load), one turn and ``max_tokens``; else a ValueError naming the teacher."""
+    from composer_pipeline.render import RenderOptions, min_window
+
+    system_prompt = (render_opts or RenderOptions()).system_prompt
+    for t in config.teachers:
+        if t.context_window is not None and t.context_window < min_window(t.max_tokens, system_prompt):
+            raise ValueError(f"{config.source or 'teachers'}: teachers ({t.name}): context_window {t.context_window} is too small "
+                             f"for the system prompt ({len(system_prompt)} characters) plus one turn and max_tokens {t.max_tokens} "
+                             f"(needs at least {min_window(t.max_tokens, system_prompt)} tokens)")
+
+
 def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
     """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
     from composer_pipeline.render import Conversation
 
     from composer_pipeline.teachers.token_count import counter_for
 
+    check_windows(config, render_opts)
     conv = Conversation.from_table(messages)
     counters = {t.name: counter_for(config, t) for t in config.teachers}
     reqs: list[ReplayRequest] = []
