@@ -54,6 +54,7 @@ def cost_plan(
             "dagster/row_count": table.num_rows,
             "worst_case_usd_total": float(sum(plan.worst_case_by_teacher.values())),
             "worst_case_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in plan.worst_case_by_teacher.items()}),
+            "predicted_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in plan.predicted_by_teacher.items()}),
             "remaining_budget_usd_by_teacher": dg.MetadataValue.json(
                 {k: float(v) for k, v in plan.remaining_budget_by_teacher.items()}
             ),
@@ -87,6 +88,7 @@ def cost_plan_within_budget(
             "worst_case_usd": total,
             "ceiling_usd": float(cfg.ceiling_usd),
             "worst_case_usd_by_teacher": dg.MetadataValue.json(plan.worst_case_by_teacher),
+            "predicted_usd_by_teacher": dg.MetadataValue.json(plan.predicted_by_teacher),
             "remaining_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in remaining.items()}),
             "teachers_over_budget": dg.MetadataValue.json(over),
         },
@@ -138,6 +140,7 @@ def teacher_replays(
 ):
     from composer_pipeline.teachers.replay import replay_states
 
+    from composer_pipeline.teachers.billing import usage_by_run
     from composer_pipeline.teachers.preflight import preflight
 
     uncached = set(cost_plan.filter(pc.invert(cost_plan.column("cached"))).column("teacher").to_pylist())
@@ -174,12 +177,23 @@ def teacher_replays(
             "dagster/row_count": table.num_rows,
             "spend_usd": total,
             "spend_usd_by_teacher": dg.MetadataValue.json(spend),
+            # billed with prompt caching (cache reads/writes at their prices) vs the same tokens at full price
+            "billed_usage_by_teacher": dg.MetadataValue.json(usage_by_run(led, context.run_id)),
+            "predicted_usd_by_teacher": dg.MetadataValue.json(
+                {t: float(sum(p for tt, p, c in zip(cost_plan.column("teacher").to_pylist(),
+                                                    cost_plan.column("predicted_usd").to_pylist()
+                                                    if "predicted_usd" in cost_plan.column_names else [None] * cost_plan.num_rows,
+                                                    cost_plan.column("cached").to_pylist()) if tt == t and not c and p is not None))
+                 for t in cfg.names}),
+            "fitted_answers": int(res.summary.get("fitted_answers", 0)),
+            "cached_prompt_tokens": int(sum(res.summary.get("cached_prompt_tokens_by_teacher", {}).values())),
             # the counts, each named for what it counts (composer_pipeline/teachers/run_report.py)
             "http_requests": summary["http_requests"],
             "cache_hits": summary["from_cache"],
             "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
             "summary": dg.MetadataValue.json(summary),
-            "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "paid_usd", "latency_s"]),
+            "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "paid_usd", "cached_tokens",
+                                       "elided_messages", "latency_s"]),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },
     )

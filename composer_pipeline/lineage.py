@@ -127,7 +127,8 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
                 missing.append(f"teacher_replays: call {cid} not found")
                 continue
             replays.append(
-                {k: r.get(k) for k in ("call_id", "teacher", "model", "status", "reason", "cost_usd", "paid_usd", "cache_hit", "created_at", "action")}
+                {k: r.get(k) for k in ("call_id", "teacher", "model", "status", "reason", "cost_usd", "paid_usd", "cache_hit", "created_at", "action",
+                                       "prompt_tokens", "cached_tokens", "elided_messages")}
             )
 
     state: dict | None = None
@@ -237,6 +238,8 @@ def format_lineage(chain: dict[str, Any]) -> str:
         out.append(
             f"    {r['call_id'][:16]}  {r['teacher']:<12} {r['model'] or '':<20} {r['status']:<10} "
             f"cost ${cost:.6f}  paid ${paid:.6f}{' (cache)' if r['cache_hit'] else ''}"
+            + (f"  {r['cached_tokens']} of {r.get('prompt_tokens')} prompt tokens billed cached" if r.get("cached_tokens") else "")
+            + (f"  {r['elided_messages']} messages elided before this point" if r.get("elided_messages") else "")
         )
     s = chain["state"]
     if s:

@@ -408,3 +408,153 @@ def render_states(states: pa.Table, messages: pa.Table, opts: RenderOptions | No
 def action_of(state_row: dict) -> Action:
     """The agent's own action of a ``trace_states`` row."""
     return Action.from_json(state_row["action"])
+
+
+# --- fitting a prefix into a teacher's window ---------------------------------------------------
+# Token counts without the teacher's tokenizer: a conservative bytes-per-token ratio. Real prompts
+# (English, code, JSON) average 3.5–4.5 bytes per token on GPT/Claude/Qwen-class BPE tokenizers; 3.0
+# counts more tokens than they have, so a fitted request lands under the window; a provider that still
+# answers "too long" gets one tighter refit (replay). Source for the ratios: the measurement in
+# /work/shared/notes/providers.md (31 real sessions at 4 and 3.2 bytes per token).
+FIT_BYTES_PER_TOKEN = 3.0
+FIT_TOKENS_PER_MESSAGE = 8  # role markers and separators of chat templates
+FIT_TOKENS_FIXED = 32  # generation prompt, tool-list framing
+MIN_TURN_TOKENS = 256  # a window must hold the system prompt plus at least this much of one turn
+ELIDED_MARKER = "[{n} earlier messages elided to fit the teacher's context window]"
+CUT_MARKER = "\n[... {n} characters cut to fit the teacher's context window ...]\n"
+
+
+def count_tokens(obj: Any, bytes_per_token: float = FIT_BYTES_PER_TOKEN) -> int:
+    """Tokens of one message (or the tools list) as sent: its JSON bytes / ``bytes_per_token``, rounded up."""
+    n = len(orjson.dumps(obj))
+    return -(-n * 1000 // int(bytes_per_token * 1000)) + FIT_TOKENS_PER_MESSAGE
+
+
+def min_window(max_tokens: int, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> int:
+    """The smallest ``context_window`` that holds the system prompt, one turn and the answer."""
+    return count_tokens({"role": "system", "content": system_prompt}) + FIT_TOKENS_FIXED + MIN_TURN_TOKENS + int(max_tokens)
+
+
+@dataclass
+class Fitted:
+    """A prefix fitted into a token budget: the messages to send and what was done to them."""
+
+    messages: list[dict[str, Any]]
+    elided: int = 0  # messages replaced by the marker (the marker itself not counted)
+    cut: int = 0  # messages whose content was cut in its middle
+    tokens: int = 0  # estimated prompt tokens of the result (tools included)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.elided or self.cut)
+
+
+def _units(messages: list[dict]) -> list[list[int]]:
+    """Indices grouped so that an assistant message with tool calls stays with the tool results after it."""
+    units: list[list[int]] = []
+    for i, m in enumerate(messages):
+        if m.get("role") == "tool" and units and messages[units[-1][0]].get("tool_calls"):
+            units[-1].append(i)
+        else:
+            units.append([i])
+    return units
+
+
+def _cut_middle(msg: dict, max_tokens: int, bpt: float, tok: Any) -> dict:
+    """``msg`` with its text content cut in the middle so that the message counts (``tok``) at most ``max_tokens``."""
+    content = msg.get("content")
+    if not isinstance(content, str):
+        return msg
+    over = tok(msg) - max_tokens
+    if over <= 0:
+        return msg
+    # bytes to drop: the overrun at the ratio, plus the marker; characters ≥ bytes/4 (UTF-8), so drop by
+    # characters conservatively and re-check
+    drop = int(over * bpt) + len(CUT_MARKER) + 16
+    while True:
+        keep = max(0, len(content) - drop)
+        head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2):] if keep else ""
+        out = {**msg, "content": head + CUT_MARKER.format(n=len(content) - keep) + tail}
+        if tok(out) <= max_tokens or keep == 0:
+            return out
+        drop += max(64, drop // 4)
+
+
+def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_prompt_tokens: int, *,
+                 bytes_per_token: float = FIT_BYTES_PER_TOKEN, step: int = 1, count: Any = None, scale: float = 1.0) -> Fitted:
+    """Fit a rendered prefix into ``max_prompt_tokens`` (the window minus the answer's ``max_tokens``).
+
+    Keeps the system prompt and the session's first user message, then as many of the most recent turns
+    as fit; the elided middle becomes ONE user message saying how many messages were elided. An assistant
+    message with tool calls and its tool results are kept or elided together (every call stays answered
+    exactly once). A single message too large even alone (a huge tool result) is cut in its middle. With
+    ``step`` > 1 the number of elided units is a multiple of ``step``: consecutive states of a stream then
+    share the same elision point (the same prefix) for several steps, so a provider's prompt cache still
+    hits behind the marker; the price is keeping up to ``step`` − 1 fewer turns than would fit.
+    Counts with ``count`` (a tokenizer's count of a message, teachers/token_count.py) times ``scale``
+    when given, else :func:`count_tokens` (conservative bytes-per-token ratio)."""
+    bpt = bytes_per_token
+
+    def tok(obj: Any) -> int:
+        if count is None:
+            return count_tokens(obj, bpt)
+        return int(-(-count(obj) * scale // 1))  # the tokenizer's count, scaled up for a refit
+    fixed = FIT_TOKENS_FIXED + (tok(tools) if tools else 0)
+    costs = [tok(m) for m in messages]
+    total = fixed + sum(costs)
+    if total <= max_prompt_tokens:
+        return Fitted(list(messages), tokens=total)
+    # head: system prompt(s) + the first user message
+    h = 0
+    while h < len(messages) and messages[h].get("role") == "system":
+        h += 1
+    if h < len(messages) and messages[h].get("role") == "user":
+        h += 1
+    head = list(messages[:h])
+    cut = 0
+    head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
+    if h and sum(costs[:h]) > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
+        others = sum(costs[: h - 1])
+        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - others), bpt, tok)
+        cut += 1
+    head_cost = sum(tok(m) for m in head)
+    rest = messages[h:]
+    units = _units(rest)
+    ucost = [sum(costs[h + i] for i in u) for u in units]
+    marker_cost = tok({"role": "user", "content": ELIDED_MARKER.format(n=10 ** 9)})
+    room = max_prompt_tokens - fixed - head_cost
+    # suffix sums: keeping units[k:] costs suffix[k]
+    suffix = [0] * (len(units) + 1)
+    for k in range(len(units) - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + ucost[k]
+    step = max(1, int(step))
+    def over(k: int) -> bool:
+        return suffix[k] + (marker_cost if k else 0) > room
+
+    k = 0
+    while k < len(units) and over(k):
+        k += step
+    if k >= len(units):  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+        k = max(0, k - step)
+        while k < len(units) - 1 and over(k):
+            k += 1
+    k = min(k, max(len(units) - 1, 0))  # keep at least the last turn (cut below when even it is too large)
+    kept_idx = [i for u in units[k:] for i in u]
+    elided = sum(len(u) for u in units[:k])
+    out = head + ([{"role": "user", "content": ELIDED_MARKER.format(n=elided)}] if elided else [])
+    tail = [rest[i] for i in kept_idx]
+    used = fixed + sum(tok(m) for m in out)
+    tail_cost = sum(tok(m) for m in tail)
+    if used + tail_cost > max_prompt_tokens and tail:
+        # the kept turn is itself too large: cut its largest text contents in the middle, biggest first
+        order = sorted(range(len(tail)), key=lambda i: -tok(tail[i]))
+        for i in order:
+            over = used + sum(tok(m) for m in tail) - max_prompt_tokens
+            if over <= 0:
+                break
+            if not isinstance(tail[i].get("content"), str):
+                continue
+            tail[i] = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, tok(tail[i]) - over), bpt, tok)
+            cut += 1
+    out += tail
+    return Fitted(out, elided, cut, fixed + sum(tok(m) for m in out))

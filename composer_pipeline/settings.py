@@ -210,6 +210,11 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
             out.extend(rows(tp, key + "."))
             continue
         d = _default(f)
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list and typing.get_args(tp) else None
+        if item is not None and dataclasses.is_dataclass(item):  # a list of sections: each entry's keys as `key[].name`
+            out.append((key, "list[section]", "required" if d is MISSING else "`" + _yaml_scalar(to_dict(d)) + "`", help_text))
+            out.extend(rows(item, key + "[]."))
+            continue
         if d is MISSING:
             shown = "required"
         elif len(_yaml_scalar(to_dict(d))) > 60:

@@ -70,6 +70,8 @@ class TeacherAnswer:
     superseded: int = 0  # older rows of this teacher for this state
     sent_as_shown: bool | None = None  # call_id == hash of the body rebuilt from the shown prefix (needs teachers YAML)
     paid_usd: float | None = None  # what the run that wrote the row paid (0 for a cache hit); cost_usd = cost when bought
+    cached_tokens: int | None = None  # prompt tokens the provider billed as cache reads (cost_usd is the billed price)
+    elided_messages: int = 0  # messages of the prefix elided to fit the teacher's window before its answer
 
 
 @dataclass
@@ -186,6 +188,7 @@ def _teacher_answers(rows: list[dict], prefer_call_ids: Sequence[str] = ()) -> l
             prompt_tokens=r.get("prompt_tokens"), completion_tokens=r.get("completion_tokens"),
             attempts=r.get("attempts"), cache_hit=r.get("cache_hit"), call_id=r.get("call_id"),
             created_at=r.get("created_at"), superseded=len(rs) - 1, paid_usd=r.get("paid_usd"),
+            cached_tokens=r.get("cached_tokens"), elided_messages=int(r.get("elided_messages") or 0),
         ))
     return out
 
@@ -535,8 +538,12 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
         out.append(f"    {_teacher_summary(v.teachers)}")
         for t in v.teachers:
             tok = f"{t.prompt_tokens if t.prompt_tokens is not None else '?'}+{t.completion_tokens if t.completion_tokens is not None else '?'} tok"
+            if t.cached_tokens:
+                tok += f" ({t.cached_tokens} cached)"
             out.append(f"  {t.teacher} ({t.model})  {t.status}  cost {_money(t.cost_usd)} paid {_money(t.paid_usd)}  {_secs(t.latency_s)}  {tok}  "
                        f"attempts {t.attempts}{_teacher_flags(t, agreeing)}")
+            if t.elided_messages:
+                out.append(f"      fitted: {t.elided_messages} messages elided before this point (the teacher's context window)")
             if t.reason:
                 out.append(f"      reason: {t.reason}")
             if t.action:
@@ -690,8 +697,10 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
         for t in sv.teachers:
             ans = "<br>".join(_md_cell(x) for x in _action_lines(t.action, 200, 8)) if t.action else _md_cell(t.reason or t.raw_answer)
             out.append(f"| {_md_cell(t.teacher)} | {_md_cell(t.model)} | {_md_cell(t.status)} | {_money(t.cost_usd)} | "
-                       f"{_secs(t.latency_s)} | {t.prompt_tokens}+{t.completion_tokens} | "
-                       f"{_md_cell(_teacher_flags(t, agreeing).strip(' []'))} | {ans} |")
+                       f"{_secs(t.latency_s)} | {t.prompt_tokens}+{t.completion_tokens}"
+                       f"{f' ({t.cached_tokens} cached)' if t.cached_tokens else ''} | "
+                       f"{_md_cell(_teacher_flags(t, agreeing).strip(' []'))}"
+                       f"{f' {t.elided_messages} messages elided before this point' if t.elided_messages else ''} | {ans} |")
     return "\n".join(out) + "\n"
 
 

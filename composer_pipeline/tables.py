@@ -88,6 +88,7 @@ COST_PLAN = pa.schema(
         ("cached", pa.bool_()),
         ("est_prompt_tokens", pa.int64()),
         ("worst_case_usd", pa.float64()),
+        ("predicted_usd", pa.float64()),  # expected cost with prompt caching (teachers/replay.predict_cached)
     ]
 )
 
@@ -111,6 +112,10 @@ TEACHER_REPLAYS = pa.schema(
         ("attempts", pa.int64()),
         ("cache_hit", pa.bool_()),
         ("created_at", _str),
+        ("cached_tokens", pa.int64()),  # prompt tokens the provider billed as cache reads (null: no usage)
+        ("cache_write_tokens", pa.int64()),  # prompt tokens billed as cache writes (Anthropic)
+        ("elided_messages", pa.int64()),  # messages of the prefix elided to fit the teacher's window (0: sent whole)
+        ("cut_messages", pa.int64()),  # messages cut in their middle to fit the window
     ]
 )
 

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"cost plan: {reason}", file=sys.stderr)
     if args.plan_only:
         print(orjson.dumps({"calls_planned": plan.table.num_rows, "worst_case_by_teacher": plan.worst_case_by_teacher,
+                            "predicted_usd_by_teacher": plan.predicted_by_teacher,
                             "remaining_budget_by_teacher": plan.remaining_budget_by_teacher,
                             "ceiling_usd": cfg.ceiling_usd, "fits": plan.fits, "reasons": plan.reasons}).decode())
         return 0
@@ -95,8 +96,17 @@ def run(args: argparse.Namespace) -> int:
     res = replay_requests(requests, cfg, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
                           extra_failed=failed)
     path = out.write_table("replays", res.table)
+    from composer_pipeline.teachers.billing import usage_by_run
+
+    billed = usage_by_run(ledger, run_id)
     summary = {**res.summary, "out": out.url("replays.parquet") if out.is_remote else path,
-               "ledger": ledger.label, "cache": str(cache.dir)}
+               "ledger": ledger.label, "cache": str(cache.dir),
+               # the plan's expectation with prompt caching beside what providers billed this run
+               "predicted_vs_billed": {t.name: {"predicted_usd": round(plan.predicted_by_teacher.get(t.name, 0.0), 8),
+                                                "worst_case_usd": round(plan.worst_case_by_teacher.get(t.name, 0.0), 8),
+                                                **billed.get(t.name, {"billed_usd": 0.0, "full_price_usd": 0.0,
+                                                                      "cached_prompt_tokens": 0})}
+                                       for t in cfg.teachers}}
     print(orjson.dumps(summary).decode(), flush=True)
     rc = 0
     for name, why in sorted(res.summary.get("disabled_teachers", {}).items()):

@@ -4,7 +4,8 @@
 serves small local causal LMs (see ``composer_pipeline.teachers.server``); with ``--config`` the
 ``serve`` section of a teachers YAML names the models. ``teachers budget --teachers FILE [--ledger URL] [--json]``
 prints one JSON line per teacher (``teacher, budget_usd, spent_usd, settled_usd, kept_usd, reserved_usd,
-remaining_usd, kept_calls``); ``teachers reconcile`` first finalizes every run whose lease expired.
+remaining_usd, kept_calls``, and from the ledger's ``billed_usage``: ``settled_calls, billed_usd, full_price_usd,
+prompt_tokens, cached_prompt_tokens, cache_write_tokens``); ``teachers reconcile`` first finalizes every run whose lease expired.
 """
 
 from __future__ import annotations
@@ -156,8 +157,11 @@ def run_stop(args: argparse.Namespace) -> int:
 def _print_budgets(ledger, cfg) -> None:
     import orjson
 
+    from composer_pipeline.teachers.billing import usage_by_teacher
+
     for t in cfg.teachers:
-        print(orjson.dumps(ledger.balance(t.name, t.budget_usd).as_dict()).decode(), flush=True)
+        # billed_usd / full_price_usd / cached_prompt_tokens: what providers billed, with prompt caching
+        print(orjson.dumps({**ledger.balance(t.name, t.budget_usd).as_dict(), **usage_by_teacher(ledger, t.name)}).decode(), flush=True)
 
 
 def run_budget(args: argparse.Namespace) -> int:

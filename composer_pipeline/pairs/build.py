@@ -75,6 +75,8 @@ class PairRecipe:
     teacher_preference: tuple[str, ...] = setting(
         (), help="whose answer represents the consensus, first match wins (then by name)")
     signature: SignatureRules = setting(factory=SignatureRules, help="what makes two actions the same decision")
+    drop_fitted_answers: bool = setting(
+        False, help="no vote: an answer to a prefix fitted into the teacher's window (messages elided or cut; teacher_replays.elided_messages/cut_messages)")
 
     def __post_init__(self) -> None:
         for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
@@ -367,6 +369,7 @@ def build_pairs(
             "answers_unknown_tool",
             "answers_missing_key_arguments",
             "answers_echo_prompt",
+            "answers_fitted_dropped",
             "pairs",
             "positives",
         )
@@ -376,6 +379,9 @@ def build_pairs(
     for r in replays.to_pylist():
         if r["state_id"] not in state_ids:
             stats["replays_unknown_state"] += 1
+            continue
+        if recipe.drop_fitted_answers and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0)):
+            stats["answers_fitted_dropped"] += 1
             continue
         by_state.setdefault(r["state_id"], []).append(r)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -46,11 +47,16 @@ import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_chat_message
 from composer_pipeline.scrub import scrub_obj
+from composer_pipeline.teachers import anthropic
 from composer_pipeline.teachers.cache import ResponseCache, canonical_json
 from composer_pipeline.teachers.config import TeacherConfig
 from composer_pipeline.teachers.ledger import AsyncLedger, LedgerError, Reserve
-from composer_pipeline.teachers.pricing import usage_cost, worst_case_usd
+from composer_pipeline.teachers.pricing import billed, usage_cost, worst_case_usd
 from composer_pipeline.teachers.redact import key_forms, redact_key, redact_text
+
+# a provider's answer that the prompt is longer than its window (HTTP 400, not billed): OpenAI-style
+# ``context_length_exceeded``, Anthropic ``prompt is too long``; replay refits once, then skips the state
+CONTEXT_EXCEEDED_RE = re.compile(r"context_length_exceeded|maximum context length|prompt is too long|context window", re.I)
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 MAX_RETRY_AFTER_S = 300.0
@@ -69,6 +75,10 @@ class CallResult:
     latency_s: float | None = None
     attempts: int = 0
     cache_hit: bool = False
+    cached_tokens: int | None = None  # prompt tokens the provider billed as cache reads
+    cache_write_tokens: int | None = None  # prompt tokens it billed as cache writes (Anthropic)
+    elided_messages: int = 0  # messages the fitted prefix replaced by its marker (render.fit_messages)
+    cut_messages: int = 0  # messages whose content was cut in the middle to fit
 
 
 def make_http_client(teacher: TeacherConfig) -> httpx.AsyncClient:
@@ -122,6 +132,9 @@ def answer_from_response(data: dict[str, Any], teacher: TeacherConfig) -> CallRe
     message = data["choices"][0]["message"]
     p, c, cost = usage_cost(data.get("usage"), teacher)
     res = CallResult(status="answered", raw_answer=raw_answer_of(message), prompt_tokens=p, completion_tokens=c)
+    b = billed(data.get("usage"), teacher)
+    if b is not None:
+        res.cached_tokens, res.cache_write_tokens = b.cached_tokens, b.cache_write_tokens
     try:
         action = parse_chat_message(message)
     except ActionParseError as e:
@@ -168,6 +181,27 @@ class TeacherGuard:
         self.consecutive = 0
 
 
+def stream_cache_key(stream_id: str | None) -> str | None:
+    """``prompt_cache_key`` for a stream: a hash (the stream id names a project and a session; never sent)."""
+    if not stream_id:
+        return None
+    import hashlib
+
+    return "cp-" + hashlib.sha256(f"composer-pipeline|{stream_id}".encode()).hexdigest()[:32]
+
+
+def wire_body(teacher: TeacherConfig, body: dict[str, Any], cache_key: str | None = None,
+              cache_hint: anthropic.CacheHint | None = None) -> dict[str, Any]:
+    """What goes on the wire for ``body`` (the hashed request): the Messages API body for ``api: anthropic``;
+    for OpenAI-style teachers the body plus ``prompt_cache_key`` when the teacher sends it. Neither changes
+    the ``call_id``: a cached answer stays found whatever the transport adds."""
+    if teacher.api == "anthropic":
+        return anthropic.to_messages_request(body, hint=cache_hint)
+    if cache_key and teacher.prompt_cache_key:
+        return {**body, "prompt_cache_key": cache_key}
+    return body
+
+
 def _host(teacher: TeacherConfig) -> str:
     u = httpx.URL(teacher.base_url)
     return f"{u.host}:{u.port}" if u.port else str(u.host)
@@ -186,6 +220,8 @@ async def call_teacher(
     ceiling_usd: float,
     semaphore: asyncio.Semaphore,
     guard: TeacherGuard | None = None,
+    cache_key: str | None = None,
+    cache_hint: anthropic.CacheHint | None = None,
 ) -> CallResult:
     """Send one request (with retries) under the money rules; always returns a result.
 
@@ -193,9 +229,13 @@ async def call_teacher(
     settle, one transaction) before the cache file is written; a cache that cannot be written costs
     nothing but the note ``cache_error`` on the row (the next run finds the answer in the ledger)."""
     _, worst = worst_case_usd(body, teacher)
-    payload = canonical_json(body)
+    payload = canonical_json(wire_body(teacher, body, cache_key, cache_hint))
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if api_key:
+    if teacher.api == "anthropic":
+        headers["anthropic-version"] = teacher.anthropic_version
+        if api_key:
+            headers["x-api-key"] = api_key
+    elif api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     guard = guard or TeacherGuard()
     out = CallResult(status="failed")
@@ -223,7 +263,7 @@ async def call_teacher(
             outcome = "keep"  # what happens to this attempt's reservation: keep | release
             retry = False
             try:
-                async with http.stream("POST", teacher.chat_url, content=payload, headers=headers) as resp:
+                async with http.stream("POST", teacher.request_url, content=payload, headers=headers) as resp:
                     status_code = resp.status_code
                     raw = await resp.aread()
             except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
@@ -258,7 +298,10 @@ async def call_teacher(
                         # before the cache, the ledger, the table and any log see it: secrets by their look, and the
                         # key this request carried by its value, wherever the teacher echoed it
                         data = redact_key(scrub_obj(data), api_key)
-                        problem = _valid_completion(data)
+                        problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
+                        if teacher.api == "anthropic" and problem is None:  # the native answer, mapped to the one shape stored
+                            data = anthropic.to_chat_completion(data)
+                        problem = problem or _valid_completion(data)
                         problem = f"bad_response: {_scrub(problem, api_key)}" if problem else None
                     if problem:
                         await ledger.close(res.id, "kept", note=problem[:200])
@@ -268,6 +311,7 @@ async def call_teacher(
                         return out
                     guard.valid()
                     p, c, cost = usage_cost(data.get("usage"), teacher)
+                    bill = billed(data.get("usage"), teacher)
                     record = {"teacher": teacher.name, "model": teacher.model, "base_url": teacher.base_url.rstrip("/"), "response": data,
                               "cost_usd": worst if cost is None else cost, "latency_s": latency, "attempts": attempt,
                               "run_id": run_id, "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -277,7 +321,8 @@ async def call_teacher(
                         if cost is None:
                             await ledger.close(res.id, "kept", note="no usable usage in response", answer=(cid, record))
                         else:
-                            await ledger.close(res.id, "settled", cost_usd=cost, answer=(cid, record))
+                            await ledger.close(res.id, "settled", cost_usd=cost, answer=(cid, record),
+                                               usage=bill.as_dict() if bill is not None else None)
                     except LedgerError as e:
                         # paid, but the ledger could not record it (full disk, server gone past its outage limit): the
                         # reservation stays open (sent: kept at worst case when the run is finalized) and the answer
@@ -304,6 +349,8 @@ async def call_teacher(
                 outcome = "release"
                 text = _scrub(raw.decode("utf-8", "replace"), api_key, 200)
                 last_reason = f"http_{status_code}: {text}"
+                if status_code == 400 and CONTEXT_EXCEEDED_RE.search(raw.decode("utf-8", "replace")[:2000]):
+                    last_reason = f"context_length_exceeded: {text}"  # not billed: released below, refit by replay
                 if status_code in RETRY_STATUS or (status_code or 0) >= 500:
                     retry = True
                     retry_after = _retry_after(resp.headers)

@@ -16,7 +16,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from composer_pipeline import settings
 from composer_pipeline.settings import derived, setting
@@ -36,7 +36,7 @@ class TeacherConfig:
     """One entry of ``teachers:``: an OpenAI-compatible endpoint + model, its prices, budget and request params."""
 
     name: str = setting(help="stable id: appears in call_id, the ledger and Parquet ([A-Za-z0-9_.-])")
-    base_url: str = setting(help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions)")
+    base_url: str = setting(help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions); api: anthropic: https://api.anthropic.com")
     model: str = setting(help="the `model` field of the request")
     api_key_env: str | None = setting(help="NAME of the environment variable holding the key (never the key); null for keyless local servers")
     input_usd_per_mtok: float = setting(help="price per million input tokens, USD")
@@ -51,6 +51,20 @@ class TeacherConfig:
     max_retries: int = setting(4, help="extra attempts after the first, on 429 / 5xx / timeout / connection errors")
     backoff_s: float = setting(1.0, help="base of the exponential backoff (full jitter), capped at backoff_max_s")
     backoff_max_s: float = setting(30.0, help="cap of one backoff wait")
+    api: Literal["openai", "anthropic"] = setting(
+        "openai", help="wire protocol: openai (POST {base_url}/chat/completions) or anthropic (native Messages API, "
+        "POST {base_url}/v1/messages, with cache_control breakpoints)")
+    cached_input_usd_per_mtok: float | None = setting(
+        None, help="price per million prompt tokens the provider reports as cached (read); null: the input price (no discount)")
+    cache_write_usd_per_mtok: float | None = setting(
+        None, help="price per million prompt tokens written to the cache (Anthropic: 1.25x input); null: the input price")
+    prompt_cache_key: bool = setting(
+        True, help="openai: send prompt_cache_key = a hash of the stream (raises the hit rate); false for servers that refuse unknown fields")
+    context_window: int | None = setting(
+        None, help="the teacher's window in tokens (prompt + max_tokens); longer prefixes are fitted (render.fit_messages); null: no limit")
+    anthropic_version: str = setting("2023-06-01", help="anthropic: the anthropic-version header")
+    fit_elide_step: int = setting(
+        8, help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)")
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
@@ -66,7 +80,20 @@ class TeacherConfig:
                 "api_key_env must be the NAME of an environment variable (e.g. OPENROUTER_API_KEY) or null, not the key itself")
         _at_least(self, ("input_usd_per_mtok", "output_usd_per_mtok", "budget_usd", "temperature", "top_p", "seed",
                          "max_retries", "backoff_s", "backoff_max_s"))
-        _at_least(self, ("max_concurrency", "max_tokens", "timeout_s"), positive=True)
+        _at_least(self, ("max_concurrency", "max_tokens", "timeout_s", "fit_elide_step"), positive=True)
+        _at_least(self, ("cached_input_usd_per_mtok", "cache_write_usd_per_mtok"))
+        if self.api not in ("openai", "anthropic"):
+            raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
+        if self.cached_input_usd_per_mtok is not None and self.cached_input_usd_per_mtok > self.input_usd_per_mtok:
+            raise ValueError(f"cached_input_usd_per_mtok {self.cached_input_usd_per_mtok:g} is above input_usd_per_mtok "
+                             f"{self.input_usd_per_mtok:g} (a cached prompt token never costs more than an uncached one)")
+        if self.context_window is not None:
+            from composer_pipeline.render import min_window
+
+            need = min_window(self.max_tokens)
+            if self.context_window < need:
+                raise ValueError(f"context_window {self.context_window} is too small for the system prompt plus one turn "
+                                 f"and max_tokens {self.max_tokens} (needs at least {need} tokens)")
 
     def request_params(self) -> dict[str, Any]:
         """The sampling parameters sent with every request (part of the cache key)."""
@@ -85,7 +112,25 @@ class TeacherConfig:
         """Who this name stands for on a ledger: endpoint, model and prices (the budget is not identity: it may
         be raised). ``call_id`` carries ``base_url`` and ``model``; the ledger refuses the name for another identity."""
         return {"base_url": self.base_url.rstrip("/"), "model": self.model,
-                "input_usd_per_mtok": float(self.input_usd_per_mtok), "output_usd_per_mtok": float(self.output_usd_per_mtok)}
+                "api": self.api, "input_usd_per_mtok": float(self.input_usd_per_mtok),
+                "output_usd_per_mtok": float(self.output_usd_per_mtok),
+                "cached_input_usd_per_mtok": float(self.cached_price), "cache_write_usd_per_mtok": float(self.write_price)}
+
+    @property
+    def request_url(self) -> str:
+        """Where requests go: the chat-completions URL, or for ``api: anthropic`` the Messages API URL."""
+        if self.api == "anthropic":
+            base = self.base_url.rstrip("/")
+            return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+        return self.chat_url
+
+    @property
+    def cached_price(self) -> float:
+        return self.input_usd_per_mtok if self.cached_input_usd_per_mtok is None else self.cached_input_usd_per_mtok
+
+    @property
+    def write_price(self) -> float:
+        return self.input_usd_per_mtok if self.cache_write_usd_per_mtok is None else self.cache_write_usd_per_mtok
 
 
 @dataclass(frozen=True)
@@ -102,6 +147,9 @@ class TeachersConfig:
         3, help="consecutive 200s that are not a chat completion (HTML, non-JSON) before a teacher is cut off")
     ledger_outage_s: float = setting(
         120.0, help="a ledger server lost mid-run (restart, failover) is retried this long, then the run stops with an error (> 0)")
+    scheduling: Literal["stream", "all"] = setting(
+        "stream", help="stream: the states of one stream go to a teacher in order (each request extends the previous "
+        "one's prefix, so it reads the cache that one wrote), streams in parallel up to max_concurrency; all: every call at once")
 
     def __post_init__(self) -> None:
         if not self.teachers:

@@ -123,6 +123,23 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             identity TEXT NOT NULL,              -- canonical JSON of TeacherConfig.identity()
             created_at DOUBLE PRECISION NOT NULL)""",
     ]),
+    # 3: what each settled call was billed, split by price (prompt caching): teachers/billing.py reads it
+    (3, [
+        """CREATE TABLE billed_usage (
+            reservation_id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            call_id TEXT,
+            prompt_tokens INTEGER NOT NULL,      -- all prompt tokens (uncached + cache reads + cache writes)
+            completion_tokens INTEGER NOT NULL,
+            cached_tokens INTEGER NOT NULL,      -- read from the provider's prompt cache
+            cache_write_tokens INTEGER NOT NULL, -- written to it (Anthropic)
+            billed_usd DOUBLE PRECISION NOT NULL,      -- = the reservation's settled cost_usd
+            full_price_usd DOUBLE PRECISION NOT NULL,  -- the same tokens at the full input price
+            created_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX billed_usage_teacher ON billed_usage (teacher)",
+        "CREATE INDEX billed_usage_run ON billed_usage (run_id)",
+    ]),
 ]
 
 
@@ -781,9 +798,11 @@ class Ledger:
         self._tx(lambda c: c.execute("UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]))
 
     def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
-              answer: tuple[str, dict[str, Any]] | None = None) -> bool:
+              answer: tuple[str, dict[str, Any]] | None = None, usage: dict[str, Any] | None = None) -> bool:
         """Settle / keep / release one reservation; with ``answer=(call_id, record)`` the answer is stored in
-        its claim in the same transaction. False when it was already closed (e.g. finalized by reconcile)."""
+        its claim in the same transaction. False when it was already closed (e.g. finalized by reconcile).
+        ``usage`` (a settle's :class:`~composer_pipeline.teachers.pricing.Billed` as a dict) is recorded in
+        ``billed_usage`` in the same transaction."""
         if state not in ("settled", "kept", "released"):
             raise ValueError(f"unknown reservation state {state!r}")
         now = self._db.now
@@ -803,6 +822,13 @@ class Ledger:
                               "kept_usd = kept_usd + ?, kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
                               [float(amount), counted, s_add, k_add, 1 if state == "kept" else 0, scope, key])
                 done = True
+                if usage is not None and state == "settled":
+                    c.execute(f"INSERT INTO billed_usage (reservation_id, teacher, run_id, call_id, prompt_tokens, completion_tokens, "
+                              f"cached_tokens, cache_write_tokens, billed_usd, full_price_usd, created_at) "
+                              f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now})",
+                              [reservation_id, teacher, run_id, answer[0] if answer else None, int(usage["prompt_tokens"]),
+                               int(usage["completion_tokens"]), int(usage["cached_tokens"]), int(usage["cache_write_tokens"]),
+                               counted, float(usage["full_price_usd"])])
             if answer is not None:
                 cid, record = answer
                 teacher_name = record.get("teacher") or (row[0] if row else "")
@@ -863,10 +889,11 @@ class Ledger:
 
     def rows(self, table: str = "reservations") -> list[dict[str, Any]]:
         """Every row of one ledger table (for audits and tests)."""
-        if table not in ("reservations", "claims", "runs", "totals", "waiters", "teacher_identities"):
+        if table not in ("reservations", "claims", "runs", "totals", "waiters", "teacher_identities", "billed_usage"):
             raise ValueError(f"no ledger table {table!r}")
         order = {"reservations": "created_at, id", "claims": "created_at, call_id", "runs": "started_at, run_id",
-                 "totals": "scope, key", "waiters": "created_at, id", "teacher_identities": "teacher"}[table]
+                 "totals": "scope, key", "waiters": "created_at, id", "teacher_identities": "teacher",
+                 "billed_usage": "created_at, reservation_id"}[table]
 
         def run(c: _Cursor):
             cur = c.execute(f"SELECT * FROM {table} ORDER BY {order}")
@@ -1004,8 +1031,8 @@ class AsyncLedger:
         await self._run(self.ledger.mark_sent, reservation_id)
 
     async def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
-                    answer: tuple[str, dict[str, Any]] | None = None) -> None:
-        await self._run(self.ledger.close, reservation_id, state, cost_usd, note, answer)
+                    answer: tuple[str, dict[str, Any]] | None = None, usage: dict[str, Any] | None = None) -> None:
+        await self._run(self.ledger.close, reservation_id, state, cost_usd, note, answer, usage)
 
     async def fail_claim(self, call_id: str, reason: str) -> None:
         await self._run(self.ledger.fail_claim, call_id, self.run_id, reason)

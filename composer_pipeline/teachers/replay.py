@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
+import orjson
 import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.teachers.cache import ResponseCache, call_id, legacy_call_id
-from composer_pipeline.teachers.client import CallResult, TeacherGuard, answer_from_response, call_teacher, make_http_client
+from composer_pipeline.teachers.client import (CallResult, TeacherGuard, answer_from_response, call_teacher, make_http_client,
+                                               stream_cache_key)
+from composer_pipeline.teachers.anthropic import CacheHint
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
@@ -48,6 +51,13 @@ class ReplayRequest:
     call_id: str
     est_prompt_tokens: int
     worst_case_usd: float
+    stream_id: str | None = None  # session-affine scheduling and the prompt_cache_key
+    order: int = 0  # position in its stream (prefix length): a stream's requests go in this order
+    elided_messages: int = 0  # what fitting the teacher's window did (render.fit_messages)
+    cut_messages: int = 0
+    source: tuple[list[dict], list[dict] | None] | None = None  # the unfitted prefix, for a tighter refit
+    counter: Callable[[Any], int] | None = None  # the teacher's tokenizer count (local models), else the bytes ratio
+    cache_hint: CacheHint | None = None  # its place in its stream (with_cache_hints): where to read, whether to write
 
 
 @dataclass
@@ -60,6 +70,7 @@ class CostPlan:
     ceiling_usd: float = 0.0
     total_worst_case_usd: float = 0.0
     over_budget: list[str] = field(default_factory=list)  # teachers whose worst case exceeds what remains
+    predicted_by_teacher: dict[str, float] = field(default_factory=dict)  # expected USD with prompt caching
 
 
 @dataclass
@@ -76,15 +87,45 @@ def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict]
     return body
 
 
-def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None) -> ReplayRequest:
+def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None,
+                 *, stream_id: str | None = None, order: int = 0, bytes_per_token: float | None = None,
+                 counter: Callable[[Any], int] | None = None, scale: float = 1.0) -> ReplayRequest:
+    """One state × teacher request; fitted into the teacher's ``context_window`` when it has one (counted
+    with ``counter``, the teacher's tokenizer, when given, else at ``bytes_per_token``)."""
+    elided = cut = 0
+    source = None
+    if teacher.context_window is not None:
+        from composer_pipeline.render import FIT_BYTES_PER_TOKEN, fit_messages
+
+        fitted = fit_messages(messages, tools, teacher.context_window - teacher.max_tokens,
+                              bytes_per_token=bytes_per_token or FIT_BYTES_PER_TOKEN, step=teacher.fit_elide_step,
+                              count=counter, scale=scale)
+        source = (messages, tools)
+        messages, elided, cut = fitted.messages, fitted.elided, fitted.cut
     body = request_body(teacher, messages, tools)
     est, worst = worst_case_usd(body, teacher)
     return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body, teacher.base_url),
-                         est, worst)
+                         est, worst, stream_id, order, elided, cut, source, counter)
 
 
 def _legacy_id(r: ReplayRequest) -> str:
     return legacy_call_id(r.teacher.name, r.teacher.model, r.body)
+
+
+REFIT_FACTOR = 0.7  # a provider said "too long": count 1/0.7 more tokens per byte and fit again, once
+
+
+def refit(r: ReplayRequest) -> ReplayRequest | None:
+    """The request fitted tighter after a provider's context-length answer (None: nothing to refit).
+    Keeps the original ``call_id``: the answer is the answer to this state for this teacher."""
+    if r.source is None:
+        return None
+    from composer_pipeline.render import FIT_BYTES_PER_TOKEN
+
+    tighter = make_request(r.state_id, r.session_key, r.teacher, r.source[0], r.source[1], stream_id=r.stream_id,
+                           order=r.order, bytes_per_token=FIT_BYTES_PER_TOKEN * REFIT_FACTOR, counter=r.counter,
+                           scale=1 / REFIT_FACTOR)
+    return dataclasses.replace(tighter, call_id=r.call_id)
 
 
 def render_prompt(conv, state_row: dict, render_opts):
@@ -97,11 +138,28 @@ def render_prompt(conv, state_row: dict, render_opts):
     return render_state(conv, state_row, render_opts)
 
 
+def check_windows(config: TeachersConfig, render_opts) -> None:
+    """Every ``context_window`` holds the system prompt actually rendered (the ingest recipe's, which the
+    teachers recipe cannot see at load), one turn and ``max_tokens``; else a ValueError naming the teacher."""
+    from composer_pipeline.render import RenderOptions, min_window
+
+    system_prompt = (render_opts or RenderOptions()).system_prompt
+    for t in config.teachers:
+        if t.context_window is not None and t.context_window < min_window(t.max_tokens, system_prompt):
+            raise ValueError(f"{config.source or 'teachers'}: teachers ({t.name}): context_window {t.context_window} is too small "
+                             f"for the system prompt ({len(system_prompt)} characters) plus one turn and max_tokens {t.max_tokens} "
+                             f"(needs at least {min_window(t.max_tokens, system_prompt)} tokens)")
+
+
 def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
     """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
     from composer_pipeline.render import Conversation
 
+    from composer_pipeline.teachers.token_count import counter_for
+
+    check_windows(config, render_opts)
     conv = Conversation.from_table(messages)
+    counters = {t.name: counter_for(config, t) for t in config.teachers}
     reqs: list[ReplayRequest] = []
     failed: list[tuple[str, str | None, str]] = []
     for row in states.to_pylist():
@@ -114,7 +172,9 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
             failed.append((row["state_id"], row.get("session_key"), "render_error: empty prompt"))
             continue
         for t in config.teachers:
-            reqs.append(make_request(row["state_id"], row.get("session_key"), t, rs.messages, rs.tools))
+            reqs.append(make_request(row["state_id"], row.get("session_key"), t, rs.messages, rs.tools,
+                                     stream_id=row.get("stream_id"), order=int(row.get("n_prefix_messages") or 0),
+                                     counter=counters[t.name]))
     return reqs, failed
 
 
@@ -133,7 +193,51 @@ def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: 
         rows["cached"].append(r.call_id in in_cache or r.call_id in in_ledger)
         rows["est_prompt_tokens"].append(r.est_prompt_tokens)
         rows["worst_case_usd"].append(r.worst_case_usd)
+    rows["predicted_usd"] = predict_cached(requests)
     return check_plan(pa.table(rows, schema=tables.COST_PLAN), config, ledger)
+
+
+PREDICT_BYTES_PER_TOKEN = 4.0  # typical bytes per token of English, code and JSON (the worst case assumes 1)
+OPENAI_MIN_CACHED, OPENAI_CACHE_STEP = 1024, 128  # platform.openai.com/docs/guides/prompt-caching
+ANTHROPIC_MIN_CACHED = 1024  # Sonnet/Opus-class minimum cacheable prefix (docs.anthropic.com prompt caching)
+
+
+def predict_cached(requests: list[ReplayRequest]) -> list[float]:
+    """Expected USD per request with prompt caching, for the cost plan beside the full-price worst case.
+
+    Per teacher and stream, in stream order (what session-affine scheduling sends): a request whose
+    messages extend the previous request's reads that previous prefix from the cache (OpenAI-style: in
+    128-token steps from 1024 tokens; Anthropic: reads it and writes the rest) at the teacher's cached
+    price; the first request of a stream, or one whose prefix changed (fitting moved its elision point),
+    pays in full (Anthropic: at the write price). Tokens at a typical 4 bytes each, the answer at
+    ``max_tokens``. An estimate to compare with what gets billed, never a reservation (those stay at the
+    full-price worst case)."""
+    out = [0.0] * len(requests)
+    groups: dict[tuple[str, str | None], list[int]] = defaultdict(list)
+    for i, r in enumerate(requests):
+        groups[(r.teacher.name, r.stream_id)].append(i)
+    for idx in groups.values():
+        idx.sort(key=lambda i: (requests[i].order, i))
+        prev_msgs: list[dict] | None = None
+        prev_tokens = 0
+        for n, i in enumerate(idx):
+            r = requests[i]
+            t = r.teacher
+            msgs = r.body.get("messages") or []
+            tokens = int((len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))) / PREDICT_BYTES_PER_TOKEN)
+            extends = _extends(msgs, prev_msgs)
+            reads = writes = 0
+            if t.api == "anthropic":
+                if extends and prev_tokens >= ANTHROPIC_MIN_CACHED:
+                    reads = prev_tokens
+                writes = tokens - reads if tokens >= ANTHROPIC_MIN_CACHED and n < len(idx) - 1 else 0  # the last one writes nothing
+            elif extends and prev_tokens >= OPENAI_MIN_CACHED:
+                reads = (min(prev_tokens, tokens) // OPENAI_CACHE_STEP) * OPENAI_CACHE_STEP
+            uncached = max(0, tokens - reads - writes)
+            out[i] = (uncached * t.input_usd_per_mtok + reads * t.cached_price + writes * t.write_price
+                      + t.max_tokens * t.output_usd_per_mtok) / 1e6
+            prev_msgs, prev_tokens = msgs, tokens
+    return out
 
 
 def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPlan:
@@ -141,10 +245,13 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
     ceiling and each teacher's remaining budget in the ledger. THE fit decision: the CLI, the
     ``cost_plan`` asset and its blocking check all read this one result."""
     worst_by = {t.name: 0.0 for t in config.teachers}
-    for teacher, cached, usd in zip(plan.column("teacher").to_pylist(), plan.column("cached").to_pylist(),
-                                    plan.column("worst_case_usd").to_pylist()):
+    predicted_by = {t.name: 0.0 for t in config.teachers}
+    predicted = plan.column("predicted_usd").to_pylist() if "predicted_usd" in plan.column_names else [None] * plan.num_rows
+    for teacher, cached, usd, pred in zip(plan.column("teacher").to_pylist(), plan.column("cached").to_pylist(),
+                                          plan.column("worst_case_usd").to_pylist(), predicted):
         if not cached:
             worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
+            predicted_by[teacher] = predicted_by.get(teacher, 0.0) + float(usd if pred is None else pred)
     remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
     reasons, over = [], []
     for t in config.teachers:
@@ -152,15 +259,18 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
             over.append(t.name)
             reasons.append(
                 f"teacher {t.name}: worst case ${worst_by[t.name]:.4f} exceeds remaining budget ${remaining[t.name]:.4f} "
-                f"(of ${t.budget_usd:g}); calls past it will be recorded budget_exhausted"
+                f"(of ${t.budget_usd:g}; expected with prompt caching ${predicted_by[t.name]:.4f}); "
+                "calls past it will be recorded budget_exhausted"
             )
     total = sum(worst_by.values())
     if total > config.ceiling_usd:
         reasons.append(
             f"run worst case ${total:.4f} exceeds ceiling_usd ${config.ceiling_usd:g}; calls past it will be recorded budget_exhausted"
         )
+    if "predicted_usd" not in plan.column_names:  # a plan written before predictions existed
+        plan = plan.append_column("predicted_usd", pa.array([None] * plan.num_rows, pa.float64()))
     table = tables.conform(plan, "cost_plan")
-    return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over)
+    return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over, predicted_by)
 
 
 def plan_costs(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts, cache: ResponseCache, ledger: Ledger) -> CostPlan:
@@ -194,6 +304,10 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
         "attempts": res.attempts,
         "cache_hit": res.cache_hit,
         "created_at": _now(),
+        "cached_tokens": res.cached_tokens,
+        "cache_write_tokens": res.cache_write_tokens,
+        "elided_messages": max(res.elided_messages, r.elided_messages),
+        "cut_messages": max(res.cut_messages, r.cut_messages),
     }
 
 
@@ -262,7 +376,24 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
             return _from_cache(claim.record, t)
         try:
             res = await call_teacher(clients[t.name], t, key, r.body, r.call_id, ledger=aledger, cache=cache, run_id=run_id,
-                                     ceiling_usd=config.ceiling_usd, semaphore=sems[t.name], guard=guards[t.name])
+                                     ceiling_usd=config.ceiling_usd, semaphore=sems[t.name], guard=guards[t.name],
+                                     cache_key=stream_cache_key(r.stream_id), cache_hint=r.cache_hint)
+            if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
+                # the provider counts more tokens than the fit did (not billed): one tighter refit, then skip
+                tighter = refit(r)
+                if tighter is not None:
+                    again = await call_teacher(clients[t.name], t, key, tighter.body, r.call_id, ledger=aledger, cache=cache,
+                                               run_id=run_id, ceiling_usd=config.ceiling_usd, semaphore=sems[t.name],
+                                               guard=guards[t.name], cache_key=stream_cache_key(r.stream_id),
+                                               cache_hint=dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None)
+                    again.attempts += res.attempts
+                    again.cost_usd += res.cost_usd
+                    again.reserved_usd += res.reserved_usd
+                    again.elided_messages, again.cut_messages = tighter.elided_messages, tighter.cut_messages
+                    res = again
+                if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
+                    res.reason = f"over_context_window: {'refitted once, ' if tighter is not None else ''}still too long for " \
+                                 f"{t.name} (context_window {t.context_window}): {res.reason}"
         except Exception as e:
             await aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
             raise
@@ -290,6 +421,10 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
         if progress is not None:
             progress(done, len(requests))
 
+    async def in_order(idx: list[int]) -> None:
+        for i in idx:
+            await one(i, requests[i])
+
     note = "run ended"
     legacy_answered: set[str] = set()
     try:
@@ -298,7 +433,12 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
         await aledger.start()
         uncached = [r for r in requests if not cache.path(r.call_id).is_file()]
         legacy_answered = await aledger._run(ledger.answered_ids, sorted({_legacy_id(r) for r in uncached}))
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        if config.scheduling == "stream":
+            # session-affine: one task per (teacher, stream) sends its states in order, each after the previous
+            # one's answer, so each request can read the prefix the previous one wrote to the provider's cache
+            await asyncio.gather(*(in_order(idx) for idx in stream_groups(requests)))
+        else:
+            await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     except asyncio.CancelledError:
         note = "run interrupted"
         raise
@@ -308,6 +448,35 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
     info = {"reservation_waits": aledger.waits, "shared_answers": shared,
             "disabled_teachers": {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason}}
     return results, info  # type: ignore[return-value]
+
+
+def _extends(msgs: list[dict], prev: list[dict] | None) -> bool:
+    return prev is not None and len(msgs) >= len(prev) and msgs[:len(prev)] == prev
+
+
+def with_cache_hints(requests: list[ReplayRequest]) -> list[ReplayRequest]:
+    """Each request with its :class:`CacheHint`: per teacher and stream, in stream order, whether it extends
+    the previous request (then it reads through that request's messages) and whether a later request of the
+    stream follows (then what it sends is worth writing to the cache). Used for ``api: anthropic``, where
+    writes cost 1.25× and breakpoints say where to read."""
+    out = list(requests)
+    for idx in stream_groups(requests):
+        prev: list[dict] | None = None
+        for n, i in enumerate(idx):
+            msgs = requests[i].body.get("messages") or []
+            hint = CacheHint(len(prev) if _extends(msgs, prev) else None, write=n < len(idx) - 1)
+            out[i] = dataclasses.replace(requests[i], cache_hint=hint)
+            prev = msgs
+    return out
+
+
+def stream_groups(requests: list[ReplayRequest]) -> list[list[int]]:
+    """Indices of ``requests`` per (teacher, stream), each in stream order (prefix length, then input order);
+    a request without a stream is a group of its own."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(requests):
+        groups[(r.teacher.name, r.stream_id or f"#{i}")].append(i)
+    return [sorted(idx, key=lambda i: (requests[i].order, i)) for idx in groups.values()]
 
 
 async def _with_signals(coro):
@@ -345,6 +514,11 @@ def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
     failures = Counter((r["reason"] or "").split(":", 1)[0] or r["status"] for r in rows if r["status"] != "answered")
     unparsed = sum(1 for r in rows if r["status"] == "answered" and r["action"] is None)
     lat = sorted(r["latency_s"] for r in paid if r["status"] == "answered" and r["latency_s"] is not None)
+    cached_tokens: dict[str, int] = defaultdict(int)
+    prompt_tokens: dict[str, int] = defaultdict(int)
+    for r in paid:
+        cached_tokens[r["teacher"]] += r.get("cached_tokens") or 0
+        prompt_tokens[r["teacher"]] += r.get("prompt_tokens") or 0
 
     def pct(q: float) -> float | None:
         if not lat:
@@ -364,6 +538,11 @@ def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
         "failures_by_reason": dict(sorted(failures.items())),
         "spend_by_teacher": {k: round(v, 8) for k, v in sorted(spend.items())},
         "total_spend": round(sum(spend.values()), 8),
+        # billed = spend: settled at the provider's usage (cache reads/writes at their prices; kept calls at worst case)
+        "prompt_tokens_by_teacher": dict(sorted(prompt_tokens.items())),
+        "cached_prompt_tokens_by_teacher": dict(sorted(cached_tokens.items())),
+        "fitted_answers": sum(1 for r in rows if r["status"] == "answered" and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0))),
+        "over_context_window": sum(1 for r in rows if (r["reason"] or "").startswith("over_context_window")),
         "latency_p50_s": pct(0.5),
         "latency_p95_s": pct(0.95),
         "latency_mean_s": round(statistics.fmean(lat), 4) if lat else None,
@@ -374,11 +553,12 @@ def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_k
                     cache: ResponseCache, ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None = None,
                     extra_failed: Iterable[tuple[str, str | None, str]] = ()) -> ReplayResult:
     """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
+    requests = with_cache_hints(requests)
     results, info = asyncio.run(_with_signals(_replay(requests, config, api_keys, cache, ledger, run_id, progress)))
     rows = [_row(r, res) for r, res in zip(requests, results)]
     for sid, skey, reason in extra_failed:
         for t in config.teachers:
-            stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)
+            stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)  # noqa: the fit fields keep their defaults
             rows.append(_row(stub, CallResult(status="failed", reason=reason)) | {"call_id": None})
     table = tables.conform(pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS), "teacher_replays")
     return ReplayResult(table, {**summarize(table, run_id), **info})

@@ -1,6 +1,7 @@
 """Replay through Dagster against a real loopback HTTP server: the blocking cost check and the happy path."""
 
 import dagster as dg
+import pytest
 
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.pairs import consensus_pairs, normalized_pairs
@@ -77,6 +78,11 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     assert meta["teacher_replays"]["spend_usd"].value > 0
     assert set(meta["teacher_replays"]["spend_usd_by_teacher"].value) == {"t0", "t1", "t2"}
     assert "| t0 |" in meta["teacher_replays"]["example"].value  # show's state view: one table row per teacher
+    # what providers billed (issue #22): the ledger's billed_usage of this run, = spend (the scripted server caches nothing)
+    billed = meta["teacher_replays"]["billed_usage_by_teacher"].value
+    assert set(billed) == {"t0", "t1", "t2"} and all(b["cached_prompt_tokens"] == 0 for b in billed.values())
+    assert sum(b["billed_usd"] for b in billed.values()) == pytest.approx(meta["teacher_replays"]["spend_usd"].value)
+    assert set(meta["cost_plan"]["predicted_usd_by_teacher"].value) == {"t0", "t1", "t2"}
     # every teacher answers "Read /repo/app.py", the agent did something else -> pairs
     pairs = store.read_table("normalized_dpo_pairs")
     assert store.read_table("dpo_pairs").num_rows >= 1

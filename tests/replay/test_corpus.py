@@ -47,6 +47,8 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     for req in server.requests:
         body = orjson.loads(req.body)
         assert body["messages"][0]["role"] == "system" and len(body["messages"]) >= 2
+        # prompt_cache_key (issue #22): a hash of the stream, never its id (which names the project and session)
+        assert re.fullmatch(r"cp-[0-9a-f]{32}", body.pop("prompt_cache_key"))
         assert set(body) <= {"model", "messages", "tools", "max_tokens", "temperature"}
         assert not SECRET_RE.search(req.body) and req.authorization is None
     # the agent's own tool calls are among the tools offered at its state
@@ -55,6 +57,7 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     body_by_cid = {}
     for req in server.requests:
         body = orjson.loads(req.body)
+        body.pop("prompt_cache_key")  # transport only: not part of the call_id
         if body["model"] == "scripted":
             body_by_cid[call_id("a", "scripted", body, server.url)] = body
     checked = 0

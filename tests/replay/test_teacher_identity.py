@@ -95,11 +95,12 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_spend(tmp_path, server, led
     ledger = Ledger(ledger_url)
     replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="r1")
     spent = ledger.spent("t1")
-    assert spent > 0 and ledger.schema_version() == MIGRATIONS[-1][0] == 2
-    ledger._tx(lambda c: (c.execute("DROP TABLE teacher_identities"), c.execute("DELETE FROM schema_migrations WHERE version > 1")))
+    assert spent > 0 and ledger.schema_version() == MIGRATIONS[-1][0] == 3
+    ledger._tx(lambda c: (c.execute("DROP TABLE billed_usage"), c.execute("DROP TABLE teacher_identities"),
+                          c.execute("DELETE FROM schema_migrations WHERE version > 1")))
     ledger.disconnect()
     again = Ledger(ledger_url)
-    assert again.schema_version() == 2 and again.spent("t1") == spent
+    assert again.schema_version() == MIGRATIONS[-1][0] and again.spent("t1") == spent
     res = replay_requests([scripted_request(cfg, 0), scripted_request(cfg, 1)], cfg, {}, cache=ResponseCache(tmp_path / "c"),
                           ledger=again, run_id="r2")
     assert res.summary["cache_hits"] == 1 and res.summary["calls"] == 1
