@@ -289,7 +289,8 @@ def test_bad_teacher_keys_exit_2_naming_teacher_and_key(tmp_path, samples_dir, k
     p = tmp_path / "t.yaml"
     p.write_text(yaml.safe_dump({"ceiling_usd": 1.0, "teachers": [t]}))
     r = subprocess.run([sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers", str(p),
-                        "--out", str(tmp_path / "o"), "--plan-only"], capture_output=True, text=True, timeout=120)
+                        "--out", str(tmp_path / "o"), "--plan-only", "--ledger", str(tmp_path / "l.sqlite"),
+                        "--cache", str(tmp_path / "c")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "teachers[0] (claude-x)" in r.stderr and re.search(message, r.stderr), r.stderr
 
@@ -303,7 +304,7 @@ def test_window_too_small_for_the_rendered_system_prompt_exits_2(tmp_path, sampl
     ingest = tmp_path / "ingest.yaml"
     ingest.write_text(yaml.safe_dump({"render": {"system_prompt": "You are careful. " * 300}}))
     args = [sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers", str(p),
-            "--out", str(tmp_path / "o"), "--plan-only"]
+            "--out", str(tmp_path / "o"), "--plan-only", "--ledger", str(tmp_path / "l.sqlite"), "--cache", str(tmp_path / "c")]
     assert subprocess.run(args, capture_output=True, text=True, timeout=120).returncode == 0  # the default prompt fits
     r = subprocess.run(args + ["--ingest-recipe", str(ingest)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "teachers (small-win): context_window 1000 is too small for the system prompt" in r.stderr, r.stderr
