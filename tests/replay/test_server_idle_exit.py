@@ -41,7 +41,7 @@ def test_idle_exit_waits_for_requests_in_flight(tmp_path, tiny_model_dir):
 
         def ask(i: int) -> int:  # sampled (no greedy memo): every request generates, one at a time (the model's lock)
             body = {"model": "tiny", "messages": [{"role": "user", "content": f"fix bug {i} in app.py"}],
-                    "max_tokens": 48, "temperature": 1.0, "seed": i}
+                    "max_tokens": 192, "temperature": 1.0, "seed": i}
             return httpx.post(f"{url}/chat/completions", json=body, timeout=120).status_code
 
         t0 = time.monotonic()
