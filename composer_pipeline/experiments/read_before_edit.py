@@ -152,7 +152,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from composer_pipeline import render
+    from composer_pipeline import render, tables
     from composer_pipeline.experiments.rule_teacher import MODEL_PREFIX, RuleTeacherServer
     from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
@@ -204,7 +204,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     store.write_table("dpo_pairs", pairs.pairs)
     store.write_table("pairs", norm.kept)
     store.write_table("positives", pairs.positives)
-    store.write_table("dropped_pairs", norm.dropped)
+    store.write_table("dropped_pairs", pa.concat_tables([pairs.dropped, tables.conform(norm.dropped, "dropped_pairs")]))
     # the hint arm reads error sites only: a view of the same tables restricted to them, so that every
     # step's batch holds one (a step without any would have nothing to distill)
     err_ids = pa.array(sorted(set(states.filter(pc.field("has_error")).column("state_id").to_pylist())))
@@ -224,7 +224,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
                             "heldout": sum(p.detour is not None for p in held_plans)},
         "task_states": len(task), "teacher_calls_http": calls, "replay": {k: res.summary[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
         "pairs": norm.kept.num_rows, "pair_kinds": _pair_kinds(norm.kept), "positives": pairs.positives.num_rows,
-        "dropped": norm.dropped.num_rows,
+        "dropped": norm.dropped.num_rows + pairs.dropped.num_rows,
         # how the teachers agreed: states with a cross-model consensus, tied, with none; answers of one
         # model asked twice (counted once)
         "consensus": {"cross_model": st["states_cross_model"], "self_consistency": st["states_self_consistency"],
