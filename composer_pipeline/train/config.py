@@ -101,6 +101,9 @@ class OptimSection:
 class EvalSection:
     max_prompts: int = setting(16, help="held-out prompts scored for reward / hint-JSD")
     max_new_tokens: int = setting(32, help="tokens generated per held-out prompt")
+    min_rows_to_measure: int = setting(
+        30, help="held-out rows (pairs or prompts) below which an evaluation measures nothing: the no_regression "
+        "check says so instead of passing, and the demo prints that its training is a smoke run")
 
 
 @dataclass
