@@ -195,3 +195,34 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     # ... and other settings in the same out dir are refused, naming the setting (exit 2)
     assert main(argv[:-2] + ["--arms", ",".join(ARMS_UNDER_TEST), "--steps", "4"]) == 2
     assert "steps" in capsys.readouterr().err
+
+
+def test_base_model_training_resumes_where_it_stopped(tmp_path):
+    """An interrupted base-model run goes on from its last saved step and ends where an uninterrupted
+    one ends (same batches, optimizer and schedule state), so a ~20 CPU-minute run can span sessions."""
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from composer_pipeline.experiments.pretrain import pretrain_base
+
+    kw = dict(sessions=12, steps=4, every=2, hidden=32, layers=1, vocab_size=512, batch_size=4, max_tokens=96)
+    whole = pretrain_base(tmp_path / "whole", **kw)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_4(step, loss, model, tok):
+        if step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        pretrain_base(tmp_path / "cut", on_step=stop_at_4, **kw)
+    assert (tmp_path / "cut" / "resume.pt").is_file() and not (tmp_path / "cut" / "model" / "config.json").exists()
+    seen: list[int] = []
+    resumed = pretrain_base(tmp_path / "cut", on_step=lambda step, *a: seen.append(step), **kw)
+    assert seen == [4]  # it went on from step 2: steps 1-2 were not trained again
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a)
+    curve = _json.loads((tmp_path / "cut" / "pretrain.json").read_text())["curve"]
+    assert [p["step"] for p in curve] == [2, 4]
