@@ -46,6 +46,7 @@ from typing import Any
 
 from composer_pipeline.experiments.sessions import HELDOUT_SEED
 
+
 @dataclass(frozen=True)
 class Arm:
     """One arm: channel weights ``(grpo, alpha, beta)`` through the normal trainer, plus what the
@@ -499,7 +500,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
         todo = [arm for arm in cfg.arms if not _cell_path(out, seed, arm).is_file()]
         for arm in cfg.arms:
             if arm not in todo:
-                emit(json.dumps({**_row_of(json.loads(_cell_path(out, seed, arm).read_text())), "resumed": True}))
+                emit(json.dumps({**json.loads(_cell_path(out, seed, arm).read_text())["row"], "resumed": True}))
         if not todo:
             continue
         if over_budget():
@@ -550,10 +551,6 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     if stopped:
         emit(json.dumps(stopped))
     return {**collect(out, cfg), "seconds": time.perf_counter() - t0, "data": data_info, "out": str(out), "stopped": stopped}
-
-
-def _row_of(cell: dict) -> dict:
-    return cell["row"]
 
 
 def collect(out: Path, cfg: ExperimentConfig | None = None) -> dict[str, Any]:

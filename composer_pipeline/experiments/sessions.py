@@ -15,11 +15,12 @@ history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "so
 does not mean "the target was read"). A quarter of the agents also take a *detour* after the request:
 they read another file of the directory first, so a state whose last turn is a successful ``Read``
 can still have its target unread (a policy deciding from the last message alone fails there).
-Decoy files (history or detour) of a ``train`` session are never held-out files. Every session runs in ``/home/dev/app``. A held-out session
-edits a (directory, file name) pair no train session touches, with request wording of its own, so
-its path must be copied from the request; the pieces (directories, names, extensions, keys, values)
-are shared by both splits (see ``_HELDOUT_PAIRS``). A third split, ``pretrain``, is the tiny base
-model's corpus: every pair, train wording only (no held-out request)."""
+Every session runs in ``/home/dev/app``. A held-out session edits a (directory, file name) pair no
+train session touches, not even as a decoy read (history or detour), with request wording of its
+own, so its path must be copied from the request; the pieces (directories, names, extensions, keys,
+values) are shared by both splits (see ``_HELDOUT_PAIRS``). The experiment draws held-out sessions
+from :data:`HELDOUT_SEED` on, a seed range no design round looked at. A third split, ``pretrain``,
+is the tiny base model's corpus: every pair, train wording only (no held-out request)."""
 
 from __future__ import annotations
 
