@@ -58,6 +58,7 @@ class DemoReport:
     agreement: dict[str, int] = field(default_factory=dict)  # "self_consistency: 2 of 2 samples ..." -> pairs
     train: dict = field(default_factory=dict)  # steps, seconds, data counts, steps each channel fired
     ingest_engines: dict[str, int] = field(default_factory=dict)  # engine (or "python: <why>") -> sessions
+    min_rows_to_measure: int = 30  # the train recipe's eval.min_rows_to_measure (below it the eval measured nothing)
 
 
 def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
@@ -175,7 +176,11 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
         report.checkpoint = tp["checkpoint"]
         report.train = _train_summary(tp)
         ev = res.output_for_node("policy_eval").to_pylist()
-        report.eval_metrics = {r["metric"]: {"trained": r["trained"], "base": r["base"]} for r in ev}
+        from composer_pipeline.train.config import TrainRecipe
+
+        train_recipe = settings.recipe("train")
+        report.min_rows_to_measure = (TrainRecipe.load(train_recipe) if train_recipe else TrainRecipe.from_dict({})).eval.min_rows_to_measure
+        report.eval_metrics = {r["metric"]: {"trained": r["trained"], "base": r["base"], "n": r["n"]} for r in ev}
     report.seconds = time.monotonic() - t0
     return report
 
@@ -264,6 +269,12 @@ def print_report(r: DemoReport, echo=print) -> None:
     for metric, v in r.eval_metrics.items():
         fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
         echo(f"eval {metric:<20} trained {fmt(v['trained'])}  base {fmt(v['base'])}")
+    if r.eval_metrics:
+        from composer_pipeline.train.evaluate import measured, smoke_line
+
+        was_measured, rows = measured(r.eval_metrics, r.min_rows_to_measure)
+        if not was_measured:
+            echo(smoke_line((r.train.get("data") or {}).get("pairs"), rows, r.min_rows_to_measure))
     for k, why in r.failed.items():
         echo(f"FAILED {k}: {why}")
     if r.row_counts.get("trace_states") and not r.row_counts.get("training_set"):

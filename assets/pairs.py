@@ -79,6 +79,8 @@ def consensus_pairs(
     stats = _scalar_stats(res.stats)
     yield dg.Output(pairs, output_name="dpo_pairs", metadata={
         "dagster/row_count": pairs.num_rows,
+        # pairs whose chosen side echoed prompt markup or parroted the prompt: never a pair, said here
+        "dropped_at_build": dg.MetadataValue.json(counts(res.dropped.column("drop_reason").to_pylist())),
         "pairs_by_agreement_kind": dg.MetadataValue.json(kinds_md(pairs)),
         "stats": dg.MetadataValue.json(stats),
         "preview": pair_preview(pairs),

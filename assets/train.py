@@ -102,7 +102,8 @@ def trained_policy(
 def policy_eval(
     context: dg.AssetExecutionContext, trained_policy: pa.Table, recipes: PipelineRecipes, store: StoreResource
 ):
-    from composer_pipeline.train.evaluate import evaluate_policy
+    from composer_pipeline.train.config import TrainRecipe
+    from composer_pipeline.train.evaluate import LEARNING_COMMAND, evaluate_policy, measured
 
     row = trained_policy.to_pylist()[0]
     data_root = store.store().root
@@ -130,11 +131,22 @@ def policy_eval(
     deltas = {k: value(new, k) - value(base, k) for k in ("reward", "preference_accuracy")
               if value(new, k) is not None and value(base, k) is not None}
     regressed = {k: d for k, d in deltas.items() if d < -recipes.max_eval_regression}
+    # a comparison on a handful of held-out rows measures nothing: say so, do not pass
+    min_rows = TrainRecipe.load(recipes.train).eval.min_rows_to_measure
+    was_measured, n_rows = measured(new, min_rows)
+    if not deltas:
+        description = "no metric comparable between the new and the starting model (empty held-out split?)"
+    elif not was_measured:
+        description = (f"measured nothing: {n_rows} held-out rows (fewer than eval.min_rows_to_measure {min_rows}); "
+                       f"learning is measured by `{LEARNING_COMMAND}`")
+    else:
+        description = None
     yield dg.AssetCheckResult(
         check_name="no_regression",
-        passed=bool(deltas) and not regressed,
+        passed=bool(deltas) and was_measured and not regressed,
         severity=dg.AssetCheckSeverity.WARN,
-        description=None if deltas else "no metric comparable between the new and the starting model (empty held-out split?)",
+        description=description,
         metadata={"deltas": dg.MetadataValue.json(deltas), "regressed": dg.MetadataValue.json(regressed),
-                  "allowed_regression": recipes.max_eval_regression},
+                  "allowed_regression": recipes.max_eval_regression, "measured": was_measured,
+                  "heldout_rows": n_rows, "min_rows_to_measure": min_rows},
     )

@@ -1,9 +1,10 @@
 """``composer-pipeline experiment read-before-edit``: does the pipeline's data make a better policy?
 
 Runs :mod:`composer_pipeline.experiments.read_before_edit` (generated sessions -> ingest -> replay
-against rule-following local teachers -> pairs/hints -> start policy -> five arms × N seeds ->
-held-out ``read_when_unread`` / ``edit_when_read``). Prints one JSON line per arm × seed, then the
-mean ± std table; writes results, curves and a plot under ``--out``.
+against rule-following local teachers that disagree -> pairs/hints -> start policy -> arms and their
+controls × N seeds -> held-out scores per state kind). Prints one JSON line per arm × seed, then the
+table with paired intervals; writes every finished cell, results, per-kind and per-state JSON lines,
+curves and a plot under ``--out``. Resumable: a re-run skips finished cells.
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ def register(subparsers) -> None:
     r.add_argument("--out", required=True, help="output directory (data stores, checkpoints, results, plots)")
     r.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick: 1)")
     r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 60; --quick: 20)")
-    r.add_argument("--model", default=None, help="tiny | local:smollm2-135m-instruct | a model path (default tiny)")
+    r.add_argument("--model", default=None, help="tiny | smollm2 (SmolLM2-135M-Instruct at CPU sizes: "
+                   "ExperimentConfig.smollm2) | local:smollm2-135m-instruct (the full sizes) | a model path (default tiny)")
     r.add_argument("--quick", action="store_true", help="tiny model, 1 seed, small sizes (<= 10 min on 2 CPU cores)")
-    r.add_argument("--arms", default=None, help="comma-separated subset of start,grpo,sdpo,dpo,all")
+    r.add_argument("--arms", default=None, help="comma-separated subset of start,grpo,grpo_shuffled,sdpo,dpo,nll,"
+                   "dpo_shuffled,all (the controls: nll = the NLL term alone, dpo_shuffled = labels swapped at random, "
+                   "grpo_shuffled = a seeded prompt order)")
+    r.add_argument("--budget-minutes", type=float, default=None,
+                   help="stop cleanly before the next arm × seed cell once this many minutes are spent; every finished "
+                   "cell is kept under --out and a re-run with the same settings skips it")
+    r.add_argument("--eval-every", type=int, default=None, help="probe the held-out states every N trainer steps")
     r.add_argument("--train-sessions", type=int, default=None)
     r.add_argument("--heldout-sessions", type=int, default=None)
     r.add_argument("--sft-steps", type=int, default=None, help="steps fitting the start policy to the agents")
@@ -43,21 +51,29 @@ def run(args: argparse.Namespace) -> int:
     kw = {"seeds": args.seeds, "steps": args.steps, "model": args.model, "train_sessions": args.train_sessions,
           "heldout_sessions": args.heldout_sessions, "sft_steps": args.sft_steps,
           "pretrain_steps": args.pretrain_steps, "pretrain_sessions": args.pretrain_sessions,
-          "hint_teacher": args.hint_teacher, "dpo_sft_weight": args.dpo_sft_weight}
+          "hint_teacher": args.hint_teacher, "dpo_sft_weight": args.dpo_sft_weight,
+          "budget_minutes": args.budget_minutes, "eval_every": args.eval_every}
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if args.quick:
         cfg = ExperimentConfig.quick(Path(args.out), **kw)
+    elif args.model == "smollm2":
+        cfg = ExperimentConfig.smollm2(Path(args.out), **{**kw, "model": None})
     else:
         cfg = ExperimentConfig(out=Path(args.out), **{k: v for k, v in kw.items() if v is not None})
     if args.lora:
         from dataclasses import replace
 
         cfg = replace(cfg, lora=True)
-    for name in ("seeds", "steps", "train_sessions", "heldout_sessions", "sft_steps", "pretrain_steps", "pretrain_sessions"):
+    if cfg.budget_minutes is not None and cfg.budget_minutes <= 0:
+        raise ValueError("--budget-minutes must be > 0")
+    for name in ("seeds", "steps", "train_sessions", "heldout_sessions", "sft_steps", "pretrain_steps", "pretrain_sessions", "eval_every"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     res = run_experiment(cfg)
     print(res["table"])
+    if res["stopped"]:
+        print(f"stopped by --budget-minutes {cfg.budget_minutes}: {len(res['results'])} cells done; "
+              "run the same command again to resume")
     print(f"plots: {Path(res['out']) / 'curves.png'}  results: {Path(res['out']) / 'results.jsonl'}  ({res['seconds']:.0f} s)")
     return 0

@@ -38,8 +38,10 @@ def _kinds(table) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     import orjson
+    import pyarrow as pa
     from loguru import logger
 
+    from composer_pipeline import tables
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
     from composer_pipeline.store import Store
@@ -68,13 +70,14 @@ def run(args: argparse.Namespace) -> int:
     out.write_table("dpo_pairs", res.pairs)
     out.write_table("pairs", norm.kept)
     out.write_table("positives", res.positives)
-    out.write_table("dropped_pairs", norm.dropped)
+    dropped = pa.concat_tables([res.dropped, tables.conform(norm.dropped, "dropped_pairs")])  # build's drops first
+    out.write_table("dropped_pairs", dropped)
     summary = {
         "pairs": norm.kept.num_rows,
         "positives": res.positives.num_rows,
         "built": res.pairs.num_rows,
-        "dropped": norm.dropped.num_rows,
-        "dropped_by_op": norm.stats["dropped_by_op"],
+        "dropped": dropped.num_rows,
+        "dropped_by_op": {**({"pairs.build": res.dropped.num_rows} if res.dropped.num_rows else {}), **norm.stats["dropped_by_op"]},
         "pairs_by_agreement_kind": _kinds(norm.kept),
         "votes_from": args.teachers or "model field of each replay row (no --teachers)",
         "normalize_seconds": norm.stats["seconds"],

@@ -22,6 +22,9 @@ whole path space, so that after a directory every name is possible and only the 
 the tokenizer keeps a ``/`` with the piece after it (``/session``), so copying a name is matching one
 token.
 
+Resumable: every ``every`` steps the training state is saved (``resume.pt``) and a later call with the
+same settings goes on from there (a run of ~20 CPU-minutes can span sessions on a shared machine).
+
 Deliberately simplified: plain next-token cross-entropy, AdamW at a constant rate after a short
 warm-up, fixed-size random batches, prompts cut to their last ``max_tokens`` tokens like the trainer's.
 """
@@ -124,16 +127,17 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     settings = {"sessions": sessions, "steps": steps, "hidden": hidden, "layers": layers, "vocab_size": vocab_size, "lr": lr,
                 "batch_size": batch_size, "max_tokens": max_tokens, "hint_share": hint_share,
                 "hint_template": templates.with_consensus, "seed": seed,
-                "corpus": "pretrain-split-v2", "path_words": True}
+                "corpus": "pretrain-split-v3", "path_words": True}
     meta = work / "pretrain.json"
     if meta.is_file() and (model_dir / "config.json").is_file() and json.loads(meta.read_text())["settings"] == settings:
         return model_dir
     t0 = time.perf_counter()
-    # the pretrain split: every (directory, name) pair, train wording (never a held-out request)
-    write_sessions(work / "sessions", sessions, "pretrain", seed=1000 + seed)  # the replayed ones use seed 0
-    ingest_sessions(work / "sessions", work / "store")
-    build_tiny_model(work / "init", vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed,
-                     corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS], path_words=True)
+    if not (work / "store" / "trace_states.parquet").is_file() or not (work / "init" / "config.json").is_file():
+        # the pretrain split: every (directory, name) pair, train wording (never a held-out request)
+        write_sessions(work / "sessions", sessions, "pretrain", seed=1000 + seed)  # the replayed ones use seed 0
+        ingest_sessions(work / "sessions", work / "store")
+        build_tiny_model(work / "init", vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed,
+                         corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS], path_words=True)
     tok, model = load_policy(str(work / "init"))
     seqs = _windows(work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates)
     if not seqs:
@@ -144,9 +148,21 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     pad = tok.pad_token_id
+    curve: list[dict] = []
+    first, spent = 1, 0.0
+    # resumable: every `every` steps the model, optimizer, schedule, batch sampler and curve are saved, so an
+    # interrupted run (a session that ends, a budget) goes on from there with the same settings
+    resume = work / "resume.pt"
+    if resume.is_file():
+        state = torch.load(resume, weights_only=False)
+        if state["settings"] == settings:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            rng.setstate(state["rng"])
+            curve, first, spent = state["curve"], state["step"] + 1, state["seconds"]
     model.train()
-    curve = []
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         batch = [seqs[rng.randrange(len(seqs))] for _ in range(batch_size)]
         w = max(map(len, batch))
         ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch])
@@ -164,8 +180,13 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
             if on_step is not None:
                 on_step(step, loss.item(), model, tok)
                 model.train()
+            tmp = resume.with_suffix(".tmp")
+            torch.save({"settings": settings, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "rng": rng.getstate(), "curve": curve, "step": step,
+                        "seconds": spent + time.perf_counter() - t0}, tmp)
+            tmp.replace(resume)
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save_pretrained(model_dir)
-    meta.write_text(json.dumps({"settings": settings, "windows": len(seqs), "seconds": round(time.perf_counter() - t0, 1),
+    meta.write_text(json.dumps({"settings": settings, "windows": len(seqs), "seconds": round(spent + time.perf_counter() - t0, 1),
                                 "curve": curve}, indent=1))
     return model_dir

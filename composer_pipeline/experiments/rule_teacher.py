@@ -10,10 +10,18 @@ the latest user request; if no successful ``Read`` of it follows that request, a
 if it was read but not yet edited, answer ``Edit`` (old value from the file as read, new value from
 the request); once edited, answer a short text. This stands in for strong API teachers on a
 controlled task whose right answer is checkable; it is not a model.
+
+Teachers disagree as real ones do: the request's ``model`` field picks a variant (:data:`VARIANTS`):
+``rule`` (always right); ``noisy-1`` / ``noisy-2`` (right except at a seeded fifth of the states,
+each its own fifth, where they take the other tool: edit an unread file, re-read a read one);
+``writer`` (right, but writes the whole file with ``Write`` where the rule edits: another valid
+action, so it never joins an ``Edit`` consensus). So the pair code sees 2-of-4, 3-of-4 and tied
+states, and states with no consensus at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -95,6 +103,53 @@ def rule_action(messages: list[dict]) -> Action | None:
     return Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": f"{key} = {old}", "new_string": f"{key} = {new}"}, "call_0"),))
 
 
+NOISE_SHARE = 0.2  # share of the states a noisy variant answers wrongly
+
+
+def _noisy(variant: str, messages: list[dict]) -> bool:
+    """Whether ``variant`` errs at this state: a hash of the variant and the conversation, so each noisy
+    variant errs at its own fixed set of states (the same answer on every replay)."""
+    h = hashlib.sha256(orjson.dumps([variant, messages], option=orjson.OPT_SORT_KEYS)).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < NOISE_SHARE
+
+
+def variant_action(variant: str, messages: list[dict]) -> Action | None:
+    """The next action of one teacher variant (see the module docstring); None: no file request."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown rule-teacher variant {variant!r}; known: {VARIANTS}")
+    right = rule_action(messages)
+    if right is None or not right.tool_calls or variant == "rule":
+        return right
+    call = right.tool_calls[0]
+    path = call.arguments["file_path"]
+    if variant == "writer":
+        if call.name != "Edit":
+            return right
+        body = re.sub(r"^\s*\d+\t", "", task_state(messages)["body"] or "", flags=re.M)
+        content = body.replace(call.arguments["old_string"], call.arguments["new_string"])
+        return Action(tool_calls=(ToolCall("Write", {"file_path": path, "content": content}, "call_0"),))
+    if not _noisy(variant, messages):
+        return right
+    if call.name == "Read":  # the impatient agent's error: edit before reading
+        st = task_state(messages)
+        request = st["request"].replace(path, " ")
+        key = (KEY_RE.search(request) or [None, "VALUE"])[1]
+        old, new = (re.findall(r"\b\d+\b", request) + ["0", "0"])[:2]  # a guess: the file is unread
+        return Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": f"{key} = {old}", "new_string": f"{key} = {new}"}, "call_0"),))
+    return Action(tool_calls=(ToolCall("Read", {"file_path": path}, "call_0"),))  # the over-careful one: read again
+
+
+VARIANTS = ("rule", "noisy-1", "noisy-2", "writer")
+MODEL_PREFIX = "read-before-edit-"  # the request's model field: MODEL_PREFIX + variant
+
+
+def variant_of(model: str | None) -> str:
+    """The variant a request's ``model`` field names (``read-before-edit-noisy-1`` -> ``noisy-1``);
+    any other model name gets the plain rule."""
+    v = (model or "").removeprefix(MODEL_PREFIX)
+    return v if v in VARIANTS else "rule"
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -126,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (orjson.JSONDecodeError, KeyError, TypeError):
             self._send(400, {"error": {"message": "expected a JSON body with messages"}})
             return
-        action = rule_action(messages) or Action(text="Nothing to change.")
+        action = variant_action(variant_of(body.get("model")), messages) or Action(text="Nothing to change.")
         content = action.to_text()
         with self.server.lock:  # type: ignore[attr-defined]
             self.server.calls += 1  # type: ignore[attr-defined]

@@ -12,11 +12,15 @@ the file a second time before editing it: a wasted step where the teachers edit.
 both ways (too early an edit, too many reads), the pairs say both "Read, not Edit" and "Edit, not
 Read", and "always Read" is as wrong as "always Edit". Before the request some sessions hold
 history: an ``ls`` of the directory, or a ``Read`` of a *different* file (so "some file was read"
-does not mean "the target was read"). Every session runs in ``/home/dev/app``. A held-out session
-edits a (directory, file name) pair no train session touches, with request wording of its own, so
-its path must be copied from the request; the pieces (directories, names, extensions, keys, values)
-are shared by both splits (see ``_HELDOUT_PAIRS``). A third split, ``pretrain``, is the tiny base
-model's corpus: every pair, train wording only (no held-out request)."""
+does not mean "the target was read"). A quarter of the agents also take a *detour* after the request:
+they read another file of the directory first, so a state whose last turn is a successful ``Read``
+can still have its target unread (a policy deciding from the last message alone fails there).
+Every session runs in ``/home/dev/app``. A held-out session edits a (directory, file name) pair no
+train session touches, not even as a decoy read (history or detour), with request wording of its
+own, so its path must be copied from the request; the pieces (directories, names, extensions, keys,
+values) are shared by both splits (see ``_HELDOUT_PAIRS``). The experiment draws held-out sessions
+from :data:`HELDOUT_SEED` on, a seed range no design round looked at. A third split, ``pretrain``,
+is the tiny base model's corpus: every pair, train wording only (no held-out request)."""
 
 from __future__ import annotations
 
@@ -87,6 +91,7 @@ class SessionPlan:
     edit_first: bool
     reread: bool  # read the target a second time before editing it (a wasted step; teachers edit there)
     history: str  # none | ls | decoy_read
+    detour: str | None = None  # another file read right after the request, before the target (None: no detour)
 
 
 class _Writer:
@@ -146,8 +151,19 @@ def _edit(w: _Writer, path: str, old: str, new: str, *, ok: bool) -> None:
         w.tool("Edit", inp, f"<tool_use_error>{NOT_READ}</tool_use_error>", f"Error: {NOT_READ}", error=True)
 
 
+# held-out sessions are drawn from this seed on: no design round (runs 1-3 in bench/RESULTS.md used
+# seed 0) has looked at them
+HELDOUT_SEED = 100
+
+
+def _decoy_names(split: str, d: str, name: str) -> list[str]:
+    """Names a decoy read of a ``split`` session may take in directory ``d``: never the target and, in
+    the ``train`` split, never a held-out file (a train session reading one would leak it)."""
+    return [x for x in _NAMES if x != name and (split != "train" or (d, x) not in _HELDOUT_PAIRS)]
+
+
 def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_share: float = 0.5,
-                   reread_share: float = 0.5) -> list[SessionPlan]:
+                   reread_share: float = 0.5, detour_share: float = 0.25) -> list[SessionPlan]:
     """Write ``n`` sessions of ``split`` (``train`` / ``heldout`` / ``pretrain``) under ``root``; returns their plans."""
     if split not in _SPLITS:
         raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
@@ -168,16 +184,19 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         edit_first = rng.random() < edit_first_share
         reread = rng.random() < reread_share
         history = rng.choice(["none", "ls", "decoy_read"])
+        detour = f"{cwd}/{d}/{rng.choice(_decoy_names(split, d, name))}.{ext}" if rng.random() < detour_share else None
         w = _Writer(sid, cwd, datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc) + timedelta(minutes=i))
         if history != "none":
             w.user(rng.choice(["Have a look around first.", "What is in this directory?", "Show me the code layout."]))
             if history == "ls":
                 w.tool("Bash", {"command": f"ls {d}"}, f"{name}.{ext}\n__init__.{ext}", {"stdout": f"{name}.{ext}", "stderr": ""})
             else:
-                decoy = f"{cwd}/{d}/{rng.choice([x for x in _NAMES if x != name])}.{ext}"
+                decoy = f"{cwd}/{d}/{rng.choice(_decoy_names(split, d, name))}.{ext}"
                 _read(w, decoy, _file_body(rng.choice(_KEYS), str(rng.randint(2, 99)), rng))
             w.say("Looked around.")
         w.user(rng.choice(pool["asks"]).format(key=key, old=a, new=b, path=path))
+        if detour is not None:
+            _read(w, detour, _file_body(rng.choice(_KEYS), str(rng.randint(2, 99)), rng))
         if edit_first:
             _edit(w, path, old, new, ok=False)
         body = _file_body(key, str(a), rng)
@@ -189,7 +208,7 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         out = root / f"-home-dev-{project}" / f"{sid}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(w.lines) + "\n")
-        plans.append(SessionPlan(sid, project, path, old, new, edit_first, reread, history))
+        plans.append(SessionPlan(sid, project, path, old, new, edit_first, reread, history, detour))
     return plans
 
 

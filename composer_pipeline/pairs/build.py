@@ -5,7 +5,9 @@ In:  ``trace_states`` + ``trace_messages`` (ingest), ``teacher_replays`` (replay
 Out: :class:`PairsResult` with ``pairs`` (table ``dpo_pairs``: teachers agree, the agent's action
      is outside that consensus; chosen = a representative consensus answer, rejected = the
      agent's action, prompt = the rendered prefix), ``positives`` (table ``agreement_positives``:
-     teachers agree *with* the agent) and ``stats`` (counts of every reason a state gave no row).
+     teachers agree *with* the agent), ``dropped`` (table ``dropped_pairs``, ``drop_op`` =
+     ``pairs.build``: pairs whose chosen side echoes prompt markup or parrots a prompt message,
+     with the reason) and ``stats`` (counts of every reason a state gave no row).
 
 Per state: one answer per teacher (the latest answered, parsed replay row); answers grouped by
 :mod:`composer_pipeline.pairs.signature`. A vote is a distinct *model* (``base_url`` + ``model`` of
@@ -32,7 +34,7 @@ only when ``allow_ties`` is set, otherwise skipped); representative = first agre
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,9 @@ from composer_pipeline.pairs.signature import (
     SignatureRules,
     action_signature,
     group_actions,
+    markup_tags,
     same_decision,
+    strip_markup,
     text_similarity,
 )
 from composer_pipeline.settings import setting
@@ -72,6 +76,9 @@ class PairRecipe:
     reject_prompt_echo: bool = setting(
         True, help="no vote: a text answer that repeats the last user message or tool result (text_similarity_threshold)")
     keep_error_states: bool = setting(True, help="also pair states whose action was followed by a tool error")
+    drop_parroting_chosen: bool = setting(
+        True, help="drop (to dropped_pairs, with the reason) a pair whose chosen text holds prompt markup "
+        "(signature.echo_markup_tags) or repeats a user message or tool result of its prompt (text_similarity_threshold)")
     teacher_preference: tuple[str, ...] = setting(
         (), help="whose answer represents the consensus, first match wins (then by name)")
     signature: SignatureRules = setting(factory=SignatureRules, help="what makes two actions the same decision")
@@ -110,6 +117,7 @@ class PairsResult:
     pairs: pa.Table
     positives: pa.Table
     stats: dict[str, Any]
+    dropped: pa.Table = field(default_factory=lambda: tables.SCHEMAS["dropped_pairs"].empty_table())
 
 
 def pair_id_for(state_id: str, consensus_signature: str) -> str:
@@ -321,6 +329,26 @@ def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str
     return out
 
 
+def parrot_reason(chosen: Action, prompt_json: str, rules: SignatureRules) -> str | None:
+    """Why a chosen answer is no answer at all (None: it is one): a text answer holding markup a model
+    only reads (``chosen_echoes_markup: <tags>``) or repeating a user message or tool result of its
+    prompt, markup removed (``chosen_parrots_prompt``). Tool calls are never parrots."""
+    if chosen.tool_calls:
+        return None
+    tags = markup_tags(chosen.text, rules.echo_markup_tags)
+    if tags:
+        return "chosen_echoes_markup: " + ", ".join(f"<{t}>" for t in tags)
+    from composer_pipeline.render import flatten_content
+
+    content = strip_markup(chosen.text, rules.echo_markup_tags)
+    for m in orjson.loads(prompt_json):
+        if m.get("role") in ("user", "tool"):
+            said = strip_markup(flatten_content(m.get("content")), rules.echo_markup_tags)
+            if said.strip() and text_similarity(content, said) >= rules.text_similarity_threshold:
+                return "chosen_parrots_prompt"
+    return None
+
+
 def _renderer(states: pa.Table, messages: pa.Table, render_opts):
     from composer_pipeline import render
 
@@ -370,6 +398,7 @@ def build_pairs(
             "answers_missing_key_arguments",
             "answers_echo_prompt",
             "answers_fitted_dropped",
+            "pairs_dropped_parrot",
             "pairs",
             "positives",
         )
@@ -389,6 +418,7 @@ def build_pairs(
     render_fn = None
     pair_rows: list[dict] = []
     pos_rows: list[dict] = []
+    drop_rows: list[dict] = []
     for st in states.to_pylist():
         stats["states"] += 1
         rows = by_state.get(st["state_id"])
@@ -460,12 +490,18 @@ def build_pairs(
             "has_error": bool(st.get("has_error")),
             "error_after": st.get("error_after"),
         }
+        why = parrot_reason(chosen, prompt, rules) if not agrees and recipe.drop_parroting_chosen else None
+        if why is not None:  # kept, with the reason, in dropped_pairs: never a chosen side, never silent
+            stats["pairs_dropped_parrot"] += 1
+            drop_rows.append({**row, "drop_op": "pairs.build", "drop_reason": why, "drop_stats": "{}"})
+            continue
         (pos_rows if agrees else pair_rows).append(row)
     stats["pairs"], stats["positives"] = len(pair_rows), len(pos_rows)
     return PairsResult(
         pairs=_to_table(pair_rows, "dpo_pairs"),
         positives=_to_table(pos_rows, "agreement_positives"),
         stats=stats,
+        dropped=_to_table(drop_rows, "dropped_pairs"),
     )
 
 

@@ -10,7 +10,13 @@ Out: a short signature string, and :func:`group_actions`, which clusters several
   have their whitespace collapsed, other values are compared as canonical JSON. Parallel calls
   are sorted, so call order does not matter (configurable).
 * Text answers (no tool calls): ``text:<hash>`` of the normalised text of the cluster's first
-  member; two texts agree when their word-bag Dice similarity is ``>= text_similarity_threshold``.
+  member. Two texts agree when their *content* does (:func:`same_text`): with the markup a model only
+  ever reads removed (``echo_markup_tags``: ``<command-name>``, ``<local-command-stdout>``, ...),
+  (1) their word-bag Dice similarity is ``>= text_similarity_threshold`` and (2) they name the same
+  specifics (``text_specifics_must_match``: the same set of numbers, paths, slash commands and
+  identifiers, i.e. words holding a digit, ``/``, ``_`` or an inner ``.``). So ``/run`` and
+  ``/read-file`` wrapped in the same echoed markup do not agree, nor do "set PORT to 8080" and "set
+  PORT to 9090".
 
 Deliberately simplified: when an action has both text and tool calls, only the calls count (the
 text is commentary); text similarity is lexical (no embeddings, no model calls).
@@ -33,6 +39,16 @@ from composer_pipeline.settings import setting
 
 _WS = re.compile(r"\s+")
 _WORD = re.compile(r"\w+", re.U)
+_TAG = re.compile(r"</?([A-Za-z][\w-]*)(?:\s[^<>]*)?/?>")
+_TOKEN = re.compile(r"[\w./\-]+", re.U)
+
+# Claude Code's markup around what the user or the harness typed (slash commands, local command
+# output, reminders): text a model reads in its prompt and has no reason to write
+DEFAULT_ECHO_MARKUP: tuple[str, ...] = (
+    "command-name", "command-message", "command-args", "command-contents", "local-command-stdout",
+    "local-command-stderr", "local-command-caveat", "bash-input", "bash-stdout", "bash-stderr",
+    "system-reminder", "user-prompt-submit-hook",
+)
 
 DEFAULT_KEY_ARGUMENTS: dict[str, list[str]] = {
     "Read": ["file_path"],
@@ -65,7 +81,14 @@ class SignatureRules:
     command_arguments: tuple[str, ...] = setting(("command",), help="arguments compared with whitespace collapsed")
     ignore_call_order: bool = setting(True, help="parallel calls compared as a set")
     case_insensitive_tool_names: bool = setting(False, help="compare tool names ignoring case")
-    text_similarity_threshold: float = setting(0.8, help="text answers agree at word-bag Dice similarity >= this, in (0, 1]")
+    text_similarity_threshold: float = setting(
+        0.8, help="text answers agree at word-bag Dice similarity >= this (markup of echo_markup_tags removed), in (0, 1]")
+    text_specifics_must_match: bool = setting(
+        True, help="text answers agree only when they name the same numbers, paths, slash commands and identifiers "
+        "(words holding a digit, '/', '_' or an inner '.')")
+    echo_markup_tags: tuple[str, ...] = setting(
+        DEFAULT_ECHO_MARKUP, help="tags a model only reads in its prompt (slash commands, local command output): "
+        "removed before texts are compared, and a chosen answer holding one is dropped (pairs.build)")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.text_similarity_threshold <= 1.0:
@@ -113,6 +136,37 @@ def normalize_text(text: str) -> str:
     return _WS.sub(" ", text).strip().lower()
 
 
+def strip_markup(text: str, tags: Sequence[str]) -> str:
+    """``text`` without the ``<tag>`` / ``</tag>`` markup of ``tags`` (what is between them is kept)."""
+    wanted = set(tags)
+    return _TAG.sub(lambda m: " " if m.group(1) in wanted else m.group(0), text)
+
+
+def markup_tags(text: str, tags: Sequence[str]) -> list[str]:
+    """Which of ``tags`` appear as markup in ``text`` (sorted)."""
+    wanted = set(tags)
+    return sorted({m.group(1) for m in _TAG.finditer(text) if m.group(1) in wanted})
+
+
+def specifics(text: str) -> frozenset[str]:
+    """The specific things a text names: words holding a digit, ``/``, ``_`` or an inner ``.``
+    (numbers, paths, slash commands, identifiers), lower-cased, trailing punctuation removed."""
+    out = set()
+    for t in _TOKEN.findall(text):
+        t = t.rstrip(".-").lower()
+        if t and (any(ch.isdigit() for ch in t) or "/" in t or "_" in t or "." in t):
+            out.add(t)
+    return frozenset(out)
+
+
+def same_text(a: str, b: str, rules: SignatureRules) -> bool:
+    """Whether two text answers agree (see the module docstring): their content, markup removed."""
+    ca, cb = strip_markup(a, rules.echo_markup_tags), strip_markup(b, rules.echo_markup_tags)
+    if rules.text_specifics_must_match and specifics(ca) != specifics(cb):
+        return False
+    return text_similarity(ca, cb) >= rules.text_similarity_threshold
+
+
 def text_similarity(a: str, b: str) -> float:
     """Dice coefficient of the two texts' lower-cased word multisets (1.0 for two empty texts)."""
     wa, wb = Counter(_WORD.findall(a.lower())), Counter(_WORD.findall(b.lower()))
@@ -146,7 +200,7 @@ def same_decision(a: Action, b: Action, rules: SignatureRules) -> bool:
     sa, sb = tool_signature(a, rules), tool_signature(b, rules)
     if sa is not None or sb is not None:
         return sa == sb
-    return text_similarity(a.text, b.text) >= rules.text_similarity_threshold
+    return same_text(a.text, b.text, rules)
 
 
 @dataclass
@@ -176,9 +230,7 @@ def group_actions(actions: Sequence[tuple[str, Action]], rules: SignatureRules) 
             g.members.append(member)
             continue
         for g in groups:
-            if g.signature.startswith("text:") and (
-                text_similarity(g.representative.text, action.text) >= rules.text_similarity_threshold
-            ):
+            if g.signature.startswith("text:") and same_text(g.representative.text, action.text, rules):
                 g.members.append(member)
                 break
         else:

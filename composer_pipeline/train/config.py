@@ -36,6 +36,10 @@ class GRPOSection:
         help="reward functions by name (composer_pipeline.train.rewards.REWARDS; add yours there)",
     )
     reward_weights: list[float] | None = setting(None, help="one float per reward; null = all 1.0")
+    data_order: Literal["error_sites_first", "shuffled"] = setting(
+        "error_sites_first", help="order of the GRPO prompts (TRL does not reshuffle them): error_sites_first (each "
+        "step's block holds an error site when possible, so the hint channel has inputs) | shuffled (a seeded shuffle: "
+        "the control for what that order alone does)")
 
 
 @dataclass
@@ -97,6 +101,9 @@ class OptimSection:
 class EvalSection:
     max_prompts: int = setting(16, help="held-out prompts scored for reward / hint-JSD")
     max_new_tokens: int = setting(32, help="tokens generated per held-out prompt")
+    min_rows_to_measure: int = setting(
+        30, help="held-out rows (pairs or prompts) below which an evaluation measures nothing: the no_regression "
+        "check says so instead of passing, and the demo prints that its training is a smoke run")
 
 
 @dataclass
@@ -138,5 +145,7 @@ class TrainRecipe:
                 raise ValueError(f"weights.{k} must be >= 0")
         if not any(getattr(self.weights, k) > 0 for k in ("grpo", "alpha", "beta")):
             raise ValueError("all channel weights are 0: nothing to train")
+        if self.grpo.data_order not in ("error_sites_first", "shuffled"):
+            raise ValueError(f"grpo.data_order must be error_sites_first or shuffled, got {self.grpo.data_order!r}")
         if self.grpo.num_generations < 2:
             raise ValueError("grpo.num_generations must be >= 2 (group-relative advantages)")

@@ -10,7 +10,9 @@ Out: a dict of metrics, each with the number of rows it was computed on:
 * ``hint_jsd`` — generalized JSD between the hinted and unhinted contexts on the model's own greedy
   completion at held-out error sites (lower: the model already behaves as if it had the hint).
 
-A metric with no held-out rows is ``None`` with a ``reason`` (never a silent 0). Greedy decoding
+A metric with no held-out rows is ``None`` with a ``reason`` (never a silent 0); an evaluation on fewer
+than ``eval.min_rows_to_measure`` rows measured nothing, and :func:`measured` / :func:`smoke_line` say
+so (the demo trains on a handful of pairs: a smoke run, not a measurement). Greedy decoding
 and a fixed seed make it deterministic for a given checkpoint. Run it on the new checkpoint and
 on the one training started from; a regression check compares the two dicts.
 
@@ -129,6 +131,24 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
             out["reward"] = {"value": None, "n": 0, "reason": "no held-out prompts"}
             out["hint_jsd"] = {"value": None, "n": 0, "reason": "no held-out prompts"}
     return out
+
+
+# what measures learning in this project (bench/RESULTS.md, "Learning benchmark")
+LEARNING_COMMAND = "composer-pipeline experiment read-before-edit --out runs/rbe --seeds 5"
+
+
+def measured(metrics: dict[str, Any], min_rows: int) -> tuple[bool, int]:
+    """Whether an evaluation measured anything: its largest held-out row count among the metrics that
+    compare policies (preference accuracy, reward) is at least ``min_rows``. Returns (measured, rows)."""
+    rows = max([(metrics.get(k) or {}).get("n") or 0 for k in ("preference_accuracy", "reward")] or [0])
+    return rows >= min_rows, rows
+
+
+def smoke_line(train_pairs: int | None, eval_rows: int, min_rows: int) -> str:
+    """The one plain line for an evaluation too small to measure learning."""
+    pairs = "?" if train_pairs is None else str(train_pairs)
+    return (f"eval: a smoke run: training saw {pairs} DPO pairs and the evaluation {eval_rows} held-out rows "
+            f"(fewer than {min_rows}), too few to measure learning; `{LEARNING_COMMAND}` measures it (bench/RESULTS.md)")
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], *, tolerance: float = 0.0) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -433,7 +434,10 @@ def build_trainer(
 
     tok, policy = load_policy(model_path)
     cuda = torch.cuda.is_available()
-    ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
+    if recipe.grpo.data_order == "shuffled":
+        ordered = random.Random(recipe.optim.seed).sample(data.prompts, len(data.prompts))
+    else:
+        ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
     ds = Dataset.from_list(grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role))
     dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if "dpo" not in off else []
     rank = distributed.current()

@@ -14,7 +14,8 @@ import pytest
 
 from composer_pipeline.cli import main
 from composer_pipeline.experiments.rule_teacher import rule_action
-from composer_pipeline.experiments.sessions import NOT_READ, write_sessions
+from composer_pipeline.experiments.read_before_edit import ExperimentConfig
+from composer_pipeline.experiments.sessions import HELDOUT_SEED, NOT_READ, write_sessions
 
 
 def test_rule_and_generated_sessions(tmp_path):
@@ -52,6 +53,29 @@ def test_rule_and_generated_sessions(tmp_path):
     assert rule_action([req, *failed]).tool_calls[0].name == "Read"
 
 
+@pytest.mark.parametrize("scale", [1, 10])
+def test_no_train_session_touches_a_heldout_file_at_the_experiments_sizes(tmp_path, scale):
+    """At the experiment's real sizes (and 10x them): no held-out target file appears anywhere in the
+    train sessions, decoy reads included (before the fix 4 of the 14 held-out targets were read as
+    decoys by train sessions); no held-out request is in the base model's corpus."""
+    cfg = ExperimentConfig(out=tmp_path)
+    train = write_sessions(tmp_path / "t", cfg.train_sessions * scale, "train", seed=0)
+    held = write_sessions(tmp_path / "h", cfg.heldout_sessions, "heldout", seed=HELDOUT_SEED)
+    text = "".join(f.read_text() for f in (tmp_path / "t").rglob("*.jsonl"))
+    targets = {p.path for p in held}
+    assert len(targets) > 10 and not [t for t in targets if t in text]
+    assert not {p.detour for p in train if p.detour} & targets
+    assert any(p.detour for p in held) and any(p.detour for p in train)  # decoys after the request, both splits
+    if scale == 1:
+        pre = write_sessions(tmp_path / "p", cfg.pretrain_sessions, "pretrain", seed=1000)
+        pre_text = "".join(f.read_text() for f in (tmp_path / "p").rglob("*.jsonl"))
+        asks = [json.loads(x)["message"]["content"] for f in (tmp_path / "h").rglob("*.jsonl") for x in f.read_text().splitlines()
+                if json.loads(x)["type"] == "user" and isinstance(json.loads(x)["message"]["content"], str)]
+        assert not [a for a in asks if "/" in a and json.dumps(a)[1:-1] in pre_text]
+        # the pretrain corpus does name every held-out pair (it is meant to: copying, not recalling)
+        assert {t.rsplit(".", 1)[0] for t in targets} <= {p.path.rsplit(".", 1)[0] for p in pre}
+
+
 def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
     """A share of the base model's windows carry a hint in the trainer's own format whose "better next
     step" is exactly the action that follows, right or wrong by the rule: the base model learns to take
@@ -76,11 +100,20 @@ def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
     assert _hint_for(Action(text="Done."), rng, t) is None
 
 
+ARMS_UNDER_TEST = ("start", "grpo_shuffled", "sdpo", "nll", "dpo_shuffled", "all")
+
+
 def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
+    """A chain test, not a learning test (a few steps cannot show learning; the learning regression tests
+    are tests/train/test_learning_regression.py and tests/experiments/test_probe_scripted.py). It checks
+    what it can at this size: the data and its bookkeeping, that each arm and control trained what it says
+    (the nll arm's preference term is inert, the shuffled-label store swaps about half the sides, the
+    shuffled GRPO order), per-state outputs for every state kind, and that the run resumes and stops."""
     out = tmp_path / "exp"
-    rc = main(["experiment", "read-before-edit", "--out", str(out), "--quick", "--steps", "3", "--sft-steps", "30",
-               "--train-sessions", "16", "--heldout-sessions", "6", "--pretrain-steps", "20", "--pretrain-sessions", "24",
-               "--dpo-sft-weight", "0.5"])
+    argv = ["experiment", "read-before-edit", "--out", str(out), "--quick", "--steps", "3", "--sft-steps", "30",
+            "--train-sessions", "16", "--heldout-sessions", "8", "--pretrain-steps", "20", "--pretrain-sessions", "24",
+            "--dpo-sft-weight", "0.5", "--eval-every", "2", "--arms", ",".join(ARMS_UNDER_TEST)]
+    rc = main(argv)
     assert rc == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     data, base = lines[0]["data"], lines[1]["base"]
@@ -96,33 +129,100 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     assert held_asks and not any(json.dumps(a)[1:-1] in pre_text for a in held_asks if "/" in a)
     train_text = "".join(f.read_text() for f in (out / "data" / "sessions" / "train").rglob("*.jsonl"))
     assert held_paths and not any(p in train_text for p in held_paths)
-    # the data came through the normal stages: ingest, HTTP replay (two teachers per task state), pairs
+    # the data came through the normal stages: ingest, HTTP replay (five teacher entries per task state), pairs
     assert data["ingest"]["train"]["quarantine"] == 0 and data["ingest"]["heldout"]["trace_states"] > 0
-    assert data["teacher_calls_http"] == data["replay"]["calls"] == 2 * data["task_states"]
+    assert data["teacher_calls_http"] == data["replay"]["calls"] == 5 * data["task_states"]
     assert data["pairs"] > 0 and data["positives"] > 0  # pairs where agents erred, agreement elsewhere
     # both directions: "Read, not Edit" (edited first) and "Edit, not Read" (read twice)
     assert data["pair_kinds"].get("Read over Edit", 0) > 0 and data["pair_kinds"].get("Edit over Read", 0) > 0
     assert data["error_sites"] > 0  # the hint arm's states
-    assert [(r["arm"], r["seed"]) for r in rows] == [(a, 0) for a in ("start", "grpo", "sdpo", "dpo", "all")]
+    # the teachers disagree: every task state is accounted for by its kind of consensus; the rule's model
+    # asked twice counts once at every state; consensus came from 2, 3 or 4 of the 4 distinct models
+    c = data["consensus"]
+    assert c["cross_model"] + c["self_consistency"] + c["tied"] + c["no_consensus"] == data["task_states"]
+    assert c["greedy_duplicates"] == data["task_states"]
+    assert set(c["agreeing_models"]) <= {"2 of 4", "3 of 4", "4 of 4"} and len(c["agreeing_models"]) >= 2
+    assert [(r["arm"], r["seed"]) for r in rows] == [(a, 0) for a in ARMS_UNDER_TEST]
     for r in rows:
-        assert {"arm", "seed", "read_when_unread", "edit_when_read", "steps", "seconds"} <= r.keys()
-        assert 0.0 <= r["read_when_unread"] <= 1.0 and 0.0 <= r["edit_when_read"] <= 1.0
-        assert r["n_unread"] > 0 and r["n_read"] > 0
         assert r["steps"] == (0 if r["arm"] == "start" else 3)
-    for arm in ("grpo", "sdpo", "dpo", "all"):  # each arm really trained its channel(s)
+        assert r["n_unread"] > 0 and r["n_read"] > 0
+        assert r["combined"] == min(r["decisive_read"], r["decisive_edit"])
+        assert set(r["kinds"]) == {"request", "after_decoy", "after_error", "after_first_read", "after_second_read"}
+        assert sum(k["n"] for k in r["kinds"].values()) == r["n_unread"] + r["n_read"]
+    # each arm really trained its channel(s), and the controls are what they say
+    fired_by_arm = {}
+    for arm in ARMS_UNDER_TEST[1:]:
         losses = [json.loads(x) for x in (out / "seed0" / arm / "checkpoint" / "losses.jsonl").read_text().splitlines()]
-        fired = {ch for rec in losses for ch in ("grpo", "sdpo", "dpo") if rec[ch] is not None}
-        assert fired == ({"grpo", "sdpo", "dpo"} if arm == "all" else {arm}), (arm, fired)
-    # the arms' recipes: the hint teacher is the frozen start policy; DPO carries the NLL term asked for
+        fired_by_arm[arm] = {ch for rec in losses for ch in ("grpo", "sdpo", "dpo") if rec[ch] is not None}
+    assert fired_by_arm == {"grpo_shuffled": {"grpo"}, "sdpo": {"sdpo"}, "nll": {"dpo"}, "dpo_shuffled": {"dpo"},
+                            "all": {"grpo", "sdpo", "dpo"}}
+    from composer_pipeline.store import Store
     from composer_pipeline.train.config import TrainRecipe
 
-    dpo_recipe = TrainRecipe.load(out / "seed0" / "dpo" / "checkpoint" / "train.yaml")
-    assert dpo_recipe.dpo.sft_weight == 0.5 and dpo_recipe.sdpo.teacher == "initial"
-    dpo_losses = [json.loads(x) for x in (out / "seed0" / "dpo" / "checkpoint" / "losses.jsonl").read_text().splitlines()]
-    assert all(rec["dpo_sft"] > 0 for rec in dpo_losses)
+    nll = [json.loads(x) for x in (out / "seed0" / "nll" / "checkpoint" / "losses.jsonl").read_text().splitlines()]
+    # β 0: the sigmoid term is ln 2 at every step whatever the weights (no gradient), so only the NLL moves it
+    assert all(abs(rec["dpo"] - rec["dpo_sft"] * 0.5 - 0.693147) < 1e-4 and rec["dpo_margin"] == 0.0 for rec in nll)
+    assert TrainRecipe.load(out / "seed0" / "nll" / "checkpoint" / "train.yaml").dpo.beta == 0.0
+    assert TrainRecipe.load(out / "seed0" / "grpo_shuffled" / "checkpoint" / "train.yaml").grpo.data_order == "shuffled"
+    assert TrainRecipe.load(out / "seed0" / "all" / "checkpoint" / "train.yaml").grpo.data_order == "error_sites_first"
+    orig = Store(str(out / "data" / "train_store")).read_table("pairs").to_pylist()
+    shuf = {r["pair_id"]: r for r in Store(str(out / "seed0" / "shuffled_label_store")).read_table("pairs").to_pylist()}
+    swapped = [p["pair_id"] for p in orig if shuf[p["pair_id"]]["chosen_text"] == p["rejected_text"] != p["chosen_text"]]
+    assert set(shuf) == {p["pair_id"] for p in orig} and 0 < len(swapped) < len(orig)
+    # what was measured is on disk: per-state outputs of every cell (every kind), per-kind lines, the table
+    states = [json.loads(x) for x in (out / "states.jsonl").read_text().splitlines()]
+    assert len(states) == len(ARMS_UNDER_TEST) * (rows[0]["n_unread"] + rows[0]["n_read"])
+    per_kind = [json.loads(x) for x in (out / "per_kind.jsonl").read_text().splitlines()]
+    assert len(per_kind) == 5 * len(ARMS_UNDER_TEST)
+    table = (out / "table.md").read_text()
+    assert "| all | 1 |" in table and "| nll | 1 |" in table and "Δ combined vs start [95% CI]" in table
     curves = json.loads((out / "curves.json").read_text())
-    assert [p["step"] for p in curves["dpo"][0]] == [0, 3]
-    assert (out / "curves.png").stat().st_size > 0 and "| all | 1 |" in (out / "table.md").read_text()
+    assert [p["step"] for p in curves["nll"][0]] == [0, 2, 3] and (out / "curves.png").stat().st_size > 0
     # every teacher answer was priced (nominal rates) and recorded with its cost, none failed
     assert data["replay"]["answered"] == data["replay"]["calls"] and data["replay"]["failed"] == 0
     assert data["replay"]["total_spend"] > 0
+
+    # resumable: the same command again trains nothing (every cell is on disk) ...
+    assert main(argv) == 0
+    again = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")][2:]
+    assert [(r["arm"], r.get("resumed")) for r in again] == [(a, True) for a in ARMS_UNDER_TEST]
+    assert [r["combined"] for r in again] == [r["combined"] for r in rows]
+    # ... a budget stops cleanly before the next cell (seed 1 here), keeping what is done ...
+    assert main(argv[:-2] + ["--arms", ",".join(ARMS_UNDER_TEST), "--seeds", "2", "--budget-minutes", "0.0001"]) == 0
+    printed = capsys.readouterr().out
+    assert '"stopped": "budget"' in printed and "run the same command again to resume" in printed
+    assert not (out / "cells" / "seed1-start.json").exists() and (out / "cells" / "seed0-all.json").exists()
+    # ... and other settings in the same out dir are refused, naming the setting (exit 2)
+    assert main(argv[:-2] + ["--arms", ",".join(ARMS_UNDER_TEST), "--steps", "4"]) == 2
+    assert "steps" in capsys.readouterr().err
+
+
+def test_base_model_training_resumes_where_it_stopped(tmp_path):
+    """An interrupted base-model run goes on from its last saved step and ends where an uninterrupted
+    one ends (same batches, optimizer and schedule state), so a ~20 CPU-minute run can span sessions."""
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from composer_pipeline.experiments.pretrain import pretrain_base
+
+    kw = dict(sessions=12, steps=4, every=2, hidden=32, layers=1, vocab_size=512, batch_size=4, max_tokens=96)
+    whole = pretrain_base(tmp_path / "whole", **kw)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_4(step, loss, model, tok):
+        if step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        pretrain_base(tmp_path / "cut", on_step=stop_at_4, **kw)
+    assert (tmp_path / "cut" / "resume.pt").is_file() and not (tmp_path / "cut" / "model" / "config.json").exists()
+    seen: list[int] = []
+    resumed = pretrain_base(tmp_path / "cut", on_step=lambda step, *a: seen.append(step), **kw)
+    assert seen == [4]  # it went on from step 2: steps 1-2 were not trained again
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a)
+    curve = _json.loads((tmp_path / "cut" / "pretrain.json").read_text())["curve"]
+    assert [p["step"] for p in curve] == [2, 4]

@@ -236,6 +236,77 @@ def test_answers_that_decide_nothing_are_not_votes(session_tables):
     s = res.stats
     assert (s["answers_unknown_tool"], s["answers_missing_key_arguments"], s["answers_echo_prompt"]) == (2, 2, 4)
     loose = PairRecipe.from_dict({"require_offered_tools": False, "require_key_arguments": False,
-                                  "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0})
+                                  "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0,
+                                  "drop_parroting_chosen": False})
     res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], loose, RenderOptions(), teachers=cfg)
     assert res.pairs.num_rows + res.positives.num_rows == 2  # the same answers count when the recipe says so
+    # ... but a pair whose chosen side parrots its prompt is still no pair unless that is switched off too
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"],
+                      PairRecipe.from_dict({"require_offered_tools": False, "require_key_arguments": False,
+                                            "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0}),
+                      RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and res.dropped.num_rows == 2 - res.positives.num_rows
+    assert set(res.dropped.column("drop_reason").to_pylist()) == {"chosen_parrots_prompt"}
+
+
+def _slash_command_session(answers):
+    """The demo's real shape: the user ran /init (Claude Code's markup plus the command's prompt), the agent
+    answered with its plan; ``answers`` = (teacher, action) replay rows for that state."""
+    import pyarrow as pa
+
+    from .conftest import _msg, _state, replay
+
+    plan = Action(text="I'll start by exploring the repository layout, then write CLAUDE.md.")
+    messages = [
+        _msg(1, "u1", None, "user", "Earlier: please keep the README short."),
+        _msg(2, "a1", "u1", "assistant", [{"type": "text", "text": "Noted."}], "m1"),
+        _msg(3, "u2", "a1", "user", INIT_PROMPT),
+        _msg(4, "a2", "u2", "assistant", [{"type": "text", "text": plan.text}], "m2"),
+    ]
+    states = [_state("s_init_000000000001", plan, "u2", 4, "a2", "m2")]
+    return {"trace_states": pa.Table.from_pylist(states, schema=tables.TRACE_STATES),
+            "trace_messages": pa.Table.from_pylist(messages, schema=tables.TRACE_MESSAGES),
+            "teacher_replays": pa.Table.from_pylist([replay("s_init_000000000001", t, a) for t, a in answers],
+                                                    schema=tables.TEACHER_REPLAYS)}
+
+
+INIT_PROMPT = ("<command-message>init is analyzing your codebase…</command-message>\n<command-name>/init</command-name>\n"
+               "Please analyze this codebase and create a CLAUDE.md file, which will be given to future instances of "
+               "Claude Code to operate in this repository. Include the commands used to build, lint and test.")
+ECHO = "<command-name>/init</command-name>\n<command-message>init</command-message>\n<command-args>{}</command-args>"
+
+
+def test_teachers_echoing_slash_command_markup_do_not_agree_and_never_become_chosen():
+    url = "http://127.0.0.1:8765/v1"
+    cfg = _teachers(("s1", url, "smollm2", 0.7), ("s2", url, "smollm2", 0.7), ("tiny", url, "tiny", 0.7))
+    # the demo: two samples echo the markup and then say different things (/run vs /read-file)
+    t = _slash_command_session([("s1", Action(text=ECHO.format("/run"))), ("s2", Action(text=ECHO.format("/read-file"))),
+                                ("tiny", Action(text="zq zq zq"))])
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and res.dropped.num_rows == 0 and res.stats["states_no_consensus"] == 1
+    # two samples that echo the same markup do agree (same content): the pair is dropped, with the reason
+    t = _slash_command_session([("s1", Action(text=ECHO.format("/run"))), ("s2", Action(text=ECHO.format("/run")))])
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and res.stats["pairs_dropped_parrot"] == 1
+    (d,) = res.dropped.to_pylist()
+    assert res.dropped.schema == tables.DROPPED_PAIRS and d["drop_op"] == "pairs.build"
+    assert d["drop_reason"] == "chosen_echoes_markup: <command-args>, <command-message>, <command-name>"
+    assert d["chosen_text"] == ECHO.format("/run") and "exploring the repository" in d["rejected_text"]
+
+
+def test_a_chosen_side_that_parrots_an_earlier_prompt_message_is_dropped_with_the_reason():
+    url = "http://127.0.0.1:8765/v1"
+    cfg = _teachers(("a", url, "m-a", 0.0), ("b", url, "m-b", 0.0))
+    parrot = Action(text="Earlier: please keep the README short!")  # the first user message, not the last one
+    t = _slash_command_session([("a", parrot), ("b", parrot)])
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 0 and [d["drop_reason"] for d in res.dropped.to_pylist()] == ["chosen_parrots_prompt"]
+    # a real answer of its own is a pair; the recipe can switch the drop off
+    own = Action(text="I will list the build, lint and test commands in CLAUDE.md after reading pyproject.toml.")
+    t = _slash_command_session([("a", own), ("b", own)])
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 1 and res.dropped.num_rows == 0
+    t = _slash_command_session([("a", parrot), ("b", parrot)])
+    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"],
+                      PairRecipe.from_dict({"drop_parroting_chosen": False}), RenderOptions(), teachers=cfg)
+    assert res.pairs.num_rows == 1

@@ -3,7 +3,11 @@ from composer_pipeline.pairs.signature import (
     SignatureRules,
     action_signature,
     group_actions,
+    markup_tags,
     same_decision,
+    same_text,
+    specifics,
+    strip_markup,
     text_similarity,
 )
 
@@ -79,3 +83,29 @@ def test_bad_rules_are_refused():
         SignatureRules.from_dict({"key_args": {}})
     with pytest.raises(ValueError, match="text_similarity_threshold"):
         SignatureRules.from_dict({"text_similarity_threshold": 0})
+
+
+# the demo's real failure (bench/RESULTS.md, issue 24): two samples echo the /init slash-command markup of
+# the prompt and then say different things; word-bag similarity over the markup made them "agree"
+INIT = "<command-message>init is analyzing your codebase</command-message>\n<command-name>/init</command-name>\n"
+RUN, READ_FILE = Action(text=INIT + "<command-args>/run</command-args>"), Action(text=INIT + "<command-args>/read-file</command-args>")
+
+
+def test_echoed_markup_is_no_agreement():
+    assert text_similarity(RUN.text, READ_FILE.text) >= R.text_similarity_threshold  # the old criterion: "agree"
+    assert not same_decision(RUN, READ_FILE, R)
+    assert [len(g.members) for g in group_actions([("s1", RUN), ("s2", READ_FILE)], R)] == [1, 1]
+    assert same_decision(RUN, Action(text=RUN.text), R)  # the same text still agrees with itself
+    assert markup_tags(RUN.text, R.echo_markup_tags) == ["command-args", "command-message", "command-name"]
+    assert strip_markup("<command-name>/init</command-name> ok <b>x</b>", R.echo_markup_tags).split() == ["/init", "ok", "<b>x</b>"]
+
+
+def test_text_answers_agree_only_when_they_name_the_same_things():
+    assert specifics("Set PORT to 8080 in src/app.py, then run `make_all`.") == {"8080", "src/app.py", "make_all"}
+    assert not same_text("Set PORT to 8080 in the config.", "Set PORT to 9090 in the config.", R)
+    assert same_text("All tests pass now.", "all tests pass now!", R)  # wording and case do not matter
+    assert same_text("Done: PORT is 9 in /a/b.py.", "Done: PORT is 9 in /a/b.py", R)
+    assert not same_text("Done: PORT is 9 in /a/b.py.", "Done: PORT is 9 in /a/c.py.", R)
+    loose = SignatureRules(text_specifics_must_match=False)
+    assert same_text("Set PORT to 8080 in the config.", "Set PORT to 9090 in the config.", loose)
+    assert SignatureRules.from_dict({"echo_markup_tags": ["x-tag"]}).echo_markup_tags == ("x-tag",)

@@ -1,0 +1,162 @@
+"""The held-out probe, checked with scripted policies on the experiment's real held-out set (seconds).
+
+A scripted model stands in for the policy (``generate`` decides from the rendered prompt text), so
+what is tested is ``probe()`` and the held-out set, not a network: always-Read, always-Edit and
+"decide from the last message" must score exactly what they must per state kind, and the combined
+score must be 0 for a policy that always takes one tool. Always-Read scoring 1.0 at every unread
+state also shows that the request (the path to copy) is visible in every cut prompt.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.experiments.pretrain import _session_text
+from composer_pipeline.experiments.read_before_edit import (
+    DECISIVE_EDIT,
+    DECISIVE_READ,
+    STATE_KINDS,
+    ExperimentConfig,
+    heldout_cases,
+    probe,
+)
+from composer_pipeline.experiments.sessions import HELDOUT_SEED, ingest_sessions, write_sessions
+from composer_pipeline.tiny_model import build_tokenizer
+
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
+_PATH = re.compile(r"(/[\w.\-]+(?:/[\w.\-]+)*\.\w+)")
+
+
+def _visible_request_path(prompt: str) -> str | None:
+    users = [body for role, body in _TURN.findall(prompt) if role == "user" and _PATH.search(body)]
+    return _PATH.search(users[-1]).group(1) if users else None
+
+
+def _last_turn(prompt: str) -> tuple[str, str]:
+    turns = _TURN.findall(prompt)
+    return turns[-1] if turns else ("", "")
+
+
+def always_read(prompt: str) -> Action:
+    path = _visible_request_path(prompt)
+    return Action(tool_calls=(ToolCall("Read", {"file_path": path}, "c"),)) if path else Action(text="?")
+
+
+def always_edit(prompt: str) -> Action:
+    path = _visible_request_path(prompt)
+    return Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": "A = 1", "new_string": "A = 2"}, "c"),)) if path else Action(text="?")
+
+
+def last_message(prompt: str) -> Action:
+    """Edit when the last turn is a tool result that is not an error (whatever file it was), else Read."""
+    role, body = _last_turn(prompt)
+    ok_result = role == "tool" and "tool_use_error" not in body and not body.startswith("Error:")
+    return always_edit(prompt) if ok_result else always_read(prompt)
+
+
+class ScriptedLM:
+    """Just enough of a causal LM for ``probe()``: greedy ``generate`` returns the policy's action text."""
+
+    def __init__(self, tokenizer, policy):
+        self.tok, self.policy, self.training, self.device = tokenizer, policy, True, torch.device("cpu")
+
+    def eval(self):
+        self.training = False
+        return self
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        return self
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, **_):
+        outs = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            prompt = self.tok.decode([i for i, m in zip(ids, mask) if m])
+            text = self.policy(prompt).to_text() + self.tok.eos_token
+            outs.append(self.tok(text, add_special_tokens=False)["input_ids"][:max_new_tokens])
+        w = max(map(len, outs))
+        return torch.cat([input_ids, torch.tensor([o + [pad_token_id] * (w - len(o)) for o in outs])], dim=1)
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory):
+    """The experiment's held-out set at its real size and seed, rendered at its prompt length."""
+    cfg = ExperimentConfig(out=tmp_path_factory.mktemp("unused"))
+    root = tmp_path_factory.mktemp("heldout")
+    write_sessions(root / "sessions", cfg.heldout_sessions, "heldout", seed=HELDOUT_SEED)
+    write_sessions(root / "pretrain", 120, "pretrain", seed=1000)
+    ingest_sessions(root / "sessions", root / "store")
+    tok = build_tokenizer(1024, _session_text(root / "pretrain"), path_words=True)
+    cases = heldout_cases(str(root / "store"), tok, cfg.prompt_tokens)
+    return tok, cases
+
+
+def _run(tok, cases, policy):
+    return probe(ScriptedLM(tok, policy), tok, cases, max_new_tokens=120)
+
+
+def test_heldout_set_has_every_state_kind_and_decoys_as_last_turn(heldout):
+    tok, cases = heldout
+    n = {k: sum(c.state == k for c in cases) for k in STATE_KINDS}
+    assert all(v > 0 for v in n.values()), n
+    assert sum(n.values()) == len(cases)
+    for c in cases:
+        if c.state == "after_decoy":  # the last turn read *another* file of the same directory
+            role, body = _last_turn(c.prompt)
+            assert role == "tool" and c.path not in body
+            assert '"name":"Read"' in c.prompt.rsplit("<|im_start|>assistant", 2)[-2] and c.kind == "unread"
+
+
+def test_scripted_policies_score_exactly_what_they_must(heldout):
+    tok, cases = heldout
+    n = {k: sum(c.state == k for c in cases) for k in STATE_KINDS}
+
+    r = _run(tok, cases, always_read)
+    assert {k: v["hit"] for k, v in r["kinds"].items()} == {
+        "request": 1.0, "after_decoy": 1.0, "after_error": 1.0, "after_first_read": 0.0, "after_second_read": 0.0}
+    assert (r["read_when_unread"], r["edit_when_read"], r["combined"]) == (1.0, 0.0, 0.0)
+    assert r["n_unread"] + r["n_read"] == len(cases) and len(r["outputs"]) == len(cases)
+
+    e = _run(tok, cases, always_edit)
+    assert (e["read_when_unread"], e["edit_when_read"], e["decisive_edit"], e["combined"]) == (0.0, 1.0, 1.0, 0.0)
+
+    # deciding from the last message alone: right everywhere except after a decoy read of another file
+    m = _run(tok, cases, last_message)
+    assert {k: v["hit"] for k, v in m["kinds"].items()} == {
+        "request": 1.0, "after_decoy": 0.0, "after_error": 1.0, "after_first_read": 1.0, "after_second_read": 1.0}
+    assert m["decisive_read"] == n["request"] / (n["request"] + n["after_decoy"])
+    assert m["combined"] == m["decisive_read"] < 1.0
+    assert {o["state"] for o in m["outputs"] if not o["hit"]} == {"after_decoy"}
+
+
+def test_the_rule_itself_scores_one_and_a_wrong_path_scores_zero(heldout):
+    tok, cases = heldout
+    # the prompt as the scripted model sees it (decoded from its token ids) -> its case
+    by_prompt = {tok.decode(tok(c.prompt, add_special_tokens=False)["input_ids"]): c for c in cases}
+
+    def rule(prompt):
+        c = by_prompt[prompt]
+        return always_read(prompt) if c.kind == "unread" else always_edit(prompt)
+
+    def wrong_path(prompt):  # the right tool on a file of the same name in another directory
+        a = rule(prompt)
+        call = a.tool_calls[0]
+        return Action(tool_calls=(ToolCall(call.name, {**call.arguments, "file_path": call.arguments["file_path"].replace("/app/", "/app/x/")}, "c"),))
+
+    ok = _run(tok, cases, rule)
+    assert ok["combined"] == ok["read_when_unread"] == ok["edit_when_read"] == 1.0
+    assert all(v["hit"] == 1.0 for v in ok["kinds"].values())
+    bad = _run(tok, cases, wrong_path)
+    assert bad["combined"] == 0.0 and bad["read_tool_when_unread"] == bad["edit_tool_when_read"] == 1.0
+    assert set(DECISIVE_READ) | set(DECISIVE_EDIT) <= set(ok["kinds"])
+
+
+def test_probe_restores_training_mode(heldout):
+    tok, cases = heldout
+    lm = ScriptedLM(tok, always_read)
+    probe(lm, tok, cases[:3])
+    assert lm.training is True
