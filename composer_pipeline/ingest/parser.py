@@ -38,11 +38,13 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from composer_pipeline.salvage import SALVAGED_RESULTS, salvaged_tool_results
 from composer_pipeline.scrub import Scrubber
 
 _UUID_RE = re.compile(r'"uuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*true')
+_ROOT_RE = re.compile(r'"parentUuid"\s*:\s*null')  # a damaged root: its parent is known to be none
 
 NO_RAW = msgspec.Raw()  # an absent payload (empty, falsy); JSON null is Raw(b"null")
 
@@ -186,14 +188,18 @@ class ParsedFile:
     lines: int = 0
     utf8_repaired: int = 0
     empty: bool = False
-    # damaged lines that look like a cut-off record without a readable uuid: (line_no, salvaged parent, text)
-    cut: list[tuple[int, str | None, str]] = field(default_factory=list)
+    # damaged lines that look like a cut-off record without a readable uuid:
+    # (line_no, salvaged parent, text, subtype: SALVAGED_RESULTS or None)
+    cut: list[tuple[int, str | None, str, str | None]] = field(default_factory=list)
+    # line numbers of damaged records (uuid salvaged) whose own parent reference is unreadable
+    parent_lost: set[int] = field(default_factory=set)
     bridged: int = 0  # pass-through records bridge_damaged inserted (not counted in ``records`` of the report)
 
 
 def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, text: str, limit: int) -> None:
     u = _UUID_RE.search(text)
     p = _PARENT_RE.search(text)
+    sub = SALVAGED_RESULTS if salvaged_tool_results(text) else None
     out.quarantine.append(
         {
             "session_key": session_key,
@@ -206,13 +212,15 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
         }
     )
     if not u and line_no > 0 and text[:1] == "{":  # a record cut before its uuid: a bridge candidate
-        out.cut.append((line_no, p.group(1) if p else None, text))
+        out.cut.append((line_no, p.group(1) if p else None, text, sub))
     if u:  # keep the chain link: a pass-through record carrying only the salvaged ids
         out.records.append(
             Record(type="damaged", uuid=u.group(1), parent=p.group(1) if p else None,
-                   is_sidechain=bool(_SIDECHAIN_RE.search(text)), line_no=line_no, file=out.path, raw=text,
-                   damaged=True)
+                   is_sidechain=bool(_SIDECHAIN_RE.search(text)), subtype=sub, line_no=line_no, file=out.path,
+                   raw=text, damaged=True)
         )
+        if not p and not _ROOT_RE.search(text):  # its parent reference was cut, garbled or is missing
+            out.parent_lost.add(line_no)
 
 
 def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int) -> Record | None:
@@ -326,33 +334,51 @@ def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int 
 
 
 def bridge_damaged(pf: ParsedFile) -> int:
-    """Re-attach records whose parent is unknown through the damaged line that stood between.
+    """Re-attach records whose parent is unknown through the damaged lines that stood between.
 
     Walking the file in line order: a record whose ``parentUuid`` names no record of the file takes the
     nearest earlier damaged line not used yet (:attr:`ParsedFile.cut`) and gets it back as a ``damaged``
     pass-through record: uuid = the parent the record names, parent = the damaged line's salvaged
-    ``parentUuid`` when that names a record, else the nearest record before the damaged line with the
-    child's ``isSidechain`` flag (the same stream: main, or the agent/sidechain records). Other records
-    naming the same parent then find it too. Returns the number of bridges (also in ``pf.bridged``)."""
-    if not pf.cut:
+    ``parentUuid`` when that names a record; when it names no record and an earlier unused damaged
+    line is left, the chain goes on through that line (a bridge under the salvaged uuid, attached the
+    same way: chains of damaged lines in a row); else the nearest record before the damaged line with
+    the child's ``isSidechain`` flag (the same stream: main, or the agent/sidechain records). Other
+    records naming a bridged parent then find it too. A damaged record whose uuid was salvaged but
+    whose own parent reference is unreadable (cut, garbled or missing; ``"parentUuid":null`` is a
+    root and stays one) is attached to the nearest record before it with its ``isSidechain`` flag
+    (else the nearest of the other flag). Returns the number of pass-through records inserted (also in
+    ``pf.bridged``; a re-attached damaged record is not counted)."""
+    if not pf.cut and not pf.parent_lost:
         return 0
     known = {r.uuid for r in pf.records if r.uuid}
     cut, ci = pf.cut, 0
-    unused: list[tuple[tuple[int, str | None, str], str | None, str | None]] = []  # nearest last
+    unused: list[tuple[tuple[int, str | None, str, str | None], str | None, str | None]] = []  # nearest last
     last: list[str | None] = [None, None]  # uuid of the latest record: [main, sidechain]
     bridges = []
+    lost = pf.parent_lost
     for r in pf.records:
         while ci < len(cut) and cut[ci][0] < r.line_no:
             unused.append((cut[ci], last[0], last[1]))
             ci += 1
         p = r.parent
         side = r.is_sidechain is True
-        if p and p not in known and unused:
-            (line_no, salvaged, text), before_main, before_side = unused.pop()
-            parent = salvaged if salvaged is not None and salvaged in known else (before_side if side else before_main)
-            bridges.append(Record(type="damaged", uuid=p, parent=parent, is_sidechain=side, line_no=line_no,
-                                  file=pf.path, raw=text, damaged=True))
-            known.add(p)
+        if p is None and r.damaged and r.line_no in lost:
+            r.parent = last[side] if last[side] is not None else last[not side]
+        elif p and p not in known and unused:
+            child = p
+            while True:
+                (line_no, salvaged, text, sub), before_main, before_side = unused.pop()
+                go_on = salvaged is not None and salvaged not in known and salvaged != child and unused
+                if salvaged is not None and (salvaged in known or go_on):
+                    parent = salvaged
+                else:
+                    parent = before_side if side else before_main
+                bridges.append(Record(type="damaged", uuid=child, parent=parent, is_sidechain=side, subtype=sub,
+                                      line_no=line_no, file=pf.path, raw=text, damaged=True))
+                known.add(child)
+                if not go_on:
+                    break
+                child = salvaged
         if r.uuid:
             last[side] = r.uuid
     if bridges:
@@ -365,7 +391,9 @@ def classify_line(line: bytes, rel: str, session_key: str, line_no: int, quarant
     """What :func:`parse_buffer` makes of one line of a valid UTF-8 file that the native reader
     refused: ``None`` if it is a record after all (only this Python reader can build it: the native
     path hands the session back), else the quarantine row's ``(reason, text, salvaged_uuid,
-    salvaged_parent_uuid, salvaged_is_sidechain)``."""
+    salvaged_parent_uuid, salvaged_is_sidechain, parent_lost, subtype)``: ``parent_lost`` when the
+    salvaged record's own parent reference is unreadable, ``subtype`` :data:`SALVAGED_RESULTS` when
+    the line still holds tool results (else ``None``)."""
     try:
         _decode(line)
         return None
@@ -376,4 +404,5 @@ def classify_line(line: bytes, rel: str, session_key: str, line_no: int, quarant
         return None
     q = out.quarantine[0]
     side = bool(out.records and out.records[0].is_sidechain)
-    return q["reason"], q["text"], q["salvaged_uuid"], q["salvaged_parent_uuid"], side
+    sub = out.records[0].subtype if out.records else (out.cut[0][3] if out.cut else None)
+    return q["reason"], q["text"], q["salvaged_uuid"], q["salvaged_parent_uuid"], side, bool(out.parent_lost), sub

@@ -228,7 +228,7 @@ def test_scrubbed_lines_are_read_in_place_and_a_splice_must_be_a_whole_line(tmp_
 
     def add(sp):
         spec = ("p/s.jsonl", data, sp, True, None, None, None, None)
-        return native.Builder().add_session(sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False), False, True)
+        return native.Builder().add_session(sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False, False, None), False, True)
 
     start, end, line = splices[0]
     for bad in ([(start + 1, end, line)], [(start, end - 1, line)], [(start, end, line + b"\n")],

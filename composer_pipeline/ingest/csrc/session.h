@@ -106,12 +106,16 @@ struct Cut {
   uint32_t line_no = 0;
   Val parent;            // salvaged parentUuid (absent when unreadable)
   std::string_view raw;  // the line
+  Val subtype;           // salvage.SALVAGED_RESULTS when the line still holds tool results, else absent
 };
 
 // parser.bridge_damaged: records whose parent names no record of the file get it back as a
-// ``damaged`` pass-through record at the nearest earlier unused cut line; returns the bridges made.
-inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& cut, uint32_t file_index) {
-  if (cut.empty()) return 0;
+// ``damaged`` pass-through record at the nearest earlier unused cut line (continuing through earlier
+// cut lines while the salvaged parent names none); a damaged record whose parent reference is lost
+// is attached to the nearest earlier record of its stream flag. Returns the bridges inserted.
+inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& cut, bool any_lost,
+                               uint32_t file_index) {
+  if (cut.empty() && !any_lost) return 0;
   FlatSet known(recs.size());
   for (const Rec& r : recs)
     if (r.has_uuid()) known.try_emplace(r.uuid.s);
@@ -123,26 +127,37 @@ inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& c
   std::vector<Rec> bridges;
   Val last[2];
   size_t ci = 0;
-  for (const Rec& r : recs) {
+  for (Rec& r : recs) {
     while (ci < cut.size() && cut[ci].line_no < r.line_no) {
       unused.push_back(Open{&cut[ci], {last[0], last[1]}});
       ++ci;
     }
     const int side = r.is_sidechain ? 1 : 0;
-    if (r.parent.is_str() && !r.parent.s.empty() && !known.contains(r.parent.s) && !unused.empty()) {
-      Open o = unused.back();
-      unused.pop_back();
-      Rec b;
-      b.type = "damaged";
-      b.uuid = r.parent;
-      b.parent = (o.c->parent.is_str() && known.contains(o.c->parent.s)) ? o.c->parent : o.before[side];
-      b.is_sidechain = side == 1;
-      b.damaged = true;
-      b.raw = o.c->raw;
-      b.line_no = o.c->line_no;
-      b.file = file_index;
-      known.try_emplace(r.parent.s);
-      bridges.push_back(b);
+    if (r.parent.is_none() && r.damaged && r.parent_lost) {
+      r.parent = last[side].is_str() ? last[side] : last[1 - side];
+    } else if (r.parent.is_str() && !r.parent.s.empty() && !known.contains(r.parent.s) && !unused.empty()) {
+      Val child = r.parent;
+      for (;;) {
+        Open o = unused.back();
+        unused.pop_back();
+        const Val& salvaged = o.c->parent;
+        const bool go_on = salvaged.is_str() && !known.contains(salvaged.s) && salvaged.s != child.s &&
+                           !unused.empty();
+        Rec b;
+        b.type = "damaged";
+        b.uuid = child;
+        b.parent = (salvaged.is_str() && (go_on || known.contains(salvaged.s))) ? salvaged : o.before[side];
+        b.is_sidechain = side == 1;
+        b.subtype = o.c->subtype;
+        b.damaged = true;
+        b.raw = o.c->raw;
+        b.line_no = o.c->line_no;
+        b.file = file_index;
+        known.try_emplace(child.s);
+        bridges.push_back(b);
+        if (!go_on) break;
+        child = salvaged;
+      }
     }
     if (r.has_uuid()) last[side] = r.uuid;
   }
