@@ -63,8 +63,8 @@ def _damage(line: str, mode: str, rng: random.Random) -> str | None:
         return line[: rng.randint(p.end() + 1, u)] if p.end() < u else None
     if mode == "garbled_parent":
         value = p.group(0)
-        cut = rng.randint(len('"parentUuid":"') + 1, len(value) - 2)
-        garbled = value[:cut] + '[REDACTED_' + value[cut:]  # the value's quote is gone: not JSON
+        cut = rng.randint(value.index('"', len('"parentUuid"')) + 1, len(value) - 2)
+        garbled = value[:cut] + '[REDACTED]"' + value[cut:]  # a stray quote: not JSON, the value unreadable
         return line[: p.start()] + garbled + line[p.end():]
     if mode == "missing_parent":
         return (line[: p.start()] + line[p.end():].lstrip(",")).rstrip("}")
@@ -84,77 +84,95 @@ class Variant:
 
 def make_variant(src: Path, out: Path, rng: random.Random, runs_per_40: float = 1.0,
                  chain: tuple[int, ...] = (1, 2, 3), modes: tuple[str, ...] = MODES) -> Variant:
-    """Write ``out/damaged`` and ``out/repaired`` from the sessions under ``src``."""
+    """Write ``out/damaged`` and ``out/repaired`` from the sessions under ``src``: in each file about
+    ``runs_per_40`` runs per 40 lines, each of a length drawn from ``chain``, each line a random mode."""
+    picks: dict[str, dict[int, str]] = {}
+    for f in sorted(src.rglob("*.jsonl")):
+        lines = f.read_text().splitlines()
+        ok = [i for i, line in enumerate(lines) if i > 0 and _record_uuid(line)]
+        chosen: dict[int, str] = {}
+        for _ in range(max(1, round(len(lines) * runs_per_40 / 40)) if ok else 0):
+            start, k = rng.choice(ok), rng.choice(chain)
+            run = [i for i in range(start, start + k) if i in ok]
+            if not any(j in chosen or j - 1 in chosen or j + 1 in chosen for j in run):
+                chosen.update((i, rng.choice(modes)) for i in run)  # runs stay apart (2 never become 4)
+        picks[str(f.relative_to(src))] = chosen
+    return damage_files(src, out, picks, rng)
+
+
+def _record_uuid(line: str) -> str | None:
+    try:
+        o = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return o.get("uuid") if isinstance(o, dict) else None
+
+
+def damage_files(src: Path, out: Path, picks: dict[str, dict[int, str]], rng: random.Random) -> Variant:
+    """Write ``out/damaged`` (``picks``: rel file -> {0-based line index: mode}) and its repaired twin."""
     v = Variant(out / "damaged", out / "repaired")
     for d in (v.damaged, v.repaired):
         shutil.rmtree(d, ignore_errors=True)
         shutil.copytree(src, d, ignore=shutil.ignore_patterns("*.md"))
-    for f in sorted(src.rglob("*.jsonl")):
-        rel = str(f.relative_to(src))
-        lines = f.read_text().splitlines()
-        objs = []
-        for line in lines:
-            try:
-                objs.append(json.loads(line))
-            except json.JSONDecodeError:
-                objs.append(None)
-        ok = [i for i, o in enumerate(objs) if i > 0 and isinstance(o, dict) and o.get("uuid")]
-        n_runs = max(1, round(len(lines) * runs_per_40 / 40)) if ok else 0
-        chosen: set[int] = set()
-        for _ in range(n_runs):
-            k = rng.choice(chain)
-            start = rng.choice(ok)
-            run = [i for i in range(start, start + k) if i in ok]
-            if any(j in chosen or j - 1 in chosen or j + 1 in chosen for j in run):
-                continue  # runs stay apart (a run of 2 never silently becomes one of 4)
-            texts = [damage_line(lines[i], rng.choice(modes), rng) for i in run]
-            if None in texts:
-                continue
-            for i, t in zip(run, texts):
-                lines[i] = t
-                chosen.add(i)
-        if not chosen:
+    for rel, chosen in picks.items():
+        lines = (src / rel).read_text().splitlines()
+        damaged = list(lines)
+        done = set()
+        for i, mode in chosen.items():
+            t = damage_line(lines[i], mode, rng)
+            if t is not None:
+                damaged[i] = t
+                done.add(i)
+        if not done:
             continue
-        v.lines[rel] = {i + 1 for i in chosen}
+        v.lines[rel] = {i + 1 for i in done}
+        objs = {i: json.loads(lines[i]) for i in done}
         # the repaired twin: damaged lines become record-less lines, children re-attached past them
-        parent_of = {objs[i]["uuid"]: objs[i].get("parentUuid") for i in chosen}
+        parent_of = {o["uuid"]: o.get("parentUuid") for o in objs.values()}
         repaired = []
-        for i, line in enumerate(f.read_text().splitlines()):
-            o = objs[i]
-            if i in chosen:
+        for i, line in enumerate(lines):
+            if i in done:
                 repaired.append(PLACEHOLDER)
-                c = o.get("message", {}).get("content") if isinstance(o.get("message"), dict) else None
+                m = objs[i].get("message")
+                c = m.get("content") if isinstance(m, dict) else None
                 for b in c if isinstance(c, list) else []:
                     if isinstance(b, dict) and b.get("type") == "tool_result":
                         v.results.add(str(b.get("tool_use_id")))
                 continue
-            if isinstance(o, dict) and o.get("parentUuid") in parent_of:
-                p = o["parentUuid"]
-                seen = set()
-                while p in parent_of and p not in seen:
-                    seen.add(p)
-                    p = parent_of[p]
-                o = dict(o, parentUuid=p)
-                line = json.dumps(o, ensure_ascii=False)
+            if '"parentUuid"' in line:
+                try:
+                    o = json.loads(line)
+                except json.JSONDecodeError:
+                    o = None
+                if isinstance(o, dict) and o.get("parentUuid") in parent_of:
+                    p, seen = o["parentUuid"], set()
+                    while p in parent_of and p not in seen:
+                        seen.add(p)
+                        p = parent_of[p]
+                    line = json.dumps(dict(o, parentUuid=p), ensure_ascii=False)
             repaired.append(line)
-        (v.damaged / rel).write_text("".join(x + "\n" for x in lines))
+        (v.damaged / rel).write_text("".join(x + "\n" for x in damaged))
         (v.repaired / rel).write_text("".join(x + "\n" for x in repaired))
     return v
 
 
-def _prefixes(root: Path, engine: str) -> dict[tuple, list[dict]]:
+def _ingest(engine: str):
+    return lambda sf: ingest_session(sf, None, engine=engine)
+
+
+def prefixes(root: Path, ingest) -> dict[tuple, list[dict]]:
     """(file, source lines) -> rendered prefix of each state (not keyed by state id: a damaged
     sidechain root changes the stream id of the repaired twin, whose sidechain starts one record later)."""
     out = {}
     for sf in discover_sessions(root):
-        res = ingest_session(sf, None, engine=engine)
+        res = ingest(sf)
         conv = Conversation.from_table(res.messages)
         for st in res.states.to_pylist():
             out[(st["source_file"], tuple(st["source_lines"]))] = render_state(conv, st, RenderOptions()).messages
     return out
 
 
-def _masked(prefix: list[dict], results: set[str]) -> list[dict]:
+def masked(prefix: list[dict], results: set[str]) -> list[dict]:
     return [dict(m, content="<damaged result>") if m.get("role") == "tool" and m.get("tool_call_id") in results
             and (m["content"] == INTERRUPTED or m["content"].startswith("[salvaged")) else m for m in prefix]
 
@@ -177,8 +195,9 @@ class Score:
                 f"assistant messages right in {pa:.1f} %; {self.missing} states missing")
 
 
-def score(v: Variant, engine: str = "python") -> Score:
-    want, got = _prefixes(v.repaired, engine), _prefixes(v.damaged, engine)
+def score(v: Variant, ingest=None) -> Score:
+    ingest = ingest or _ingest("python")
+    want, got = prefixes(v.repaired, ingest), prefixes(v.damaged, ingest)
     s = Score()
     for sid, prefix in want.items():
         s.states += 1
@@ -186,7 +205,7 @@ def score(v: Variant, engine: str = "python") -> Score:
         if mine is None:
             s.missing += 1
             continue
-        s.right += _masked(mine, v.results) == _masked(prefix, v.results)
+        s.right += masked(mine, v.results) == masked(prefix, v.results)
         s.assistants_right += [m for m in mine if m["role"] == "assistant"] == [
             m for m in prefix if m["role"] == "assistant"]
     return s
@@ -207,7 +226,7 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(a.seeds):
             v = make_variant(a.root, Path(tmp) / str(seed), random.Random(seed), chain=chain)
-            total.add(score(v, a.engine))
+            total.add(score(v, _ingest(a.engine)))
     print(f"chains {a.chain}, {a.seeds} variants: {total}")
 
 

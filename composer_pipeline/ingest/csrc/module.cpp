@@ -6,8 +6,8 @@
 //           splices: [(start, end, line: bytes)] in file order: whole lines (newline excluded) of
 //           ``data`` to read as ``line`` instead (the scrubbed file without splicing it: no copy)
 //       classify(file_index, line_no, line) -> None (only Python can read this line: hand the
-//           session back) | (reason, text, salvaged_uuid, salvaged_parent_uuid, salvaged_sidechain,
-//           parent_lost, subtype) (parser.classify_line)
+//           session back) | (reason, text, salvaged_uuid, salvaged_parent_uuid, salvaged_sidechain
+//           (None: unreadable), parent_lost, subtype) (parser.classify_line)
 //       -> (True, (streams, warmup_dropped, states, messages),
 //               [(lines, records, bad_lines, no_uuid [(type, n)], states, subagents_linked,
 //                 compactions_crossed, warmup_dropped, damaged_bridged) per file])
@@ -171,7 +171,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
   uint32_t line_no = 0;
   size_t si = 0;  // next splice
   std::vector<Cut> cut;  // damaged lines without a uuid that start like a record: bridge candidates
-  bool any_lost = false;  // a damaged record whose parent reference is unreadable
+  bool any_lost = false;  // a damaged record whose parent reference or isSidechain is unreadable
   for (;;) {  // data is non-empty: Python passes None for an empty or all-whitespace file
     const char* nl;  // the newline ending the line in ``data`` (null: the last line has none)
     const char* le;  // the end of the line's text
@@ -212,6 +212,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
       Val vsu, vsp, vsub;
       bool ok = utf8_of(reason, sreason) && utf8_of(text, stext) && val_of(su, arena, vsu) &&
                 val_of(sp, arena, vsp) && val_of(sub, arena, vsub);
+      const bool side_lost = side == Py_None;  // isSidechain unreadable
       int is_side = ok ? PyObject_IsTrue(side) : -1;
       int is_lost = is_side >= 0 ? PyObject_IsTrue(lost) : -1;
       Py_DECREF(got);
@@ -237,7 +238,8 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
         d.subtype = vsub;
         d.damaged = true;
         d.parent_lost = is_lost != 0;
-        any_lost = any_lost || d.parent_lost;
+        d.side_lost = side_lost;
+        any_lost = any_lost || d.parent_lost || d.side_lost;
         d.raw = std::string_view(lp, size_t(le - lp));
         d.line_no = line_no;
         d.file = file_index;

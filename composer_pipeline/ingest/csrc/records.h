@@ -88,6 +88,7 @@ struct Rec {
   bool is_sidechain = false, is_meta = false, is_compact_summary = false, api_error = false;  // ``is True``
   bool damaged = false;
   bool parent_lost = false;  // a damaged record whose own parent reference is unreadable (ParsedFile.parent_lost)
+  bool side_lost = false;    // ... whose isSidechain is unreadable (ParsedFile.side_lost)
   // message
   bool has_msg = false;
   Val msg_id, role, model;  // id: Any; role/model: str | None
