@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from json.decoder import scanstring
 
 SALVAGED_RESULTS = "tool_result_salvaged"  # the subtype of a damaged row holding salvageable results
 SALVAGED_MARK = "[salvaged from a damaged line]"
@@ -26,15 +27,26 @@ SALVAGED_MARK = "[salvaged from a damaged line]"
 _ID_RE = re.compile(r'"tool_use_id"\s*:\s*"((?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*)"')
 _CONTENT_RE = re.compile(r'"content"\s*:\s*([\["])')
 _TEXT_RE = re.compile(r'"text"\s*:\s*"')
-# the longest valid start of a JSON string's body (stops at the closing quote, a cut or garbling)
-_BODY_RE = re.compile(r'(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 
 
-def _string_at(text: str, start: int) -> str:
-    """The JSON string whose body starts at ``text[start]``, decoded as far as it is intact."""
-    body = _BODY_RE.match(text, start).group(0)
-    s = json.loads(f'"{body}"', strict=False)  # (strict=False: raw control characters, as in a cut line)
-    return s.encode("utf-8", "replace").decode() if not s.isascii() else s  # a lone surrogate escape -> '?'
+def _string_at(closed: str, start: int) -> str:
+    """The JSON string whose body starts at ``closed[start]`` (``closed``: the line with a quote appended,
+    which ends a string the cut left open), decoded as far as it is intact: up to its closing quote,
+    else up to the cut (a dangling escape dropped) or to its first invalid escape. (json's C scanner: a
+    pattern over the body backtracks, and faults in a stack, on long outputs.)"""
+    s = closed
+    for _ in range(4):
+        try:
+            out = scanstring(s, start, False)[0]  # (strict=False: raw control characters, as in a cut line)
+            break
+        except ValueError as e:
+            if e.msg.startswith("Unterminated"):  # the appended quote went to a dangling backslash
+                s = s[:-2] + '"'
+            else:  # an invalid escape: the text ends before it
+                s = s[: e.pos if s[e.pos] == "\\" else e.pos - 1] + '"'
+    else:
+        return ""
+    return out.encode("utf-8", "replace").decode() if not out.isascii() else out  # a lone surrogate -> '?'
 
 
 def salvaged_tool_results(text: str) -> list[tuple[str, str]]:
@@ -42,6 +54,7 @@ def salvaged_tool_results(text: str) -> list[tuple[str, str]]:
     if '"tool_use_id"' not in text:
         return []
     ids = list(_ID_RE.finditer(text))
+    closed = text + '"'
     out: list[tuple[str, str]] = []
     for i, m in enumerate(ids):
         end = ids[i + 1].start() if i + 1 < len(ids) else len(text)
@@ -50,8 +63,8 @@ def salvaged_tool_results(text: str) -> list[tuple[str, str]]:
             continue
         tid = json.loads(f'"{m.group(1)}"')
         if c.group(1) == '"':
-            out.append((tid, _string_at(text, c.end())))
+            out.append((tid, _string_at(closed, c.end())))
         else:
-            parts = [_string_at(text, t.end()) for t in _TEXT_RE.finditer(text, c.end(), end)]
+            parts = [_string_at(closed, t.end()) for t in _TEXT_RE.finditer(text, c.end(), end)]
             out.append((tid, "\n".join(parts)))
     return out

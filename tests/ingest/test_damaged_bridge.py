@@ -256,6 +256,10 @@ def test_salvaged_text_reading():
     assert salvaged_tool_results('{"x":1,"tool_use_id":"t1","content":"a\\nb\\u00e9\\ud83d') == [("t1", "a\nb\u00e9?")]
     assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab\\u00') == [("t1", "ab")]  # a cut escape
     assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab\\') == [("t1", "ab")]
+    assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab\\\\') == [("t1", "ab\\")]  # an escaped backslash
+    assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab\\qcd"}') == [("t1", "ab")]  # garbled escape
+    assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab"[REDACTED cd"}') == [("t1", "ab")]
+    assert salvaged_tool_results('{"tool_use_id":"t1","content":"a\x01\\u00e9') == [("t1", "a\x01\u00e9")]
     assert salvaged_tool_results('{"tool_use_id":"t1","content":"done"},{"tool_use_id":"t2","content":[{"type":"text"'
                                  ',"text":"p1"},{"type":"image"},{"type":"text","text":"p2') == [("t1", "done"), ("t2", "p1\np2")]
     assert salvaged_tool_results('{"tool_use_id":"t1","is_error":tr') == []  # no content: nothing to salvage
