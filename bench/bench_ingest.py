@@ -121,6 +121,177 @@ def realistic(corpus: Path, seed: int = 12) -> dict:
     return n
 
 
+# The "varied" corpus (issue #25): the real-world-text copies, plus what real sessions unlike the bundled
+# traces hold: long tool outputs (15 % of string tool results become 2-400 KB of code, logs, paths and
+# non-ASCII text, as ``cat``/test runs produce; a Bash result's ``toolUseResult.stdout`` holds the same),
+# URL-encoded text (4 % of text/content strings get a percent-encoded URL appended), many subagents (six
+# 2.1.x ``<session>/subagents/agent-<17 hex>.jsonl`` files per main session over 20 KB, made from the real
+# agent file with its own uuids, each with long outputs too), a compaction (``compact_boundary`` +
+# ``isCompactSummary`` message at 60 % of every main file with 30+ records, the chain continued after it)
+# and runs of 1-3 damaged lines in a row (0.4 % of record lines start one: cut inside ``parentUuid``, cut
+# before ``uuid`` (a long output cut mid-text: its result is salvaged), parent garbled, parent key gone).
+_CODE = [
+    'def handler(event, ctx):\n\treturn {"status": 200, "body": json.dumps(event["q"])}',
+    "2026-01-0%dT12:00:00Z INFO worker-%d processed batch in %d ms (queue=%d)",
+    "src/components/TodoList.tsx:%d:%d - error TS2322: Type 'string' is not assignable to type 'number'.",
+    "    at Object.<anonymous> (/home/user/project/node_modules/jest-runner/build/index.js:%d:%d)",
+    "caf\u00e9 \u2192 r\u00e9sum\u00e9 \u2014 na\u00efve \u00fcber \u4e2d\u6587 \U0001F680 %d \\ backslash \\n literal",
+    "| %d | SELECT * FROM orders WHERE id = %d AND status = 'open' | 0.%d ms |",
+    "+    const [items, setItems] = useState<Item[]>([]);  // line %d of %d",
+]
+_URLS = [
+    "https://example.com/oauth/callback?redirect_uri=https%3A%2F%2Fapp.example.org%2Fauth%3Fnext%3D%252Fhome&state=",
+    "https://www.google.com/search?q=caf%C3%A9+%E2%86%92+r%C3%A9sum%C3%A9&oq=",
+    "http://localhost:3000/api/items?filter=%7B%22status%22%3A%22open%22%2C%22tags%22%3A%5B%22a%22%5D%7D&page=",
+    "file:///home/user/My%20Documents/report%20%282026%29.pdf#page=",
+]
+
+
+def _long_text(rng, n: int) -> str:
+    out, size = [], 0
+    while size < n:
+        line = rng.choice(_CODE)
+        line = line % tuple(rng.randrange(1000) for _ in range(line.count("%d")))
+        out.append(line)
+        size += len(line) + 1
+    return "\n".join(out)
+
+
+def _set_result_text(obj: dict, rng) -> bool:
+    """Make a string tool result (and a dict toolUseResult's stdout) a long output."""
+    m = obj.get("message")
+    c = m.get("content") if isinstance(m, dict) else None
+    if not isinstance(c, list):
+        return False
+    done = False
+    for b in c:
+        if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("content"), str):
+            text = _long_text(rng, int(min(400_000, 2_000 * rng.lognormvariate(1.6, 1.0))))
+            b["content"] = text
+            tur = obj.get("toolUseResult")
+            if isinstance(tur, dict) and "stdout" in tur:
+                tur["stdout"] = text
+            done = True
+    return done
+
+
+def _damage(line: bytes, rng, mode: str) -> bytes | None:
+    u, p = line.find(b'"uuid"'), re.search(rb'"parentUuid":"[0-9a-f-]+"', line)
+    if u < 0 or p is None or p.end() >= u:
+        return None
+    if mode == "cut_early":
+        return line[: rng.randint(1, p.end() - 2)]
+    if mode == "cut_late":
+        return line[: rng.randint(p.end() + 1, u)]
+    if mode == "garbled_parent":
+        return line[: p.end() - 6] + b'[REDACTED]"' + line[p.end() - 6:]
+    return line[: p.start()] + line[p.end() + 1:].rstrip(b"}")  # parent key gone, line cut at its end
+
+
+VARIED_GROWTH = 2.0  # about how much varied() grows the copies: they are generated that much smaller
+
+
+def varied(corpus: Path, seed: int = 25) -> dict:
+    """Long outputs, URL-encoded text, subagents, compactions and damaged runs in the copies (in place)."""
+    import random
+
+    import orjson
+
+    rng = random.Random(seed)
+    n = {"long_outputs": 0, "url_texts": 0, "subagent_files": 0, "compactions": 0, "damaged_lines": 0}
+    template = (TRACES / "kfischer-okarin__scripts-and-tools" / "agent-a434715.jsonl").read_bytes()
+    files = sorted(corpus.rglob("*.jsonl"))
+    for k, path in enumerate(files):
+        lines = path.read_bytes().split(b"\n")
+        is_main = path.stem.count("-") == 4 and "subagents" not in path.parts
+        out, records = [], []
+        for line in lines:
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                out.append(line)
+                continue
+            changed = False
+            r = rng.random()
+            if r < 0.15 and _set_result_text(obj, rng):
+                n["long_outputs"] += 1
+                changed = True
+            elif r < 0.19 and isinstance(obj.get("message"), dict):
+                c = obj["message"].get("content")
+                blocks = [c] if isinstance(c, str) else [b for b in c or [] if isinstance(b, dict)]
+                for b in blocks[:1]:
+                    url = rng.choice(_URLS) + "%%%02X%d" % (rng.randrange(256), rng.randrange(10**6))
+                    if isinstance(b, str):
+                        obj["message"]["content"] = f"{b}\nsee {url}"
+                    elif isinstance(b.get("text"), str):
+                        b["text"] += f"\nsee {url}"
+                    elif isinstance(b.get("content"), str):
+                        b["content"] += f"\n{url}"
+                    else:
+                        continue
+                    n["url_texts"] += 1
+                    changed = True
+            if changed:
+                line = orjson.dumps(obj)
+            if isinstance(obj, dict) and obj.get("uuid"):
+                records.append((len(out), obj))
+            out.append(line)
+        if is_main and len(records) >= 30:  # a compaction at 60 %: boundary + summary, the chain continued after it
+            i, before = records[int(len(records) * 0.6)]
+            after = next(((j, o) for j, o in records if j > i and o.get("parentUuid") == before["uuid"]), None)
+            if after is not None and not before.get("isSidechain"):
+                bid, sid = "c0ba%04x-0000-4000-8000-%012x" % (k % 65536, k), "c05a%04x-0000-4000-8000-%012x" % (k % 65536, k)
+                env = {"isSidechain": False, "userType": "external", "sessionId": before.get("sessionId"),
+                       "version": before.get("version"), "timestamp": before.get("timestamp")}
+                boundary = {"parentUuid": None, "logicalParentUuid": before["uuid"], **env, "type": "system",
+                            "subtype": "compact_boundary", "content": "Conversation compacted",
+                            "compactMetadata": {"trigger": "auto", "preTokens": 155000}, "uuid": bid}
+                summary = {"parentUuid": bid, **env, "type": "user", "isCompactSummary": True,
+                           "isVisibleInTranscriptOnly": True,
+                           "message": {"role": "user", "content": "This session is being continued from a previous "
+                                       "conversation. Summary:\n" + _long_text(rng, 6000)}, "uuid": sid}
+                j, o = after
+                out[j] = orjson.dumps({**o, "parentUuid": sid})
+                out[i + 1:i + 1] = [orjson.dumps(boundary), orjson.dumps(summary)]
+                n["compactions"] += 1
+        # runs of 1-3 damaged lines in a row (only lines that are records, in a row)
+        i = 1
+        while i < len(out):
+            if rng.random() < 0.004:
+                run = rng.randint(1, 3)
+                for j in range(i, min(i + run, len(out))):
+                    d = _damage(out[j], rng, rng.choice(["cut_early", "cut_late", "cut_late", "garbled_parent",
+                                                         "missing_parent"]))
+                    if d is None:
+                        break
+                    out[j] = d
+                    n["damaged_lines"] += 1
+                i += run + 1
+            else:
+                i += 1
+        path.write_bytes(b"\n".join(out))
+        if is_main and path.stat().st_size > 20_000:  # six 2.1.x subagent files with their own uuids
+            for a in range(6):
+                x = (k * 8 + a + 1) << 24
+
+                def sub(m, x=x):
+                    return m.group(1) + b"%012x" % (int(m.group(2), 16) ^ x)
+                agent = "%017x" % rng.getrandbits(68)
+                body = []
+                for line in UUID_RE.sub(sub, template).split(b"\n"):
+                    if line:
+                        obj = orjson.loads(line)
+                        obj["agentId"] = agent
+                        if rng.random() < 0.3 and _set_result_text(obj, rng):
+                            n["long_outputs"] += 1
+                        body.append(orjson.dumps(obj))
+                dest = path.with_suffix("") / "subagents" / f"agent-{agent}.jsonl"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(b"\n".join(body) + b"\n")
+                n["subagent_files"] += 1
+    return n
+
+
 FINGERPRINT = REPO / "bench" / "ingest_output_fingerprint.json"
 FINGERPRINT_RECIPES = {
     "default": {},
@@ -278,6 +449,8 @@ def main() -> None:
     ap.add_argument("--record-fingerprint", action="store_true", help="rewrite the expected-output fingerprint")
     ap.add_argument("--compare-python", action="store_true",
                     help="also time the Python reference engine once, back to back with a floor run")
+    ap.add_argument("--kinds", default="copies,real_world_text,varied",
+                    help="corpora to measure, in order (comma-separated)")
     ap.add_argument("--engine", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -298,14 +471,18 @@ def main() -> None:
     # an installed package imports from bytecode; a shell with PYTHONDONTWRITEBYTECODE=1 (as here) would
     # otherwise recompile every project module in every child (~0.06 CPU-s of each measured process)
     compileall.compile_dir(REPO / "composer_pipeline", quiet=1)
-    for kind in ("copies", "real_world_text"):
-        copies, nbytes = generate(corpus, args.mb)
-        planted = realistic(corpus) if kind == "real_world_text" else None
+    for kind in args.kinds.split(","):
+        copies, nbytes = generate(corpus, args.mb / VARIED_GROWTH if kind == "varied" else args.mb)
+        planted = realistic(corpus) if kind in ("real_world_text", "varied") else None
+        if kind == "varied":
+            planted.update(varied(corpus))
+            nbytes = sum(p.stat().st_size for p in corpus.rglob("*.jsonl"))
         report[kind] = measure(corpus, out, nbytes / 1e6, copies, args.repeat, args.compare_python)
         if planted:
             report[kind]["planted"] = planted
-            if report[kind]["secrets_scrubbed"] < planted["keys"] or report[kind]["bad_lines"] != planted["cut_lines"]:
-                sys.exit(f"planted keys or cut lines not all caught: {report[kind]}")
+            bad = planted["cut_lines"] + planted.get("damaged_lines", 0)
+            if report[kind]["secrets_scrubbed"] < planted["keys"] or report[kind]["bad_lines"] != bad:
+                sys.exit(f"planted keys or damaged lines not all caught: {report[kind]}")
     print(json.dumps(report, indent=1))
     if not args.keep:
         shutil.rmtree(corpus, ignore_errors=True)

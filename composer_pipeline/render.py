@@ -8,7 +8,9 @@ Out: :class:`RenderedState` ``(messages, tools)``:
   (records sharing ``message_key``) is ONE assistant message (text + ``tool_calls``); right after
   it, one ``tool`` message per tool call, found by ``tool_use_id`` anywhere in the stream (parallel
   calls put results on side branches). A call with no result seen before the state is answered
-  ``"[interrupted: no result]"``, so every call is answered exactly once. Meta, progress, system,
+  ``"[interrupted: no result]"``, so every call is answered exactly once; a result only a damaged
+  line still holds (ingest marks its row, salvage.py) is answered with what it holds, behind
+  ``"[salvaged from a damaged line]"``. Meta, progress, system,
   snapshot and damaged records are skipped; user text/images become user messages; a tool result
   whose call is not in the stream (lost line) becomes user text. Thinking is embedded as
   ``<thinking>...</thinking>`` before the text unless ``strip_thinking``.
@@ -39,6 +41,7 @@ import pyarrow as pa
 from composer_pipeline import settings
 from composer_pipeline.actions import Action
 from composer_pipeline.jsonutil import dumps
+from composer_pipeline.salvage import SALVAGED_MARK, SALVAGED_RESULTS, salvaged_tool_results
 from composer_pipeline.settings import setting
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -210,11 +213,16 @@ class Conversation:
         s = self.streams.get(row["stream_id"])
         if s is None:
             s = self.streams[row["stream_id"]] = _Stream()
-        row["_content"] = record_payload(row.pop("raw", None), row.get("record_type"))[0]
+        raw = row.pop("raw", None)
+        row["_content"] = record_payload(raw, row.get("record_type"))[0]
         u = row.get("uuid")
         if u and u not in s.by_uuid:
             s.by_uuid[u] = row
         rt = row.get("record_type")
+        if rt == "damaged" and row.get("subtype") == SALVAGED_RESULTS and raw:
+            for tid, text in salvaged_tool_results(raw if type(raw) is str else raw.decode("utf-8", "replace")):
+                s.results.setdefault(tid, (row, {"type": "tool_result", "tool_use_id": tid,
+                                                 "content": f"{SALVAGED_MARK}\n{text}"}))
         if rt == "assistant":
             s.groups.setdefault(row.get("message_key") or u, []).append(row)
             for b in _blocks(row["_content"]):

@@ -28,6 +28,7 @@ Deliberately simplified: a line with invalid UTF-8 is decoded with replacement c
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +39,13 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from composer_pipeline.salvage import SALVAGED_RESULTS, salvaged_tool_results
 from composer_pipeline.scrub import Scrubber
 
 _UUID_RE = re.compile(r'"uuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
-_SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*true')
+_SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*(true|false)')
+_ROOT_RE = re.compile(r'"parentUuid"\s*:\s*null')  # a damaged root: its parent is known to be none
 
 NO_RAW = msgspec.Raw()  # an absent payload (empty, falsy); JSON null is Raw(b"null")
 
@@ -186,14 +189,19 @@ class ParsedFile:
     lines: int = 0
     utf8_repaired: int = 0
     empty: bool = False
-    # damaged lines that look like a cut-off record without a readable uuid: (line_no, salvaged parent, text)
-    cut: list[tuple[int, str | None, str]] = field(default_factory=list)
+    # damaged lines that look like a cut-off record without a readable uuid:
+    # (line_no, salvaged parent, text, subtype: SALVAGED_RESULTS or None)
+    cut: list[tuple[int, str | None, str, str | None]] = field(default_factory=list)
+    # line numbers of damaged records (uuid salvaged) whose own parent reference / isSidechain is unreadable
+    parent_lost: set[int] = field(default_factory=set)
+    side_lost: set[int] = field(default_factory=set)
     bridged: int = 0  # pass-through records bridge_damaged inserted (not counted in ``records`` of the report)
 
 
 def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, text: str, limit: int) -> None:
     u = _UUID_RE.search(text)
     p = _PARENT_RE.search(text)
+    sub = SALVAGED_RESULTS if salvaged_tool_results(text) else None
     out.quarantine.append(
         {
             "session_key": session_key,
@@ -206,13 +214,18 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
         }
     )
     if not u and line_no > 0 and text[:1] == "{":  # a record cut before its uuid: a bridge candidate
-        out.cut.append((line_no, p.group(1) if p else None, text))
+        out.cut.append((line_no, p.group(1) if p else None, text, sub))
     if u:  # keep the chain link: a pass-through record carrying only the salvaged ids
+        side = _SIDECHAIN_RE.search(text)
         out.records.append(
             Record(type="damaged", uuid=u.group(1), parent=p.group(1) if p else None,
-                   is_sidechain=bool(_SIDECHAIN_RE.search(text)), line_no=line_no, file=out.path, raw=text,
-                   damaged=True)
+                   is_sidechain=side is not None and side.group(1) == "true", subtype=sub, line_no=line_no,
+                   file=out.path, raw=text, damaged=True)
         )
+        if not p and not _ROOT_RE.search(text):  # its parent reference was cut, garbled or is missing
+            out.parent_lost.add(line_no)
+        if side is None:
+            out.side_lost.add(line_no)
 
 
 def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int) -> Record | None:
@@ -225,7 +238,9 @@ def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int)
         if not line.strip():
             _quarantine(out, session_key, i, "empty line", raw, limit)
             return None
-        try:  # invalid UTF-8 inside an otherwise valid line
+        try:  # invalid UTF-8 inside an otherwise valid line (else the same text fails the same way: not retried)
+            if "\ufffd" not in raw:
+                raise e
             obj = orjson.loads(raw)
             out.utf8_repaired += 1
         except orjson.JSONDecodeError:
@@ -256,11 +271,13 @@ NOT_FOLLOWED = "not read: a symbolic link (links in the trace root are not follo
 NOT_REGULAR = "not read: not a regular file"
 
 
-def read_session_file(path: Path) -> tuple[bytes | None, str | None]:
+def read_session_file(path: Path | str) -> tuple[bytes | None, str | None]:
     """A session file's bytes, or ``(None, reason)`` when it cannot be read (a quarantine row, line 0).
+
     A symbolic link is not followed (it may lead out of the trace root: ``x.jsonl -> /etc/passwd``), and
-    only a regular file is read (a FIFO would block)."""
-    import os
+    only a regular file is read (a FIFO would block). One ``read`` of the size ``fstat`` gives (plus one
+    byte, to see a file that grew meanwhile), without pathlib's buffered reader: about half the per-file
+    cost, which counts with many small agent files."""
     import stat
 
     try:
@@ -268,10 +285,20 @@ def read_session_file(path: Path) -> tuple[bytes | None, str | None]:
     except OSError as e:
         return None, NOT_FOLLOWED if os.path.islink(path) else f"unreadable file: {e.strerror or e}"
     try:
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 return None, NOT_REGULAR
-            return f.read(), None
+            n = st.st_size
+            data = os.read(fd, n + 1)
+            if len(data) != n:  # grew, shrank, or a read cut short (2 GiB per call): read to the end
+                parts = [data]
+                while chunk := os.read(fd, 1 << 24):
+                    parts.append(chunk)
+                data = b"".join(parts)
+            return data, None
+        finally:
+            os.close(fd)
     except OSError as e:
         return None, f"unreadable file: {e.strerror or e}"
 
@@ -341,47 +368,93 @@ def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int 
     return out
 
 
+LEAF_SCAN = 256  # records looked back over for a childless record to attach a damaged line to
+
+
 def bridge_damaged(pf: ParsedFile) -> int:
-    """Re-attach records whose parent is unknown through the damaged line that stood between.
+    """Re-attach records whose parent is unknown through the damaged lines that stood between.
 
     Walking the file in line order: a record whose ``parentUuid`` names no record of the file takes the
     nearest earlier damaged line not used yet (:attr:`ParsedFile.cut`) and gets it back as a ``damaged``
     pass-through record: uuid = the parent the record names, parent = the damaged line's salvaged
-    ``parentUuid`` when that names a record, else the nearest record before the damaged line with the
-    child's ``isSidechain`` flag (the same stream: main, or the agent/sidechain records). Other records
-    naming the same parent then find it too. Returns the number of bridges (also in ``pf.bridged``)."""
-    if not pf.cut:
+    ``parentUuid`` when that names a record; when it names no record and an earlier unused damaged
+    line is left, the chain goes on through that line (a bridge under the salvaged uuid, attached the
+    same way: chains of damaged lines in a row); else the record the damaged line most likely hung
+    from (:func:`_attach_point`). Other records naming a bridged parent then find it too.
+    A damaged record whose uuid was salvaged but whose own parent reference is unreadable (cut,
+    garbled or missing; ``"parentUuid":null`` is a root and stays one) is attached the same way; one
+    whose ``isSidechain`` is unreadable takes the flag of the latest record before it (a garbled flag
+    must not move it, and the records hanging from it, into another stream). Returns the number of pass-through records inserted (also in ``pf.bridged``)."""
+    if not pf.cut and not pf.parent_lost and not pf.side_lost:
         return 0
-    known = {r.uuid for r in pf.records if r.uuid}
+    recs = pf.records
+    known = {r.uuid for r in recs if r.uuid}
+    named = {r.parent for r in recs if r.parent}  # records that have a child
     cut, ci = pf.cut, 0
-    unused: list[tuple[tuple[int, str | None, str], str | None, str | None]] = []  # nearest last
+    unused: list[tuple[tuple[int, str | None, str, str | None], int, str | None, str | None]] = []  # nearest last
     last: list[str | None] = [None, None]  # uuid of the latest record: [main, sidechain]
     bridges = []
-    for r in pf.records:
+    lost, side_lost = pf.parent_lost, pf.side_lost
+    flag = False  # isSidechain of the latest record
+    for i, r in enumerate(recs):
         while ci < len(cut) and cut[ci][0] < r.line_no:
-            unused.append((cut[ci], last[0], last[1]))
+            unused.append((cut[ci], i, last[0], last[1]))  # (the cut line, records before it, latest uuids)
             ci += 1
+        if r.damaged and r.line_no in side_lost:
+            r.is_sidechain = flag
         p = r.parent
         side = r.is_sidechain is True
-        if p and p not in known and unused:
-            (line_no, salvaged, text), before_main, before_side = unused.pop()
-            parent = salvaged if salvaged is not None and salvaged in known else (before_side if side else before_main)
-            bridges.append(Record(type="damaged", uuid=p, parent=parent, is_sidechain=side, line_no=line_no,
-                                  file=pf.path, raw=text, damaged=True))
-            known.add(p)
+        if p is None and r.damaged and r.line_no in lost:
+            r.parent = _attach_point(recs, i, side, named, last[side], last[not side])
+            if r.parent is not None:
+                named.add(r.parent)
+        elif p and p not in known and unused:
+            child = p
+            while True:
+                (line_no, salvaged, text, sub), before, before_main, before_side = unused.pop()
+                go_on = salvaged is not None and salvaged not in known and salvaged != child and unused
+                if salvaged is not None and (salvaged in known or go_on):
+                    parent = salvaged
+                else:
+                    parent = _attach_point(recs, before, side, named, before_side if side else before_main, None)
+                bridges.append(Record(type="damaged", uuid=child, parent=parent, is_sidechain=side, subtype=sub,
+                                      line_no=line_no, file=pf.path, raw=text, damaged=True))
+                known.add(child)
+                if parent is not None:
+                    named.add(parent)
+                if not go_on:
+                    break
+                child = salvaged
         if r.uuid:
             last[side] = r.uuid
+            flag = side
     if bridges:
-        pf.records = sorted(pf.records + bridges, key=lambda r: r.line_no)  # (line numbers are unique)
+        pf.records = sorted(recs + bridges, key=lambda r: r.line_no)  # (line numbers are unique)
         pf.bridged = len(bridges)
     return len(bridges)
+
+
+def _attach_point(recs: list[Record], end: int, side: bool, named: set, nearest: str | None,
+                  other: str | None) -> str | None:
+    """The uuid a damaged line standing after ``recs[:end]`` most likely hung from: among the
+    :data:`LEAF_SCAN` records before it, the nearest one with the ``isSidechain`` flag ``side`` that has
+    no child (its child was the damaged line; parallel 1.0.x sidechains interleave, so the nearest
+    record is often another sidechain's); else ``nearest`` (the latest record with that flag), else
+    ``other`` (the latest record of the other flag, or ``None``)."""
+    for j in range(end - 1, max(end - LEAF_SCAN, 0) - 1, -1):
+        q = recs[j]
+        if q.uuid and (q.is_sidechain is True) == side and q.uuid not in named:
+            return q.uuid
+    return nearest if nearest is not None else other
 
 
 def classify_line(line: bytes, rel: str, session_key: str, line_no: int, quarantine_chars: int = 2000) -> tuple | None:
     """What :func:`parse_buffer` makes of one line of a valid UTF-8 file that the native reader
     refused: ``None`` if it is a record after all (only this Python reader can build it: the native
     path hands the session back), else the quarantine row's ``(reason, text, salvaged_uuid,
-    salvaged_parent_uuid, salvaged_is_sidechain)``."""
+    salvaged_parent_uuid, salvaged_is_sidechain, parent_lost, subtype)``: ``salvaged_is_sidechain``
+    ``None`` when unreadable, ``parent_lost`` when the salvaged record's own parent reference is, ``subtype`` :data:`SALVAGED_RESULTS` when
+    the line still holds tool results (else ``None``)."""
     try:
         _decode(line)
         return None
@@ -391,5 +464,6 @@ def classify_line(line: bytes, rel: str, session_key: str, line_no: int, quarant
     if _general(out, session_key, line_no, line, quarantine_chars) is not None:
         return None
     q = out.quarantine[0]
-    side = bool(out.records and out.records[0].is_sidechain)
-    return q["reason"], q["text"], q["salvaged_uuid"], q["salvaged_parent_uuid"], side
+    side = None if out.side_lost else bool(out.records and out.records[0].is_sidechain)
+    sub = out.records[0].subtype if out.records else (out.cut[0][3] if out.cut else None)
+    return q["reason"], q["text"], q["salvaged_uuid"], q["salvaged_parent_uuid"], side, bool(out.parent_lost), sub

@@ -29,6 +29,7 @@ from composer_pipeline.ingest.pipeline import TABLES, SessionIngester, ingest_se
 from composer_pipeline.ingest.recipe import IngestRecipe
 
 from composer_pipeline.testing.sessions import Session, text, thinking, tool, uid
+from .damage import MODES, damage_line
 from .engines import assert_same, ingest_checked
 from .test_secret_corpus import KEYS
 
@@ -228,7 +229,7 @@ def test_scrubbed_lines_are_read_in_place_and_a_splice_must_be_a_whole_line(tmp_
 
     def add(sp):
         spec = ("p/s.jsonl", data, sp, True, None, None, None, None)
-        return native.Builder().add_session(sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False), False, True)
+        return native.Builder().add_session(sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False, False, None), False, True)
 
     start, end, line = splices[0]
     for bad in ([(start + 1, end, line)], [(start, end - 1, line)], [(start, end, line + b"\n")],
@@ -293,6 +294,12 @@ def _synthetic_sessions(root: Path, rng: random.Random) -> None:
     m.lines += side.lines
     if rng.random() < 0.5:
         m.raw('{"parentUuid":"%s","type":"user","uuid":"%s","message":{"role":"user","content":"cut' % (b, uid()))
+    if rng.random() < 0.5:  # a tool result on a damaged line (salvaged): cut mid-content, or garbled at its end
+        m.assistant(tool("Bash", "b3", command="cat log"))
+        m.result("b3", "log line\n" * 3)
+        t = m.lines[-1]
+        m.lines[-1] = t[: t.index("log line") + rng.randint(0, 20)] if rng.random() < 0.5 else t.rstrip("}")
+        m.assistant(text("after the damaged result"))
     m.write(root / "proj" / f"{sid}.jsonl")
     a = Session(sid, "2.0.74", agent_id="ab1", sidechain=True)
     a.user("Warmup" if rng.random() < 0.3 else "explore")
@@ -370,8 +377,11 @@ def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
                 break
             i = rng.randrange(len(lines))
             op = rng.random()
-            if op < 0.75:
+            if op < 0.65:
                 lines[i] = _mutate_line(lines[i], rng, uuids)
+            elif op < 0.75:  # 1 to 3 damaged lines in a row: cut, parent garbled or missing (damage.py)
+                for j in range(i, min(i + rng.randint(1, 3), len(lines))):
+                    lines[j] = damage_line(lines[j], rng.choice(MODES), rng) or lines[j]
             elif op < 0.85:
                 del lines[i]
             elif op < 0.95:

@@ -55,7 +55,10 @@ inline void recycle(std::string&& s) {
 }
 
 // An empty string with room for ``want`` bytes: the smallest recycled buffer that holds them (and is
-// not more than 4x larger: a big buffer is kept for a big column), else a new allocation.
+// not more than 4x larger: a big buffer is kept for a big column), else a new allocation rounded up to
+// a power of two. (Sized exactly, the next batch's column, a little larger than the last, found no
+// recycled buffer to fit about every other batch and faulted in a fresh one, page by page; the unused
+// part of a rounded-up buffer is address space only.)
 inline std::string storage(size_t want) {
   std::string s;
   Pool& p = pool();
@@ -71,6 +74,11 @@ inline std::string storage(size_t want) {
       p.free.pop_back();
       return s;
     }
+  }
+  if (want >= kRecycleMin / 2) {
+    size_t cap = kRecycleMin;
+    while (cap < want) cap *= 2;
+    want = cap;
   }
   s.reserve(want);
   return s;

@@ -6,7 +6,8 @@
 //           splices: [(start, end, line: bytes)] in file order: whole lines (newline excluded) of
 //           ``data`` to read as ``line`` instead (the scrubbed file without splicing it: no copy)
 //       classify(file_index, line_no, line) -> None (only Python can read this line: hand the
-//           session back) | (reason, text, salvaged_uuid, salvaged_parent_uuid, salvaged_sidechain)
+//           session back) | (reason, text, salvaged_uuid, salvaged_parent_uuid, salvaged_sidechain
+//           (None: unreadable), parent_lost, subtype) (parser.classify_line)
 //       -> (True, (streams, warmup_dropped, states, messages),
 //               [(lines, records, bad_lines, no_uuid [(type, n)], states, subagents_linked,
 //                 compactions_crossed, warmup_dropped, damaged_bridged) per file])
@@ -170,6 +171,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
   uint32_t line_no = 0;
   size_t si = 0;  // next splice
   std::vector<Cut> cut;  // damaged lines without a uuid that start like a record: bridge candidates
+  bool any_lost = false;  // a damaged record whose parent reference or isSidechain is unreadable
   for (;;) {  // data is non-empty: Python passes None for an empty or all-whitespace file
     const char* nl;  // the newline ending the line in ``data`` (null: the last line has none)
     const char* le;  // the end of the line's text
@@ -201,14 +203,20 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
         bail = "a line only the Python reader accepts";
         return true;
       }
-      PyObject *reason, *text, *su, *sp, *side;
-      if (!PyArg_ParseTuple(got, "OOOOO", &reason, &text, &su, &sp, &side)) { Py_DECREF(got); return false; }
+      PyObject *reason, *text, *su, *sp, *side, *lost, *sub;
+      if (!PyArg_ParseTuple(got, "OOOOOOO", &reason, &text, &su, &sp, &side, &lost, &sub)) {
+        Py_DECREF(got);
+        return false;
+      }
       std::string sreason, stext;
-      Val vsu, vsp;
-      bool ok = utf8_of(reason, sreason) && utf8_of(text, stext) && val_of(su, arena, vsu) && val_of(sp, arena, vsp);
+      Val vsu, vsp, vsub;
+      bool ok = utf8_of(reason, sreason) && utf8_of(text, stext) && val_of(su, arena, vsu) &&
+                val_of(sp, arena, vsp) && val_of(sub, arena, vsub);
+      const bool side_lost = side == Py_None;  // isSidechain unreadable
       int is_side = ok ? PyObject_IsTrue(side) : -1;
+      int is_lost = is_side >= 0 ? PyObject_IsTrue(lost) : -1;
       Py_DECREF(got);
-      if (!ok || is_side < 0) return false;
+      if (!ok || is_side < 0 || is_lost < 0) return false;
       QuarantineCols& q = t.quarantine;
       q.session_key.add(key);
       q.source_file.add(f.rel);
@@ -218,7 +226,8 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
       add_opt(q.salvaged_uuid, vsu);
       add_opt(q.salvaged_parent_uuid, vsp);
       out.bad_lines += 1;
-      if (!vsu.is_str() && le > lp && *lp == '{') cut.push_back(Cut{line_no, vsp, std::string_view(lp, size_t(le - lp))});
+      if (!vsu.is_str() && le > lp && *lp == '{')
+        cut.push_back(Cut{line_no, vsp, std::string_view(lp, size_t(le - lp)), vsub});
       if (vsu.is_str()) {  // a salvaged chain link: a pass-through record with only its ids
         recs.emplace_back();
         Rec& d = recs.back();
@@ -226,7 +235,11 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
         d.uuid = vsu;
         d.parent = vsp;
         d.is_sidechain = is_side != 0;
+        d.subtype = vsub;
         d.damaged = true;
+        d.parent_lost = is_lost != 0;
+        d.side_lost = side_lost;
+        any_lost = any_lost || d.parent_lost || d.side_lost;
         d.raw = std::string_view(lp, size_t(le - lp));
         d.line_no = line_no;
         d.file = file_index;
@@ -244,7 +257,7 @@ static bool parse_file(Tables& t, const std::string& key, FileIn& f, uint32_t fi
     if (it == out.no_uuid.end()) out.no_uuid.emplace_back(r.type, 1);
     else it->second += 1;
   }
-  out.damaged_bridged = bridge_damaged(recs, cut, file_index);
+  out.damaged_bridged = bridge_damaged(recs, cut, any_lost, file_index);
   return true;
 }
 

@@ -87,6 +87,8 @@ struct Rec {
   Val subtype, session_id, request_id, parent_tool_use_id;  // Any
   bool is_sidechain = false, is_meta = false, is_compact_summary = false, api_error = false;  // ``is True``
   bool damaged = false;
+  bool parent_lost = false;  // a damaged record whose own parent reference is unreadable (ParsedFile.parent_lost)
+  bool side_lost = false;    // ... whose isSidechain is unreadable (ParsedFile.side_lost)
   // message
   bool has_msg = false;
   Val msg_id, role, model;  // id: Any; role/model: str | None

@@ -106,45 +106,90 @@ struct Cut {
   uint32_t line_no = 0;
   Val parent;            // salvaged parentUuid (absent when unreadable)
   std::string_view raw;  // the line
+  Val subtype;           // salvage.SALVAGED_RESULTS when the line still holds tool results, else absent
 };
 
+constexpr size_t kLeafScan = 256;  // parser.LEAF_SCAN
+
+// parser._attach_point: among the kLeafScan records before recs[end], the nearest with flag ``side``
+// that has no child; else ``nearest``, else ``other``.
+inline Val attach_point(const std::vector<Rec>& recs, size_t end, int side, const FlatSet& named, const Val& nearest,
+                        const Val& other) {
+  const size_t stop = end > kLeafScan ? end - kLeafScan : 0;
+  for (size_t j = end; j-- > stop;) {
+    const Rec& q = recs[j];
+    if (q.has_uuid() && int(q.is_sidechain) == side && !named.contains(q.uuid.s)) return q.uuid;
+  }
+  return nearest.is_str() ? nearest : other;
+}
+
 // parser.bridge_damaged: records whose parent names no record of the file get it back as a
-// ``damaged`` pass-through record at the nearest earlier unused cut line; returns the bridges made.
-inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& cut, uint32_t file_index) {
-  if (cut.empty()) return 0;
+// ``damaged`` pass-through record at the nearest earlier unused cut line (continuing through earlier
+// cut lines while the salvaged parent names none); a damaged record whose parent reference is lost
+// is attached where the damaged line most likely hung from, one whose isSidechain is lost takes the
+// latest record's flag. Returns the bridges inserted.
+inline uint32_t bridge_damaged(std::vector<Rec>& recs, const std::vector<Cut>& cut, bool any_lost,
+                               uint32_t file_index) {
+  if (cut.empty() && !any_lost) return 0;
   FlatSet known(recs.size());
-  for (const Rec& r : recs)
+  FlatSet named(recs.size());  // records that have a child
+  for (const Rec& r : recs) {
     if (r.has_uuid()) known.try_emplace(r.uuid.s);
+    if (r.parent.is_str() && !r.parent.s.empty()) named.try_emplace(r.parent.s);
+  }
   struct Open {
     const Cut* c;
-    Val before[2];  // the latest record's uuid before the cut line: [main, sidechain]
+    size_t before;  // records before the cut line
+    Val last[2];    // the latest record's uuid before the cut line: [main, sidechain]
   };
   std::vector<Open> unused;  // nearest last
   std::vector<Rec> bridges;
   Val last[2];
+  const Val none;
+  bool flag = false;  // isSidechain of the latest record
   size_t ci = 0;
-  for (const Rec& r : recs) {
+  for (size_t i = 0; i < recs.size(); ++i) {
+    Rec& r = recs[i];
     while (ci < cut.size() && cut[ci].line_no < r.line_no) {
-      unused.push_back(Open{&cut[ci], {last[0], last[1]}});
+      unused.push_back(Open{&cut[ci], i, {last[0], last[1]}});
       ++ci;
     }
+    if (r.damaged && r.side_lost) r.is_sidechain = flag;
     const int side = r.is_sidechain ? 1 : 0;
-    if (r.parent.is_str() && !r.parent.s.empty() && !known.contains(r.parent.s) && !unused.empty()) {
-      Open o = unused.back();
-      unused.pop_back();
-      Rec b;
-      b.type = "damaged";
-      b.uuid = r.parent;
-      b.parent = (o.c->parent.is_str() && known.contains(o.c->parent.s)) ? o.c->parent : o.before[side];
-      b.is_sidechain = side == 1;
-      b.damaged = true;
-      b.raw = o.c->raw;
-      b.line_no = o.c->line_no;
-      b.file = file_index;
-      known.try_emplace(r.parent.s);
-      bridges.push_back(b);
+    if (r.parent.is_none() && r.damaged && r.parent_lost) {
+      r.parent = attach_point(recs, i, side, named, last[side], last[1 - side]);
+      if (r.parent.is_str()) named.try_emplace(r.parent.s);
+    } else if (r.parent.is_str() && !r.parent.s.empty() && !known.contains(r.parent.s) && !unused.empty()) {
+      Val child = r.parent;
+      for (;;) {
+        Open o = unused.back();
+        unused.pop_back();
+        const Val salvaged = o.c->parent;
+        const bool go_on = salvaged.is_str() && !known.contains(salvaged.s) && salvaged.s != child.s &&
+                           !unused.empty();
+        Rec b;
+        b.type = "damaged";
+        b.uuid = child;
+        b.parent = (salvaged.is_str() && (go_on || known.contains(salvaged.s)))
+                       ? salvaged
+                       : attach_point(recs, o.before, side, named, o.last[side], none);
+        b.is_sidechain = side == 1;
+        b.subtype = o.c->subtype;
+        b.damaged = true;
+        b.raw = o.c->raw;
+        b.line_no = o.c->line_no;
+        b.file = file_index;
+        known.try_emplace(child.s);
+        if (b.parent.is_str()) named.try_emplace(b.parent.s);
+        bridges.push_back(b);
+        if (!go_on) break;
+        child = salvaged;
+      }
     }
-    if (r.has_uuid()) last[side] = r.uuid;
+    if (r.has_uuid()) {
+      last[side] = r.uuid;
+      flag = side == 1;
+    }
   }
   if (bridges.empty()) return 0;
   // ``sorted(records + bridges, key=line_no)``: the records are in line order already and every line
