@@ -373,7 +373,8 @@ def bridge_damaged(pf: ParsedFile) -> int:
     A damaged record whose uuid was salvaged but whose own parent reference is unreadable (cut,
     garbled or missing; ``"parentUuid":null`` is a root and stays one) is attached the same way; one
     whose ``isSidechain`` is unreadable takes the flag of the latest record before it (a garbled flag
-    must not move it, and the records hanging from it, into another stream). Returns the number of pass-through records inserted (also in ``pf.bridged``)."""
+    must not move it, and the records hanging from it, into another stream). Returns the number of
+    pass-through records inserted (also in ``pf.bridged``; a re-attached damaged record is not counted)."""
     if not pf.cut and not pf.parent_lost and not pf.side_lost:
         return 0
     recs = pf.records
