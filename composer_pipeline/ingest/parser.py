@@ -7,8 +7,11 @@ line number, reason, scrubbed truncated text, and the ``uuid``/``parentUuid`` sa
 when the damage left them readable. A salvaged line becomes a ``damaged`` pass-through record so the
 parentUuid chain through it is not broken. A record cut off before its ``uuid`` (a crash mid-write)
 leaves the next record's parent unknown: :func:`bridge_damaged` then puts the pass-through record
-back, under the uuid that child names, attached to the damaged line's salvaged ``parentUuid`` (else to
-the nearest earlier record of the same stream), so every later state keeps its history.
+back, under the uuid that child names, attached to the damaged line's salvaged ``parentUuid`` (on
+through earlier damaged lines when that names none of the file's records; else to the nearest earlier
+childless record of the same stream), so every later state keeps its history; a damaged record whose
+own parent reference is unreadable is attached the same way. A damaged line still holding tool
+results gets subtype ``tool_result_salvaged`` (salvage.py), which the renderer reads them back by.
 
 The whole buffer is scrubbed before any parsing (see scrub.py), so nothing downstream sees a secret.
 
@@ -384,7 +387,8 @@ def bridge_damaged(pf: ParsedFile) -> int:
     A damaged record whose uuid was salvaged but whose own parent reference is unreadable (cut,
     garbled or missing; ``"parentUuid":null`` is a root and stays one) is attached the same way; one
     whose ``isSidechain`` is unreadable takes the flag of the latest record before it (a garbled flag
-    must not move it, and the records hanging from it, into another stream). Returns the number of pass-through records inserted (also in ``pf.bridged``)."""
+    must not move it, and the records hanging from it, into another stream). Returns the number of
+    pass-through records inserted (also in ``pf.bridged``; a re-attached damaged record is not counted)."""
     if not pf.cut and not pf.parent_lost and not pf.side_lost:
         return 0
     recs = pf.records

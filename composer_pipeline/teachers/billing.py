@@ -1,4 +1,4 @@
-"""What providers billed, read from the ledger's ``billed_usage`` (schema version 2): money and cached tokens.
+"""What providers billed, read from the ledger's ``billed_usage`` (schema version 3): money and cached tokens.
 
 In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`.
 Out: per teacher (or per run): ``billed_usd`` (what settled calls were billed, cache reads and writes at
