@@ -9,9 +9,11 @@ In:  OpenAI chat messages (``content`` a string or parts, assistant ``tool_calls
      turns, the tool list in the system turn. The local teacher server, the trainer and the experiments
      all call these, so a local teacher and the policy being trained see the same tokens for a state.
 
-Deliberately simplified: a prompt longer than its budget drops its oldest non-system messages (the
-last one always stays) until it fits; only a single message longer than the budget is cut to its
-last tokens (then the text is the decoded ids, which may re-tokenize differently at the cut).
+Deliberately simplified: a prompt longer than its budget keeps its last ``max_tokens`` tokens (the
+trainer's rule, which the read-before-edit experiment was measured with; the text is then the decoded
+ids, which may re-tokenize differently at the cut). A teacher with a `context_window` has its request fitted by whole messages
+before it is sent (``render.fit_messages``: system, request and recent turns); this cut is the local
+model's last guard.
 """
 
 from __future__ import annotations
@@ -70,36 +72,13 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 
 def _fit(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, max_tokens: int) -> tuple[str, list[int]]:
-    """The rendered text and ids of the longest suffix of ``messages`` (system message kept) within ``max_tokens``."""
+    """The rendered text and its ids (whole: :func:`prompt_ids` keeps the last ``max_tokens``)."""
     text = render_text(tokenizer, messages, tools)
-    ids = _ids(tokenizer, text)
-    if len(ids) <= max_tokens or len(messages) <= 2:
-        return text, ids
-    head = messages[:1] if messages[0].get("role") == "system" else []
-    body = messages[len(head):]
-
-    def render(drop: int) -> tuple[str, list[int]]:
-        t = render_text(tokenizer, head + body[drop:], tools)
-        return t, _ids(tokenizer, t)
-
-    # fewest oldest messages to drop, by bisection (a shorter history never renders longer); like the
-    # teacher server always did: stop at two messages (the system one and the last, or the last two)
-    lo, hi = 1, len(body) - (1 if head else 2)
-    best = render(hi)
-    if len(best[1]) > max_tokens:
-        return best  # even the shortest history is too long: the caller cuts it
-    while lo < hi:
-        mid = (lo + hi) // 2
-        got = render(mid)
-        if len(got[1]) <= max_tokens:
-            hi, best = mid, got
-        else:
-            lo = mid + 1
-    return best
+    return text, _ids(tokenizer, text)
 
 
 def prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, max_tokens: int) -> list[int]:
-    """Token ids of the prompt, at most ``max_tokens`` (oldest messages dropped first, then cut from the left)."""
+    """Token ids of the prompt, at most ``max_tokens`` (cut from the left)."""
     ids = _fit(tokenizer, messages, tools, max_tokens)[1]
     return ids[-max_tokens:] if len(ids) > max_tokens else ids
 

@@ -108,7 +108,7 @@ def test_heldout_set_has_every_state_kind_and_decoys_as_last_turn(heldout):
         if c.state == "after_decoy":  # the last turn read *another* file of the same directory
             role, body = _last_turn(c.prompt)
             assert role == "tool" and c.path not in body
-            assert '"name":"Read"' in c.prompt.rsplit("<|im_start|>assistant", 2)[-2] and c.kind == "unread"
+            assert re.search(r'"name": ?"Read"', c.prompt.rsplit("<|im_start|>assistant", 2)[-2]) and c.kind == "unread"
 
 
 def test_scripted_policies_score_exactly_what_they_must(heldout):
