@@ -36,10 +36,12 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import orjson
+
+from composer_pipeline.testing.scripted_server import JsonHandler
 
 MAX_BREAKPOINTS = 4
 LOOKBACK_BLOCKS = 20
@@ -88,22 +90,11 @@ def _strip_cc(block: Any) -> Any:
     return block
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(JsonHandler):
     server: "ProviderEmulator"
 
-    def log_message(self, format, *args):
-        pass
-
     def _send(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-        payload = orjson.dumps(obj)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(payload)
+        super()._send(status, orjson.dumps(obj), headers)
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -138,12 +129,6 @@ class _Handler(BaseHTTPRequestHandler):
             status, out = 404, {"error": {"message": f"{path} does not serve {body.get('model')!r}"}}
         seen.status = status
         self._send(status, out)
-
-    def finish(self):
-        try:
-            super().finish()
-        except OSError:
-            pass
 
 
 class ProviderEmulator(ThreadingHTTPServer):

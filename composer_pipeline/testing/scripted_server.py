@@ -60,9 +60,10 @@ def _directive(body: dict[str, Any], default: list[str] | None = None) -> list[s
     return list(default or ["answer"])
 
 
-class _Handler(BaseHTTPRequestHandler):
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 JSON handler: the base of the loopback test servers (this one, the provider emulator)."""
+
     protocol_version = "HTTP/1.1"
-    server: "ScriptedServer"
 
     def log_message(self, format, *args):  # quiet
         pass
@@ -76,6 +77,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
         self.wfile.flush()
+
+    def finish(self):
+        try:
+            super().finish()
+        except OSError:  # the client went away: nothing to flush to
+            pass
+
+
+class _Handler(JsonHandler):
+    server: "ScriptedServer"
 
     def do_GET(self):
         if self.path.rstrip("/") in ("/health", "/v1/health"):
@@ -159,12 +170,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         else:
             self._send(200, payload)
-
-    def finish(self):
-        try:
-            super().finish()
-        except OSError:
-            pass
 
 
 class ScriptedServer(ThreadingHTTPServer):
