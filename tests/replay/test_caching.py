@@ -127,7 +127,13 @@ def test_same_requests_concurrently_miss(emu, tmp_path):
     entry of one exists only once it was answered, so they all miss and pay full price."""
     cfg = config([teacher(emu, "gpt", "gpt")], scheduling="all")
     led = Ledger(tmp_path / "l.sqlite")
-    res = run(cfg, requests_for(cfg, n_streams=1), led, ResponseCache(tmp_path / "c"))
+    # answers take 1 s, so every request of the stream has left before the first is answered, also on a
+    # loaded machine (at 0.05 s a late request could read what an earlier one wrote: a hit, not a miss)
+    emu.latency_s, latency = 1.0, emu.latency_s
+    try:
+        res = run(cfg, requests_for(cfg, n_streams=1), led, ResponseCache(tmp_path / "c"))
+    finally:
+        emu.latency_s = latency
     rows = res.table.to_pylist()
     assert {r["status"] for r in rows} == {"answered"}
     assert all(r["cached_tokens"] == 0 for r in rows)
