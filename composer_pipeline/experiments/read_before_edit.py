@@ -170,7 +170,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info.get("sizes") == sizes:
-            return info
+            return _resolve_stores(info, work)
     repo = Path(__file__).resolve().parents[2]
     train_plans = write_sessions(work / "sessions" / "train", cfg.train_sessions, "train", seed=0)
     # a seed range no design round has looked at (runs 1-3 used seed 0 for both splits)
@@ -218,7 +218,8 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     st = pairs.stats
     info = {
         "sizes": sizes,
-        "train_store": str(train_root), "heldout_store": str(heldout_root), "error_site_store": str(hint_root),
+        # relative to the data dir, so a run resumes from any working directory
+        "train_store": train_root.name, "heldout_store": heldout_root.name, "error_site_store": hint_root.name,
         "error_sites": len(err_ids), "ingest": counts,
         "edit_first_sessions": sum(p.edit_first for p in train_plans), "train_sessions": len(train_plans),
         "detour_sessions": {"train": sum(p.detour is not None for p in train_plans),
@@ -234,7 +235,20 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
                       "agreeing_models": _agreeing_models(pairs.pairs, pairs.positives)},
     }
     info_path.write_text(json.dumps(info, indent=1))
-    return info
+    return _resolve_stores(info, work)
+
+
+_STORES = ("train_store", "heldout_store", "error_site_store")
+
+
+def _resolve_stores(info: dict[str, Any], work: Path) -> dict[str, Any]:
+    """``info.json``'s store paths as paths to open: relative ones are under ``work`` (runs made
+    before 2026-11-26 wrote them relative to the working directory they ran in: kept when found there)."""
+    out = dict(info)
+    for k in _STORES:
+        p = Path(info[k])
+        out[k] = str(p if p.is_absolute() or (not (work / p).is_dir() and p.is_dir()) else work / p)
+    return out
 
 
 def _agreeing_models(*tables) -> dict[str, int]:

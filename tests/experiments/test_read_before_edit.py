@@ -226,3 +226,21 @@ def test_base_model_training_resumes_where_it_stopped(tmp_path):
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a)
     curve = _json.loads((tmp_path / "cut" / "pretrain.json").read_text())["curve"]
     assert [p["step"] for p in curve] == [2, 4]
+
+
+def test_data_info_store_paths_resume_from_any_working_directory(tmp_path, monkeypatch):
+    """info.json names the stores relative to the data dir (a run resumed from another cwd finds them);
+    a run written before that (paths relative to the cwd it ran in) still resolves where it ran."""
+    from composer_pipeline.experiments.read_before_edit import _resolve_stores
+
+    work = tmp_path / "runs" / "r" / "data"
+    for name in ("train_store", "heldout_store", "error_site_store"):
+        (work / name).mkdir(parents=True)
+    new = {"train_store": "train_store", "heldout_store": "heldout_store", "error_site_store": "error_site_store"}
+    monkeypatch.chdir(tmp_path / "runs")  # not where the run was started
+    got = _resolve_stores(new, Path("r/data"))
+    assert {k: Path(v).resolve() for k, v in got.items()} == {k: (work / k).resolve() for k in new}
+    monkeypatch.chdir(tmp_path)  # the cwd a legacy run ran in
+    legacy = {k: f"runs/r/data/{k}" for k in new}
+    got = _resolve_stores(legacy, Path("runs/r/data"))
+    assert {k: Path(v).resolve() for k, v in got.items()} == {k: (work / k).resolve() for k in new}
