@@ -31,10 +31,6 @@ import pyarrow.parquet as pq
 from composer_pipeline import tables
 
 
-def _storage_options() -> dict:
-    return {}
-
-
 DEFAULT_STORE = ".store"  # recipes/pipeline.yaml store_root: where the demo and the Dagster assets write
 
 
@@ -116,7 +112,7 @@ class Store:
 
     def __post_init__(self) -> None:
         self.root = str(self.root).rstrip("/") or "/"
-        self.fs, self.base = fsspec.core.url_to_fs(self.root, **_storage_options())
+        self.fs, self.base = fsspec.core.url_to_fs(self.root)
         self.base = self.base.rstrip("/")
 
     # -- paths
