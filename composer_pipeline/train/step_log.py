@@ -22,7 +22,7 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from composer_pipeline.train import distributed
-from composer_pipeline.train.config import CHANNELS
+from composer_pipeline.train.config import CHANNELS, Channels
 
 # logged values that are means over the ranks under DDP (error_sites is a sum)
 RANK_MEANS = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy", "dpo_sft")
@@ -41,10 +41,11 @@ def reduce_over_ranks(rec: dict[str, Any], world: int) -> dict[str, Any]:
     return rec
 
 
-def step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
-    """Average this optimizer step's micro-batch records into the logged JSON line."""
-    pend, trainer.pending = trainer.pending, []
-    channels = trainer.channels
+def step_record(
+    pend: list[dict[str, Any]], channels: Channels, states: list[str], train_metrics: dict[str, list], step: int, step_time: float
+) -> dict[str, Any]:
+    """Average one optimizer step's micro-batch records into the logged JSON line (``train_metrics``:
+    TRL's per-mode metric lists, of which the latest ``reward``/``reward_std`` are logged)."""
     rec: dict[str, Any] = {"step": step}
     off: dict[str, str] = dict(channels.off_reasons)
     for p in pend:
@@ -62,7 +63,7 @@ def step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
     rec["total"] = total
     rec["off"] = sorted(off)
     rec["off_reasons"] = off
-    rec["states"] = list(trainer.batch_states)
+    rec["states"] = list(states)
     if any("dpo_batch" in p for p in pend):
         rec["dpo_batches"] = sorted({p["dpo_batch"] for p in pend if "dpo_batch" in p})
     for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "error_sites"):
@@ -70,7 +71,7 @@ def step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
         if vals:
             rec[k] = sum(vals) / len(vals)
     for key in ("reward", "reward_std"):  # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
-        vals = trainer._metrics["train"].get(key)
+        vals = train_metrics.get(key)
         if vals:
             rec[key] = vals[-1]
     rec["step_time_s"] = step_time
@@ -88,7 +89,9 @@ class StepLog(TrainerCallback):
         self.t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
-        rec = step_record(self.trainer, state.global_step, time.perf_counter() - self.t0)
+        tr = self.trainer
+        pend, tr.pending = tr.pending, []
+        rec = step_record(pend, tr.channels, tr.batch_states, tr._metrics["train"], state.global_step, time.perf_counter() - self.t0)
         self.losses.append(rec)
         if self.on_step is not None:
             self.on_step(rec)

@@ -144,7 +144,7 @@ def test_rollout_helpers_take_the_keywords_the_override_passes():
 
 
 def test_metrics_store_holds_the_rewards_the_step_log_reads():
-    """``train/step_log.py``'s step record reads ``trainer._metrics["train"]["reward"|"reward_std"]`` (the
+    """``train/step_log.py``'s ``StepLog`` reads ``trainer._metrics["train"]["reward"|"reward_std"]`` (the
     latest value): GRPOTrainer must keep that per-mode dict of lists and append both keys each generation."""
     init = inspect.getsource(GRPOTrainer.__init__)
     assert 'self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}' in init, (
