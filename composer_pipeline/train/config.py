@@ -1,8 +1,15 @@
-"""The trainer's recipe (``recipes/train.yaml``): one typed settings dataclass per section.
+"""The trainer's recipe (``recipes/train.yaml``): one typed settings dataclass per section, and the
+decision of which channels a run trains.
 
 In:  the YAML file (or a dict). Out: a :class:`TrainRecipe`, read through
 :mod:`composer_pipeline.settings` (unknown keys name the section and the allowed keys; values are
-type-checked); :meth:`TrainRecipe.validate` adds the cross-field rules.
+type-checked); :meth:`TrainRecipe.validate` adds the cross-field rules; :func:`grpo_config` maps it
+onto TRL's ``GRPOConfig`` for one run. :func:`decide_channels`: the
+recipe's weights and what the training data holds -> :class:`Channels` (which channels fire, and for
+each one that does not, why), the one place that decision is made; the trainer reads it every step.
+
+Deliberately simplified: the decision is made once per run; a channel that is on but finds no input in
+one batch (SDPO without an error site) is reported off for that step by the trainer itself.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from typing import Any, Literal
 
 from composer_pipeline import settings
 from composer_pipeline.settings import setting
+from composer_pipeline.train import distributed
 from composer_pipeline.train.hints import HintTemplates
 
 
@@ -149,3 +157,75 @@ class TrainRecipe:
             raise ValueError(f"grpo.data_order must be error_sites_first or shuffled, got {self.grpo.data_order!r}")
         if self.grpo.num_generations < 2:
             raise ValueError("grpo.num_generations must be >= 2 (group-relative advantages)")
+
+
+def grpo_config(recipe: TrainRecipe, *, out_dir: Path, steps: int, world: int, cuda: bool):
+    """TRL's ``GRPOConfig`` for a run of ``steps`` on ``world`` ranks (the global batch split over them);
+    TRL's own checkpoints, logging and progress bars off (:mod:`.checkpoints` and :mod:`.step_log` do it)."""
+    from trl import GRPOConfig
+
+    g = recipe.grpo
+    return GRPOConfig(
+        output_dir=str(out_dir / "trainer"),
+        max_steps=steps,
+        per_device_train_batch_size=distributed.per_rank_rows(
+            g.prompts_per_step * g.num_generations, world, "grpo.prompts_per_step × grpo.num_generations"
+        ),
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        temperature=g.temperature,
+        loss_type=g.loss_type,
+        beta=g.kl_beta,
+        reward_weights=g.reward_weights,
+        learning_rate=recipe.optim.learning_rate,
+        lr_scheduler_type="constant",
+        gradient_accumulation_steps=recipe.optim.gradient_accumulation_steps,
+        max_grad_norm=recipe.optim.max_grad_norm,
+        seed=recipe.optim.seed,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=cuda,
+        use_cpu=not cuda,
+        dataloader_pin_memory=False,
+        disable_tqdm=True,
+    )
+
+
+# -- which channels train ------------------------------------------------------------------------
+CHANNELS = ("grpo", "sdpo", "dpo")
+
+
+@dataclass(frozen=True)
+class Channels:
+    """Which channels fire in a run and why the others do not. An off channel is logged ``null`` with
+    its reason every step (``off_reasons``), never as a silent 0."""
+
+    weights: Weights
+    off_reasons: dict[str, str]
+
+    def on(self, ch: str) -> bool:
+        return ch not in self.off_reasons
+
+    def weight(self, ch: str) -> float:
+        return {"grpo": self.weights.grpo, "sdpo": self.weights.alpha, "dpo": self.weights.beta}[ch]
+
+
+def decide_channels(weights: Weights, *, has_error_sites: bool, has_pairs: bool) -> Channels:
+    """A channel is off when its weight is 0 or when the training data has nothing it could train on
+    (SDPO: no prompt with a hint, i.e. no error site; DPO: no pair). Every channel off is an error."""
+    off: dict[str, str] = {}
+    if weights.grpo == 0:
+        off["grpo"] = "weight 0"
+    if weights.alpha == 0:
+        off["sdpo"] = "weight 0 (alpha)"
+    elif not has_error_sites:
+        off["sdpo"] = "no error sites in the training data"
+    if weights.beta == 0:
+        off["dpo"] = "weight 0 (beta)"
+    elif not has_pairs:
+        off["dpo"] = "no DPO pairs in the training data"
+    if len(off) == len(CHANNELS):
+        raise ValueError(f"every channel is off: {off}")
+    return Channels(weights=weights, off_reasons=off)

@@ -1,5 +1,6 @@
 """Model loading for training and evaluation: a model name resolved to a directory, then the
-tokenizer and the causal LM on the best device (CUDA bf16, else CPU fp32)."""
+tokenizer and the causal LM on the best device (CUDA bf16, else CPU fp32); the peft ``LoraConfig``
+of the recipe's ``lora`` section."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def load_policy(model_path: str):
         model = model.to("cuda")
     return tok, model
 
+
+def lora_config(lora):
+    """peft's ``LoraConfig`` for the recipe's ``lora`` section (:class:`~.config.LoraSection`); None when
+    LoRA is off (full fine-tuning)."""
+    if not lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM",
+    )

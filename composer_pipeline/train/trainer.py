@@ -22,22 +22,23 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
    base), or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
    answers (under DDP: the mean of each rank's token mean).
 
-Each step's per-channel losses are logged; a channel with weight 0 or with no inputs is reported
+Each step's per-channel losses are logged (:mod:`.step_log`); a channel with weight 0 or with no
+inputs in the data (:func:`.config.decide_channels`) or in this batch (``_compute_loss``) is reported
 in ``off`` with its reason (its value is ``null``, never a silent 0).
 
 Data-parallel under torchrun/accelerate (:mod:`.distributed`: N ranks train one model on N shards;
 rank 0 writes the checkpoint). Deliberately simplified: no DeepSpeed/FSDP; the DPO batch cycles
 through the pairs in a fixed order; no EMA teacher (SDPO's regularized teacher) between the two.
 
-The package is split the way TRL's is: the recipe in :mod:`.config`, model loading in
-:mod:`.modeling`, data and tokenization in :mod:`.data`, loss math in :mod:`.losses`, this trainer here.
+The package is split the way TRL's is: the recipe, its ``GRPOConfig`` and the channel decision in
+:mod:`.config`, model loading in :mod:`.modeling`, data and tokenization in :mod:`.data`, loss math in
+:mod:`.losses`, the rollouts in :mod:`.generation`, the step log in :mod:`.step_log`, the checkpoint in
+:mod:`.checkpoints`; here the loss composition, and the entry points that build and run it.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import math
 import random
 import shutil
 import time
@@ -46,12 +47,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import yaml
-from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from composer_pipeline.train import distributed
-from composer_pipeline.train.config import TrainRecipe, Weights
+from composer_pipeline.train.checkpoints import write_checkpoint
+from composer_pipeline.train.config import Channels, TrainRecipe, decide_channels, grpo_config
 from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
 from composer_pipeline.train.losses import (
     chosen_nll,
@@ -63,9 +63,9 @@ from composer_pipeline.train.losses import (
     last_token_logits,
     simpo_loss,
 )
-from composer_pipeline.train.modeling import load_policy, resolve_model_path
-
-CHANNELS = ("grpo", "sdpo", "dpo")
+from composer_pipeline.train.generation import RowSeededRollouts
+from composer_pipeline.train.modeling import load_policy, lora_config, resolve_model_path
+from composer_pipeline.train.step_log import StepLog, reduce_over_ranks
 
 
 # -- result ----------------------------------------------------------------------------------
@@ -77,23 +77,13 @@ class TrainResult:
     plots: dict[str, Path]
 
 
-@dataclass
-class ChannelState:
-    """Which channels fire and why the others do not (reported every step)."""
-
-    weights: Weights
-    off_reasons: dict[str, str]
-
-    def on(self, ch: str) -> bool:
-        return ch not in self.off_reasons
-
-
 # -- the trainer -------------------------------------------------------------------------------
-class ThreeChannelTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer plus the SDPO and DPO channels, added in ``_compute_loss``. Every TRL method
-    overridden here is pinned (signature, call points) by ``tests/train/test_trl_pins.py``."""
+class ThreeChannelTrainer(RowSeededRollouts):
+    """TRL's GRPOTrainer plus the SDPO and DPO channels, added in ``_compute_loss`` (rollouts from
+    :class:`.generation.RowSeededRollouts`). Every TRL method overridden here or there is pinned
+    (signature, call points) by ``tests/train/test_trl_pins.py``."""
 
-    def __init__(self, *args, channels: ChannelState, recipe: TrainRecipe, dpo_batches: list[dict], start_copy, **kw):
+    def __init__(self, *args, channels: Channels, recipe: TrainRecipe, dpo_batches: list[dict], start_copy, **kw):
         super().__init__(*args, **kw)
         self.channels = channels
         self.recipe = recipe
@@ -107,46 +97,6 @@ class ThreeChannelTrainer(GRPOTrainer):
         self.pending: list[dict[str, Any]] = []
         self.batch_states: list[str] = []
         self.rank = distributed.current()
-
-    # rollouts: each row draws from its own (seed, step, global row) generator, so a row samples
-    # the same completion on any number of ranks (distributed.RowGumbelSampler)
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        plain = not (self.use_vllm or self.use_transformers_continuous_batching or images or multimodal_fields or self.tools)
-        gk = self.generation_kwargs
-        default_warpers = gk.get("top_p") in (None, 1.0) and not gk.get("top_k") and not gk.get("min_p") and gk.get("repetition_penalty") in (None, 1.0)
-        if not (plain and default_warpers):
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        from transformers import GenerationConfig, LogitsProcessorList
-        from trl.models.utils import unwrap_model_for_generation
-        from trl.trainer.utils import pad
-
-        device = self.accelerator.device
-        first = self.rank.rank * len(prompt_ids)
-        seeds = [distributed.row_seed(self.args.seed, self.state.global_step, first + i) for i in range(len(prompt_ids))]
-        tensors = [torch.tensor(ids) for ids in prompt_ids]
-        ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
-        mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left").to(device)
-        greedy = GenerationConfig(
-            max_new_tokens=self.max_completion_length, do_sample=False, pad_token_id=self._tokenizer.pad_token_id,
-            bos_token_id=self._tokenizer.bos_token_id, eos_token_id=self.eos_token_ids, disable_compile=True,
-        )
-        with (
-            unwrap_model_for_generation(
-                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-            ) as model,
-            torch.no_grad(),
-        ):
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=greedy,
-                logits_processor=LogitsProcessorList([distributed.RowGumbelSampler(seeds, self.temperature)]),
-            )
-        completion_ids = []
-        eos = set(self.eos_token_ids)
-        for row in out[:, ids.size(1):].tolist():
-            cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-            completion_ids.append(row[:cut])
-        return completion_ids, None
 
     # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
     def _generate_and_score_completions(self, inputs):
@@ -281,94 +231,14 @@ class ThreeChannelTrainer(GRPOTrainer):
                 rec["dpo_sft"] = float(nll.detach())
             rec["dpo_batch"] = self.dpo_batch_index
         if ddp:
-            rec = self._reduce_record(rec)
+            rec = reduce_over_ranks(rec, self.rank.world)
         if total is None:
             raise RuntimeError(f"no channel fired this step: {rec['off']}")
         self.pending.append(rec)
         return total
 
-    def _reduce_record(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """This micro-batch's logged values over all ranks (each rank's term is 1/N of the global one)."""
-        keys = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy", "dpo_sft")
-        local = [rec.get(k, 0.0) for k in keys] + [rec.get("error_sites", 0)]
-        summed = distributed.all_reduce_sum(local)
-        for k, v in zip(keys, summed[:-1]):
-            if k in rec:
-                rec[k] = v / self.rank.world
-        if "sdpo" in rec:
-            rec["error_sites"] = int(summed[-1])
-        return rec
-
-def _step_record(trainer, step: int, step_time: float) -> dict[str, Any]:
-    """Average this optimizer step's micro-batch records into the logged JSON line."""
-    pend, trainer.pending = trainer.pending, []
-    w = trainer.channels.weights
-    rec: dict[str, Any] = {"step": step}
-    off: dict[str, str] = dict(trainer.channels.off_reasons)
-    for p in pend:
-        for ch, why in p["off"].items():
-            off.setdefault(ch, why)
-    weight = {"grpo": w.grpo, "sdpo": w.alpha, "dpo": w.beta}
-    total = 0.0
-    for ch in CHANNELS:
-        vals = [p[ch] for p in pend if ch in p]
-        if vals and ch not in trainer.channels.off_reasons:
-            off.pop(ch, None)
-            rec[ch] = sum(vals) / len(vals)
-            total += weight[ch] * rec[ch]
-        else:
-            rec[ch] = None
-    rec["total"] = total
-    rec["off"] = sorted(off)
-    rec["off_reasons"] = off
-    rec["states"] = list(trainer.batch_states)
-    if any("dpo_batch" in p for p in pend):
-        rec["dpo_batches"] = sorted({p["dpo_batch"] for p in pend if "dpo_batch" in p})
-    for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "error_sites"):
-        vals = [p[k] for p in pend if k in p]
-        if vals:
-            rec[k] = sum(vals) / len(vals)
-    for key in ("reward", "reward_std"):  # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
-        vals = trainer._metrics["train"].get(key)
-        if vals:
-            rec[key] = vals[-1]
-    rec["step_time_s"] = step_time
-    return rec
-
-
-class StepLog(TrainerCallback):
-    """Turns each optimizer step's micro-batch records into one logged line (``losses``, ``on_step``)."""
-
-    def __init__(self, trainer, losses: list[dict[str, Any]], on_step: Callable[[dict], None] | None):
-        self.trainer, self.losses, self.on_step = trainer, losses, on_step
-        self.t0 = time.perf_counter()
-
-    def on_step_begin(self, args, state, control, **kw):
-        self.t0 = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kw):
-        rec = _step_record(self.trainer, state.global_step, time.perf_counter() - self.t0)
-        self.losses.append(rec)
-        if self.on_step is not None:
-            self.on_step(rec)
-
 
 # -- entry point -------------------------------------------------------------------------------
-def _reload_max_abs_diff(model, tok, ckpt: Path) -> float:
-    """Max |logit difference| between the in-memory final model and the saved checkpoint (should be 0)."""
-    from transformers import AutoModelForCausalLM
-
-    probe = tok(["<tool_call>", "def main():\n    return 0"], return_tensors="pt", padding=True)
-    reloaded = AutoModelForCausalLM.from_pretrained(ckpt, dtype=model.dtype).to(model.device).eval()
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        a = model(**{k: v.to(model.device) for k, v in probe.items()}).logits
-        b = reloaded(**{k: v.to(model.device) for k, v in probe.items()}).logits
-    model.train(was_training)
-    return float((a.float() - b.float()).abs().max())
-
-
 @dataclass
 class Built:
     """A ready-to-run trainer and what ``train`` needs to finish the job."""
@@ -377,7 +247,7 @@ class Built:
     recipe: TrainRecipe
     tokenizer: Any
     data: Any
-    off: dict[str, str]
+    channels: Channels
     model_path: str
     cuda: bool
 
@@ -394,7 +264,6 @@ def build_trainer(
     """Load data and model and construct the trainer (``plain_grpo``: TRL's GRPOTrainer, same
     config, data and rewards, no extra channels: the benchmark baseline)."""
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from composer_pipeline.train import rewards as reward_mod
 
@@ -417,20 +286,7 @@ def build_trainer(
     )
     if not data.prompts:
         raise ValueError(f"no training prompts under {data_root} (after the held-out split): {data.summary()}")
-    w = recipe.weights
-    off: dict[str, str] = {}
-    if w.grpo == 0:
-        off["grpo"] = "weight 0"
-    if w.alpha == 0:
-        off["sdpo"] = "weight 0 (alpha)"
-    elif not any(p.hint for p in data.prompts):
-        off["sdpo"] = "no error sites in the training data"
-    if w.beta == 0:
-        off["dpo"] = "weight 0 (beta)"
-    elif not data.pairs:
-        off["dpo"] = "no DPO pairs in the training data"
-    if len(off) == len(CHANNELS):
-        raise ValueError(f"every channel is off: {off}")
+    channels = decide_channels(recipe.weights, has_error_sites=any(p.hint for p in data.prompts), has_pairs=bool(data.pairs))
 
     tok, policy = load_policy(model_path)
     cuda = torch.cuda.is_available()
@@ -439,65 +295,31 @@ def build_trainer(
     else:
         ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
     ds = Dataset.from_list(grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role))
-    dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if "dpo" not in off else []
+    dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if channels.on("dpo") else []
     rank = distributed.current()
     if rank.distributed:  # one model on N shards: every global batch below is split over the ranks
         distributed.per_rank_rows(recipe.dpo.batch_size, rank.world, "dpo.batch_size")
         dpo_batches = distributed.shard_dpo_batches(dpo_batches, rank.rank, rank.world)
     start_copy = None
-    needs_start = ("dpo" not in off and recipe.dpo.variant == "dpo") or ("sdpo" not in off and recipe.sdpo.teacher == "initial")
+    needs_start = (channels.on("dpo") and recipe.dpo.variant == "dpo") or (channels.on("sdpo") and recipe.sdpo.teacher == "initial")
     if needs_start and not recipe.lora.enabled:
         start_copy = copy.deepcopy(policy).eval().requires_grad_(False)
-    peft_config = None
-    if recipe.lora.enabled:
-        from peft import LoraConfig
 
-        peft_config = LoraConfig(
-            r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-            target_modules=recipe.lora.target_modules, task_type="CAUSAL_LM",
-        )
-
-    g = recipe.grpo
-    cfg = GRPOConfig(
-        output_dir=str(out_dir / "trainer"),
-        max_steps=n_steps,
-        per_device_train_batch_size=distributed.per_rank_rows(
-            g.prompts_per_step * g.num_generations, rank.world, "grpo.prompts_per_step × grpo.num_generations"
-        ),
-        num_generations=g.num_generations,
-        max_completion_length=g.max_completion_length,
-        temperature=g.temperature,
-        loss_type=g.loss_type,
-        beta=g.kl_beta,
-        reward_weights=g.reward_weights,
-        learning_rate=recipe.optim.learning_rate,
-        lr_scheduler_type="constant",
-        gradient_accumulation_steps=recipe.optim.gradient_accumulation_steps,
-        max_grad_norm=recipe.optim.max_grad_norm,
-        seed=recipe.optim.seed,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        bf16=cuda,
-        use_cpu=not cuda,
-        dataloader_pin_memory=False,
-        disable_tqdm=True,
-    )
+    cfg = grpo_config(recipe, out_dir=out_dir, steps=n_steps, world=rank.world, cuda=cuda)
     common = dict(
         model=policy,
-        reward_funcs=reward_mod.resolve(g.rewards),
+        reward_funcs=reward_mod.resolve(recipe.grpo.rewards),
         args=cfg,
         train_dataset=ds,
         processing_class=tok,
-        peft_config=peft_config,
+        peft_config=lora_config(recipe.lora),
     )
     if plain_grpo:
         trainer = GRPOTrainer(**common)
     else:
         trainer = ThreeChannelTrainer(
             **common,
-            channels=ChannelState(weights=w, off_reasons=off),
+            channels=channels,
             recipe=recipe,
             dpo_batches=dpo_batches,
             start_copy=start_copy,
@@ -506,7 +328,7 @@ def build_trainer(
 
     trainer.remove_callback(PrinterCallback)  # stdout carries only our JSON step lines
     trainer.remove_callback(ProgressCallback)
-    return Built(trainer, recipe, tok, data, off, model_path, cuda)
+    return Built(trainer, recipe, tok, data, channels, model_path, cuda)
 
 
 def train(
@@ -521,13 +343,9 @@ def train(
 ) -> TrainResult:
     """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots.
     ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps)."""
-    from composer_pipeline.train.plots import plot_losses
-
     out_dir = Path(out_dir)
     built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=out_dir)
-    trainer, recipe, tok, data, off, model_path, cuda = (
-        built.trainer, built.recipe, built.tokenizer, built.data, built.off, built.model_path, built.cuda
-    )
+    trainer, recipe, tok = built.trainer, built.recipe, built.tokenizer
 
     losses: list[dict[str, Any]] = []
     trainer.add_callback(StepLog(trainer, losses, on_step))
@@ -542,40 +360,13 @@ def train(
     if not rank.main:  # rank 0 alone writes the checkpoint (all ranks hold the same weights)
         distributed.barrier()
         return TrainResult(checkpoint=ckpt, metrics={"rank": rank.rank, "world_size": rank.world, "steps": len(losses)}, losses=losses, plots={})
-    if ckpt.exists():
-        shutil.rmtree(ckpt)
     final = trainer.model
     if recipe.lora.enabled:
         final = trainer.accelerator.unwrap_model(final).merge_and_unload()
-    final.save_pretrained(ckpt, safe_serialization=True)
-    tok.save_pretrained(ckpt)
-    reload_diff = _reload_max_abs_diff(final, tok, ckpt)
-    (ckpt / "train.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-    with (ckpt / "losses.jsonl").open("w") as f:
-        for rec in losses:
-            f.write(json.dumps(rec) + "\n")
-    plots = plot_losses(losses, ckpt, off_reasons=off)
-    metrics = {
-        "model": model_path,
-        "device": "cuda" if cuda else "cpu",
-        "world_size": rank.world,
-        "dtype": "bfloat16" if cuda else "float32",
-        "steps": len(losses),
-        "train_seconds": train_s,
-        "mean_step_seconds": sum(r["step_time_s"] for r in losses) / max(len(losses), 1),
-        "channels_off": off,
-        "final": {ch: next((r[ch] for r in reversed(losses) if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
-        "first": {ch: next((r[ch] for r in losses if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
-        "data": data.summary(),
-        "ln2_check": None,
-        "reload_max_abs_logit_diff": reload_diff,
-    }
-    first_dpo = metrics["first"]["dpo"]
-    if first_dpo is not None and recipe.dpo.sft_weight:  # the sanity value is the preference part alone
-        first_dpo -= recipe.dpo.sft_weight * next(r["dpo_sft"] for r in losses if r.get("dpo_sft") is not None)
-    if first_dpo is not None and recipe.dpo.variant == "dpo" and recipe.dpo.label_smoothing == 0:
-        metrics["ln2_check"] = {"first_dpo_loss": first_dpo, "ln2": math.log(2), "ok": abs(first_dpo - math.log(2)) < 1e-3}
-    (ckpt / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+    metrics, plots = write_checkpoint(
+        ckpt, final, tok, recipe, losses, off=built.channels.off_reasons, data_summary=built.data.summary(),
+        model_path=built.model_path, cuda=built.cuda, world_size=rank.world, train_seconds=train_s,
+    )
     shutil.rmtree(out_dir / "trainer", ignore_errors=True)
     distributed.barrier()  # the other ranks return once the checkpoint is complete
     return TrainResult(checkpoint=ckpt, metrics=metrics, losses=losses, plots=plots)
