@@ -153,6 +153,14 @@ DPO_PAIRS = pa.schema(_PAIR_FIELDS)
 NORMALIZED_DPO_PAIRS = DPO_PAIRS
 DROPPED_PAIRS = pa.schema(_PAIR_FIELDS + [("drop_op", _str), ("drop_reason", _str), ("drop_stats", _str)])
 
+# Where a pair can live, and what that says about it (the order ``show`` and ``lineage`` list them in).
+PAIR_TABLES: tuple[tuple[str, str], ...] = (
+    ("normalized_dpo_pairs", "kept"),
+    ("agreement_positives", "positive"),
+    ("dropped_pairs", "dropped"),
+    ("dpo_pairs", "built"),
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "trace_states": TRACE_STATES,
     "trace_messages": TRACE_MESSAGES,
