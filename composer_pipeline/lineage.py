@@ -3,8 +3,9 @@
 In:  one or more stores (:class:`~composer_pipeline.stores.Stores`, the multi-store read ``show`` uses
      too; local or ``s3://``) holding the pair tables, ``teacher_replays``, ``trace_states`` and
      ``trace_messages``; a pair id (full, or a unique prefix of at least 6 characters, resolved by
-     :mod:`composer_pipeline.ids` with ``show``'s rules and words).
-Out: :func:`trace_pair` -> a JSON-able dict, the chain
+     :mod:`composer_pipeline.ids` with ``show``'s rules and words), or a session (its session key, or
+     the short partition key the Dagster UI shows, ``calc/a1f0c3d2``: every pair of it).
+Out: :func:`resolve_pairs` -> the pair ids asked for; :func:`trace_pair` -> a JSON-able dict, the chain
      ``pair -> replay calls -> state -> session -> source file + line numbers + record uuids -> raw lines``;
      :func:`format_lineage` -> the same chain as text for a terminal.
 
@@ -21,7 +22,7 @@ from typing import Any, Sequence
 import orjson
 import pyarrow as pa
 
-from composer_pipeline.ids import MIN_PREFIX, resolve_id
+from composer_pipeline.ids import MIN_PREFIX, resolve_id, session_of
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores
 from composer_pipeline.tables import PAIR_TABLES  # where a pair can live, and what that says
@@ -45,6 +46,32 @@ def resolve_pair_id(store: StoresLike, pair_id: str) -> str:
     if not any_table:
         raise FileNotFoundError(f"no pair tables under {stores.where} (run `composer-pipeline pairs` first)")
     return resolve_id(pair_id, {"pair": ids}, stores.where)[1]  # the same rules and words as show
+
+
+def resolve_pairs(store: StoresLike, raw: str) -> tuple[str | None, list[str]]:
+    """``(session, pair ids)`` that ``raw`` names: ``(None, [one pair])`` (:func:`resolve_pair_id`), or a
+    session named by its session key or the short partition key the Dagster UI shows (``calc/a1f0c3d2``)
+    and every pair of it, in table order."""
+    stores = Stores.of(store)
+    by_session: dict[str, list[str]] = {}
+    sessions: set[str] = set()
+    for name in [n for n, _ in PAIR_TABLES] + ["trace_states"]:
+        t = stores.read(name, columns=["session_key"] if name == "trace_states" else ["session_key", "pair_id"])
+        if t is None:
+            continue
+        keys = t.column("session_key").to_pylist()
+        sessions.update(k for k in keys if k)
+        if name != "trace_states":
+            for key, pid in zip(keys, t.column("pair_id").to_pylist()):
+                if pid not in by_session.setdefault(key, []):
+                    by_session[key].append(pid)
+    session = session_of(raw, sessions, stores.where)
+    if session is None:
+        return None, [resolve_pair_id(stores, raw)]
+    if not by_session.get(session):
+        raise ValueError(f"no pairs of session {session} under {stores.where} "
+                         f"(its states: composer-pipeline show {raw.strip()})")
+    return session, by_session[session]
 
 
 def trace_pair(store: StoresLike, pair_id: str) -> dict[str, Any]:
@@ -230,5 +257,5 @@ def format_lineage(chain: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def to_json(chain: dict[str, Any]) -> str:
+def to_json(chain: dict[str, Any] | list[dict[str, Any]]) -> str:
     return orjson.dumps(chain, option=orjson.OPT_INDENT_2).decode()

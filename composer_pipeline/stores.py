@@ -52,10 +52,10 @@ class Stores:
         return any(s.exists(name) for s in self.stores)
 
     def read(self, name: str, column: str | None = None, values: Sequence[str] = (), *,
-             prefix: bool = False) -> pa.Table | None:
+             prefix: bool = False, columns: Sequence[str] | None = None) -> pa.Table | None:
         """Table ``name`` from every store that holds it, concatenated (``None`` when none does); with
-        ``column``, only the rows :func:`rows_where` keeps."""
-        parts = [s.read_table(name) for s in self.stores if s.exists(name)]
+        ``column``, only the rows :func:`rows_where` keeps; with ``columns``, only those columns."""
+        parts = [s.read_table(name, columns) for s in self.stores if s.exists(name)]
         if not parts:
             return None
         table = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
