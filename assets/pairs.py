@@ -18,6 +18,7 @@ from assets.ingest import render_options
 from assets.metadata import counts, preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.ids import with_partition_key
 from composer_pipeline.pairs.build import agreement_label
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
@@ -72,8 +73,9 @@ def consensus_pairs(
 ):
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
 
+    sessions = set(trace_states.column("session_key").to_pylist())  # this partition's session
     res = build_pairs(trace_states, trace_messages, teacher_replays, PairRecipe.load(recipes.pairs), render_options(recipes),
-                      teachers=teachers.load_config())
+                      teachers=teachers.load_config(), partition_of=dict.fromkeys(sessions, context.partition_key))
     pairs = tables.conform(res.pairs, "dpo_pairs")
     positives = tables.conform(res.positives, "agreement_positives")
     stats = _scalar_stats(res.stats)
@@ -185,8 +187,9 @@ def normalized_pairs(
 def training_set(
     context: dg.AssetExecutionContext, normalized_dpo_pairs: dict, agreement_positives: dict
 ) -> dg.Output:
-    parts = [normalized_dpo_pairs[k] for k in sorted(normalized_dpo_pairs)]
-    parts += [agreement_positives[k] for k in sorted(agreement_positives)]
+    # (partitions materialized before pair tables had partition_key get it here: the key they are stored under)
+    parts = [tables.conform(with_partition_key(t[k], dict.fromkeys(t[k].column("session_key").to_pylist(), k)), "dpo_pairs")
+             for t in (normalized_dpo_pairs, agreement_positives) for k in sorted(t)]
     table = tables.conform(pa.concat_tables(parts), "dpo_pairs") if parts else tables.empty("dpo_pairs")
     all_keys = context.instance.get_dynamic_partitions(sessions_partitions.name)
     included = sorted(set(normalized_dpo_pairs) | set(agreement_positives))

@@ -3,7 +3,8 @@
 In:  what the user typed, the ids it may name (by kind: ``state``, ``pair``) and where they were read
      from; or a session named by its session key or by the short partition key the Dagster UI shows
      (``calc/a1f0c3d2``, :mod:`composer_pipeline.ingest.partition_keys`).
-Out: ``(kind, full id)``; the session key; the short key of each stored session. Bad input is a
+Out: ``(kind, full id)``; the session key; the short key of each stored session, and a table with it
+     as a ``partition_key`` column (the pair tables carry it beside ``session_key``). Bad input is a
      ``ValueError`` (or the caller's subclass) that says what was searched where.
 
 Deliberately simplified: the short key of a stored session is computed from the sessions in the
@@ -13,7 +14,10 @@ first may show a longer key for it, which resolves here too (every candidate of 
 
 from __future__ import annotations
 
-from typing import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Collection, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MIN_PREFIX = 6  # characters of an id prefix (20-hex ids: a 6-char prefix is unique in practice)
 
@@ -57,10 +61,32 @@ def session_of(raw: str, session_keys: Iterable[str], where: str, error: type[Va
     return holders[0]
 
 
-def partition_keys(session_keys: Iterable[str]) -> dict[str, str]:
-    """Session key -> the short partition key the Dagster UI shows for it (``calc/a1f0c3d2``)."""
+def partition_keys(session_keys: Iterable[str], stored: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """Session key -> the short partition key the Dagster UI shows for it (``calc/a1f0c3d2``). ``stored``
+    (session key -> the key a table recorded, e.g. a pair table's ``partition_key``) wins: Dagster named
+    those sessions; the others get the key :class:`KeyMap` assigns beside them."""
     from composer_pipeline.ingest.partition_keys import KeyMap
 
-    keymap = KeyMap(session_keys)
+    pins = {k: s for s, k in (stored or {}).items() if k and s}
+    keymap = KeyMap(set(session_keys) | set(pins.values()), partition_keys=pins, pins=pins)
     keymap.assign()
     return dict(keymap.partition_of)
+
+
+def with_partition_key(table: "pa.Table", partition_of: Mapping[str, str] | None = None) -> "pa.Table":
+    """``table`` with a ``partition_key`` column: kept where it is already filled; else the session's key in
+    ``partition_of`` (session key -> partition key; Dagster gives the run's own partition), else the one
+    :func:`partition_keys` computes over the table's sessions (pair tables written before the column)."""
+    import pyarrow as pa
+
+    sessions = table.column("session_key").to_pylist()
+    have = table.column("partition_key").to_pylist() if "partition_key" in table.column_names else [None] * len(sessions)
+    if "partition_key" in table.column_names and all(have):
+        return table
+    keys = dict(partition_of or {})
+    rest = {s for s, k in zip(sessions, have) if not k and s and s not in keys}
+    keys.update(partition_keys(rest) if rest else {})
+    col = pa.array([k or keys.get(s) for s, k in zip(sessions, have)], pa.string())
+    if "partition_key" in table.column_names:
+        return table.set_column(table.column_names.index("partition_key"), "partition_key", col)
+    return table.append_column("partition_key", col)

@@ -1,9 +1,11 @@
 """Row-level lineage: from a pair id back to the raw (scrubbed) JSONL lines it came from.
 
-In:  one or more :class:`~composer_pipeline.store.Store` (local or ``s3://``) holding the pair
-     tables, ``teacher_replays``, ``trace_states`` and ``trace_messages``; a pair id (full, or a
-     unique prefix of at least 6 characters).
-Out: :func:`trace_pair` -> a JSON-able dict, the chain
+In:  one or more stores (:class:`~composer_pipeline.stores.Stores`, the multi-store read ``show`` uses
+     too; local or ``s3://``) holding the pair tables, ``teacher_replays``, ``trace_states`` and
+     ``trace_messages``; a pair id (full, or a unique prefix of at least 6 characters, resolved by
+     :mod:`composer_pipeline.ids` with ``show``'s rules and words), or a session (its session key, or
+     the short partition key the Dagster UI shows, ``calc/a1f0c3d2``: every pair of it).
+Out: :func:`resolve_pairs` -> the pair ids asked for; :func:`trace_pair` -> a JSON-able dict, the chain
      ``pair -> replay calls -> state -> session -> source file + line numbers + record uuids -> raw lines``;
      :func:`format_lineage` -> the same chain as text for a terminal.
 
@@ -19,68 +21,68 @@ from typing import Any, Sequence
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from composer_pipeline.ids import MIN_PREFIX, resolve_id
+from composer_pipeline.ids import MIN_PREFIX, resolve_id, session_of
 from composer_pipeline.store import Store
+from composer_pipeline.stores import Stores
+from composer_pipeline.tables import PAIR_TABLES  # where a pair can live, and what that says
 
-# where a pair can live, and what that says about it
-PAIR_TABLES = (
-    ("normalized_dpo_pairs", "kept"),
-    ("agreement_positives", "positive"),
-    ("dropped_pairs", "dropped"),
-    ("dpo_pairs", "built"),
-)
+StoresLike = Stores | Store | Sequence[Store]
 
 
-def _stores(store: Store | Sequence[Store]) -> list[Store]:
-    return [store] if isinstance(store, Store) else list(store)
-
-
-def _read(stores: list[Store], name: str, column: str, values: list[str], prefix: bool = False) -> pa.Table | None:
-    """Rows of table ``name`` (across stores) whose ``column`` is in ``values`` (or starts with values[0])."""
-    parts = []
-    found = False
-    for s in stores:
-        if not s.exists(name):
-            continue
-        found = True
-        t = s.read_table(name)
-        col = t.column(column)
-        mask = pc.starts_with(col, values[0]) if prefix else pc.is_in(col, pa.array(values, col.type))
-        parts.append(t.filter(pc.fill_null(mask, False)))
-    if not found:
-        return None
-    return pa.concat_tables(parts, promote_options="default")
-
-
-def resolve_pair_id(store: Store | Sequence[Store], pair_id: str) -> str:
+def resolve_pair_id(store: StoresLike, pair_id: str) -> str:
     """The full pair id for ``pair_id`` (exact, or a unique prefix of >= 6 chars)."""
-    stores = _stores(store)
+    stores = Stores.of(store)
     pid = pair_id.strip().lower()
     if len(pid) < MIN_PREFIX:  # the resolver's own wording, before any table is read
         resolve_id(pair_id, {"pair": ()}, "")
     ids: set[str] = set()
     any_table = False
     for name, _ in PAIR_TABLES:
-        t = _read(stores, name, "pair_id", [pid], prefix=True)
+        t = stores.read(name, "pair_id", [pid], prefix=True)
         if t is not None:
             any_table = True
             ids.update(t.column("pair_id").to_pylist())
     if not any_table:
-        raise FileNotFoundError(f"no pair tables under {', '.join(s.root for s in stores)}")
-    return resolve_id(pair_id, {"pair": ids}, ", ".join(s.root for s in stores))[1]  # the same rules and words as show
+        raise FileNotFoundError(f"no pair tables under {stores.where} (run `composer-pipeline pairs` first)")
+    return resolve_id(pair_id, {"pair": ids}, stores.where)[1]  # the same rules and words as show
 
 
-def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
+def resolve_pairs(store: StoresLike, raw: str) -> tuple[str | None, list[str]]:
+    """``(session, pair ids)`` that ``raw`` names: ``(None, [one pair])`` (:func:`resolve_pair_id`), or a
+    session named by its session key or the short partition key the Dagster UI shows (``calc/a1f0c3d2``)
+    and every pair of it, in table order."""
+    stores = Stores.of(store)
+    by_session: dict[str, list[str]] = {}
+    sessions: set[str] = set()
+    for name in [n for n, _ in PAIR_TABLES] + ["trace_states"]:
+        t = stores.read(name, columns=["session_key"] if name == "trace_states" else ["session_key", "pair_id"])
+        if t is None:
+            continue
+        keys = t.column("session_key").to_pylist()
+        sessions.update(k for k in keys if k)
+        if name != "trace_states":
+            for key, pid in zip(keys, t.column("pair_id").to_pylist()):
+                if pid not in by_session.setdefault(key, []):
+                    by_session[key].append(pid)
+    session = session_of(raw, sessions, stores.where)
+    if session is None:
+        return None, [resolve_pair_id(stores, raw)]
+    if not by_session.get(session):
+        raise ValueError(f"no pairs of session {session} under {stores.where} "
+                         f"(its states: composer-pipeline show {raw.strip()})")
+    return session, by_session[session]
+
+
+def trace_pair(store: StoresLike, pair_id: str) -> dict[str, Any]:
     """The whole chain behind one pair, down to the scrubbed raw JSONL lines."""
-    stores = _stores(store)
+    stores = Stores.of(store)
     pid = resolve_pair_id(stores, pair_id)
     missing: list[str] = []
     appearances = []
     pair: dict | None = None
     for name, status in PAIR_TABLES:
-        t = _read(stores, name, "pair_id", [pid])
+        t = stores.read(name, "pair_id", [pid])
         if t is None or not t.num_rows:
             continue
         row = t.slice(0, 1).to_pylist()[0]
@@ -116,7 +118,7 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
 
     call_ids = list(pair.get("replay_call_ids") or [])
     replays: list[dict] = []
-    t = _read(stores, "teacher_replays", "call_id", call_ids) if call_ids else None
+    t = stores.read("teacher_replays", "call_id", call_ids) if call_ids else None
     if t is None:
         missing.append("teacher_replays: table not stored")
     else:
@@ -132,7 +134,7 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
             )
 
     state: dict | None = None
-    t = _read(stores, "trace_states", "state_id", [pair["state_id"]])
+    t = stores.read("trace_states", "state_id", [pair["state_id"]])
     if t is None:
         missing.append("trace_states: table not stored")
     elif not t.num_rows:
@@ -170,7 +172,7 @@ def trace_pair(store: Store | Sequence[Store], pair_id: str) -> dict[str, Any]:
     lines = list(src.get("source_lines") or [])
     uuids = list(src.get("record_uuids") or [])
     records: list[dict] = []
-    t = _read(stores, "trace_messages", "source_file", [src.get("source_file") or ""])
+    t = stores.read("trace_messages", "source_file", [src.get("source_file") or ""])
     if t is None:
         missing.append("trace_messages: table not stored")
     else:
@@ -255,5 +257,5 @@ def format_lineage(chain: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def to_json(chain: dict[str, Any]) -> str:
+def to_json(chain: dict[str, Any] | list[dict[str, Any]]) -> str:
     return orjson.dumps(chain, option=orjson.OPT_INDENT_2).decode()

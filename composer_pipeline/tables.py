@@ -125,6 +125,7 @@ _PAIR_FIELDS = [
     ("kind", _str),  # pair | positive
     ("state_id", _str),
     ("session_key", _str),
+    ("partition_key", _str),  # the short key the Dagster UI shows for the session (calc/a1f0c3d2; ids.with_partition_key)
     ("session_id", _str),
     ("source_file", _str),
     ("source_lines", _ints),
@@ -152,6 +153,14 @@ _PAIR_FIELDS = [
 DPO_PAIRS = pa.schema(_PAIR_FIELDS)
 NORMALIZED_DPO_PAIRS = DPO_PAIRS
 DROPPED_PAIRS = pa.schema(_PAIR_FIELDS + [("drop_op", _str), ("drop_reason", _str), ("drop_stats", _str)])
+
+# Where a pair can live, and what that says about it (the order ``show`` and ``lineage`` list them in).
+PAIR_TABLES: tuple[tuple[str, str], ...] = (
+    ("normalized_dpo_pairs", "kept"),
+    ("agreement_positives", "positive"),
+    ("dropped_pairs", "dropped"),
+    ("dpo_pairs", "built"),
+)
 
 SCHEMAS: dict[str, pa.Schema] = {
     "trace_states": TRACE_STATES,

@@ -3,6 +3,13 @@
 Read-only by construction (``Store.duckdb``): a query reads the stored tables and nothing else; one that
 would write a file, read another, reach the network, load an extension or change a setting is refused
 (exit 2). Cells are printed with control characters escaped (a session key can hold a terminal escape).
+
+The short partition key the Dagster UI shows (``calc/a1f0c3d2``) is accepted wherever a query names a
+session: the view ``sessions`` (``session_key``, ``partition_key``) maps one to the other, the macro
+``session_of(key)`` turns either key into the session key the tables use (an unknown key is an error),
+and ``partition_of(session_key)`` gives the short key back, e.g.
+``select * from trace_states where session_key = session_of('calc/a1f0c3d2')``. The pair tables also
+carry ``partition_key`` beside ``session_key``.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ MAX_CELL = 80
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sql", help="run a DuckDB query over the stored tables")
-    p.add_argument("query", help='e.g. "select drop_op, count(*) from dropped_pairs group by 1"')
+    p.add_argument("query", help='e.g. "select drop_op, count(*) from dropped_pairs group by 1"; a session by the '
+                   "short key the UI shows: where session_key = session_of('calc/a1f0c3d2') (view sessions maps both keys)")
     p.add_argument("--store", default=None, help="dir or s3:// prefix (default $COMPOSER_STORE or .store: where the demo and Dagster write)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON array of row objects")
@@ -40,6 +48,46 @@ def format_table(columns: list[str], rows: list[tuple], full: bool = False) -> s
     return "\n".join(out)
 
 
+# a session named by either key -> its session key (an unknown key is an error, not an empty result)
+_SESSION_MACROS = (
+    """CREATE MACRO session_of(k) AS (CASE WHEN k IS NULL THEN NULL ELSE coalesce(
+         (SELECT first(session_key) FROM sessions WHERE partition_key = k OR session_key = k),
+         error('no session with partition key or session key ' || k)) END)""",
+    "CREATE MACRO partition_of(s) AS (SELECT first(partition_key) FROM sessions WHERE session_key = s)",
+)
+
+
+def add_session_keys(con) -> None:
+    """The ``sessions`` view and the ``session_of`` / ``partition_of`` macros (module docstring), over the
+    session keys of every stored table; a pair table's stored ``partition_key`` wins (Dagster named it)."""
+    import pyarrow as pa
+
+    from composer_pipeline.ids import partition_keys
+
+    cols = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE column_name IN ('session_key', 'partition_key')").fetchall()
+    by_table: dict[str, set[str]] = {}
+    for table, column in cols:
+        by_table.setdefault(table, set()).add(column)
+    sessions: set[str] = set()
+    stored: dict[str, str] = {}
+    for table, columns in sorted(by_table.items()):
+        if "session_key" not in columns:
+            continue
+        q = f'SELECT DISTINCT session_key{", partition_key" if "partition_key" in columns else ""} FROM "{table}"'
+        for session, *partition in con.execute(q).fetchall():
+            if session:
+                sessions.add(session)
+                if partition and partition[0]:
+                    stored.setdefault(session, partition[0])
+    keys = partition_keys(sessions, stored)
+    order = sorted(keys)
+    con.register("sessions", pa.table({"session_key": pa.array(order, pa.string()),
+                                       "partition_key": pa.array([keys[s] for s in order], pa.string())}))
+    for macro in _SESSION_MACROS:
+        con.execute(macro)
+
+
 def _query_error(e: Exception, store) -> ValueError:
     names = ", ".join(store.table_names()) or "none"
     return ValueError(f"{e}\n(tables under {store.root}: {names})")
@@ -56,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     store = Store(args.store or default_store())
     con = store.duckdb()
+    add_session_keys(con)
     try:
         cur = con.execute(args.query)
     except (duckdb.PermissionException, duckdb.InvalidInputException) as e:

@@ -24,7 +24,9 @@ samples of it. :func:`find_consensus` labels each consensus with its kind:
 Every row carries ``agreement_kind``, ``n_models``, ``n_models_agreeing``, ``n_agreeing`` (votes in
 the consensus: models or samples) and ``agreeing_teachers`` (the entries behind them). ``cost_usd``
 sums the cost of every replay call of the state (failed ones included: they were paid for to produce
-this row). ``pair_id`` = sha256(state_id|signature)[:20].
+this row). ``pair_id`` = sha256(state_id|signature)[:20]. ``partition_key`` beside ``session_key`` is the
+short key the Dagster UI shows for the session (``calc/a1f0c3d2``): the run's partition in Dagster,
+computed over the states' sessions otherwise (:mod:`composer_pipeline.ids`).
 
 Deliberately simplified: one consensus per state (a 2-2 split is resolved by signature order
 only when ``allow_ties`` is set, otherwise skipped); representative = first agreeing teacher in
@@ -364,15 +366,20 @@ def _renderer(states: pa.Table, messages: pa.Table, render_opts):
 
 def build_pairs(
     states: pa.Table, messages: pa.Table, replays: pa.Table, recipe: PairRecipe | None = None, render_opts=None,
-    teachers=None,
+    teachers=None, partition_of: dict[str, str] | None = None,
 ) -> PairsResult:
     """Compare teachers with each other and with the agent; see the module docstring.
 
     ``teachers`` (the :class:`~composer_pipeline.teachers.config.TeachersConfig` the replay used)
     says which entries are the same model and which sample; without it, each distinct ``model``
-    field of the replay rows is one greedy model.
+    field of the replay rows is one greedy model. ``partition_of`` (session key -> partition key):
+    the keys Dagster named the sessions by; default: :func:`composer_pipeline.ids.partition_keys`.
     """
+    from composer_pipeline.ids import partition_keys
+
     recipe = recipe or PairRecipe()
+    sessions = {k for k in states.column("session_key").to_pylist() if k} if states.num_rows else set()
+    partition_of = {**partition_keys(sessions - set(partition_of or ())), **(partition_of or {})}
     rules = recipe.signature
     voters = voters_from_config(teachers) if teachers is not None else {}
     stats: dict[str, int] = {
@@ -466,6 +473,7 @@ def build_pairs(
             "kind": "positive" if agrees else "pair",
             "state_id": st["state_id"],
             "session_key": st["session_key"],
+            "partition_key": partition_of.get(st["session_key"]),
             "session_id": st.get("session_id"),
             "source_file": st.get("source_file"),
             "source_lines": st.get("source_lines") or [],

@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 from composer_pipeline import tables
+from composer_pipeline.ids import with_partition_key
 
 from composer_pipeline.pairs.datajuicer import (  # noqa: F401  (the recipe and result live there, for both executors)
     DEFAULT_RECIPE,
@@ -151,7 +152,7 @@ def normalize_pairs(pairs: pa.Table, recipe: NormalizeRecipe | None = None) -> N
 
         return normalize_pairs_ray(pairs, recipe)
     t0 = time.perf_counter()
-    pairs = tables.conform(pairs, "dpo_pairs")
+    pairs = tables.conform(with_partition_key(pairs), "dpo_pairs")  # (pairs built before the column: filled)
     n = pairs.num_rows
     pair_ids = pairs.column("pair_id").to_pylist()
     drop: dict[int, tuple[str, str, dict]] = {}

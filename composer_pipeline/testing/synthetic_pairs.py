@@ -65,6 +65,7 @@ def synthetic_pairs(n: int, seed: int = 0) -> pa.Table:
             "kind": "pair",
             "state_id": state_id,
             "session_key": f"proj__session{i % 50}",
+            "partition_key": f"proj/session{i % 50}",
             "session_id": f"sess-{i % 50}",
             "source_file": f"proj/session{i % 50}.jsonl",
             "source_lines": [2 * i + 1, 2 * i + 2],

@@ -48,7 +48,7 @@ def pair_rows(n: int = 12) -> list[dict]:
         rows.append(
             {
                 "pair_id": hashlib.sha256(f"{sid}|sig".encode()).hexdigest()[:20], "kind": kind, "state_id": sid,
-                "session_key": "synth__s1", "session_id": "s1", "source_file": "synth/s1.jsonl", "source_lines": [i + 1],
+                "session_key": "synth__s1", "partition_key": "synth/s1", "session_id": "s1", "source_file": "synth/s1.jsonl", "source_lines": [i + 1],
                 "record_uuids": [f"u{i}"], "replay_call_ids": [f"c{i}"], "prompt": orjson.dumps(prompt).decode(),
                 "tools": orjson.dumps(TOOLS).decode(), "chosen": chosen.to_json(), "rejected": agent.to_json(),
                 "chosen_text": chosen.to_text(), "rejected_text": agent.to_text(), "agreement_kind": "cross_model",

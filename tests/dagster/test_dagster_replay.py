@@ -94,6 +94,15 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     assert "- **agreement: cross_model**" in norm_example and "missing: " not in norm_example
     assert "not replayed yet" not in norm_example and "| t0 |" in norm_example  # every teacher's answer
     assert f"- stream: `{KEY}:main`" in norm_example  # the state's stream, not None
+    # ... exactly the view dpo_pairs shows for the same pair (agent line, render options, every answer), bar
+    # the table it is listed in
+    assert pairs.column("pair_id")[0].as_py() == store.read_table("dpo_pairs").column("pair_id")[0].as_py()
+    same_pair = meta["dpo_pairs"]["example"].value.replace("- tables: dpo_pairs (built)", "- tables: normalized_dpo_pairs (kept)")
+    assert norm_example == same_pair and "- agent: \n" not in norm_example
+    # the pair tables carry the key the UI shows for the session: this run's own partition
+    for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives", "dropped_pairs"):
+        assert set(store.read_table(name).column("partition_key").to_pylist()) <= {KEY}, name
+    assert set(pairs.column("partition_key").to_pylist()) == {KEY}
 
     # the summary names what it counts: every row went over HTTP once (no cache yet) ...
     s = meta["teacher_replays"]["summary"].value

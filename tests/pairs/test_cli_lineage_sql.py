@@ -176,3 +176,57 @@ def test_show_lineage_sql_default_to_the_demo_and_dagster_store(tmp_path, sessio
     monkeypatch.setenv("COMPOSER_STORE", str(tmp_path / "elsewhere"))  # the variable still wins
     capsys.readouterr()
     assert main(["lineage", pid]) == 2
+
+
+def test_the_short_partition_key_in_the_pair_tables_lineage_and_sql(tmp_path, session_tables, capsys):
+    """The key the Dagster UI shows (`proj/s1` for session `proj__s1`) is a column of every pair table, names
+    the session in `lineage` (every pair of it) and in `sql` (`session_of`, the `sessions` view)."""
+    root = str(tmp_path / "run")
+    store = _seed(root, session_tables)
+    _run(capsys, "pairs", "--replays", root, "--states", root, "--out", root)
+    for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives"):
+        t = store.read_table(name)
+        names = t.column_names
+        assert names[names.index("session_key") + 1] == "partition_key", name  # beside the long key
+        assert set(t.column("partition_key").to_pylist()) == {"proj/s1"}, name
+    pairs = [p for name in ("normalized_dpo_pairs", "agreement_positives") for p in store.read_table(name).column("pair_id").to_pylist()]
+    assert len(pairs) == 2
+
+    chains = orjson.loads(_run(capsys, "lineage", "proj/s1", "--store", root, "--json"))
+    assert sorted(c["pair"]["pair_id"] for c in chains) == sorted(pairs)  # one chain per pair of the session
+    assert {c["session"]["session_key"] for c in chains} == {"proj__s1"}
+    by_long = orjson.loads(_run(capsys, "lineage", "--store", root, "--json", "--", "proj__s1"))
+    assert by_long == chains
+    text = _run(capsys, "lineage", "proj/s1", "--store", root)
+    assert all(f"pair {p}" in text for p in pairs)
+    one = orjson.loads(_run(capsys, "lineage", pairs[0], "--store", root, "--json"))
+    assert one["pair"]["pair_id"] == pairs[0]  # a pair id still prints one chain object
+    assert main(["lineage", "proj/zz", "--store", root]) == 2
+    assert "no session with partition key 'proj/zz'" in capsys.readouterr().err
+
+    rows = orjson.loads(_run(capsys, "sql", "select * from sessions", "--store", root, "--json"))
+    assert rows == [{"session_key": "proj__s1", "partition_key": "proj/s1"}]
+    q = "select count(*) as n from trace_states where session_key = session_of('proj/s1')"
+    assert orjson.loads(_run(capsys, "sql", q, "--store", root, "--json")) == [{"n": 3}]
+    q = "select distinct partition_of(session_key) as k from teacher_replays"
+    assert orjson.loads(_run(capsys, "sql", q, "--store", root, "--json")) == [{"k": "proj/s1"}]
+    q = "select pair_id from dpo_pairs where partition_key = 'proj/s1'"
+    assert len(orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))) == store.read_table("dpo_pairs").num_rows
+    assert main(["sql", "select session_of('proj/zz')", "--store", root]) == 2
+    assert "no session with partition key or session key proj/zz" in capsys.readouterr().err
+
+
+def test_pair_tables_written_before_partition_key_still_normalize_and_show_it(tmp_path, session_tables, capsys):
+    """A dpo_pairs table from before the column: normalize fills it from the session key; a stored key wins."""
+    from composer_pipeline.ids import with_partition_key
+    from composer_pipeline.pairs.normalize import normalize_pairs
+
+    root = str(tmp_path / "run")
+    store = _seed(root, session_tables)
+    _run(capsys, "pairs", "--replays", root, "--states", root, "--out", root)
+    old = store.read_table("dpo_pairs").drop_columns(["partition_key"])
+    kept = normalize_pairs(old).kept
+    assert kept.num_rows == old.num_rows and set(kept.column("partition_key").to_pylist()) == {"proj/s1"}
+    named = with_partition_key(old, {"proj__s1": "proj/s1-named-by-dagster"})
+    assert set(named.column("partition_key").to_pylist()) == {"proj/s1-named-by-dagster"}
+    assert with_partition_key(named).equals(named)  # filled keys are kept as stored
