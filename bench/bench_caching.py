@@ -1,6 +1,6 @@
 """What prompt caching and window fitting do to a replay's bill, against the loopback provider emulator.
 
-Generates long multi-turn Claude Code sessions (composer_pipeline/testing/long_sessions.py; or ingests a
+Generates long multi-turn Claude Code sessions (tests/support/long_sessions.py; or ingests a
 real corpus with ``--traces DIR``), ingests them with the real CLI, and replays every state to a
 3-teacher recipe through the real client, ledger and cache:
 
@@ -38,8 +38,10 @@ from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
-from composer_pipeline.testing.long_sessions import write_long_sessions
-from composer_pipeline.testing.provider_emulator import ModelRules, ProviderEmulator
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
+
+from tests.support.long_sessions import write_long_sessions  # noqa: E402
+from tests.support.provider_emulator import ModelRules, ProviderEmulator  # noqa: E402
 
 # $/Mtok: input, output, cached read, cache write (list-price-like: a GPT-4.1-class, a Sonnet-class, a mini-class model)
 MODELS = {

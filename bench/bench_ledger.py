@@ -92,7 +92,8 @@ def worker(a: dict) -> None:
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
-    from composer_pipeline.testing.scripted_server import start_subprocess
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers live in the checkout
+    from tests.support.scripted_server import start_subprocess
 
     return start_subprocess(latency)
 

@@ -1,6 +1,6 @@
 """Normalization benchmark: composer-pipeline's in-process path vs data-juicer's DefaultExecutor.
 
-Generates N (default 10,000) DPO pairs (``composer_pipeline.testing.synthetic_pairs``: nested prompts,
+Generates N (default 10,000) DPO pairs (``tests.support.synthetic_pairs``: nested prompts,
 tool-call and text completions, ~5% rejected-side-only violations, special-character junk,
 ~4% exact duplicates), then in the same run, on the same recipe (``recipes/normalize.yaml``):
   * fast:     ``normalize_pairs`` (data-juicer's own ops called on Python lists, one batch per op);
@@ -28,9 +28,9 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from composer_pipeline.testing.default_executor import default_executor_survivors  # noqa: E402
+from tests.support.default_executor import default_executor_survivors  # noqa: E402
 from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, normalize_pairs  # noqa: E402
-from composer_pipeline.testing.synthetic_pairs import synthetic_pairs  # noqa: E402
+from tests.support.synthetic_pairs import synthetic_pairs  # noqa: E402
 
 
 def main() -> int:

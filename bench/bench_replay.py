@@ -19,6 +19,7 @@ import argparse
 import json
 import subprocess
 import tempfile
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from composer_pipeline.teachers.replay import make_request, replay_requests
-from composer_pipeline.testing.scripted_server import start_subprocess
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
+
+from tests.support.scripted_server import start_subprocess  # noqa: E402
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:

@@ -133,7 +133,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
 
-    from composer_pipeline.testing.synthetic_train import write_store
+    from tests.support.synthetic_train import write_store
     from composer_pipeline.tiny_model import build_tiny_model
     from composer_pipeline.train.config import TrainRecipe
 

@@ -1,7 +1,7 @@
 """Fixtures shared by every test module: environment, the trace corpora, the tiny model.
 
 Two corpora of Claude Code sessions:
-* the project's own (``composer_pipeline/testing/traces.py``, written to a temporary directory), always;
+* the project's own (``tests/support/traces.py``, written to a temporary directory), always;
 * real third-party sessions, only when ``COMPOSER_REAL_TRACES`` names a directory of them (``.ci/run``
   does). Tests over them carry the ``real_traces`` marker; without the variable they are deselected
   and the summary says so. The fixture ``corpus`` runs a test once per corpus available.
@@ -82,8 +82,8 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def project_corpus(tmp_path_factory) -> Corpus:
-    """The project's own synthetic sessions (every format feature; see composer_pipeline/testing/traces.py)."""
-    from composer_pipeline.testing.traces import EXPECTED, write_corpus
+    """The project's own synthetic sessions (every format feature; see tests/support/traces.py)."""
+    from tests.support.traces import EXPECTED, write_corpus
 
     return Corpus("project", write_corpus(tmp_path_factory.mktemp("corpus")), EXPECTED)
 

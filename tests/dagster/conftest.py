@@ -16,7 +16,7 @@ def trace_root(tmp_path) -> Path:
 
 @pytest.fixture
 def scripted_server():
-    from composer_pipeline.testing.scripted_server import ScriptedServer
+    from tests.support.scripted_server import ScriptedServer
 
     srv = ScriptedServer().start()
     yield srv

@@ -8,7 +8,7 @@ from assets.pairs import training_set
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.store import Store
-from composer_pipeline.testing.synthetic_train import pair_rows
+from tests.support.synthetic_train import pair_rows
 from resources.storage import ParquetIOManager
 
 OLD, NEW = "calc/a1f0c3d2", "calc/b2e1d4c3"

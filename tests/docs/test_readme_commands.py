@@ -78,7 +78,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def scripted():
-    from composer_pipeline.testing.scripted_server import ScriptedServer
+    from tests.support.scripted_server import ScriptedServer
 
     srv = ScriptedServer().start()
     yield srv

@@ -36,7 +36,7 @@ def real(real_traces) -> Ingested:
 
 @pytest.fixture(scope="session")
 def ours(project_corpus) -> Ingested:
-    """The project's own corpus (composer_pipeline/testing/traces.py) ingested by both engines."""
+    """The project's own corpus (tests/support/traces.py) ingested by both engines."""
     return Ingested(project_corpus.root)
 
 

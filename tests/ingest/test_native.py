@@ -28,7 +28,7 @@ from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.pipeline import TABLES, SessionIngester, ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
 
-from composer_pipeline.testing.sessions import Session, text, thinking, tool, uid
+from tests.support.sessions import Session, text, thinking, tool, uid
 from .damage import MODES, damage_line
 from .engines import assert_same, ingest_checked
 from .test_secret_corpus import KEYS

@@ -1,4 +1,4 @@
-"""The project's own corpus (composer_pipeline/testing/traces.py): the facts its code states by
+"""The project's own corpus (tests/support/traces.py): the facts its code states by
 construction, checked the way test_real_traces.py checks the real sessions."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 
 from composer_pipeline.render import RenderOptions, action_of, render_state
-from composer_pipeline.testing.traces import EXPECTED, L1, LEGACY, T1, TOOLSMITH
+from tests.support.traces import EXPECTED, L1, LEGACY, T1, TOOLSMITH
 
 from .test_corpus import check_rendered
 

@@ -27,7 +27,7 @@ from composer_pipeline.ingest import native
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.scrub import KINDS, Scrubber
 
-from composer_pipeline.testing.sessions import Session, text, thinking, tool
+from tests.support.sessions import Session, text, thinking, tool
 from .engines import ingest_checked
 
 # kind -> (the key as it appears, a fragment that must not survive anywhere). All fake.

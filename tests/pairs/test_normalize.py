@@ -11,7 +11,7 @@ from composer_pipeline.pairs.normalize import (
     data_juicer_guard,
     normalize_pairs,
 )
-from composer_pipeline.testing.synthetic_pairs import synthetic_pairs
+from tests.support.synthetic_pairs import synthetic_pairs
 
 
 def _recipe(*ops, **top):
@@ -151,7 +151,7 @@ def test_side_effects_are_contained_and_auto_install_fails_loudly(base):
 @pytest.mark.slow  # data-juicer's own DefaultExecutor (datasets + worker pools) as the reference
 def test_same_survivors_as_default_executor(tmp_path, repo_root):
     """The fast path changes speed, not results: compare with DefaultExecutor on 300 pairs."""
-    from composer_pipeline.testing.default_executor import default_executor_survivors
+    from tests.support.default_executor import default_executor_survivors
 
     t = synthetic_pairs(300, seed=3)
     res = normalize_pairs(t, NormalizeRecipe.load(None))

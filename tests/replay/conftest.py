@@ -12,7 +12,7 @@ import pytest
 
 from composer_pipeline.teachers.config import TeachersConfig, parse_teachers
 from composer_pipeline.teachers.replay import ReplayRequest, make_request
-from composer_pipeline.testing.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """Prompt caching priced as providers bill it, session-affine scheduling, the native Anthropic API and
-context-window fitting, against the loopback provider emulator (composer_pipeline/testing/provider_emulator.py):
+context-window fitting, against the loopback provider emulator (tests/support/provider_emulator.py):
 a real HTTP server on 127.0.0.1 with each provider's caching, window and billing rules."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger
 from composer_pipeline.teachers.replay import make_request, plan_requests, replay_requests
-from composer_pipeline.testing.provider_emulator import ModelRules, ProviderEmulator
+from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 GPT = ModelRules("openai", 128_000, 2.0, 8.0, 0.2)
 CLAUDE = ModelRules("anthropic", 200_000, 3.0, 15.0, 0.3, 3.75)

@@ -12,8 +12,8 @@ import orjson
 import pyarrow.parquet as pq
 import yaml
 
-from composer_pipeline.testing.long_sessions import write_long_sessions
-from composer_pipeline.testing.provider_emulator import ModelRules, ProviderEmulator
+from tests.support.long_sessions import write_long_sessions
+from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 
 def _cli(*args, env=None, check=True):

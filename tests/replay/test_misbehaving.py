@@ -17,7 +17,7 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.testing.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 from .conftest import teacher_dict
 

@@ -15,7 +15,7 @@ from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache, legacy_call_id
 from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger, TeacherIdentityError
 from composer_pipeline.teachers.replay import replay_requests
-from composer_pipeline.testing.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 from .conftest import make_config, scripted_request, teacher_dict
 

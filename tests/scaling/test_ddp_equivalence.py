@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from composer_pipeline.testing.synthetic_train import write_store
+from tests.support.synthetic_train import write_store
 from resources.trainer import TrainerLauncher
 
 STEPS = 3

@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from composer_pipeline.testing.synthetic_train import write_store
+from tests.support.synthetic_train import write_store
 from resources.trainer import TrainerLauncher
 
 

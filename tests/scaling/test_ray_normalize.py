@@ -11,7 +11,7 @@ import pytest
 
 from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, normalize_pairs
 from composer_pipeline.pairs.normalize_ray import load_ray_config, ray_executor_config, ray_process
-from composer_pipeline.testing.synthetic_pairs import synthetic_pairs
+from tests.support.synthetic_pairs import synthetic_pairs
 
 
 def _small_recipe(**top) -> NormalizeRecipe:

@@ -15,7 +15,7 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.store import Store
-from composer_pipeline.testing.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -185,7 +185,7 @@ def test_a_failed_parquet_write_leaves_the_previous_file_whole(tmp_path, how, re
 def test_terminal_escapes_in_stored_text_are_escaped_and_width_is_bounded(tmp_path):
     """A folder name holding ``ESC ] 0 ; ... BEL`` (it sets the window title) became part of the session
     key, which ``sql`` and ``show`` printed raw; ``show --width 100000000`` printed 1.2 GB of rules."""
-    from composer_pipeline.testing.sessions import Session, text, tool
+    from tests.support.sessions import Session, text, tool
 
     hostile = "\x1b]0;pwned\x07\x1b[2Jproj\x9b31m"
     s = Session(sid="c0ffee00-0000-4000-8000-0000000000a1")

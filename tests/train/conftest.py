@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from composer_pipeline.testing.synthetic_train import write_store
+from tests.support.synthetic_train import write_store
 
 
 @pytest.fixture(scope="session")

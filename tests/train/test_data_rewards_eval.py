@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 import pytest
-from composer_pipeline.testing.synthetic_train import pair_rows, write_store
+from tests.support.synthetic_train import pair_rows, write_store
 
 from composer_pipeline import tables
 from composer_pipeline.actions import Action, ToolCall

@@ -9,7 +9,7 @@ import pytest
 
 from composer_pipeline import tables
 from composer_pipeline.store import Store
-from composer_pipeline.testing.synthetic_train import pair_rows
+from tests.support.synthetic_train import pair_rows
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.trainer import train
 

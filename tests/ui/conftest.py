@@ -166,7 +166,7 @@ def ui(tmp_path_factory, tiny_model_dir):
     until a run starts ``composer-pipeline teachers serve`` for it (the offline tiny model), so the
     local-server lifecycle is part of every journey. Tests that change the teachers recipe restore it.
     """
-    from composer_pipeline.testing.scripted_server import ScriptedServer
+    from tests.support.scripted_server import ScriptedServer
 
     tmp = tmp_path_factory.mktemp("ui")
     trace_root, spare = tmp / "projects", tmp / "spare"

@@ -2,7 +2,7 @@
 
 In:  a root directory, how many sessions, turns per session and a seed.
 Out: ``<root>/<project>/<session>.jsonl`` files in Claude Code's record shapes (built with
-     :class:`~composer_pipeline.testing.sessions.Session`): a task, then per turn one assistant response
+     :class:`~tests.support.sessions.Session`): a task, then per turn one assistant response
      (a line of text + one ``Read``/``Bash``/``Grep``/``Edit`` call) and its tool result. Tool-result sizes
      are drawn log-normally (median ≈ 1.6 k characters, a few tens of kB at the tail) so that prefixes grow
      the way real ones do (the 31 real sessions measured in /work/shared/notes/providers.md: p50 ≈ 96 k

@@ -1,6 +1,6 @@
 """Synthetic Claude Code session builder for tests (real record shapes, our own content).
 
-Used by the ingest tests and by :mod:`composer_pipeline.testing.traces` (the project's own corpus).
+Used by the ingest tests and by :mod:`tests.support.traces` (the project's own corpus).
 """
 
 from __future__ import annotations

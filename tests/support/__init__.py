@@ -1,4 +1,5 @@
-"""Helpers for the tests and benchmarks, never imported by the pipeline itself.
+"""Helpers for the tests and benchmarks, never imported by the pipeline itself and not installed with it
+(a checkout imports them as ``tests.support``: pytest puts the repo root on the path, the benchmarks do it themselves).
 
 * ``sessions``: builds Claude Code sessions record by record; ``traces``: the project's own corpus of
   them (every format feature the tests need).

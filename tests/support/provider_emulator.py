@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from composer_pipeline.testing.scripted_server import JsonHandler
+from tests.support.scripted_server import JsonHandler
 
 MAX_BREAKPOINTS = 4
 LOOKBACK_BLOCKS = 20

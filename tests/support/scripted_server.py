@@ -214,8 +214,14 @@ def start_subprocess(latency: float = 0.0):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline.testing.scripted_server", "0", str(latency)],
-                            stdout=subprocess.PIPE, text=True)
+    import os
+    from pathlib import Path
+
+    # the test helpers live in the checkout (tests/support), not in the installed package
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (repo, os.environ.get("PYTHONPATH")) if x)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_server", "0", str(latency)],
+                            stdout=subprocess.PIPE, text=True, env=env)
     url = proc.stdout.readline().strip()
     if not url.startswith("http"):
         proc.kill()
@@ -223,7 +229,7 @@ def start_subprocess(latency: float = 0.0):
     return proc, url
 
 
-def main() -> None:  # python -m composer_pipeline.testing.scripted_server PORT [LATENCY]
+def main() -> None:  # python -m tests.support.scripted_server PORT [LATENCY]
     import sys
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
