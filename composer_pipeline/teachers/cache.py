@@ -9,7 +9,7 @@ fsync'ed, then ``os.replace``'d into ``<dir>/<id[:2]>/<id>.json``. A run killed 
 therefore leaves either a complete record or none, and a re-run never pays twice for an answer it
 already received. Only successful responses are cached: failures are retried by the next run.
 The cache is a fast copy: every paid answer is first stored with its claim in the ledger
-(``ledger.py``), so a cache that is read-only or full loses nothing (replay refills it from there).
+(``ledger/``), so a cache that is read-only or full loses nothing (replay refills it from there).
 
 The request body never contains the API key (it travels only in the ``Authorization`` header), so
 neither the key nor anything derived from it reaches ``call_id`` or the cache files.

@@ -18,7 +18,7 @@ Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing s
 * 200 with a body that is not JSON / lacks ``choices[0].message`` → keep, fail (no retry); after
   ``TeacherGuard.limit`` such answers in a row the teacher is cut off for the rest of the run.
 
-A reservation that has to wait for money in flight waits (the ledger decides, see ``ledger.py``);
+A reservation that has to wait for money in flight waits (the ledger decides, see ``ledger/core.py``);
 every reservation is marked *sent* just before the request leaves, so a run killed mid-call leaves
 it kept at its worst case while one killed before sending has it released.
 

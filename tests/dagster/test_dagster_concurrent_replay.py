@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from composer_pipeline.teachers.ledger import Ledger
+from ledger_helpers import ledger_rows
 from dagster_sessions import session_lines, write_teachers_yaml
 
 SIDS = [f"{k}1111111-2222-3333-4444-555555555555" for k in range(2)]
@@ -78,8 +79,8 @@ def test_concurrent_partitions_without_a_pool(backend, tmp_path, scripted_server
     # one purchase per distinct request (call_id) over all three runs; the same prefix in two sessions and the
     # duplicate run took the answer from the ledger or the cache
     led = Ledger(ledger_path)
-    claims = led.rows("claims")
+    claims = ledger_rows(led, "claims")
     assert {c["state"] for c in claims} == {"answered"}
     assert len(scripted_server.requests) == len(claims) < sum(r["summary"]["rows"] for r in results)
     assert sum(r["summary"]["http_requests"] for r in results) == len(claims)
-    assert led.open_reservations() == 0 and {r["state"] for r in led.rows("runs")} == {"closed"}
+    assert led.open_reservations() == 0 and {r["state"] for r in ledger_rows(led, "runs")} == {"closed"}

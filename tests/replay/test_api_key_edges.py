@@ -18,6 +18,7 @@ from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.client import call_teacher, make_http_client
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger
+from ledger_helpers import ledger_rows
 from composer_pipeline.teachers.replay import replay_requests
 
 from .conftest import make_config, scripted_request, teacher_dict
@@ -38,7 +39,7 @@ def _run(tmp_path, samples_dir, teachers, ledger_url, out="out") -> int:
 
 
 def _ledger_text(ledger: Ledger) -> str:
-    return json.dumps({t: ledger.rows(t) for t in ("reservations", "claims", "runs")}, default=str)
+    return json.dumps({t: ledger_rows(ledger, t) for t in ("reservations", "claims", "runs")}, default=str)
 
 
 @pytest.mark.parametrize("pasted", [KEY + "\n", KEY + "\r\n", KEY + "\t", "  " + KEY + " "])
@@ -49,7 +50,7 @@ def test_a_pasted_key_with_surrounding_whitespace_is_stripped(pasted, tmp_path, 
     assert rows and {r["status"] for r in rows} == {"answered"}
     assert {r.authorization for r in server.requests} == {f"Bearer {KEY}"}
     ledger = Ledger(ledger_url)
-    assert {r["state"] for r in ledger.rows("reservations")} == {"settled"}
+    assert {r["state"] for r in ledger_rows(ledger, "reservations")} == {"settled"}
 
 
 def test_a_key_with_a_control_character_inside_is_refused_before_any_reservation(tmp_path, server, samples_dir, ledger_url,
@@ -58,7 +59,7 @@ def test_a_key_with_a_control_character_inside_is_refused_before_any_reservation
     assert _run(tmp_path, samples_dir, _yaml(tmp_path, server.url), ledger_url) == 2
     err = capsys.readouterr().err
     assert "GW_KEY" in err and "control character" in err and KEY[:10] not in err
-    assert not server.requests and Ledger(ledger_url).rows("reservations") == []
+    assert not server.requests and ledger_rows(Ledger(ledger_url), "reservations") == []
 
 
 def test_a_request_httpx_refuses_to_form_is_released_not_kept(tmp_path, server, ledger_url):
@@ -82,7 +83,7 @@ def test_a_request_httpx_refuses_to_form_is_released_not_kept(tmp_path, server, 
     res = asyncio.run(go())
     assert res.status == "failed" and res.reason.startswith("request_refused") and res.cost_usd == 0
     assert KEY not in res.reason and not server.requests
-    assert {r["state"] for r in ledger.rows("reservations")} == {"released"}
+    assert {r["state"] for r in ledger_rows(ledger, "reservations")} == {"released"}
     assert ledger.balance("t1", 10.0).spent_usd == 0
     assert KEY not in _ledger_text(ledger)
 

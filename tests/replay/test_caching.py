@@ -18,6 +18,7 @@ from composer_pipeline.teachers.billing import usage_by_run, usage_by_teacher
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger
+from ledger_helpers import ledger_rows, schema_version
 from composer_pipeline.teachers.replay import make_request, plan_requests, replay_requests
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
@@ -86,7 +87,7 @@ def _expected_usd(t, prompt, cached, writes, completion):
 def test_stream_in_order_hits_and_is_settled_at_cached_price_on_both_ledgers(emu, ledger_url, tmp_path):
     cfg = config([teacher(emu, "gpt", "gpt"), teacher(emu, "claude", "claude", "anthropic")])
     led = Ledger(ledger_url)
-    assert led.schema_version() == MIGRATIONS[-1][0] == 3  # billed_usage is schema version 3
+    assert schema_version(led) == MIGRATIONS[-1][0] == 3  # billed_usage is schema version 3
     res = run(cfg, requests_for(cfg), led, ResponseCache(tmp_path / "c"), keys={"claude": "sk-ant-emulated-key"})
     rows = res.table.to_pylist()
     assert {r["status"] for r in rows} == {"answered"} and len(rows) == 2 * 7 * 2
@@ -191,7 +192,7 @@ def test_anthropic_overloaded_and_rate_limited_are_retried_unbilled(emu, tmp_pat
     res = run(cfg, requests_for(cfg, n_streams=1, turns=1), led, ResponseCache(tmp_path / "c"), keys={"claude": "sk-ant-emulated-key"})
     rows = res.table.to_pylist()
     assert {r["status"] for r in rows} == {"answered"} and sum(r["attempts"] for r in rows) == len(rows) + 2
-    notes = sorted((r["state"], (r["note"] or "")[:8]) for r in led.rows() if r["state"] != "settled")
+    notes = sorted((r["state"], (r["note"] or "")[:8]) for r in ledger_rows(led) if r["state"] != "settled")
     assert notes == [("released", "http_429"), ("released", "http_529")]
     assert led.balance("claude", 10.0).settled_usd == pytest.approx(emu.billed_usd("claude"), rel=1e-9)
 
@@ -237,7 +238,7 @@ def test_window_fit_refit_and_over_context_window(tmp_path):
                 assert all(b.prompt_tokens + 64 <= 6_000 for b in emu.billed)  # ... never billed
             else:
                 assert last["status"] == "failed" and last["reason"].startswith("over_context_window: refitted once")
-            refused = [r for r in led.rows() if (r["note"] or "").startswith("context_length_exceeded")]
+            refused = [r for r in ledger_rows(led) if (r["note"] or "").startswith("context_length_exceeded")]
             assert refused and all(r["state"] == "released" for r in refused)
             assert res.summary["over_context_window"] == (0 if expect == "answered" else
                                                           sum(r["reason"] is not None and r["reason"].startswith("over_context_window")

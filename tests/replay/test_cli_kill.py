@@ -16,6 +16,7 @@ import yaml
 
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.ledger import Ledger
+from ledger_helpers import ledger_rows
 
 from .conftest import teacher_dict
 
@@ -93,7 +94,7 @@ def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_di
     assert proc.returncode == -signal.SIGKILL
     cached = {p.stem for p in cache.dir.glob("*/*.json")}
     # every paid answer is in the ledger before the cache: some may have missed only the cache at the kill
-    received = cached | {c["call_id"] for c in Ledger(tmp_path / "ledger.sqlite").rows("claims") if c["state"] == "answered"}
+    received = cached | {c["call_id"] for c in ledger_rows(Ledger(tmp_path / "ledger.sqlite"), "claims") if c["state"] == "answered"}
     assert 6 <= len(received) < 2 * states.num_rows, "kill landed too late to test anything"
     assert not (tmp_path / "out1" / "replays.parquet").exists()
     first_run_requests = len(server.requests)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from composer_pipeline.teachers.ledger import Ledger
+from ledger_helpers import ledger_rows, reserve
 
 from .conftest import make_config, scripted_request
 
@@ -54,7 +55,7 @@ def _go(start: Path, runs: list[str], timeout: float = 90) -> None:
 def _wait_registered(ledger: Ledger, run: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(r["run_id"] == run for r in ledger.rows("runs")):
+        if any(r["run_id"] == run for r in ledger_rows(ledger, "runs")):
             return
         time.sleep(0.02)
     raise AssertionError(f"run {run} never registered")
@@ -86,7 +87,7 @@ def test_overlapping_runs_buy_each_request_once(tmp_path, server, ledger_url):
     assert sum(res["summary"]["shared_answers"] for _, res in results) + sum(res["summary"]["calls"] for _, res in results) == 4 * 24
     billed = _billed_usd(server)
     assert paid == pytest.approx(billed) and ledger.spent("t1") + ledger.spent("t2") == pytest.approx(billed)
-    assert ledger.open_reservations() == 0 and {r["state"] for r in ledger.rows("runs")} == {"closed"}
+    assert ledger.open_reservations() == 0 and {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed"}
 
 
 def test_binding_budget_is_shared_and_fully_used(tmp_path, server, ledger_url):
@@ -108,7 +109,7 @@ def test_binding_budget_is_shared_and_fully_used(tmp_path, server, ledger_url):
     assert exhausted > 0 and sum(answered) + exhausted == 60
     # refused only when settled spend truly left no room for one more worst case
     assert budget - ledger.spent("t1") < 1.1 * worst
-    assert ledger.open_reservations() == 0 and ledger.rows("waiters") == []
+    assert ledger.open_reservations() == 0 and ledger_rows(ledger, "waiters") == []
 
 
 def test_kill_9_and_sigterm_at_random_points(tmp_path, server, ledger_url):
@@ -132,16 +133,16 @@ def test_kill_9_and_sigterm_at_random_points(tmp_path, server, ledger_url):
     for rc, res in survivors:
         assert rc == 0 and len(res["rows"]) == 40 and {r["status"] for r in res["rows"]} == {"answered"}, \
             f"seed {seed}: {[r['reason'] for r in res['rows'] if r['status'] != 'answered']}"
-    runs = {r["run_id"]: r["state"] for r in ledger.rows("runs")}
+    runs = {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")}
     assert runs["k1"] == "closed", f"seed {seed}: SIGTERM must close the run"
     time.sleep(1.2)
     ledger.reconcile()
-    assert ledger.open_reservations() == 0 and "live" not in {r["state"] for r in ledger.rows("runs")}
+    assert ledger.open_reservations() == 0 and "live" not in {r["state"] for r in ledger_rows(ledger, "runs")}
     # bought twice only if in flight at the kill / SIGTERM (≤ 2 teachers × 4 concurrency each)
     counts = Counter(r.body_hash for r in server.requests)
     assert len(counts) == 40 and sum(n - 1 for n in counts.values()) <= 16, f"seed {seed}: {counts}"
     assert _billed_usd(server) <= ledger.spent("t1") + ledger.spent("t2") + 1e-12  # nothing billed is uncounted
-    kept = [r for r in ledger.rows() if r["state"] == "kept"]
+    kept = [r for r in ledger_rows(ledger) if r["state"] == "kept"]
     assert all(("lease expired" in r["note"]) or ("interrupted" in r["note"]) for r in kept), kept
 
 
@@ -155,7 +156,7 @@ def test_cli_budget_and_reconcile(tmp_path, ledger_url, server):
         {**make_config(server.url).teachers[0].__dict__, "budget_usd": 1.0}]}))
     led = Ledger(ledger_url)
     led.start_run("gone", lease_s=0.2)
-    r = led.reserve("t1", 0.25, budget_usd=1.0, run_id="gone", ceiling_usd=1.0)
+    r = reserve(led, "t1", 0.25, budget_usd=1.0, run_id="gone", ceiling_usd=1.0)
     led.mark_sent(r.id)
     out = subprocess.run([sys.executable, "-m", "composer_pipeline", "teachers", "budget", "--teachers", str(teachers),
                           "--ledger", ledger_url, "--json"], capture_output=True, text=True, timeout=60)

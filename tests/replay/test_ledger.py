@@ -10,56 +10,58 @@ import json
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger, Reserve, redact_url
+from ledger_helpers import ledger_rows, reserve, schema_version, spend_by_run
 
 
 def test_reserve_settle_keep_release(ledger_url):
     led = Ledger(ledger_url)
-    a = led.reserve("t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c1")
-    b = led.reserve("t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c2")
+    a = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c1")
+    b = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c2")
     assert a.ok and b.ok and led.spent("t") == pytest.approx(0.8)
-    c = led.reserve("t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
+    c = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
     assert not c.ok and c.wait and "teacher budget" in c.reason  # held by calls in flight: would wait, not refused
-    led.settle(a.id, 0.05)  # actual usage: frees the rest of the reservation
-    led.release(b.id)  # never billed
+    led.close(a.id, "settled", 0.05)  # actual usage: frees the rest of the reservation
+    led.close(b.id, "released")  # never billed
     assert led.spent("t") == pytest.approx(0.05)
-    d = led.reserve("t", 0.4, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
+    d = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
     assert not d.ok and not d.wait and "run ceiling" in d.reason  # cannot fit even with nothing in flight
-    e = led.reserve("t", 0.2, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
-    led.keep(e.id, note="timeout: outcome unknown")  # may have been billed: counted at worst case
+    e = reserve(led, "t", 0.2, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
+    led.close(e.id, "kept", note="timeout: outcome unknown")  # may have been billed: counted at worst case
     assert led.spent("t") == pytest.approx(0.25)
-    f = led.reserve("t", 0.8, budget_usd=1.0, run_id="r3", ceiling_usd=10.0)
+    f = reserve(led, "t", 0.8, budget_usd=1.0, run_id="r3", ceiling_usd=10.0)
     assert not f.ok and not f.wait and "teacher budget" in f.reason  # 0.25 settled+kept + 0.8 > 1.0: truly exhausted
-    assert led.spend_by_run("r1") == {"t": pytest.approx(0.05)} and led.spend_by_run("r2") == {"t": pytest.approx(0.2)}
+    assert spend_by_run(led, "r1") == {"t": pytest.approx(0.05)} and spend_by_run(led, "r2") == {"t": pytest.approx(0.2)}
     again = Ledger(ledger_url)  # another day, another process
-    assert again.remaining("t", 1.0) == pytest.approx(0.75) and again.spent("other") == 0
+    assert again.balance("t", 1.0).remaining_usd == pytest.approx(0.75) and again.spent("other") == 0
     bal = again.balance("t", 1.0)
     assert (bal.settled_usd, bal.kept_usd, bal.reserved_usd, bal.kept_calls) == (pytest.approx(0.05), pytest.approx(0.2), 0.0, 1)
-    assert sorted(r["state"] for r in again.rows()) == ["kept", "released", "settled"]
-    assert again.schema_version() == MIGRATIONS[-1][0]
+    assert sorted(r["state"] for r in ledger_rows(again)) == ["kept", "released", "settled"]
+    assert schema_version(again) == MIGRATIONS[-1][0]
 
 
 def test_reservation_waits_for_money_in_flight(ledger_url):
     led = Ledger(ledger_url)
-    a = led.reserve("t", 0.7, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
-    threading.Timer(0.3, led.settle, args=(a.id, 0.1)).start()
+    a = reserve(led, "t", 0.7, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
+    threading.Timer(0.3, led.close, args=(a.id, "settled", 0.1)).start()
     t0 = time.monotonic()
-    b = Ledger(ledger_url).reserve("t", 0.7, budget_usd=1.0, run_id="r2", ceiling_usd=10.0, wait_s=10)
+    b = reserve(Ledger(ledger_url), "t", 0.7, budget_usd=1.0, run_id="r2", ceiling_usd=10.0, wait_s=10)
     assert b.ok and 0.25 < time.monotonic() - t0 < 5  # granted once the first call settled
-    assert led.spent("t") == pytest.approx(0.8) and led.rows("waiters") == []
+    assert led.spent("t") == pytest.approx(0.8) and ledger_rows(led, "waiters") == []
 
 
 def test_waiters_are_served_first_come_first_served(ledger_url):
     led = Ledger(ledger_url)
-    held = led.reserve("t", 0.9, budget_usd=1.0, run_id="r0", ceiling_usd=10.0)
+    held = reserve(led, "t", 0.9, budget_usd=1.0, run_id="r0", ceiling_usd=10.0)
     big = led.try_reserve(Reserve("t", 1.0, "r1", 10.0, 0.8), waiter_id="w-big")
     assert big.wait
     small = led.try_reserve(Reserve("t", 1.0, "r2", 10.0, 0.05), waiter_id="w-small")
     assert small.wait  # 0.05 would fit beside 0.9, but the earlier waiter of 0.8 goes first: nobody starves
-    led.release(held.id)
+    led.close(held.id, "released")
     assert led.try_reserve(Reserve("t", 1.0, "r1", 10.0, 0.8), waiter_id="w-big").ok
     assert led.try_reserve(Reserve("t", 1.0, "r2", 10.0, 0.05), waiter_id="w-small").ok
 
@@ -71,7 +73,7 @@ def test_claims_one_buyer_and_the_answer_in_the_ledger(ledger_url):
     assert a.claim("c" * 64, "t", "ra").state == "mine"
     got = b.claim("c" * 64, "t", "rb")
     assert got.state == "wait" and got.owner == "ra"
-    res = a.reserve("t", 0.1, budget_usd=1.0, run_id="ra", ceiling_usd=1.0, call_id="c" * 64)
+    res = reserve(a, "t", 0.1, budget_usd=1.0, run_id="ra", ceiling_usd=1.0, call_id="c" * 64)
     a.mark_sent(res.id)
     record = {"teacher": "t", "model": "m", "response": {"choices": []}, "cost_usd": 0.01, "run_id": "ra"}
     a.close(res.id, "settled", 0.01, answer=("c" * 64, record))  # settle + answer: one transaction
@@ -86,8 +88,8 @@ def test_claims_one_buyer_and_the_answer_in_the_ledger(ledger_url):
 def test_expired_lease_is_finalized(ledger_url):
     led = Ledger(ledger_url)
     led.start_run("dead", lease_s=0.3)
-    never_sent = led.reserve("t", 0.2, budget_usd=1.0, run_id="dead", ceiling_usd=1.0)
-    sent = led.reserve("t", 0.3, budget_usd=1.0, run_id="dead", ceiling_usd=1.0, call_id="e" * 64)
+    never_sent = reserve(led, "t", 0.2, budget_usd=1.0, run_id="dead", ceiling_usd=1.0)
+    sent = reserve(led, "t", 0.3, budget_usd=1.0, run_id="dead", ceiling_usd=1.0, call_id="e" * 64)
     led.mark_sent(sent.id)
     assert led.claim("e" * 64, "t", "dead").state == "mine"
     assert led.spent("t") == pytest.approx(0.5)
@@ -98,7 +100,7 @@ def test_expired_lease_is_finalized(ledger_url):
     time.sleep(0.45)
     done = other.reconcile()
     assert done == {"expired_runs": ["dead"], "released": 1, "kept": 1, "claims_dropped": 1}
-    rows = {r["id"]: r for r in other.rows()}
+    rows = {r["id"]: r for r in ledger_rows(other)}
     assert rows[never_sent.id]["state"] == "released" and rows[sent.id]["state"] == "kept"
     assert "lease expired" in rows[sent.id]["note"] and rows[sent.id]["cost_usd"] == pytest.approx(0.3)
     bal = other.balance("t", 1.0)
@@ -110,11 +112,11 @@ def test_expired_lease_is_finalized(ledger_url):
 def test_close_run_releases_unsent_and_keeps_sent(ledger_url):
     led = Ledger(ledger_url)
     led.start_run("r", lease_s=30)
-    a = led.reserve("t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
-    b = led.reserve("t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    a = reserve(led, "t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    b = reserve(led, "t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
     led.mark_sent(b.id)
     assert led.close_run("r", "run interrupted") == {"released": 1, "kept": 1, "claims_dropped": 0}
-    assert {r["id"]: r["state"] for r in led.rows()} == {a.id: "released", b.id: "kept"}
+    assert {r["id"]: r["state"] for r in ledger_rows(led)} == {a.id: "released", b.id: "kept"}
     assert led.spent("t") == pytest.approx(0.1)
     assert not led.close(b.id, "settled", 0.01)  # a late settle after finalization changes nothing
 
@@ -122,13 +124,13 @@ def test_close_run_releases_unsent_and_keeps_sent(ledger_url):
 def test_auditor_connection_held_open_blocks_no_writer(tmp_path):
     path = tmp_path / "ledger.sqlite"
     led = Ledger(path)
-    led.reserve("t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+    reserve(led, "t", 0.1, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
     audit = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     audit.execute("BEGIN")
     assert audit.execute("SELECT COUNT(*) FROM reservations").fetchone() == (1,)  # read transaction held open
     t0 = time.monotonic()
     for _ in range(20):
-        led.reserve("t", 0.01, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
+        reserve(led, "t", 0.01, budget_usd=1.0, run_id="r", ceiling_usd=1.0)
     assert time.monotonic() - t0 < 5 and Ledger(path).open_reservations() == 21
     audit.close()
 
@@ -179,28 +181,31 @@ def test_writes_survive_other_processes_closing_while_this_one_opens_more_connec
     path = tmp_path / "ledger.sqlite"
     led = Ledger(path)
     led.start_run("r1", lease_s=600)
-    Ledger(path).rows("runs")  # a second connection in the same process
-    other = ("import sys; from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
-             "print(len(l.rows('runs'))); l.disconnect()")
+    ledger_rows(Ledger(path), "runs")  # a second connection in the same process
+    tests = str(Path(__file__).resolve().parents[1])  # tests/ledger_helpers.py
+    other = ("import sys; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
+             "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+             "print(len(ledger_rows(l, 'runs'))); l.disconnect()")
     for _ in range(2):  # another process comes and goes, closing its last connection
-        out = subprocess.run([sys.executable, "-c", other, str(path)], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", other, str(path), tests], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "1"
     led.claim("c1", "t", "r1")
     led.fail_claim("c1", "r1", "no answer")
     led.close_run("r1")
-    check = ("import sys, json; from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
-             "print(json.dumps([[r['run_id'], r['state']] for r in l.rows('runs')] + [[c['call_id'], c['state']] for c in l.rows('claims')]))")
-    out = subprocess.run([sys.executable, "-c", check, str(path)], capture_output=True, text=True, check=True)
+    check = ("import sys, json; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
+             "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+             "print(json.dumps([[r['run_id'], r['state']] for r in ledger_rows(l, 'runs')] + [[c['call_id'], c['state']] for c in ledger_rows(l, 'claims')]))")
+    out = subprocess.run([sys.executable, "-c", check, str(path), tests], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [["r1", "closed"], ["c1", "failed"]]
     assert (tmp_path / "ledger.sqlite-wal").exists()  # the WAL this process writes to was never deleted under it
 
 
 def test_connections_are_closed_by_disconnect(tmp_path):
     led = Ledger(tmp_path / "ledger.sqlite")
-    assert led.schema_version() >= 1
+    assert schema_version(led) >= 1
     led.disconnect()
     led.disconnect()  # idempotent
-    assert led.schema_version() >= 1  # reconnects on demand
+    assert schema_version(led) >= 1  # reconnects on demand
 
 
 def test_a_deleted_wal_fails_loudly_instead_of_losing_writes(tmp_path):

@@ -16,6 +16,7 @@ import yaml
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.ledger import Ledger, LedgerError, Reserve, redact_url
+from ledger_helpers import ledger_rows
 from composer_pipeline.teachers.replay import replay_requests
 
 from .conftest import make_config, scripted_request, teacher_dict
@@ -57,9 +58,9 @@ def test_the_next_replay_finalizes_a_dead_run_at_its_start(tmp_path, server, led
     out = replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=cache, ledger=ledger, run_id="second")
     assert out.summary["cache_hits"] == 1 and out.summary["reservation_waits"] == 0
     assert ledger.open_reservations() == 0
-    row = next(r for r in ledger.rows("reservations") if r["run_id"] == "killed")
+    row = next(r for r in ledger_rows(ledger, "reservations") if r["run_id"] == "killed")
     assert row["state"] == "kept" and "process gone" in row["note"]
-    assert {r["run_id"]: r["state"] for r in ledger.rows("runs")}["killed"] == "expired"
+    assert {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")}["killed"] == "expired"
 
 
 @pytest.mark.parametrize("url, secret", [
@@ -157,6 +158,6 @@ def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_pat
     assert len(server.requests) == len(states)  # nothing bought again
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert ledger.open_reservations() == 0
-    held = [r for r in ledger.rows("reservations") if r["run_id"] == "full"]
+    held = [r for r in ledger_rows(ledger, "reservations") if r["run_id"] == "full"]
     assert len(held) == len(states) and {r["state"] for r in held} == {"kept"}  # counted at worst case, once
-    assert {r["run_id"]: r["state"] for r in ledger.rows("runs")} == {"full": "expired", "after": "closed"}
+    assert {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")} == {"full": "expired", "after": "closed"}

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from composer_pipeline.teachers.ledger import Ledger
+from ledger_helpers import ledger_rows
 
 from .conftest import teacher_dict
 
@@ -52,7 +53,7 @@ def _wait_requests(server, n: int, procs, url: str, timeout: float = 90) -> None
     """Until every replay has registered its run (so all are past opening the ledger) and ``n`` requests went out."""
     deadline = time.monotonic() + timeout
     ledger = Ledger(url)
-    while len(server.requests) < n or len({r["pid"] for r in ledger.rows("runs")} & {p.pid for p in procs}) < len(procs):
+    while len(server.requests) < n or len({r["pid"] for r in ledger_rows(ledger, "runs")} & {p.pid for p in procs}) < len(procs):
         assert time.monotonic() < deadline, "the replays never got going"
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
         time.sleep(0.01)
@@ -74,7 +75,7 @@ def _bought_twice(server) -> int:
 
 
 def _settled_usd(ledger: Ledger) -> float:
-    return sum(r["cost_usd"] or 0.0 for r in ledger.rows("reservations") if r["state"] == "settled")
+    return sum(r["cost_usd"] or 0.0 for r in ledger_rows(ledger, "reservations") if r["state"] == "settled")
 
 
 def _billed_usd(server) -> float:
@@ -113,8 +114,8 @@ def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server
     assert _bought_twice(server) == 0, f"bought twice after a {outage_s:.1f}s {outage}"
     ledger = Ledger(url)
     assert ledger.open_reservations() == 0
-    assert {r["state"] for r in ledger.rows("runs")} == {"closed"}
-    assert ledger.rows("waiters") == []
+    assert {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed"}
+    assert ledger_rows(ledger, "waiters") == []
     assert abs(_settled_usd(ledger) - _billed_usd(server)) < 1e-9
 
 
@@ -142,10 +143,10 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_pat
     rc1, _, err1 = _finish(p1, timeout=60)
     assert rc1 == 128 + sig and "Traceback" not in err1 and f"interrupted by {sig.name}" in err1, err1[-3000:]
     ledger = Ledger(url)
-    runs = {r["pid"]: r["state"] for r in ledger.rows("runs")}
+    runs = {r["pid"]: r["state"] for r in ledger_rows(ledger, "runs")}
     assert runs[p1.pid] == "closed" and runs[p2.pid] == "live"  # p2 could not close it: the server was gone
     n = len(server.requests)
-    answered = {c["call_id"] for c in ledger.rows("claims") if c["state"] == "answered"}
+    answered = {c["call_id"] for c in ledger_rows(ledger, "claims") if c["state"] == "answered"}
 
     p3 = _replay(samples_dir, teachers, tmp_path / "out3", url, tmp_path / "cache3")
     rc3, out3, err3 = _finish(p3)
@@ -153,7 +154,7 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_pat
     s3 = json.loads(out3.strip().splitlines()[-1])
     assert s3["shared_answers"] == len(answered & {r["call_id"] for r in pq.read_table(tmp_path / "out3" / "replays.parquet").to_pylist()})
     assert len(server.requests) - n == 2 * states.num_rows - s3["shared_answers"]  # only what was never answered
-    assert {r["state"] for r in ledger.rows("runs")} == {"closed", "expired"}
+    assert {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed", "expired"}
     assert ledger.open_reservations() == 0
 
 

@@ -14,6 +14,7 @@ import pytest
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
+from ledger_helpers import spend_by_run
 from composer_pipeline.models import resolve_model
 from composer_pipeline.teachers.replay import plan_costs, replay_states
 
@@ -75,7 +76,7 @@ def test_replay_through_local_server(tiny_server, samples_tables, tmp_path):
     rows = res.table.to_pylist()
     assert len(rows) == 12 and {r["status"] for r in rows} == {"answered"}
     assert all(r["prompt_tokens"] > 0 and 1 <= r["completion_tokens"] <= 12 and r["cost_usd"] > 0 for r in rows)
-    assert res.summary["total_spend"] == pytest.approx(sum(ledger.spend_by_run("local").values()))
+    assert res.summary["total_spend"] == pytest.approx(sum(spend_by_run(ledger, "local").values()))
     assert time.perf_counter() - t0 < 120
     plan2 = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
     assert all(plan2.table.column("cached").to_pylist()) and plan2.worst_case_by_teacher == {"a": 0.0, "b": 0.0}

@@ -14,6 +14,7 @@ import yaml
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache, legacy_call_id
 from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger, TeacherIdentityError
+from ledger_helpers import ledger_rows, schema_version
 from composer_pipeline.teachers.replay import replay_requests
 from tests.support.scripted_server import ScriptedServer
 
@@ -68,7 +69,7 @@ def test_a_known_name_reused_for_another_identity_is_refused(tmp_path, server, s
     with pytest.raises(TeacherIdentityError):  # the library path refuses it too, before any reservation
         cfg = make_config(server2.url)
         replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c2"), ledger=Ledger(ledger_url), run_id="x")
-    assert not any(r["run_id"] == "x" for r in Ledger(ledger_url).rows("reservations"))
+    assert not any(r["run_id"] == "x" for r in ledger_rows(Ledger(ledger_url), "reservations"))
 
 
 def test_answers_bought_under_earlier_call_ids_are_served(tmp_path, server, ledger_url):
@@ -95,13 +96,13 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_spend(tmp_path, server, led
     ledger = Ledger(ledger_url)
     replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="r1")
     spent = ledger.spent("t1")
-    assert spent > 0 and ledger.schema_version() == MIGRATIONS[-1][0] == 3
+    assert spent > 0 and schema_version(ledger) == MIGRATIONS[-1][0] == 3
     ledger._tx(lambda c: (c.execute("DROP TABLE billed_usage"), c.execute("DROP TABLE teacher_identities"),
                           c.execute("DELETE FROM schema_migrations WHERE version > 1")))
     ledger.disconnect()
     again = Ledger(ledger_url)
-    assert again.schema_version() == MIGRATIONS[-1][0] and again.spent("t1") == spent
+    assert schema_version(again) == MIGRATIONS[-1][0] and again.spent("t1") == spent
     res = replay_requests([scripted_request(cfg, 0), scripted_request(cfg, 1)], cfg, {}, cache=ResponseCache(tmp_path / "c"),
                           ledger=again, run_id="r2")
     assert res.summary["cache_hits"] == 1 and res.summary["calls"] == 1
-    assert [r["teacher"] for r in again.rows("teacher_identities")] == ["t1"]
+    assert [r["teacher"] for r in ledger_rows(again, "teacher_identities")] == ["t1"]

@@ -1,0 +1,408 @@
+"""The money state machine: claims, reservations and run leases over the ledger's tables.
+
+In:  a ledger URL (see :mod:`~composer_pipeline.teachers.ledger.backends`), and from a replay run: the
+     requests it needs (``call_id``), their worst-case prices, its teachers' budgets and its run ceiling.
+Out: :class:`Ledger`, whose transactions write ``reservations``, ``claims``, ``runs``, ``waiters`` and the
+     running sums in ``totals``; reads ``spent``/``room``/``balance``/``open_reservations``/``answer``.
+
+Money rules (the replay client follows them):
+
+* **claim** a request (unique key = its ``call_id``, the cache key) before buying it: a second run
+  that needs the same answer waits for the claimant and takes the answer instead of sending. A claim
+  whose run died (lease expired) or that failed is taken over; only a claimant dying mid-flight can
+  cause a second purchase.
+* **reserve** the worst case before sending. It is granted when ``settled + kept + reserved ≤ budget``
+  (and the same for the run ceiling) after serving the waiters of the same teacher that rank before
+  it: the run holding the least money in flight first, then first come first served (fair share across
+  processes: no run starves). When only money *held by calls in flight* is in the way the
+  caller **waits** for them to settle; ``budget_exhausted`` only when ``settled + kept`` alone leaves no
+  room.
+* **mark sent** just before the request leaves; **settle** at the reported usage (in the same
+  transaction the answer is stored in its claim, so a paid answer is durable before anything else
+  can fail), **keep** when the outcome is unknown (counted at the worst case forever, labelled),
+  **release** when the request certainly was not billed.
+* **leases**: a run heartbeats (``lease_s`` in the teachers recipe). A run whose lease expired is
+  finalized by :meth:`Ledger.reconcile` (any process does it while waiting, or ``composer-pipeline
+  teachers reconcile``): never-sent reservations are released, sent ones are kept at their worst case
+  with the note ``lease expired: outcome unknown``, its claims and waits are dropped.
+
+Time comes from the database's clock, so leases agree across hosts. A teacher name has one identity per
+ledger (``teacher_identities``, :meth:`Ledger.check_identities`). DuckDB stays the SQL engine over the
+Parquet tables; it is not used here.
+
+Deliberately simplified: dollars are floats (sums compared with ``EPS`` slack, running totals rounded to
+1e-12 when read), not decimal cents; a reservation that has to wait is retried by its caller
+(:meth:`Ledger.try_reserve` once per attempt), not notified; the fair-share order is recomputed from the
+``waiters`` table on every attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from composer_pipeline import home
+from composer_pipeline.teachers.config import TeachersConfig
+from composer_pipeline.teachers.ledger.backends import Cursor, Store
+from composer_pipeline.teachers.ledger.schema import migrate
+
+EPS = 1e-12  # float slack when comparing sums of dollars
+DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defaults
+DEFAULT_OUTAGE_S = TeachersConfig.ledger_outage_s  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
+OPEN_STATES = ("reserved", "sent")
+
+
+@dataclass
+class Reserve:
+    teacher: str
+    budget_usd: float
+    run_id: str
+    ceiling_usd: float
+    amount_usd: float
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    ok: bool
+    id: str
+    reason: str = ""  # why it was refused (or, with wait=True, what it waits for)
+    wait: bool = False  # not granted yet: money held by calls in flight or earlier waiters
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: str  # mine | answered | wait
+    record: dict[str, Any] | None = None  # the answer, when answered
+    owner: str = ""  # the run holding it, when wait
+
+
+@dataclass(frozen=True)
+class Balance:
+    teacher: str
+    budget_usd: float
+    spent_usd: float  # settled + kept + reserved (what the budget check counts)
+    settled_usd: float
+    kept_usd: float
+    reserved_usd: float  # held by calls in flight
+    remaining_usd: float
+    kept_calls: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 8) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+class TeacherIdentityError(ValueError):
+    """A recipe gives a teacher name the ledger already knows a different identity (base_url, model, prices)."""
+
+
+class Ledger(Store):
+    """The ledger at ``url`` (file path → SQLite, ``postgresql://`` → PostgreSQL); thread-safe."""
+
+    def __init__(self, url: str | Path, *, outage_s: float = DEFAULT_OUTAGE_S):
+        super().__init__(url, outage_s=outage_s)
+        migrate(self._tx, self._db)
+        self._opened = True
+
+    # -- teacher identities
+    def check_identities(self, identities: dict[str, dict[str, Any]], *, register: bool = True) -> None:
+        """Each teacher name has one identity (``TeacherConfig.identity()``: base_url, model, prices) on a
+        ledger: the first run that uses a name registers it (``register``), a later recipe giving the name
+        another identity is refused with :class:`TeacherIdentityError` naming both, before anything is
+        reserved. (Sharing the name would share its budget and, for a different model or endpoint, mislabel
+        its spend.) The budget is not part of the identity: raising it is how a lifetime budget grows."""
+        if not identities:
+            return
+        want = {name: orjson.dumps(ident, option=orjson.OPT_SORT_KEYS).decode() for name, ident in identities.items()}
+        now = self._db.now
+
+        def run(c: Cursor) -> dict[str, str]:
+            if register:
+                for name, ident in sorted(want.items()):
+                    c.execute(f"INSERT INTO teacher_identities VALUES (?, ?, {now}) ON CONFLICT (teacher) DO NOTHING", [name, ident])
+            names = sorted(want)
+            rows = c.all(f"SELECT teacher, identity FROM teacher_identities WHERE teacher IN ({','.join('?' * len(names))})", names)
+            return dict(rows)
+
+        have = self._tx(run, write=register)
+        clashes = [f"teacher {name!r}: this recipe has {want[name]}, the ledger {self.label} already knows it as {have[name]}"
+                   for name in sorted(want) if name in have and have[name] != want[name]]
+        if clashes:
+            raise TeacherIdentityError(
+                "a teacher name is reused for a different endpoint, model or price; give it a new name (a new name "
+                "has its own budget and answers) or use another ledger:\n  " + "\n  ".join(clashes))
+
+    # -- runs and leases
+    def start_run(self, run_id: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+        """Register (or revive) a live run with a lease of ``lease_s`` seconds from now."""
+        now = self._db.now
+
+        def run(c: Cursor) -> None:
+            c.execute(f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO UPDATE SET "
+                      f"state = 'live', lease_s = excluded.lease_s, heartbeat_at = excluded.heartbeat_at, pid = excluded.pid, "
+                      "host = excluded.host, closed_at = NULL", [run_id, socket.gethostname(), os.getpid(), float(lease_s)])
+
+        self._tx(run)
+
+    def heartbeat(self, run_id: str) -> bool:
+        """Extend the lease; False when the run was already finalized (its lease had expired)."""
+        return bool(self._tx(lambda c: c.execute(f"UPDATE runs SET heartbeat_at = {self._db.now} WHERE run_id = ? AND state = 'live'",
+                                                 [run_id]).rowcount))
+
+    def close_run(self, run_id: str, note: str = "run ended") -> dict[str, int]:
+        """Finalize a run that is ending: never-sent reservations released, sent ones kept."""
+        return self._tx(lambda c: self._finalize(c, run_id, "closed", note))
+
+    def reconcile(self) -> dict[str, Any]:
+        """Finalize every run whose lease expired, and at once every live run of a process on this host that
+        no longer exists (kill -9: no need to wait out its lease); what was done, for the CLI and the logs."""
+        host = socket.gethostname()
+        local = self._tx(lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND host = ?", [host]), write=False)
+        gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
+
+        def run(c: Cursor) -> dict[str, Any]:
+            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s < {self._db.now} ORDER BY run_id")]
+            expired += sorted(gone - set(expired))
+            # reservations of runs that never registered (a direct Ledger.try_reserve without start_run) are covered
+            # by the auto-registration in try_reserve, so every open reservation has a runs row
+            out = {"expired_runs": expired, "released": 0, "kept": 0, "claims_dropped": 0}
+            for rid in expired:
+                got = self._finalize(c, rid, "expired", "lease expired (process gone)" if rid in gone else "lease expired")
+                for k in ("released", "kept", "claims_dropped"):
+                    out[k] += got[k]
+            return out
+
+        return self._tx(run)
+
+    def _finalize(self, c: Cursor, run_id: str, final_state: str, note: str) -> dict[str, int]:
+        now = self._db.now
+        c.one(f"SELECT state FROM runs WHERE run_id = ?{self._db.for_update}", [run_id])
+        rows = c.all(f"SELECT id, teacher, state, reserved_usd FROM reservations WHERE run_id = ? AND state IN ('reserved', 'sent') ORDER BY id",
+                     [run_id])
+        released = kept = 0
+        moves: dict[tuple[str, str], list[float]] = {}
+        for rid, teacher, state, amount in rows:
+            if state == "reserved":  # never sent: certainly not billed
+                c.execute(f"UPDATE reservations SET state = 'released', cost_usd = 0, note = ?, closed_at = {now} WHERE id = ?",
+                          [f"{note}: never sent", rid])
+                released += 1
+                counted, kept_n = 0.0, 0
+            else:  # sent, outcome unknown: counted at its worst case
+                c.execute(f"UPDATE reservations SET state = 'kept', cost_usd = reserved_usd, note = ?, closed_at = {now} WHERE id = ?",
+                          [f"{note}: outcome unknown, counted at worst case", rid])
+                kept += 1
+                counted, kept_n = float(amount), 1
+            for key in (("run", run_id), ("teacher", teacher)):
+                m = moves.setdefault(key, [0.0, 0.0, 0])
+                m[0] += float(amount)
+                m[1] += counted
+                m[2] += kept_n
+        for (scope, key) in sorted(moves):
+            opened, counted, kept_n = moves[(scope, key)]
+            c.execute("UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, kept_usd = kept_usd + ?, "
+                      "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?", [opened, counted, counted, kept_n, scope, key])
+        dropped = c.execute("DELETE FROM claims WHERE run_id = ? AND state = 'inflight'", [run_id]).rowcount
+        c.execute("DELETE FROM waiters WHERE run_id = ?", [run_id])
+        c.execute(f"UPDATE runs SET state = ?, closed_at = {now} WHERE run_id = ? AND state = 'live'", [final_state, run_id])
+        return {"released": released, "kept": kept, "claims_dropped": max(dropped, 0)}
+
+    # -- claims
+    def claim(self, call_id: str, teacher: str, run_id: str) -> Claim:
+        """Claim the purchase of ``call_id`` for ``run_id``: mine, already answered (with the answer), or wait."""
+        now = self._db.now
+
+        def run(c: Cursor) -> Claim:
+            ins = c.execute(f"INSERT INTO claims VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}) ON CONFLICT (call_id) DO NOTHING",
+                            [call_id, teacher, run_id])
+            if ins.rowcount == 1:
+                return Claim("mine")
+            state, owner, record = c.one(f"SELECT state, run_id, record FROM claims WHERE call_id = ?{self._db.for_update}", [call_id])
+            if state == "answered":
+                return Claim("answered", orjson.loads(record))
+            if state == "inflight" and owner != run_id:
+                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s >= {now}", [owner])
+                if live:
+                    return Claim("wait", owner=owner)
+            c.execute(f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
+                      [run_id, call_id])
+            return Claim("mine")
+
+        return self._tx(run)
+
+    def claims_status(self, call_ids: list[str]) -> dict[str, str]:
+        """call_id → answered | failed | inflight | orphaned (claimant's lease expired) | free (no claim)."""
+        if not call_ids:
+            return {}
+        out = {cid: "free" for cid in call_ids}
+
+        def run(c: Cursor) -> None:
+            for i in range(0, len(call_ids), 500):
+                chunk = call_ids[i:i + 500]
+                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND {self._db.beat('r.heartbeat_at')} + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
+                     f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})")
+                for cid, state, live in c.all(q, chunk):
+                    out[cid] = "orphaned" if state == "inflight" and not live else state
+
+        self._tx(run, write=False)
+        return out
+
+    def fail_claim(self, call_id: str, run_id: str, reason: str) -> None:
+        """The claimant gave up without an answer: the next run that needs it may buy it."""
+        self._tx(lambda c: c.execute(f"UPDATE claims SET state = 'failed', reason = ?, updated_at = {self._db.now} "
+                                     "WHERE call_id = ? AND run_id = ? AND state = 'inflight'", [reason[:300], call_id, run_id]))
+
+    def answer(self, call_id: str) -> dict[str, Any] | None:
+        """The paid answer stored with its claim (the response-cache record), if any."""
+        row = self._tx(lambda c: c.one("SELECT record FROM claims WHERE call_id = ? AND state = 'answered'", [call_id]), write=False)
+        return orjson.loads(row[0]) if row else None
+
+    def answered_ids(self, call_ids: list[str]) -> set[str]:
+        st = self.claims_status(call_ids)
+        return {k for k, v in st.items() if v == "answered"}
+
+    # -- reservations
+    def try_reserve(self, op: Reserve, waiter_id: str | None = None) -> Reservation:
+        """One attempt: granted, refused (no room even if every call in flight settles at 0), or wait."""
+        now = self._db.now
+        waiter_id = waiter_id or uuid.uuid4().hex
+        amount = float(op.amount_usd)
+
+        def run(c: Cursor) -> Reservation:
+            c.execute(f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO NOTHING",
+                      [op.run_id, socket.gethostname(), os.getpid(), DEFAULT_LEASE_S])
+            for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
+                c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
+            r_hard, r_open = c.one(f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'run' AND key = ?{self._db.for_update}", [op.run_id])
+            t_hard, t_open = c.one(f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'teacher' AND key = ?{self._db.for_update}", [op.teacher])
+            t_room, r_room = op.budget_usd - t_hard, op.ceiling_usd - r_hard
+            refusal = ""
+            if amount > t_room + EPS:
+                refusal = f"teacher budget: worst case ${amount:.6f} > remaining ${max(t_room, 0):.6f} of ${op.budget_usd:g}"
+            elif amount > r_room + EPS:
+                refusal = f"run ceiling: worst case ${amount:.6f} > remaining ${max(r_room, 0):.6f} of ${op.ceiling_usd:g}"
+            mine = c.one("SELECT created_at FROM waiters WHERE id = ?", [waiter_id])
+            if refusal:
+                if mine:
+                    c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
+                return Reservation(False, "", refusal)
+            # fair share: waiters of this teacher are served first, the run holding the least money in flight
+            # first, then in order of arrival; a newcomer queues behind the waiters of its rank. Ranked in Python
+            # with one key function, so every waiter sees the same total order (no cycles, no deadlock).
+            waiting = c.all("SELECT w.id, w.created_at, w.amount_usd, COALESCE(t.open_usd, 0) FROM waiters w "
+                            "LEFT JOIN totals t ON t.scope = 'run' AND t.key = w.run_id WHERE w.teacher = ?", [op.teacher])
+            me = (round(float(r_open), 9), mine[0] if mine else float("inf"), waiter_id)
+            ahead = sum(float(amt) for wid, created, amt, held in waiting
+                        if wid != waiter_id and (round(float(held), 9), created, wid) < me)
+            t_free, r_free = t_room - t_open - float(ahead), r_room - r_open
+            if amount <= t_free + EPS and amount <= r_free + EPS:
+                rid = uuid.uuid4().hex
+                c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, {now}, NULL)",
+                          [rid, op.teacher, op.run_id, op.call_id or None, amount])
+                for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
+                    c.execute("UPDATE totals SET open_usd = open_usd + ? WHERE scope = ? AND key = ?", [amount, scope, key])
+                if mine:
+                    c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
+                return Reservation(True, rid)
+            if not mine:
+                c.execute(f"INSERT INTO waiters VALUES (?, ?, ?, ?, {now})", [waiter_id, op.teacher, op.run_id, amount])
+            what = "teacher budget" if amount > t_free + EPS else "run ceiling"
+            return Reservation(False, "", f"{what}: waiting for calls in flight to settle", wait=True)
+
+        return self._tx(run)
+
+    def mark_sent(self, reservation_id: str) -> None:
+        """The request is about to leave: from now on an unknown outcome is kept, not released."""
+        self._tx(lambda c: c.execute("UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]))
+
+    def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
+              answer: tuple[str, dict[str, Any]] | None = None, usage: dict[str, Any] | None = None) -> bool:
+        """Settle / keep / release one reservation; with ``answer=(call_id, record)`` the answer is stored in
+        its claim in the same transaction. False when it was already closed (e.g. finalized by reconcile).
+        ``usage`` (a settle's :class:`~composer_pipeline.teachers.pricing.Billed` as a dict) is recorded in
+        ``billed_usage`` in the same transaction."""
+        if state not in ("settled", "kept", "released"):
+            raise ValueError(f"unknown reservation state {state!r}")
+        now = self._db.now
+
+        def run(c: Cursor) -> bool:
+            row = c.one(f"SELECT teacher, run_id, state, reserved_usd FROM reservations WHERE id = ?{self._db.for_update}", [reservation_id])
+            done = False
+            if row and row[2] in OPEN_STATES:
+                teacher, run_id, _, amount = row
+                counted = {"settled": float(cost_usd or 0.0), "kept": float(amount), "released": 0.0}[state]
+                c.execute(f"UPDATE reservations SET state = ?, cost_usd = ?, note = ?, closed_at = {now} WHERE id = ?",
+                          [state, counted, note[:300] or None, reservation_id])
+                s_add = counted if state == "settled" else 0.0
+                k_add = counted if state == "kept" else 0.0
+                for scope, key in (("run", run_id), ("teacher", teacher)):
+                    c.execute("UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, "
+                              "kept_usd = kept_usd + ?, kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                              [float(amount), counted, s_add, k_add, 1 if state == "kept" else 0, scope, key])
+                done = True
+                if usage is not None and state == "settled":
+                    c.execute(f"INSERT INTO billed_usage (reservation_id, teacher, run_id, call_id, prompt_tokens, completion_tokens, "
+                              f"cached_tokens, cache_write_tokens, billed_usd, full_price_usd, created_at) "
+                              f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now})",
+                              [reservation_id, teacher, run_id, answer[0] if answer else None, int(usage["prompt_tokens"]),
+                               int(usage["completion_tokens"]), int(usage["cached_tokens"]), int(usage["cache_write_tokens"]),
+                               counted, float(usage["full_price_usd"])])
+            if answer is not None:
+                cid, record = answer
+                teacher_name = record.get("teacher") or (row[0] if row else "")
+                c.execute(f"INSERT INTO claims VALUES (?, ?, ?, 'answered', ?, NULL, ?, {now}, {now}) ON CONFLICT (call_id) DO UPDATE SET "
+                          f"state = 'answered', record = excluded.record, cost_usd = excluded.cost_usd, reason = NULL, updated_at = {now}",
+                          [cid, teacher_name, record.get("run_id") or (row[1] if row else ""), orjson.dumps(record).decode(),
+                           record.get("cost_usd")])
+            return done
+
+        return self._tx(run)
+
+    # -- reads (plain transactions: on SQLite/WAL they never block a writer)
+    def _totals(self, scope: str, key: str) -> tuple[float, float, float, float, int]:
+        row = self._tx(lambda c: c.one("SELECT hard_usd, open_usd, settled_usd, kept_usd, kept_calls FROM totals WHERE scope = ? AND key = ?",
+                                       [scope, key]), write=False)
+        if not row:
+            return (0.0, 0.0, 0.0, 0.0, 0)
+        # running sums of floats: drop the 1e-18 residue of adding and removing the same amounts
+        return (*(round(float(v), 12) for v in row[:4]), int(row[4]))  # type: ignore[return-value]
+
+    def spent(self, teacher: str) -> float:
+        """Everything this teacher has cost or may have cost (settled + kept + in flight)."""
+        hard, open_, *_ = self._totals("teacher", teacher)
+        return max(0.0, float(hard) + float(open_))
+
+    def room(self, teacher: str, budget: float) -> float:
+        """What may still be spent once the calls in flight settle (budget − settled − kept): what a plan can
+        count on, since a reservation waits for money in flight instead of failing."""
+        hard, *_ = self._totals("teacher", teacher)
+        return max(0.0, budget - float(hard))
+
+    def balance(self, teacher: str, budget_usd: float) -> Balance:
+        hard, open_, settled, kept, kept_calls = self._totals("teacher", teacher)
+        open_ = max(0.0, float(open_))
+        spent = float(hard) + open_
+        return Balance(teacher, float(budget_usd), spent, float(settled), float(kept), open_, max(0.0, budget_usd - spent), int(kept_calls))
+
+    def open_reservations(self) -> int:
+        return int(self._tx(lambda c: c.one("SELECT COUNT(*) FROM reservations WHERE state IN ('reserved', 'sent')")[0], write=False))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def open_ledger(url: str | Path | None = None) -> Ledger:
+    """The ledger at ``url``, else the default one (:func:`composer_pipeline.home.default_ledger_url`)."""
+    return Ledger(url or home.default_ledger_url())

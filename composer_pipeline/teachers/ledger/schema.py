@@ -1,0 +1,152 @@
+"""The ledger's tables: a versioned schema applied on open, and the import of the DuckDB ledger of earlier versions.
+
+In:  a :class:`~composer_pipeline.teachers.ledger.backends.Store`'s transaction function and backend.
+Out: the tables ``runs``, ``reservations``, ``totals``, ``claims``, ``waiters`` (1), ``teacher_identities``
+     (2), ``billed_usage`` (3), and ``schema_migrations`` (which versions were applied, when); a ledger
+     opened over an earlier ``ledger.duckdb`` beside it carries that ledger's spend.
+
+Deliberately simplified: migrations only go forward (append one, never edit one that has shipped; no
+down-migrations); one DDL text for both backends, in types both accept (TEXT, INTEGER, DOUBLE PRECISION,
+times as epoch seconds); the DuckDB import reads that ledger's ``reservations`` only (its spend), not its
+runs or answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from composer_pipeline.teachers.ledger.backends import Cursor
+
+# Versioned schema: append a migration, never edit one that has shipped.
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            host TEXT, pid INTEGER,
+            state TEXT NOT NULL,                 -- live | closed | expired
+            lease_s DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            heartbeat_at DOUBLE PRECISION NOT NULL,
+            closed_at DOUBLE PRECISION)""",
+        """CREATE TABLE reservations (
+            id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            call_id TEXT,
+            state TEXT NOT NULL,                 -- reserved | sent | settled | kept | released
+            reserved_usd DOUBLE PRECISION NOT NULL,
+            cost_usd DOUBLE PRECISION,           -- settled: actual; kept: = reserved_usd; released: 0
+            note TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            closed_at DOUBLE PRECISION)""",
+        "CREATE INDEX reservations_run ON reservations (run_id, state)",
+        """CREATE TABLE totals (
+            scope TEXT NOT NULL,                 -- teacher | run
+            key TEXT NOT NULL,
+            hard_usd DOUBLE PRECISION NOT NULL DEFAULT 0,   -- settled + kept
+            open_usd DOUBLE PRECISION NOT NULL DEFAULT 0,   -- reserved + sent (in flight)
+            settled_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+            kept_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+            kept_calls INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope, key))""",
+        """CREATE TABLE claims (
+            call_id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            state TEXT NOT NULL,                 -- inflight | answered | failed
+            record TEXT,                         -- the paid answer (the response-cache record), when answered
+            reason TEXT,
+            cost_usd DOUBLE PRECISION,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+        """CREATE TABLE waiters (
+            id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            amount_usd DOUBLE PRECISION NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX waiters_teacher ON waiters (teacher, created_at)",
+    ]),
+    # 2: a teacher name's identity (base_url, model, prices): a recipe reusing the name for another identity is
+    # refused instead of sharing its budget and answers (see Ledger.check_identities)
+    (2, [
+        """CREATE TABLE teacher_identities (
+            teacher TEXT PRIMARY KEY,
+            identity TEXT NOT NULL,              -- canonical JSON of TeacherConfig.identity()
+            created_at DOUBLE PRECISION NOT NULL)""",
+    ]),
+    # 3: what each settled call was billed, split by price (prompt caching): teachers/billing.py reads it
+    (3, [
+        """CREATE TABLE billed_usage (
+            reservation_id TEXT PRIMARY KEY,
+            teacher TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            call_id TEXT,
+            prompt_tokens INTEGER NOT NULL,      -- all prompt tokens (uncached + cache reads + cache writes)
+            completion_tokens INTEGER NOT NULL,
+            cached_tokens INTEGER NOT NULL,      -- read from the provider's prompt cache
+            cache_write_tokens INTEGER NOT NULL, -- written to it (Anthropic)
+            billed_usd DOUBLE PRECISION NOT NULL,      -- = the reservation's settled cost_usd
+            full_price_usd DOUBLE PRECISION NOT NULL,  -- the same tokens at the full input price
+            created_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX billed_usage_teacher ON billed_usage (teacher)",
+        "CREATE INDEX billed_usage_run ON billed_usage (run_id)",
+    ]),
+]
+
+
+def migrate(tx: Callable[..., Any], db: Any) -> None:
+    """Bring the ledger behind ``tx`` (:meth:`Store._tx`) to the newest version; ``db`` is its backend."""
+
+    def current(c: Cursor) -> bool:
+        if not int(c.one(db.has_schema)[0]):
+            return False
+        return int(c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]) >= MIGRATIONS[-1][0]
+
+    if tx(current, write=False):
+        return  # nothing to create: a role that may only read (``teachers budget``) opens it too
+
+    def run(c: Cursor) -> None:
+        db.migration_lock(c.cur)
+        c.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+        have = c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]
+        for version, stmts in MIGRATIONS:
+            if version > have:
+                for s in stmts:
+                    c.execute(s)
+                c.execute(f"INSERT INTO schema_migrations VALUES (?, {db.now})", [version])
+        legacy = db.legacy_duckdb() if have == 0 else None
+        if legacy is not None:
+            import_duckdb(c, legacy, db.now)
+
+    tx(run)
+
+
+def import_duckdb(c: Cursor, src: Path, now: str) -> None:
+    """Carry the spend of the DuckDB ledger of earlier versions (``ledger.duckdb`` beside a new
+    ``ledger.sqlite``) into the new ledger once, so an upgrade never resets a budget. Settled, kept and
+    released rows keep their meaning; rows still open there (killed runs, unused credit) are kept at
+    their reserved amount, as that ledger counted them."""
+    import duckdb
+
+    con = duckdb.connect(str(src), read_only=True)
+    try:
+        rows = con.execute("SELECT id, teacher, run_id, call_id, state, reserved_usd, cost_usd, note FROM reservations").fetchall()
+    finally:
+        con.close()
+    for rid, teacher, run_id, cid, state, reserved, cost, note in rows:
+        reserved = float(reserved or 0.0)
+        if state == "settled":
+            counted, kept = float(cost or 0.0), False
+        elif state == "released":
+            counted, kept = 0.0, False
+        else:  # kept, or still reserved when that ledger was last written
+            state, counted, kept = "kept", reserved, True
+        c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})",
+                  [f"duckdb-{rid}", teacher, run_id, cid, state, reserved, counted, f"imported from {src.name}" + (f": {note}" if note else "")])
+        for scope, key in (("run", run_id), ("teacher", teacher)):
+            c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
+            c.execute("UPDATE totals SET hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, kept_usd = kept_usd + ?, "
+                      "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                      [counted, 0.0 if kept else counted, counted if kept else 0.0, 1 if kept and note != "credit" else 0, scope, key])
