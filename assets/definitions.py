@@ -19,7 +19,7 @@ from resources.teachers import TeachersResource, api_key_envvars
 from resources.trainer import TrainerLauncher
 
 PER_SESSION = dg.AssetSelection.tag("stage", "ingest") | dg.AssetSelection.tag("stage", "replay") | dg.AssetSelection.assets(
-    "dpo_pairs", "agreement_positives", "normalized_dpo_pairs", "dropped_pairs"
+    "dpo_pairs", "agreement_positives", "pairs_dropped_at_build", "normalized_dpo_pairs", "dropped_pairs"
 )
 
 session_chain_job = dg.define_asset_job(

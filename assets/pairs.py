@@ -1,4 +1,5 @@
-"""Pairs stage: ``dpo_pairs`` + ``agreement_positives`` (teacher consensus vs the agent) ->
+"""Pairs stage: ``dpo_pairs`` + ``agreement_positives`` (teacher consensus vs the agent; pairs whose chosen
+side parrots the prompt to ``pairs_dropped_at_build``, with the reason) ->
 ``normalized_dpo_pairs`` + ``dropped_pairs`` (data-juicer) -> ``training_set`` (all sessions).
 
 Calls ``composer_pipeline.pairs.build.build_pairs`` and ``pairs.normalize.normalize_pairs``. Checks
@@ -61,6 +62,10 @@ def example_pair_md(pairs: pa.Table, table: str, states: pa.Table | None = None,
     outs={
         "dpo_pairs": dg.AssetOut(tags=STAGE, kinds={"parquet"}, description="States where teachers agree and the agent did something else."),
         "agreement_positives": dg.AssetOut(tags=STAGE, kinds={"parquet"}, description="States where the teachers agree with the agent."),
+        "pairs_dropped_at_build": dg.AssetOut(
+            tags=STAGE, kinds={"parquet"},
+            description="Pairs never built, with the reason: the chosen side echoes prompt markup or parrots the prompt "
+            "(drop_op pairs.build). Folded into dropped_pairs, as the CLI's `pairs` writes it."),
     },
 )
 def consensus_pairs(
@@ -93,6 +98,11 @@ def consensus_pairs(
         "dagster/row_count": positives.num_rows,
         "positives_by_agreement_kind": dg.MetadataValue.json(kinds_md(positives)),
         "preview": pair_preview(positives),
+    })
+    at_build = tables.conform(res.dropped, "dropped_pairs")
+    yield dg.Output(at_build, output_name="pairs_dropped_at_build", metadata={
+        "dagster/row_count": at_build.num_rows,
+        "drops_by_reason": dg.MetadataValue.json(counts(at_build.column("drop_reason").to_pylist())),
     })
 
 
@@ -128,15 +138,16 @@ def _unresolved(pairs: pa.Table, messages: pa.Table) -> list[str]:
     ],
 )
 def normalized_pairs(
-    context: dg.AssetExecutionContext, dpo_pairs: pa.Table, trace_states: pa.Table, trace_messages: pa.Table,
-    teacher_replays: pa.Table, recipes: PipelineRecipes,
+    context: dg.AssetExecutionContext, dpo_pairs: pa.Table, pairs_dropped_at_build: pa.Table, trace_states: pa.Table,
+    trace_messages: pa.Table, teacher_replays: pa.Table, recipes: PipelineRecipes,
 ):
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
 
     res = normalize_pairs(dpo_pairs, NormalizeRecipe.load(recipes.normalize))
     schema_ok = set(tables.NORMALIZED_DPO_PAIRS.names) <= set(res.kept.column_names)
     kept = tables.conform(res.kept, "normalized_dpo_pairs")
-    dropped = tables.conform(res.dropped, "dropped_pairs")
+    # the build's drops first, then data-juicer's: the same rows as the CLI's `pairs` writes
+    dropped = pa.concat_tables([tables.conform(pairs_dropped_at_build, "dropped_pairs"), tables.conform(res.dropped, "dropped_pairs")])
     yield dg.Output(kept, output_name="normalized_dpo_pairs", metadata={
         "dagster/row_count": kept.num_rows,
         "input_pairs": dpo_pairs.num_rows,

@@ -120,3 +120,21 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     s2 = meta2["teacher_replays"]["summary"].value
     assert (s2["rows"], s2["answered"], s2["http_requests"], s2["from_cache"]) == (n, n, 0, n)
     assert s2["latency_s_http"] == {"n": 0} and s2["latency_s_cached"]["n"] == n
+
+
+def test_a_parroting_pair_reaches_dropped_pairs_with_its_reason(trace_root, tmp_path, scripted_server):
+    """Teachers that agree on echoing Claude Code's slash-command markup: never a pair, and the row is in
+    Dagster's ``dropped_pairs`` with the reason (as the CLI's ``pairs`` writes it), not only a count."""
+    scripted_server.default_script = ["answer:<command-name>/init</command-name> Initialized the project notes."]
+    teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
+    res = dg.materialize([*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=_instance(),
+                         resources=_resources(tmp_path, trace_root, teachers_yaml), raise_on_error=False)
+    store = Store(str(tmp_path / "store"))
+    dropped = store.read_table("dropped_pairs").to_pylist()
+    at_build = [d for d in dropped if d["drop_op"] == "pairs.build"]
+    assert at_build and {d["drop_reason"] for d in at_build} == {"chosen_echoes_markup: <command-name>"}
+    assert all("<command-name>" in d["chosen_text"] for d in at_build)
+    assert store.read_table("normalized_dpo_pairs").num_rows == 0 and store.read_table("dpo_pairs").num_rows == 0
+    assert len(at_build) == store.read_table("pairs_dropped_at_build").num_rows
+    meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
+    assert meta["pairs_dropped_at_build"]["drops_by_reason"].value == {"chosen_echoes_markup: <command-name>": len(at_build)}
