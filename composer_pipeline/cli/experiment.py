@@ -18,6 +18,9 @@ def register(subparsers) -> None:
     r = sub.add_parser("read-before-edit", help="does training teach Read before Edit on held-out states?")
     r.add_argument("--out", required=True, help="output directory (data stores, checkpoints, results, plots)")
     r.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick: 1)")
+    r.add_argument("--only-seeds", default=None,
+                   help="comma-separated seeds this process runs, in this order (e.g. 4,3): a second process on the "
+                   "same --out shares the finished cells")
     r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 60; --quick: 20)")
     r.add_argument("--model", default=None, help="tiny | smollm2 (SmolLM2-135M-Instruct at CPU sizes: "
                    "ExperimentConfig.smollm2) | local:smollm2-135m-instruct (the full sizes) | a model path (default tiny)")
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
           "budget_minutes": args.budget_minutes, "eval_every": args.eval_every}
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if args.only_seeds:
+        kw["only_seeds"] = tuple(int(x) for x in args.only_seeds.split(",") if x.strip())
     if args.quick:
         cfg = ExperimentConfig.quick(Path(args.out), **kw)
     elif args.model == "smollm2":

@@ -107,6 +107,9 @@ class ExperimentConfig:
     max_new_tokens: int = 96  # probes and rollouts: a whole Edit call with the tiny tokenizer (~80)
     probe_states: str = "all"  # all | decisive (only the decisive kinds: cheaper for a large model)
     budget_minutes: float | None = None  # stop cleanly before the next cell once spent (a re-run resumes)
+    # which seeds this process runs, in this order (default: 0 .. seeds-1); a second process on the same
+    # --out over other seeds shares the finished cells (each cell is re-checked before it is run)
+    only_seeds: tuple[int, ...] | None = None
 
     @classmethod
     def quick(cls, out: Path, **kw) -> "ExperimentConfig":
@@ -132,7 +135,7 @@ class ExperimentConfig:
     def fingerprint(self) -> dict[str, Any]:
         """What a finished cell depends on: a re-run with other values cannot reuse the cells (seeds,
         arms and the budget may change: they only say which cells to run)."""
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("out", "seeds", "arms", "budget_minutes")}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")}
         return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 4}
 
 
@@ -510,7 +513,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     else:
         base_model = resolve_model_path(cfg.model)
     stopped = None
-    for seed in range(cfg.seeds):
+    for seed in (cfg.only_seeds if cfg.only_seeds is not None else range(cfg.seeds)):
         todo = [arm for arm in cfg.arms if not _cell_path(out, seed, arm).is_file()]
         for arm in cfg.arms:
             if arm not in todo:
@@ -531,6 +534,8 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
         del start_model
         sft_s = time.perf_counter() - ts
         for arm in todo:
+            if _cell_path(out, seed, arm).is_file():  # finished meanwhile by another process (--only-seeds)
+                continue
             if arm != todo[0] and over_budget():
                 stopped = {"stopped": "budget", "budget_minutes": cfg.budget_minutes, "before": f"seed {seed} {arm}"}
                 break

@@ -192,6 +192,12 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert '"stopped": "budget"' in printed and "run the same command again to resume" in printed
     assert not (out / "cells" / "seed1-start.json").exists() and (out / "cells" / "seed0-all.json").exists()
+    # ... --only-seeds runs the seeds named (a second process on the same out dir): seed 0's are done, so
+    # nothing trains, and seed 1 is not touched
+    assert main(argv[:-2] + ["--arms", ",".join(ARMS_UNDER_TEST), "--seeds", "2", "--only-seeds", "0"]) == 0
+    only = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"arm"')]
+    assert [(r["arm"], r["seed"], r.get("resumed")) for r in only] == [(a, 0, True) for a in ARMS_UNDER_TEST]
+    assert not (out / "seed1").exists()
     # ... and other settings in the same out dir are refused, naming the setting (exit 2)
     assert main(argv[:-2] + ["--arms", ",".join(ARMS_UNDER_TEST), "--steps", "4"]) == 2
     assert "steps" in capsys.readouterr().err
