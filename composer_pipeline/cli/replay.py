@@ -2,7 +2,11 @@
 
 Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
 ``replays.parquet`` (schema ``teacher_replays``, one row per state × teacher) and ``cost_plan.parquet``
-into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, a key with a
+into ``--out`` and prints one JSON summary line: :func:`~composer_pipeline.teachers.run_report.replay_summary`
+(the same dict the ``teacher_replays`` asset shows as ``summary``), the older names of its numbers
+(``calls``, ``cache_hits``, ``total_spend``, ...: ``run_report.CLI_LEGACY_KEYS``), ``run_id``, ``out``,
+``ledger``, ``cache`` and ``predicted_vs_billed``. Rendering, pricing and sending go through
+:class:`~composer_pipeline.teachers.replay.ReplayRun`, as in the assets. Before any call: missing API-key variables, a key with a
 control character inside (surrounding whitespace is stripped), unknown hosts, an unwritable ``--out`` and
 a teacher name the ledger knows with another endpoint, model or price exit 2 naming them. A PostgreSQL
 ledger lost mid-run is retried for ``ledger_outage_s``, then exit 2. Exit 1 when a teacher was cut off (invalid
@@ -48,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.home import default_cache_dir
     from composer_pipeline.teachers.ledger import open_ledger
     from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
-    from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
+    from composer_pipeline.teachers.replay import ReplayRun
+    from composer_pipeline.teachers.run_report import cli_legacy_keys
 
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:
@@ -64,12 +69,11 @@ def run(args: argparse.Namespace) -> int:
     cache = ResponseCache(cache_dir)
     opts = render.RenderOptions.from_recipe(args.ingest_recipe)
 
-    requests, failed = build_requests(states, messages, cfg, opts)
-    plan = plan_requests(requests, cfg, cache, ledger)
+    replay = ReplayRun.prepare(states, messages, cfg, opts)
+    plan = replay.plan(cache, ledger)
     api_keys = clean_api_keys(cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers})
-    to_call = {t for t, c in zip(plan.table.column("teacher").to_pylist(), plan.table.column("cached").to_pylist()) if not c}
     # before anything is sent: keys, hosts, and where the answers go
-    preflight(cfg, api_keys, teachers=None if args.plan_only else to_call,
+    preflight(cfg, api_keys, teachers=None if args.plan_only else plan.teachers_to_call,
               writable={} if out.is_remote else {"--out": args.out})
     try:
         check_writable(cache_dir, "response cache")
@@ -93,13 +97,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"\rteacher calls {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
-    res = replay_requests(requests, cfg, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
-                          extra_failed=failed)
+    res = replay.replay(api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress)
     path = out.write_table("replays", res.table)
     from composer_pipeline.teachers.billing import usage_by_run
 
     billed = usage_by_run(ledger, run_id)
-    summary = {**res.summary, "out": out.url("replays.parquet") if out.is_remote else path,
+    # the one replay summary (run_report.replay_summary, also the asset's `summary`), the names this command
+    # printed before it (run_report.CLI_LEGACY_KEYS), and where this run wrote
+    summary = {**res.summary, **cli_legacy_keys(res.summary), "run_id": run_id,
+               "out": out.url("replays.parquet") if out.is_remote else path,
                "ledger": ledger.label, "cache": str(cache.dir),
                # the plan's expectation with prompt caching beside what providers billed this run
                "predicted_vs_billed": {t.name: {"predicted_usd": round(plan.predicted_by_teacher.get(t.name, 0.0), 8),

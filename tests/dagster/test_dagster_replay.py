@@ -99,7 +99,7 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     s = meta["teacher_replays"]["summary"].value
     n = replays.num_rows
     assert (s["rows"], s["answered"], s["http_requests"], s["from_cache"]) == (n, n, n, 0)
-    assert meta["teacher_replays"]["http_requests"].value == n and meta["teacher_replays"]["cache_hits"].value == 0
+    assert meta["teacher_replays"]["http_requests"].value == n and meta["teacher_replays"]["from_cache"].value == 0
     assert s["latency_s_http"]["n"] == n and s["latency_s_cached"] == {"n": 0}
     assert sum(t["http_requests"] for t in s["by_teacher"].values()) == n and set(s["by_teacher"]) == {"t0", "t1", "t2"}
     assert "calls_by_teacher" not in meta["teacher_replays"] and "latency_s" not in meta["teacher_replays"]
