@@ -65,6 +65,10 @@ def test_cli_and_asset_print_the_same_summary(trace_root, tmp_path, scripted_ser
     key = lambda r: r["call_id"]  # noqa: E731
     assert sorted(Store(str(tmp_path / "store")).read_table("teacher_replays", cols).to_pylist(), key=key) == \
         sorted(Store(str(tmp_path / "cli2")).read_table("teacher_replays", cols).to_pylist(), key=key)
+    # one table name: the CLI's file keeps its short name for scripts, every reader sees the asset's
+    assert again["out"] == str(tmp_path / "cli2" / "replays.parquet")
+    assert {"teacher_replays", "cost_plan"} <= set(Store(str(tmp_path / "cli2")).table_names()) and \
+        "replays" not in Store(str(tmp_path / "cli2")).table_names()
 
     # one dict, one set of names: the CLI prints the asset's summary plus where it wrote and the old names
     assert set(again) - set(asset) == CLI_ONLY and set(asset) <= set(again)
