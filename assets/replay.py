@@ -1,7 +1,9 @@
 """Replay stage: ``cost_plan`` (worst-case spend per state x teacher, guarded by a blocking check)
 -> ``teacher_replays`` (every state sent to every teacher over OpenAI-compatible HTTP).
 
-Calls ``composer_pipeline.teachers.replay.plan_costs`` / ``replay_states``. Spend is guarded three
+Calls ``composer_pipeline.teachers.replay.ReplayRun`` (``prepare`` → ``plan`` / ``replay``), as the
+CLI does; the metadata numbers are read from the run's plan and its one summary
+(``teachers/run_report.py``), never recounted here. Spend is guarded three
 times: the blocking ``cost_plan_within_budget`` check runs before ``teacher_replays`` can start
 (the ceiling of one run and each teacher's remaining budget in the ledger), the client reserves
 budget per call (domain code), and blocking checks on the results (actual spend, per-teacher
@@ -16,10 +18,9 @@ import pyarrow.compute as pc
 
 from assets.layout import GROUP, stage
 from assets.ingest import render_options
-from assets.metadata import counts, preview
+from assets.metadata import preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
-from composer_pipeline.teachers.run_report import replay_summary
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
@@ -43,10 +44,10 @@ def cost_plan(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ) -> dg.Output:
-    from composer_pipeline.teachers.replay import plan_costs
+    from composer_pipeline.teachers.replay import ReplayRun
 
     cfg = teachers.load_config()
-    plan = plan_costs(trace_states, trace_messages, cfg, render_options(recipes), teachers.response_cache(), ledger.open())
+    plan = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).plan(teachers.response_cache(), ledger.open())
     table = tables.conform(plan.table, "cost_plan")
     return dg.Output(
         table,
@@ -92,10 +93,7 @@ def cost_plan_within_budget(
             "remaining_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in remaining.items()}),
             "teachers_over_budget": dg.MetadataValue.json(over),
         },
-        description=None if plan.fits else (
-            f"worst case ${total:.4f} > ceiling ${cfg.ceiling_usd:.4f}" if total > cfg.ceiling_usd
-            else f"over remaining budget: {sorted(over)}"
-        ),
+        description=None if plan.fits else "; ".join(plan.reasons),  # the reasons check_plan gave, not recomputed
     )
 
 
@@ -138,17 +136,16 @@ def teacher_replays(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ):
-    from composer_pipeline.teachers.replay import replay_states
-
     from composer_pipeline.teachers.billing import usage_by_run
     from composer_pipeline.teachers.preflight import preflight
+    from composer_pipeline.teachers.replay import ReplayRun, check_plan
 
-    uncached = set(cost_plan.filter(pc.invert(cost_plan.column("cached"))).column("teacher").to_pylist())
     cfg = teachers.load_config()
-    keys = teachers.api_key_values()
-    preflight(cfg, keys, teachers=uncached)  # missing key variable / unknown host: fail before any call
-    teachers.ensure_local_servers(log=context.log, only=uncached)  # all cached: no server needed
     led = ledger.open()
+    plan = check_plan(cost_plan, cfg, led)  # the plan the blocking check passed (the same decision)
+    keys = teachers.api_key_values()
+    preflight(cfg, keys, teachers=plan.teachers_to_call)  # missing key variable / unknown host: fail before any call
+    teachers.ensure_local_servers(log=context.log, only=plan.teachers_to_call)  # all cached: no server needed
     step = {"last": -1}
 
     def progress(done: int, total: int) -> None:  # log every ~10%
@@ -157,40 +154,28 @@ def teacher_replays(
             step["last"] = tenth
             context.log.info(f"teacher calls: {done}/{total}")
 
-    res = replay_states(
-        trace_states, trace_messages, cfg, keys,
-        render_opts=render_options(recipes), cache=teachers.response_cache(), ledger=led,
-        run_id=context.run_id, progress=progress,
+    res = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).replay(
+        keys, cache=teachers.response_cache(), ledger=led, run_id=context.run_id, progress=progress,
     )
     table = tables.conform(res.table, "teacher_replays")
-    rows = table.to_pylist()
-    spend: dict[str, float] = {}
-    for r in rows:
-        spend[r["teacher"]] = spend.get(r["teacher"], 0.0) + float(r["paid_usd"] or 0.0)  # this run's spend
-    failed = [r for r in rows if r["status"] != "answered"]
-    summary = replay_summary(table)
-    total = sum(spend.values())
+    summary = res.summary  # run_report.replay_summary: the dict `composer-pipeline replay` prints
+    total = float(summary["spend_usd"])  # this run's spend
 
     yield dg.Output(
         table,
         metadata={
             "dagster/row_count": table.num_rows,
             "spend_usd": total,
-            "spend_usd_by_teacher": dg.MetadataValue.json(spend),
+            "spend_usd_by_teacher": dg.MetadataValue.json(summary["spend_usd_by_teacher"]),
             # billed with prompt caching (cache reads/writes at their prices) vs the same tokens at full price
             "billed_usage_by_teacher": dg.MetadataValue.json(usage_by_run(led, context.run_id)),
-            "predicted_usd_by_teacher": dg.MetadataValue.json(
-                {t: float(sum(p for tt, p, c in zip(cost_plan.column("teacher").to_pylist(),
-                                                    cost_plan.column("predicted_usd").to_pylist()
-                                                    if "predicted_usd" in cost_plan.column_names else [None] * cost_plan.num_rows,
-                                                    cost_plan.column("cached").to_pylist()) if tt == t and not c and p is not None))
-                 for t in cfg.names}),
-            "fitted_answers": int(res.summary.get("fitted_answers", 0)),
-            "cached_prompt_tokens": int(sum(res.summary.get("cached_prompt_tokens_by_teacher", {}).values())),
-            # the counts, each named for what it counts (composer_pipeline/teachers/run_report.py)
+            "predicted_usd_by_teacher": dg.MetadataValue.json(plan.predicted_by_teacher),
+            # numbers plotted over runs, each the summary's, under the summary's name (teachers/run_report.py)
+            "fitted_answers": summary["fitted_answers"],
+            "cached_prompt_tokens": int(sum(summary["cached_prompt_tokens_by_teacher"].values())),
             "http_requests": summary["http_requests"],
-            "cache_hits": summary["from_cache"],
-            "failures_by_reason": dg.MetadataValue.json(counts(f"{r['status']}: {(r['reason'] or '')[:80]}" for r in failed)),
+            "from_cache": summary["from_cache"],
+            "failures_by_reason": dg.MetadataValue.json(summary["failures_by_reason"]),
             "summary": dg.MetadataValue.json(summary),
             "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "paid_usd", "cached_tokens",
                                        "elided_messages", "latency_s"]),
@@ -213,13 +198,13 @@ def teacher_replays(
     )
     # rows that got no answer (failed or budget_exhausted); waiting for money held by other runs' calls
     # in flight is not an error and makes no row (it shows as reservation_waits)
-    errors = failed
-    rate = len(errors) / len(rows) if rows else 0.0
+    unanswered = summary["failed"] + summary["budget_exhausted"]
+    rate = unanswered / summary["rows"] if summary["rows"] else 0.0
     yield dg.AssetCheckResult(
         check_name="error_rate",
         passed=rate <= recipes.max_replay_error_rate,
-        metadata={"error_rate": rate, "failed": len(errors), "calls": len(rows), "threshold": recipes.max_replay_error_rate,
-                  "budget_exhausted": sum(1 for r in rows if r["status"] == "budget_exhausted"),
-                  "reservation_waits": int(res.summary.get("reservation_waits", 0)),
-                  "disabled_teachers": dg.MetadataValue.json(res.summary.get("disabled_teachers", {}))},
+        metadata={"error_rate": rate, "unanswered": unanswered, "rows": summary["rows"], "threshold": recipes.max_replay_error_rate,
+                  "failed": summary["failed"], "budget_exhausted": summary["budget_exhausted"],
+                  "reservation_waits": summary["reservation_waits"],
+                  "disabled_teachers": dg.MetadataValue.json(summary["disabled_teachers"])},
     )

@@ -37,7 +37,7 @@ from composer_pipeline.teachers.billing import usage_by_run
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
+from composer_pipeline.teachers.replay import ReplayRun
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
 
 from tests.support.long_sessions import write_long_sessions  # noqa: E402
@@ -73,13 +73,14 @@ def one_run(states, messages, scheduling: str, latency: float, concurrency: int,
     try:
         cfg = teachers_config(emu.url, scheduling, concurrency)
         ledger, cache = Ledger(work / f"ledger-{scheduling}.sqlite"), ResponseCache(work / f"cache-{scheduling}")
-        reqs, failed = build_requests(states, messages, cfg, RenderOptions())
-        plan = plan_requests(reqs, cfg, cache, ledger)
+        run = ReplayRun.prepare(states, messages, cfg, RenderOptions())
+        plan = run.plan(cache, ledger)
+        reqs = run.requests
         sizes = sorted(len(orjson.dumps(r.source[0] if r.source else r.body["messages"])) for r in reqs if r.teacher.name == "claude-200k")
         prefix_chars = {"p50": sizes[len(sizes) // 2], "p90": sizes[int(0.9 * (len(sizes) - 1))], "max": sizes[-1],
                         } if sizes else {}
         t0 = time.perf_counter()
-        res = replay_requests(reqs, cfg, {}, cache=cache, ledger=ledger, run_id=scheduling, extra_failed=failed)
+        res = run.replay({}, cache=cache, ledger=ledger, run_id=scheduling)
         wall = time.perf_counter() - t0
         rows = res.table.to_pylist()
         pairs = build_pairs(states, messages, res.table, PairRecipe(), RenderOptions(), teachers=cfg)

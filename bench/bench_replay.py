@@ -91,7 +91,7 @@ def run_one(c: int, latency: float, rounds: int, warm: bool = False) -> dict:
                     "overhead_vs_raw_httpx_ms": round(1000 * c * (wall - raw_wall) / n, 1)}
         else:
             out |= {"raw_httpx_calls_per_s": round(n / raw_wall, 2)}
-        out |= {"latency_p50_s": s["latency_p50_s"], "latency_p95_s": s["latency_p95_s"]}
+        out |= {"latency_p50_s": s["latency_s_http"].get("p50"), "latency_p95_s": s["latency_s_http"].get("p95")}
         return out
     finally:
         proc.terminate()

@@ -174,12 +174,21 @@ SCHEMAS: dict[str, pa.Schema] = {
     "dropped_pairs": DROPPED_PAIRS,
 }
 
-# File names the CLI writes into a flat ``--out`` directory, when they differ from the table name.
+# A table's one name is its key in SCHEMAS: the Dagster asset, the ``sql`` view, what ``show``, ``lineage``,
+# ``pairs`` and ``train`` read. Three CLI commands write their flat ``--out`` file under an older short
+# name, kept because scripts read those files by path (``replay --out D`` -> ``D/replays.parquet``,
+# ``pairs --out D`` -> ``D/pairs.parquet`` and ``D/positives.parquet``); the Store reads such a file as
+# the table (never as a table of its own name) and nothing else uses the short names.
 FILE_ALIASES: dict[str, tuple[str, ...]] = {
     "teacher_replays": ("replays",),
     "normalized_dpo_pairs": ("pairs",),
     "agreement_positives": ("positives",),
 }
+
+
+def cli_file_name(name: str) -> str:
+    """The stem of the flat file a CLI command writes table ``name`` to (see FILE_ALIASES)."""
+    return FILE_ALIASES.get(name, (name,))[0]
 
 
 def conform(table: pa.Table, name: str) -> pa.Table:

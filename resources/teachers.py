@@ -3,7 +3,7 @@ and an on-demand local teacher server for loopback ``base_url`` s.
 
 In: ``recipe`` (path of a teachers YAML), ``api_keys`` (teacher name -> ``dg.EnvVar("NAME")``; the UI
 and run config only ever show the variable name), ``cache_dir``. Out: ``TeachersConfig``, the keys
-as a dict for ``replay_states`` (never logged), a ``ResponseCache``.
+as a dict for ``ReplayRun.replay`` (never logged), a ``ResponseCache``.
 
 ``ensure_local_servers()`` makes the embedded default work when a user clicks Materialize in the UI:
 for each teacher whose base_url is loopback and where nothing answers, it starts

@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     )
     norm = normalize_pairs(res.pairs, nrecipe)
     out.write_table("dpo_pairs", res.pairs)
-    out.write_table("pairs", norm.kept)
-    out.write_table("positives", res.positives)
+    out.write_table(tables.cli_file_name("normalized_dpo_pairs"), norm.kept)  # pairs.parquet (tables.FILE_ALIASES)
+    out.write_table(tables.cli_file_name("agreement_positives"), res.positives)  # positives.parquet
     dropped = pa.concat_tables([res.dropped, tables.conform(norm.dropped, "dropped_pairs")])  # build's drops first
     out.write_table("dropped_pairs", dropped)
     summary = {

@@ -1,8 +1,13 @@
 """``composer-pipeline replay``: ask every teacher for the next action at every trace state, without Dagster.
 
 Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
-``replays.parquet`` (schema ``teacher_replays``, one row per state × teacher) and ``cost_plan.parquet``
-into ``--out`` and prints one JSON summary line. Before any call: missing API-key variables, a key with a
+``replays.parquet`` (table ``teacher_replays``, one row per state × teacher: the name ``sql``, ``show``,
+``lineage`` and Dagster use; the file keeps its short name for scripts, ``tables.FILE_ALIASES``) and ``cost_plan.parquet``
+into ``--out`` and prints one JSON summary line: :func:`~composer_pipeline.teachers.run_report.replay_summary`
+(the same dict the ``teacher_replays`` asset shows as ``summary``), the older names of its numbers
+(``calls``, ``cache_hits``, ``total_spend``, ...: ``run_report.CLI_LEGACY_KEYS``), ``run_id``, ``out``,
+``ledger``, ``cache`` and ``predicted_vs_billed``. Rendering, pricing and sending go through
+:class:`~composer_pipeline.teachers.replay.ReplayRun`, as in the assets. Before any call: missing API-key variables, a key with a
 control character inside (surrounding whitespace is stripped), unknown hosts, an unwritable ``--out`` and
 a teacher name the ledger knows with another endpoint, model or price exit 2 naming them. A PostgreSQL
 ledger lost mid-run is retried for ``ledger_outage_s``, then exit 2. Exit 1 when a teacher was cut off (invalid
@@ -22,7 +27,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="replay trace states to every teacher (budgets, cache, retries)")
     p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states + trace_messages")
     p.add_argument("--teachers", required=True, help="teachers YAML (e.g. recipes/demo_teachers.yaml)")
-    p.add_argument("--out", required=True, help="dir or s3:// prefix to write replays.parquet into")
+    p.add_argument("--out", required=True, help="dir or s3:// prefix to write replays.parquet (table teacher_replays) "
+                   "and cost_plan.parquet into")
     p.add_argument("--ledger", default=None, help="budget ledger URL: a file path (SQLite) or postgresql://user@host/db "
                    "(default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite)")
     p.add_argument("--cache", default=None, help="response cache dir (default $COMPOSER_PIPELINE_HOME/teacher_cache)")
@@ -41,14 +47,15 @@ def run(args: argparse.Namespace) -> int:
 
     import orjson
 
-    from composer_pipeline import render
+    from composer_pipeline import render, tables
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import clean_api_keys, load_teachers
     from composer_pipeline.home import default_cache_dir
     from composer_pipeline.teachers.ledger import open_ledger
     from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
-    from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
+    from composer_pipeline.teachers.replay import ReplayRun
+    from composer_pipeline.teachers.run_report import cli_legacy_keys
 
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:
@@ -64,12 +71,11 @@ def run(args: argparse.Namespace) -> int:
     cache = ResponseCache(cache_dir)
     opts = render.RenderOptions.from_recipe(args.ingest_recipe)
 
-    requests, failed = build_requests(states, messages, cfg, opts)
-    plan = plan_requests(requests, cfg, cache, ledger)
+    replay_run = ReplayRun.prepare(states, messages, cfg, opts)
+    plan = replay_run.plan(cache, ledger)
     api_keys = clean_api_keys(cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers})
-    to_call = {t for t, c in zip(plan.table.column("teacher").to_pylist(), plan.table.column("cached").to_pylist()) if not c}
     # before anything is sent: keys, hosts, and where the answers go
-    preflight(cfg, api_keys, teachers=None if args.plan_only else to_call,
+    preflight(cfg, api_keys, teachers=None if args.plan_only else plan.teachers_to_call,
               writable={} if out.is_remote else {"--out": args.out})
     try:
         check_writable(cache_dir, "response cache")
@@ -93,13 +99,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"\rteacher calls {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
-    res = replay_requests(requests, cfg, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
-                          extra_failed=failed)
-    path = out.write_table("replays", res.table)
+    res = replay_run.replay(api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress)
+    path = out.write_table(tables.cli_file_name("teacher_replays"), res.table)  # replays.parquet (tables.FILE_ALIASES)
     from composer_pipeline.teachers.billing import usage_by_run
 
     billed = usage_by_run(ledger, run_id)
-    summary = {**res.summary, "out": out.url("replays.parquet") if out.is_remote else path,
+    # the one replay summary (run_report.replay_summary, also the asset's `summary`), the names this command
+    # printed before it (run_report.CLI_LEGACY_KEYS), and where this run wrote
+    summary = {**res.summary, **cli_legacy_keys(res.summary), "run_id": run_id,
+               "out": out.url(f"{tables.cli_file_name('teacher_replays')}.parquet") if out.is_remote else path,
                "ledger": ledger.label, "cache": str(cache.dir),
                # the plan's expectation with prompt caching beside what providers billed this run
                "predicted_vs_billed": {t.name: {"predicted_usd": round(plan.predicted_by_teacher.get(t.name, 0.0), 8),

@@ -165,7 +165,8 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import parse_teachers
     from composer_pipeline.teachers.ledger import Ledger
-    from composer_pipeline.teachers.replay import build_requests, plan_requests, replay_requests
+    from composer_pipeline.teachers.replay import ReplayRun
+    from composer_pipeline.teachers.run_report import cli_legacy_keys
 
     info_path = work / "info.json"
     sizes = {"train_sessions": cfg.train_sessions, "heldout_sessions": cfg.heldout_sessions, "heldout_seed": HELDOUT_SEED,
@@ -194,12 +195,11 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
              "max_tokens": 256, "temperature": 0.0, "timeout_s": 30, "max_retries": 2} for n, v in TEACHERS.items()]}, "experiment")
         opts = render.RenderOptions.from_recipe(None)
         ledger, cache = Ledger(work / "ledger.sqlite"), ResponseCache(work / "teacher_cache")
-        requests, failed = build_requests(task_states, messages, cfg_t, opts)
-        plan = plan_requests(requests, cfg_t, cache, ledger)
+        run = ReplayRun.prepare(task_states, messages, cfg_t, opts)
+        plan = run.plan(cache, ledger)
         if not plan.fits:
             raise RuntimeError(f"cost plan does not fit: {plan.reasons}")
-        res = replay_requests(requests, cfg_t, {n: None for n in TEACHERS}, cache=cache, ledger=ledger,
-                              run_id="read-before-edit", extra_failed=failed)
+        res = run.replay({n: None for n in TEACHERS}, cache=cache, ledger=ledger, run_id="read-before-edit")
         calls = srv.calls
     store.write_table("teacher_replays", res.table)
     pairs = build_pairs(task_states, messages, res.table, PairRecipe.load(repo / "recipes" / "pairs.yaml"), opts,
@@ -219,6 +219,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         hint_store.write_table(name, t.filter(pc.is_in(t["state_id"], value_set=err_ids)))
     hint_store.write_table("trace_messages", messages)
     st = pairs.stats
+    replay_counts = {**res.summary, **cli_legacy_keys(res.summary)}  # info.json keeps the names earlier runs wrote
     info = {
         "sizes": sizes,
         # relative to the data dir, so a run resumes from any working directory
@@ -227,7 +228,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         "edit_first_sessions": sum(p.edit_first for p in train_plans), "train_sessions": len(train_plans),
         "detour_sessions": {"train": sum(p.detour is not None for p in train_plans),
                             "heldout": sum(p.detour is not None for p in held_plans)},
-        "task_states": len(task), "teacher_calls_http": calls, "replay": {k: res.summary[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
+        "task_states": len(task), "teacher_calls_http": calls, "replay": {k: replay_counts[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
         "pairs": norm.kept.num_rows, "pair_kinds": _pair_kinds(norm.kept), "positives": pairs.positives.num_rows,
         "dropped": norm.dropped.num_rows + pairs.dropped.num_rows,
         # how the teachers agreed: states with a cross-model consensus, tied, with none; answers of one

@@ -2,9 +2,11 @@
 
 In:  ``trace_states`` + ``trace_messages`` tables, a :class:`TeachersConfig`, API keys as values,
      render options, a :class:`ResponseCache` and a :class:`Ledger`.
-Out: :func:`plan_costs` → :class:`CostPlan` (schema ``cost_plan``: worst case per call, what the cache
-     already holds, whether it fits the budgets and the run ceiling); :func:`replay_states` →
-     :class:`ReplayResult` (schema ``teacher_replays`` + a JSON-able summary).
+Out: :class:`ReplayRun` (the one entry of the CLI and the assets): ``prepare`` renders the requests,
+     ``.plan`` → :class:`CostPlan` (schema ``cost_plan``: worst case per call, what the cache already
+     holds, whether it fits the budgets and the run ceiling), ``.replay`` → :class:`ReplayResult` (schema
+     ``teacher_replays`` + :func:`run_report.replay_summary`). ``make_request`` / ``plan_requests`` /
+     ``replay_requests`` are its steps, for callers that build requests by hand (tests, benchmarks).
 
 Each teacher sees exactly what the agent saw: ``render.render_states`` gives the prefix as OpenAI
 chat messages and the tools the stream shows the agent using; the request body is
@@ -23,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
-import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
@@ -40,6 +41,7 @@ from composer_pipeline.teachers.anthropic import CacheHint
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
+from composer_pipeline.teachers.run_report import RunInfo, replay_summary
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,16 @@ class CostPlan:
     over_budget: list[str] = field(default_factory=list)  # teachers whose worst case exceeds what remains
     predicted_by_teacher: dict[str, float] = field(default_factory=dict)  # expected USD with prompt caching
 
+    @property
+    def teachers_to_call(self) -> set[str]:
+        """Teachers with at least one call the cache and the ledger cannot answer (the ones that need a key)."""
+        return {t for t, c in zip(self.table.column("teacher").to_pylist(), self.table.column("cached").to_pylist()) if not c}
+
 
 @dataclass
 class ReplayResult:
     table: pa.Table  # schema teacher_replays
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # run_report.replay_summary
 
 
 def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
@@ -273,12 +280,6 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
     return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over, predicted_by)
 
 
-def plan_costs(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts, cache: ResponseCache, ledger: Ledger) -> CostPlan:
-    """Worst-case cost of replaying ``states`` with every teacher, net of what the cache holds."""
-    requests, _ = build_requests(states, messages, config, render_opts)
-    return plan_requests(requests, config, cache, ledger)
-
-
 # ---------------------------------------------------------------------------------------------
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -327,7 +328,7 @@ def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
 
 
 async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], cache: ResponseCache,
-                  ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> tuple[list[CallResult], dict[str, Any]]:
+                  ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> tuple[list[CallResult], RunInfo]:
     api_keys = clean_api_keys(config, api_keys)  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
     ledger.outage_s = config.ledger_outage_s
     aledger = AsyncLedger(ledger, run_id, config.lease_s)
@@ -445,8 +446,7 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
     finally:
         await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
         await aledger.finish(note)  # anything still open is released (never sent) or kept (sent)
-    info = {"reservation_waits": aledger.waits, "shared_answers": shared,
-            "disabled_teachers": {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason}}
+    info = RunInfo(aledger.waits, shared, {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason})
     return results, info  # type: ignore[return-value]
 
 
@@ -505,50 +505,6 @@ async def _with_signals(coro):
                 signal.signal(sig, previous)
 
 
-def summarize(table: pa.Table, run_id: str) -> dict[str, Any]:
-    rows = table.to_pylist()
-    paid = [r for r in rows if not r["cache_hit"]]
-    spend: dict[str, float] = defaultdict(float)
-    for r in paid:
-        spend[r["teacher"]] += r["paid_usd"] or 0.0
-    failures = Counter((r["reason"] or "").split(":", 1)[0] or r["status"] for r in rows if r["status"] != "answered")
-    unparsed = sum(1 for r in rows if r["status"] == "answered" and r["action"] is None)
-    lat = sorted(r["latency_s"] for r in paid if r["status"] == "answered" and r["latency_s"] is not None)
-    cached_tokens: dict[str, int] = defaultdict(int)
-    prompt_tokens: dict[str, int] = defaultdict(int)
-    for r in paid:
-        cached_tokens[r["teacher"]] += r.get("cached_tokens") or 0
-        prompt_tokens[r["teacher"]] += r.get("prompt_tokens") or 0
-
-    def pct(q: float) -> float | None:
-        if not lat:
-            return None
-        return round(lat[min(len(lat) - 1, int(round(q * (len(lat) - 1))))], 4)
-
-    return {
-        "run_id": run_id,
-        "rows": len(rows),
-        "calls": sum(1 for r in paid if (r["attempts"] or 0) > 0),
-        "attempts": sum(r["attempts"] or 0 for r in paid),
-        "cache_hits": len(rows) - len(paid),
-        "answered": sum(1 for r in rows if r["status"] == "answered"),
-        "unparsed": unparsed,
-        "failed": sum(1 for r in rows if r["status"] == "failed"),
-        "budget_exhausted": sum(1 for r in rows if r["status"] == "budget_exhausted"),
-        "failures_by_reason": dict(sorted(failures.items())),
-        "spend_by_teacher": {k: round(v, 8) for k, v in sorted(spend.items())},
-        "total_spend": round(sum(spend.values()), 8),
-        # billed = spend: settled at the provider's usage (cache reads/writes at their prices; kept calls at worst case)
-        "prompt_tokens_by_teacher": dict(sorted(prompt_tokens.items())),
-        "cached_prompt_tokens_by_teacher": dict(sorted(cached_tokens.items())),
-        "fitted_answers": sum(1 for r in rows if r["status"] == "answered" and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0))),
-        "over_context_window": sum(1 for r in rows if (r["reason"] or "").startswith("over_context_window")),
-        "latency_p50_s": pct(0.5),
-        "latency_p95_s": pct(0.95),
-        "latency_mean_s": round(statistics.fmean(lat), 4) if lat else None,
-    }
-
-
 def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], *,
                     cache: ResponseCache, ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None = None,
                     extra_failed: Iterable[tuple[str, str | None, str]] = ()) -> ReplayResult:
@@ -561,13 +517,33 @@ def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_k
             stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)  # noqa: the fit fields keep their defaults
             rows.append(_row(stub, CallResult(status="failed", reason=reason)) | {"call_id": None})
     table = tables.conform(pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS), "teacher_replays")
-    return ReplayResult(table, {**summarize(table, run_id), **info})
+    return ReplayResult(table, replay_summary(table, info))
 
 
-def replay_states(states: pa.Table, messages: pa.Table, config: TeachersConfig, api_keys: dict[str, str | None], *,
-                  render_opts, cache: ResponseCache, ledger: Ledger, run_id: str,
-                  progress: Callable[[int, int], None] | None = None) -> ReplayResult:
-    """Ask every teacher for the next action at every state; one row per state × teacher."""
-    requests, failed = build_requests(states, messages, config, render_opts)
-    return replay_requests(requests, config, api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress,
-                           extra_failed=failed)
+@dataclass
+class ReplayRun:
+    """One replay of a set of trace states: THE entry of ``composer-pipeline replay`` and of the
+    ``cost_plan`` / ``teacher_replays`` assets, so both front ends render, price and send alike.
+
+    ``prepare`` renders every state × teacher request once (a state that fails to render is kept as a
+    failed row per teacher); :meth:`plan` prices them (``cost_plan`` and the fit decision);
+    :meth:`replay` sends them (``teacher_replays`` and :func:`run_report.replay_summary`).
+    """
+    config: TeachersConfig
+    requests: list[ReplayRequest]
+    unrendered: list[tuple[str, str | None, str]]  # (state_id, session_key, reason)
+
+    @classmethod
+    def prepare(cls, states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> "ReplayRun":
+        requests, unrendered = build_requests(states, messages, config, render_opts)
+        return cls(config, requests, unrendered)
+
+    def plan(self, cache: ResponseCache, ledger: Ledger) -> CostPlan:
+        """Worst-case cost of these requests, net of what the cache and the ledger already hold."""
+        return plan_requests(self.requests, self.config, cache, ledger)
+
+    def replay(self, api_keys: dict[str, str | None], *, cache: ResponseCache, ledger: Ledger, run_id: str,
+               progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+        """Ask every teacher for the next action at every state; one row per state × teacher."""
+        return replay_requests(self.requests, self.config, api_keys, cache=cache, ledger=ledger, run_id=run_id,
+                               progress=progress, extra_failed=self.unrendered)

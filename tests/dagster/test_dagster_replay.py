@@ -41,6 +41,15 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     checks = {e.check_name: e for e in res.get_asset_check_evaluations()}
     assert checks["cost_plan_within_budget"].passed is False
     assert checks["cost_plan_within_budget"].metadata["worst_case_usd"].value > 1e-9
+    # it says why in check_plan's own words (plan.reasons), not a second wording of the same decision
+    from composer_pipeline.teachers.config import load_teachers
+    from composer_pipeline.teachers.ledger import Ledger
+    from composer_pipeline.teachers.replay import check_plan
+
+    plan = check_plan(Store(str(tmp_path / "store")).read_table("cost_plan"), load_teachers(teachers_yaml),
+                      Ledger(tmp_path / "ledger.sqlite"))
+    assert plan.reasons and any("exceeds ceiling_usd" in r for r in plan.reasons)
+    assert checks["cost_plan_within_budget"].description == "; ".join(plan.reasons)
     materialized = {m.asset_key.to_user_string() for m in res.get_asset_materialization_events()}
     assert "cost_plan" in materialized and "teacher_replays" not in materialized
     assert scripted_server.requests == []  # not one HTTP request reached the teacher
@@ -108,7 +117,12 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     s = meta["teacher_replays"]["summary"].value
     n = replays.num_rows
     assert (s["rows"], s["answered"], s["http_requests"], s["from_cache"]) == (n, n, n, 0)
-    assert meta["teacher_replays"]["http_requests"].value == n and meta["teacher_replays"]["cache_hits"].value == 0
+    assert meta["teacher_replays"]["http_requests"].value == n and meta["teacher_replays"]["from_cache"].value == 0
+    # the plotted numbers are the summary's own (run_report.replay_summary), not a second count
+    top = {k: v.value for k, v in meta["teacher_replays"].items()}
+    assert (top["spend_usd"], top["spend_usd_by_teacher"], top["failures_by_reason"]) == \
+        (s["spend_usd"], s["spend_usd_by_teacher"], s["failures_by_reason"])
+    assert top["fitted_answers"] == s["fitted_answers"] and top["cached_prompt_tokens"] == sum(s["cached_prompt_tokens_by_teacher"].values())
     assert s["latency_s_http"]["n"] == n and s["latency_s_cached"] == {"n": 0}
     assert sum(t["http_requests"] for t in s["by_teacher"].values()) == n and set(s["by_teacher"]) == {"t0", "t1", "t2"}
     assert "calls_by_teacher" not in meta["teacher_replays"] and "latency_s" not in meta["teacher_replays"]

@@ -84,7 +84,7 @@ def test_overlapping_runs_buy_each_request_once(tmp_path, server, ledger_url):
         rows = res["rows"]
         assert len(rows) == 24 and {r["status"] for r in rows} == {"answered"}
         paid += sum(r["paid_usd"] for r in rows)
-    assert sum(res["summary"]["shared_answers"] for _, res in results) + sum(res["summary"]["calls"] for _, res in results) == 4 * 24
+    assert sum(res["summary"]["shared_answers"] for _, res in results) + sum(res["summary"]["http_requests"] for _, res in results) == 4 * 24
     billed = _billed_usd(server)
     assert paid == pytest.approx(billed) and ledger.spent("t1") + ledger.spent("t2") == pytest.approx(billed)
     assert ledger.open_reservations() == 0 and {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed"}

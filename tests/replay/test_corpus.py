@@ -15,7 +15,7 @@ import pytest
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import plan_costs, replay_states
+from composer_pipeline.teachers.replay import ReplayRun
 
 from .conftest import make_config, teacher_dict
 
@@ -36,9 +36,10 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     states = states.slice(0, 40)
     cfg = make_config(server.url, teachers=[teacher_dict(server.url, "a"), teacher_dict(server.url, "b", model="other")])
     cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
-    plan = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
+    run = ReplayRun.prepare(states, messages, cfg, RenderOptions())
+    plan = run.plan(cache, ledger)
     assert plan.table.num_rows == 80 and plan.fits
-    res = replay_states(states, messages, cfg, {}, render_opts=RenderOptions(), cache=cache, ledger=ledger, run_id="corpus")
+    res = run.replay({}, cache=cache, ledger=ledger, run_id="corpus")
     rows = res.table.to_pylist()
     assert len(rows) == 80 and {(r["state_id"], r["teacher"]) for r in rows} == {
         (s, t) for s in states.column("state_id").to_pylist() for t in ("a", "b")}

@@ -114,11 +114,11 @@ def test_rerun_pays_nothing_and_identical_requests_are_sent_once(tmp_path, serve
     cfg = make_config(server.url)
     reqs = [scripted_request(cfg, i) for i in range(5)] + [scripted_request(cfg, 0)]  # state 0 twice
     res1, ledger, rows = _run(tmp_path, cfg, reqs, run_id="r1")
-    assert len(server.requests) == 5 and res1.summary["calls"] == 5
+    assert len(server.requests) == 5 and res1.summary["http_requests"] == 5
     spent = ledger.spent("t1")
     res2, _, _ = _run(tmp_path, cfg, reqs, run_id="r2")
     assert len(server.requests) == 5  # nothing new reached the server
-    assert res2.summary["calls"] == 0 and res2.summary["cache_hits"] == 6 and res2.summary["total_spend"] == 0
+    assert res2.summary["http_requests"] == 0 and res2.summary["from_cache"] == 6 and res2.summary["spend_usd"] == 0
     assert ledger.spent("t1") == pytest.approx(spent)
     assert spend_by_run(ledger, "r2") == {} and spend_by_run(ledger, "r1")["t1"] == pytest.approx(spent)
     assert [r["action"] for r in res2.table.to_pylist()] == [r["action"] for r in res1.table.to_pylist()]

@@ -56,7 +56,7 @@ def test_the_next_replay_finalizes_a_dead_run_at_its_start(tmp_path, server, led
     ledger.mark_sent(res.id)
     assert ledger.open_reservations() == 1
     out = replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=cache, ledger=ledger, run_id="second")
-    assert out.summary["cache_hits"] == 1 and out.summary["reservation_waits"] == 0
+    assert out.summary["from_cache"] == 1 and out.summary["reservation_waits"] == 0
     assert ledger.open_reservations() == 0
     row = next(r for r in ledger_rows(ledger, "reservations") if r["run_id"] == "killed")
     assert row["state"] == "kept" and "process gone" in row["note"]
@@ -154,7 +154,7 @@ def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_pat
     assert len(server.billed) == len(states)
     assert len(ResponseCache(tmp_path / "cache")) == len(states)  # the paid answers, kept where they could be
     rc, out = _result(_start({**args, "run": "after"}))
-    assert rc == 0 and out["summary"]["answered"] == len(states) and out["summary"]["cache_hits"] == len(states)
+    assert rc == 0 and out["summary"]["answered"] == len(states) and out["summary"]["from_cache"] == len(states)
     assert len(server.requests) == len(states)  # nothing bought again
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert ledger.open_reservations() == 0

@@ -16,7 +16,7 @@ from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from ledger_helpers import spend_by_run
 from composer_pipeline.models import resolve_model
-from composer_pipeline.teachers.replay import plan_costs, replay_states
+from composer_pipeline.teachers.replay import ReplayRun
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +69,17 @@ def test_replay_through_local_server(tiny_server, samples_tables, tmp_path):
                 for n, m in (("a", "tiny"), ("b", "tiny-b"))]
     cfg = parse_teachers({"ceiling_usd": 1.0, "teachers": teachers})
     cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
-    plan = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
+    run = ReplayRun.prepare(states, messages, cfg, RenderOptions())
+    plan = run.plan(cache, ledger)
     assert plan.fits and plan.table.num_rows == 12 and not any(plan.table.column("cached").to_pylist())
     t0 = time.perf_counter()
-    res = replay_states(states, messages, cfg, {}, render_opts=RenderOptions(), cache=cache, ledger=ledger, run_id="local")
+    res = run.replay({}, cache=cache, ledger=ledger, run_id="local")
     rows = res.table.to_pylist()
     assert len(rows) == 12 and {r["status"] for r in rows} == {"answered"}
     assert all(r["prompt_tokens"] > 0 and 1 <= r["completion_tokens"] <= 12 and r["cost_usd"] > 0 for r in rows)
-    assert res.summary["total_spend"] == pytest.approx(sum(spend_by_run(ledger, "local").values()))
+    assert res.summary["spend_usd"] == pytest.approx(sum(spend_by_run(ledger, "local").values()))
     assert time.perf_counter() - t0 < 120
-    plan2 = plan_costs(states, messages, cfg, RenderOptions(), cache, ledger)
+    plan2 = ReplayRun.prepare(states, messages, cfg, RenderOptions()).plan(cache, ledger)
     assert all(plan2.table.column("cached").to_pylist()) and plan2.worst_case_by_teacher == {"a": 0.0, "b": 0.0}
 
 

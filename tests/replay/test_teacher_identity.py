@@ -79,7 +79,7 @@ def test_answers_bought_under_earlier_call_ids_are_served(tmp_path, server, ledg
     reqs = [scripted_request(cfg, i) for i in range(4)]
     ledger = Ledger(ledger_url)
     res = replay_requests(reqs, cfg, {}, cache=ResponseCache(tmp_path / "c1"), ledger=ledger, run_id="r1")
-    assert res.summary["calls"] == 4
+    assert res.summary["http_requests"] == 4
     # rewrite what that run stored under the legacy ids (what an earlier version would have left)
     old_cache = ResponseCache(tmp_path / "old")
     for r in reqs[:2]:
@@ -88,7 +88,7 @@ def test_answers_bought_under_earlier_call_ids_are_served(tmp_path, server, ledg
     ledger._tx(lambda c: [c.execute("UPDATE claims SET call_id = ? WHERE call_id = ?", [new, old]) for old, new in legacy.items()])
     n = len(server.requests)
     res2 = replay_requests(reqs, cfg, {}, cache=old_cache, ledger=ledger, run_id="r2")
-    assert len(server.requests) == n and res2.summary["answered"] == 4 and res2.summary["total_spend"] == 0
+    assert len(server.requests) == n and res2.summary["answered"] == 4 and res2.summary["spend_usd"] == 0
 
 
 def test_a_schema_1_ledger_is_migrated_and_keeps_its_spend(tmp_path, server, ledger_url):
@@ -104,5 +104,5 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_spend(tmp_path, server, led
     assert schema_version(again) == MIGRATIONS[-1][0] and again.spent("t1") == spent
     res = replay_requests([scripted_request(cfg, 0), scripted_request(cfg, 1)], cfg, {}, cache=ResponseCache(tmp_path / "c"),
                           ledger=again, run_id="r2")
-    assert res.summary["cache_hits"] == 1 and res.summary["calls"] == 1
+    assert res.summary["from_cache"] == 1 and res.summary["http_requests"] == 1
     assert [r["teacher"] for r in ledger_rows(again, "teacher_identities")] == ["t1"]

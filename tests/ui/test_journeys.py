@@ -328,7 +328,7 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     # the preview shows both money columns.
     page.goto(ui.url + "/assets/teacher_replays")
     page.get_by_text("http_requests").first.wait_for()
-    page.get_by_text("cache_hits").first.wait_for()
+    page.get_by_text("from_cache").first.wait_for()
     page.get_by_text("paid_usd", exact=True).first.wait_for()
     page.get_by_text("cost_usd", exact=True).first.wait_for()
     shot(page, "journey2-replay-metadata")
