@@ -18,8 +18,12 @@ from resources.storage import ParquetIOManager, StoreResource
 from resources.teachers import TeachersResource, api_key_envvars
 from resources.trainer import TrainerLauncher
 
-PER_SESSION = dg.AssetSelection.tag("stage", "ingest") | dg.AssetSelection.tag("stage", "replay") | dg.AssetSelection.assets(
-    "dpo_pairs", "agreement_positives", "pairs_dropped_at_build", "normalized_dpo_pairs", "dropped_pairs"
+PER_SESSION = (
+    dg.AssetSelection.tag("stage", "ingest")
+    | dg.AssetSelection.tag("stage", "replay")
+    | dg.AssetSelection.assets(
+        "dpo_pairs", "agreement_positives", "pairs_dropped_at_build", "normalized_dpo_pairs", "dropped_pairs"
+    )
 )
 
 session_chain_job = dg.define_asset_job(
@@ -35,7 +39,9 @@ def build_resources(s: PipelineSettings) -> dict:
         "io_manager": ParquetIOManager(root=s.store_root),
         "store": StoreResource(root=s.store_root),
         "recipes": PipelineRecipes.from_settings(s),
-        "teachers": TeachersResource(recipe=teachers_recipe, api_keys=api_key_envvars(teachers_recipe), cache_dir=s.cache_dir),
+        "teachers": TeachersResource(
+            recipe=teachers_recipe, api_keys=api_key_envvars(teachers_recipe), cache_dir=s.cache_dir
+        ),
         "ledger": LedgerResource(path=s.ledger_path),
         "trainer": TrainerLauncher.from_deployment(s.deployment.trainer),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
@@ -46,10 +52,15 @@ def build_defs(settings: PipelineSettings | None = None) -> dg.Definitions:
     s = settings or load_settings()
     return dg.Definitions(
         assets=[
-            ingest.raw_sessions, ingest.ingest_session_tables,
-            replay.cost_plan, replay.teacher_replays,
-            pairs.consensus_pairs, pairs.normalized_pairs, pairs.training_set,
-            train.trained_policy, train.policy_eval,
+            ingest.raw_sessions,
+            ingest.ingest_session_tables,
+            replay.cost_plan,
+            replay.teacher_replays,
+            pairs.consensus_pairs,
+            pairs.normalized_pairs,
+            pairs.training_set,
+            train.trained_policy,
+            train.policy_eval,
         ],
         asset_checks=[replay.cost_plan_within_budget],
         jobs=[session_chain_job, nightly_training_job],

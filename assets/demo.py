@@ -93,8 +93,16 @@ def _stop_started_servers(before: set[Path], state_dir: Path, echo) -> None:
         pid_file.unlink(missing_ok=True)
 
 
-def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers=None,
-             keep_teachers=False, echo=print, dagster_home: Path = DAGSTER_HOME) -> DemoReport:
+def run_demo(
+    trace_root=None,
+    store=None,
+    steps=None,
+    skip_train=False,
+    teachers=None,
+    keep_teachers=False,
+    echo=print,
+    dagster_home: Path = DAGSTER_HOME,
+) -> DemoReport:
     t0 = time.monotonic()
     warnings.filterwarnings("ignore", message=".*is currently in preview.*")  # partitioned asset checks
     for noisy in ("alembic", "httpx"):  # instance migrations and per-request lines drown the progress
@@ -115,7 +123,9 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     settings = replace(
         settings,
         trace_root=str(Path(trace_root or SAMPLES).expanduser().resolve()),
-        store_root=str(store) if store and "://" in str(store) else str(Path(store or settings.store_root).expanduser().resolve()),
+        store_root=str(store)
+        if store and "://" in str(store)
+        else str(Path(store or settings.store_root).expanduser().resolve()),
         recipes={**settings.recipes, "teachers": str(Path(teachers or DEMO_TEACHERS).resolve())},
         train=replace(settings.train, steps=steps if steps is not None else settings.train.steps),
     )
@@ -132,17 +142,26 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
 
     report = DemoReport(store=settings.store_root, sessions=keys, dagster_home=str(dagster_home))
-    report.ui_env = " ".join([
-        f"DAGSTER_HOME={dagster_home}", f"COMPOSER_TRACE_ROOT={settings.trace_root}",
-        f"COMPOSER_STORE={settings.store_root}", f"COMPOSER_TEACHERS_RECIPE={settings.recipes['teachers']}",
-    ])
+    report.ui_env = " ".join(
+        [
+            f"DAGSTER_HOME={dagster_home}",
+            f"COMPOSER_TRACE_ROOT={settings.trace_root}",
+            f"COMPOSER_STORE={settings.store_root}",
+            f"COMPOSER_TEACHERS_RECIPE={settings.recipes['teachers']}",
+        ]
+    )
     state_dir = Path(settings.cache_dir).resolve().parent
     servers_before = set(state_dir.glob("teacher_server-*.pid"))
     chain = defs.resolve_job_def("session_chain")
     try:
         for key in tqdm(keys, desc="sessions", unit="session"):
-            res = chain.execute_in_process(partition_key=key, instance=instance, run_config=LOG_CONFIG,
-                                           raise_on_error=False, tags={"composer/demo": "1"})
+            res = chain.execute_in_process(
+                partition_key=key,
+                instance=instance,
+                run_config=LOG_CONFIG,
+                raise_on_error=False,
+                tags={"composer/demo": "1"},
+            )
             if not res.success:
                 report.failed[key] = _first_failure(res)
                 echo(f"session {key}: FAILED ({report.failed[key]})")
@@ -160,8 +179,13 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
     training = defs.resolve_job_def("nightly_training")
     selection = [dg.AssetKey("training_set")] if skip_train else None
     echo("training_set" + ("" if skip_train else " -> trained_policy -> policy_eval") + " ...")
-    res = training.execute_in_process(instance=instance, run_config=LOG_CONFIG, raise_on_error=False,
-                                      asset_selection=selection, tags={"composer/demo": "1"})
+    res = training.execute_in_process(
+        instance=instance,
+        run_config=LOG_CONFIG,
+        raise_on_error=False,
+        asset_selection=selection,
+        tags={"composer/demo": "1"},
+    )
     if not res.success:
         report.failed["nightly_training"] = _first_failure(res)
         echo(f"training: FAILED ({report.failed['nightly_training']})")
@@ -179,7 +203,9 @@ def run_demo(trace_root=None, store=None, steps=None, skip_train=False, teachers
         from composer_pipeline.train.config import TrainRecipe
 
         train_recipe = settings.recipe("train")
-        report.min_rows_to_measure = (TrainRecipe.load(train_recipe) if train_recipe else TrainRecipe.from_dict({})).eval.min_rows_to_measure
+        report.min_rows_to_measure = (
+            TrainRecipe.load(train_recipe) if train_recipe else TrainRecipe.from_dict({})
+        ).eval.min_rows_to_measure
         report.eval_metrics = {r["metric"]: {"trained": r["trained"], "base": r["base"], "n": r["n"]} for r in ev}
     report.seconds = time.monotonic() - t0
     return report
@@ -197,8 +223,16 @@ def _summarize_tables(st, report: DemoReport) -> None:
     if report.row_counts.get("normalized_dpo_pairs"):
         from composer_pipeline.pairs.build import agreement_label
 
-        cols = ["pair_id", "agreement_kind", "n_teachers", "n_models", "n_models_agreeing", "n_agreeing",
-                "agreement_score", "has_error"]
+        cols = [
+            "pair_id",
+            "agreement_kind",
+            "n_teachers",
+            "n_models",
+            "n_models_agreeing",
+            "n_agreeing",
+            "agreement_score",
+            "has_error",
+        ]
         rows = st.read_table("normalized_dpo_pairs", cols).to_pylist()
         for r in rows:
             key = f"{r['agreement_kind']}, {agreement_label(r)}"
@@ -211,8 +245,14 @@ def _train_summary(tp: dict) -> dict:
     import json
 
     metrics = json.loads(tp.get("metrics") or "{}")
-    out = {"steps": metrics.get("steps"), "seconds": metrics.get("train_seconds"), "model": tp.get("base_model"),
-           "data": metrics.get("data") or {}, "fired": {}, "plots": None}
+    out = {
+        "steps": metrics.get("steps"),
+        "seconds": metrics.get("train_seconds"),
+        "model": tp.get("base_model"),
+        "data": metrics.get("data") or {},
+        "fired": {},
+        "plots": None,
+    }
     losses = Path(tp.get("local_dir") or "") / "losses.jsonl"
     if losses.is_file():
         steps = [json.loads(line) for line in losses.read_text().splitlines() if line.strip()]
@@ -237,31 +277,41 @@ def _cli_path() -> str:
 
 def print_report(r: DemoReport, echo=print) -> None:
     echo("")
-    echo(f"== composer-pipeline demo: {len(r.sessions) - len([k for k in r.failed if k in r.sessions])}/{len(r.sessions)} "
-         f"sessions through the chain in {r.seconds:.0f}s ==")
+    echo(
+        f"== composer-pipeline demo: {len(r.sessions) - len([k for k in r.failed if k in r.sessions])}/{len(r.sessions)} "
+        f"sessions through the chain in {r.seconds:.0f}s =="
+    )
     echo(f"store (Parquet, one file per asset partition): {r.store}")
     for name, n in sorted(r.row_counts.items()):
         echo(f"  {name:<22} {n:>6} rows")
     if r.ingest_engines:
-        engines = ", ".join(f"{engine}: {n} of {len(r.sessions)} sessions" for engine, n in sorted(r.ingest_engines.items()))
+        engines = ", ".join(
+            f"{engine}: {n} of {len(r.sessions)} sessions" for engine, n in sorted(r.ingest_engines.items())
+        )
         echo(f"ingest engine ({'compiled C++' if 'native' in r.ingest_engines else 'Python'}): {engines}")
     if r.teachers:
         echo(f"teachers ({r.teachers_recipe}; local ones served over HTTP on loopback):")
         for name, t in sorted(r.teachers.items()):
-            echo(f"  {name:<12} {t['answered']:>4} answered  {t['other']:>3} not answered  "
-                 f"{t['cached']:>4} from the response cache  ${t['spend']:.6f} this run")
+            echo(
+                f"  {name:<12} {t['answered']:>4} answered  {t['other']:>3} not answered  "
+                f"{t['cached']:>4} from the response cache  ${t['spend']:.6f} this run"
+            )
     if r.agreement:
         agree = "; ".join(f"{n} {k}" for k, n in sorted(r.agreement.items()))
         echo(f"pairs after data-juicer normalization: {sum(r.agreement.values())} ({agree})")
     if r.train:
         t, d = r.train, r.train.get("data") or {}
         secs = f"{t['seconds']:.0f}s" if t.get("seconds") is not None else "?"
-        echo(f"training: {t.get('steps')} steps in {secs} on {t.get('model')}; data: {d.get('prompts', '?')} GRPO prompts, "
-             f"{d.get('error_sites', '?')} error sites (hint channel), {d.get('pairs', '?')} DPO pairs")
+        echo(
+            f"training: {t.get('steps')} steps in {secs} on {t.get('model')}; data: {d.get('prompts', '?')} GRPO prompts, "
+            f"{d.get('error_sites', '?')} error sites (hint channel), {d.get('pairs', '?')} DPO pairs"
+        )
         if t.get("fired"):
             f = t["fired"]
-            echo(f"  channels fired (steps of {t.get('steps')}): GRPO {f['grpo']}, hint-SDPO {f['sdpo']}, DPO {f['dpo']}"
-                 "  (SDPO only fires on batches that contain an error site)")
+            echo(
+                f"  channels fired (steps of {t.get('steps')}): GRPO {f['grpo']}, hint-SDPO {f['sdpo']}, DPO {f['dpo']}"
+                "  (SDPO only fires on batches that contain an error site)"
+            )
     if r.checkpoint:
         echo(f"checkpoint: {r.checkpoint}")
     if r.train.get("plots"):
@@ -278,20 +328,24 @@ def print_report(r: DemoReport, echo=print) -> None:
     for k, why in r.failed.items():
         echo(f"FAILED {k}: {why}")
     if r.row_counts.get("trace_states") and not r.row_counts.get("training_set"):
-        echo("no DPO pairs or positives: the teachers never reached consensus on any state (a pair needs "
-             "`agreement_threshold` teachers with parsed, non-empty answers; see the `stats` metadata of "
-             "dpo_pairs in the UI, or recipes/pairs.yaml and the teachers recipe)")
+        echo(
+            "no DPO pairs or positives: the teachers never reached consensus on any state (a pair needs "
+            "`agreement_threshold` teachers with parsed, non-empty answers; see the `stats` metadata of "
+            "dpo_pairs in the UI, or recipes/pairs.yaml and the teachers recipe)"
+        )
     store_flag = f" --store {r.store}"
     cp = _cli_path()
     echo("")
     echo("next:")
-    echo(f"  {cp} sql \"select teacher, status, count(*) from teacher_replays group by all\"{store_flag}")
-    echo(f"  {cp} sql \"select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5\"{store_flag}")
+    echo(f'  {cp} sql "select teacher, status, count(*) from teacher_replays group by all"{store_flag}')
+    echo(f'  {cp} sql "select pair_id, chosen_text, rejected_text from normalized_dpo_pairs limit 5"{store_flag}')
     pair = r.example_pair or "<pair_id>"
     echo(f"  {cp} lineage {pair}{store_flag}")
     echo(f"  {cp} show {pair}{store_flag}")
     echo("  the UI (http://127.0.0.1:3000; this demo's runs are under Runs, the env makes it see the same sessions):")
-    echo(f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} env --default-signal=INT .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+    echo(
+        f"    {r.ui_env or 'DAGSTER_HOME=' + r.dagster_home} env --default-signal=INT .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

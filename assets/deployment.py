@@ -29,7 +29,9 @@ class TrainerDeployment:
     """How ``trained_policy`` starts the trainer (``resources/trainer.py``)."""
 
     launcher: Launcher = setting(
-        "subprocess", help="subprocess (this machine) | torchrun / accelerate (data-parallel ranks here) | k8s (a trainer pod)")
+        "subprocess",
+        help="subprocess (this machine) | torchrun / accelerate (data-parallel ranks here) | k8s (a trainer pod)",
+    )
     nproc_per_node: int = setting(1, help="torchrun / accelerate processes on this machine")
     torchrun_args: tuple[str, ...] = setting((), help="multi-node rendezvous flags for torchrun; empty: --standalone")
     accelerate_config: str | None = setting(None, help="`accelerate launch --config_file` (relative to the repo root)")
@@ -56,10 +58,15 @@ class DeploymentSettings:
     """The ``deployment:`` section of ``recipes/pipeline.yaml``."""
 
     executor: Executor = setting(
-        "in_process", help="the Dagster executor of every run: in_process | multiprocess | k8s | celery")
+        "in_process", help="the Dagster executor of every run: in_process | multiprocess | k8s | celery"
+    )
     in_process: dict[str, Any] = setting(factory=dict, help="in_process_executor config (passed to Dagster as written)")
-    multiprocess: dict[str, Any] = setting(factory=dict, help="multiprocess_executor config (passed to Dagster as written)")
-    k8s: dict[str, Any] = setting(factory=dict, help="k8s_job_executor config (passed to Dagster as written; its schema checks it)")
+    multiprocess: dict[str, Any] = setting(
+        factory=dict, help="multiprocess_executor config (passed to Dagster as written)"
+    )
+    k8s: dict[str, Any] = setting(
+        factory=dict, help="k8s_job_executor config (passed to Dagster as written; its schema checks it)"
+    )
     celery: dict[str, Any] = setting(factory=dict, help="celery_executor config (passed to Dagster as written)")
     trainer: TrainerDeployment = setting(factory=TrainerDeployment, help="where and how the trainer runs")
     executor_config: dict[str, Any] = derived(factory=dict)  # the chosen executor's Dagster config (set by from_dict)

@@ -24,7 +24,8 @@ def build_executor(settings: PipelineSettings) -> dg.ExecutorDefinition:
     if not checked.success:
         raise dg.DagsterInvalidConfigError(
             f"recipes: deployment.{settings.deployment.executor} is not valid {executor.name} config",
-            checked.errors, settings.deployment.executor_config,
+            checked.errors,
+            settings.deployment.executor_config,
         )
     return executor
 

@@ -33,7 +33,9 @@ def find_session(trace_root: str, partition_key: str, instance=None):
     if not is_short_key(partition_key):
         if partition_key in found:
             return found[partition_key]
-        raise FileNotFoundError(f"session {partition_key!r} not found under {trace_root} (was the file moved or deleted?)")
+        raise FileNotFoundError(
+            f"session {partition_key!r} not found under {trace_root} (was the file moved or deleted?)"
+        )
     project = partition_key.split("/", 1)[0]
     keymap = session_keymap(instance, found, project) if instance is not None else KeyMap(found, [partition_key])
     try:
@@ -97,10 +99,13 @@ def _with_content(messages: pa.Table) -> pa.Table:
     """Rows of ``trace_messages`` with their message content (kept inside ``raw``) as a JSON column."""
     from composer_pipeline.render import record_payload
 
-    content = [record_payload(raw, t)[0] for raw, t in zip(messages.column("raw").to_pylist(),
-                                                             messages.column("record_type").to_pylist())]
-    return messages.append_column("content", pa.array([None if c is None else json.dumps(c) for c in content],
-                                                      pa.string()))
+    content = [
+        record_payload(raw, t)[0]
+        for raw, t in zip(messages.column("raw").to_pylist(), messages.column("record_type").to_pylist())
+    ]
+    return messages.append_column(
+        "content", pa.array([None if c is None else json.dumps(c) for c in content], pa.string())
+    )
 
 
 def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
@@ -120,27 +125,32 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     deps=[raw_sessions],
     outs={
         "trace_states": dg.AssetOut(
-            tags=STAGE, description="One row per agent action (assistant API response) with its prefix pointer.",
-            kinds={"parquet"}, is_required=True,
+            tags=STAGE,
+            description="One row per agent action (assistant API response) with its prefix pointer.",
+            kinds={"parquet"},
+            is_required=True,
         ),
         "trace_messages": dg.AssetOut(
-            tags=STAGE, description="Every scrubbed JSONL record of the session (render input and lineage).",
-            kinds={"parquet"}, is_required=True,
+            tags=STAGE,
+            description="Every scrubbed JSONL record of the session (render input and lineage).",
+            kinds={"parquet"},
+            is_required=True,
         ),
         "quarantine": dg.AssetOut(
-            tags=STAGE, description="Lines that could not be used, with the reason (nothing is dropped silently).",
-            kinds={"parquet"}, is_required=True,
+            tags=STAGE,
+            description="Lines that could not be used, with the reason (nothing is dropped silently).",
+            kinds={"parquet"},
+            is_required=True,
         ),
     },
     check_specs=[
-        session_check("parse_success_ratio", asset="trace_states",
-                      description="Parsed lines / all lines ≥ threshold."),
-        session_check("quarantine_count", asset="quarantine",
-                      description="Quarantined lines ≤ threshold."),
-        session_check("schema", asset="trace_states", blocking=True,
-                      description="All three tables match tables.py."),
+        session_check("parse_success_ratio", asset="trace_states", description="Parsed lines / all lines ≥ threshold."),
+        session_check("quarantine_count", asset="quarantine", description="Quarantined lines ≤ threshold."),
+        session_check("schema", asset="trace_states", blocking=True, description="All three tables match tables.py."),
         session_check(
-            "no_secrets", asset="trace_messages", blocking=True,
+            "no_secrets",
+            asset="trace_messages",
+            blocking=True,
             description="Secret scan of the stored messages/states/quarantine finds nothing (blocks replay).",
         ),
     ],
@@ -184,8 +194,9 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
             "records_by_type": dg.MetadataValue.json(counts(messages.column("record_type").to_pylist())),
             "secrets_scrubbed": dg.MetadataValue.json(secrets),
             "secrets_scrubbed_total": sum(secrets.values()),
-            "preview": preview(_with_content(messages.slice(0, 5)),
-                               ["stream_id", "line_no", "record_type", "role", "content"]),
+            "preview": preview(
+                _with_content(messages.slice(0, 5)), ["stream_id", "line_no", "record_type", "role", "content"]
+            ),
         },
     )
     yield dg.Output(
@@ -202,8 +213,12 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
         check_name="parse_success_ratio",
         asset_key="trace_states",
         passed=ratio >= recipes.min_parse_success_ratio,
-        metadata={"ratio": ratio, "parsed_lines": messages.num_rows, "quarantined_lines": quarantine.num_rows,
-                  "threshold": recipes.min_parse_success_ratio},
+        metadata={
+            "ratio": ratio,
+            "parsed_lines": messages.num_rows,
+            "quarantined_lines": quarantine.num_rows,
+            "threshold": recipes.min_parse_success_ratio,
+        },
     )
     yield dg.AssetCheckResult(
         check_name="quarantine_count",
@@ -241,5 +256,8 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
         asset_key="trace_messages",
         passed=not leaked,
         severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"secret_hits_by_table": dg.MetadataValue.json(leaked), "scrubbed_at_ingest": dg.MetadataValue.json(secrets)},
+        metadata={
+            "secret_hits_by_table": dg.MetadataValue.json(leaked),
+            "scrubbed_at_ingest": dg.MetadataValue.json(secrets),
+        },
     )

@@ -21,8 +21,9 @@ sessions_partitions = dg.DynamicPartitionsDefinition(name="sessions")
 
 def session_check(name: str, *, asset: str, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
     """A check of a session-partitioned asset, reported per session partition (the UI names its session)."""
-    return dg.AssetCheckSpec(name, asset=asset, description=description, blocking=blocking,
-                             partitions_def=sessions_partitions)
+    return dg.AssetCheckSpec(
+        name, asset=asset, description=description, blocking=blocking, partitions_def=sessions_partitions
+    )
 
 
 def recorded_sessions(instance, partition_keys: list[str], page: int = 1000) -> dict[str, dict]:
@@ -33,7 +34,9 @@ def recorded_sessions(instance, partition_keys: list[str], page: int = 1000) -> 
         while True:
             res = instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_sessions"), asset_partitions=chunk),
-                limit=page, cursor=cursor)
+                limit=page,
+                cursor=cursor,
+            )
             for rec in res.records:  # newest first: keep the first seen per partition
                 mat = rec.asset_materialization
                 if mat is not None and mat.partition not in out:
@@ -56,7 +59,10 @@ def session_keymap(instance, session_keys, project: str | None = None):
         partitions = [k for k in partitions if k.startswith(project + "/")]
     keymap = KeyMap(session_keys, partitions)
     if keymap.tied:
-        pins = {pk: str(meta["session_key"]) for pk, meta in recorded_sessions(instance, list(keymap.tied)).items()
-                if "session_key" in meta}
+        pins = {
+            pk: str(meta["session_key"])
+            for pk, meta in recorded_sessions(instance, list(keymap.tied)).items()
+            if "session_key" in meta
+        }
         keymap = KeyMap(session_keys, partitions, pins=pins)
     return keymap

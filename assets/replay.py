@@ -11,7 +11,6 @@ budgets, error rate) stop everything downstream. Guards only act inside one run:
 ``teacher_replays`` alone still goes through the client-side reservation.
 """
 
-
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,15 +46,21 @@ def cost_plan(
     from composer_pipeline.teachers.replay import ReplayRun
 
     cfg = teachers.load_config()
-    plan = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).plan(teachers.response_cache(), ledger.open())
+    plan = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).plan(
+        teachers.response_cache(), ledger.open()
+    )
     table = tables.conform(plan.table, "cost_plan")
     return dg.Output(
         table,
         metadata={
             "dagster/row_count": table.num_rows,
             "worst_case_usd_total": float(sum(plan.worst_case_by_teacher.values())),
-            "worst_case_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in plan.worst_case_by_teacher.items()}),
-            "predicted_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in plan.predicted_by_teacher.items()}),
+            "worst_case_usd_by_teacher": dg.MetadataValue.json(
+                {k: float(v) for k, v in plan.worst_case_by_teacher.items()}
+            ),
+            "predicted_usd_by_teacher": dg.MetadataValue.json(
+                {k: float(v) for k, v in plan.predicted_by_teacher.items()}
+            ),
             "remaining_budget_usd_by_teacher": dg.MetadataValue.json(
                 {k: float(v) for k, v in plan.remaining_budget_by_teacher.items()}
             ),
@@ -81,8 +86,10 @@ def cost_plan_within_budget(
     cfg = teachers.load_config()
     plan = check_plan(cost_plan, cfg, ledger.open())  # the same decision the cost_plan asset reported
     total, remaining = plan.total_worst_case_usd, plan.remaining_budget_by_teacher
-    over = {t: {"worst_case_usd": plan.worst_case_by_teacher[t], "remaining_usd": float(remaining[t])}
-            for t in plan.over_budget}
+    over = {
+        t: {"worst_case_usd": plan.worst_case_by_teacher[t], "remaining_usd": float(remaining[t])}
+        for t in plan.over_budget
+    }
     return dg.AssetCheckResult(
         passed=plan.fits,
         metadata={
@@ -119,12 +126,21 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "
     "budget ledger with per-call reservations).",
     check_specs=[
-        session_check("spend_within_ceiling", asset="teacher_replays", blocking=True,
-                      description="Actual spend of this run ≤ the ceiling of one run."),
-        session_check("teachers_within_budget", asset="teacher_replays", blocking=True,
-                      description="Each teacher's lifetime spend in the ledger ≤ its budget."),
-        session_check("error_rate", asset="teacher_replays", blocking=True,
-                      description="Failed calls / all calls ≤ threshold."),
+        session_check(
+            "spend_within_ceiling",
+            asset="teacher_replays",
+            blocking=True,
+            description="Actual spend of this run ≤ the ceiling of one run.",
+        ),
+        session_check(
+            "teachers_within_budget",
+            asset="teacher_replays",
+            blocking=True,
+            description="Each teacher's lifetime spend in the ledger ≤ its budget.",
+        ),
+        session_check(
+            "error_rate", asset="teacher_replays", blocking=True, description="Failed calls / all calls ≤ threshold."
+        ),
     ],
 )
 def teacher_replays(
@@ -155,7 +171,11 @@ def teacher_replays(
             context.log.info(f"teacher calls: {done}/{total}")
 
     res = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).replay(
-        keys, cache=teachers.response_cache(), ledger=led, run_id=context.run_id, progress=progress,
+        keys,
+        cache=teachers.response_cache(),
+        ledger=led,
+        run_id=context.run_id,
+        progress=progress,
     )
     table = tables.conform(res.table, "teacher_replays")
     summary = res.summary  # run_report.replay_summary: the dict `composer-pipeline replay` prints
@@ -177,8 +197,21 @@ def teacher_replays(
             "from_cache": summary["from_cache"],
             "failures_by_reason": dg.MetadataValue.json(summary["failures_by_reason"]),
             "summary": dg.MetadataValue.json(summary),
-            "preview": preview(table, ["teacher", "state_id", "status", "cache_hit", "action", "cost_usd", "paid_usd", "cached_tokens",
-                                       "elided_messages", "latency_s"]),
+            "preview": preview(
+                table,
+                [
+                    "teacher",
+                    "state_id",
+                    "status",
+                    "cache_hit",
+                    "action",
+                    "cost_usd",
+                    "paid_usd",
+                    "cached_tokens",
+                    "elided_messages",
+                    "latency_s",
+                ],
+            ),
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },
     )
@@ -192,9 +225,11 @@ def teacher_replays(
     yield dg.AssetCheckResult(
         check_name="teachers_within_budget",
         passed=not over,
-        metadata={"lifetime_spend_usd": dg.MetadataValue.json(lifetime),
-                  "budget_usd": dg.MetadataValue.json({t.name: t.budget_usd for t in cfg.teachers}),
-                  "over_budget": dg.MetadataValue.json(over)},
+        metadata={
+            "lifetime_spend_usd": dg.MetadataValue.json(lifetime),
+            "budget_usd": dg.MetadataValue.json({t.name: t.budget_usd for t in cfg.teachers}),
+            "over_budget": dg.MetadataValue.json(over),
+        },
     )
     # rows that got no answer (failed or budget_exhausted); waiting for money held by other runs' calls
     # in flight is not an error and makes no row (it shows as reservation_waits)
@@ -203,8 +238,14 @@ def teacher_replays(
     yield dg.AssetCheckResult(
         check_name="error_rate",
         passed=rate <= recipes.max_replay_error_rate,
-        metadata={"error_rate": rate, "unanswered": unanswered, "rows": summary["rows"], "threshold": recipes.max_replay_error_rate,
-                  "failed": summary["failed"], "budget_exhausted": summary["budget_exhausted"],
-                  "reservation_waits": summary["reservation_waits"],
-                  "disabled_teachers": dg.MetadataValue.json(summary["disabled_teachers"])},
+        metadata={
+            "error_rate": rate,
+            "unanswered": unanswered,
+            "rows": summary["rows"],
+            "threshold": recipes.max_replay_error_rate,
+            "failed": summary["failed"],
+            "budget_exhausted": summary["budget_exhausted"],
+            "reservation_waits": summary["reservation_waits"],
+            "disabled_teachers": dg.MetadataValue.json(summary["disabled_teachers"]),
+        },
     )

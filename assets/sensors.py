@@ -34,12 +34,18 @@ CHAIN_END = "normalized_dpo_pairs"  # the last asset of a session's chain (sessi
 
 def materialized_fingerprints(instance, keys: list[str]) -> dict[str, str]:
     """partition key -> fingerprint of its latest ``raw_sessions`` materialization (keys never materialized: absent)."""
-    return {pk: str(meta["fingerprint"]) for pk, meta in recorded_sessions(instance, keys).items()
-            if meta.get("fingerprint") is not None}
+    return {
+        pk: str(meta["fingerprint"])
+        for pk, meta in recorded_sessions(instance, keys).items()
+        if meta.get("fingerprint") is not None
+    }
 
 
-def build_sessions_sensor(target, minimum_interval_seconds: int = 60, trace_root: str | None = None) -> dg.SensorDefinition:
+def build_sessions_sensor(
+    target, minimum_interval_seconds: int = 60, trace_root: str | None = None
+) -> dg.SensorDefinition:
     where = f"`{trace_root}`" if trace_root else "the trace root"
+
     @dg.sensor(
         name="sessions_sensor",
         target=target,
@@ -51,8 +57,10 @@ def build_sessions_sensor(target, minimum_interval_seconds: int = 60, trace_root
     )
     def sessions_sensor(context: dg.SensorEvaluationContext, recipes: PipelineRecipes):
         if not Path(recipes.trace_root).is_dir():
-            return dg.SkipReason(f"trace root {recipes.trace_root} does not exist: set trace_root in "
-                                 "recipes/pipeline.yaml or COMPOSER_TRACE_ROOT")
+            return dg.SkipReason(
+                f"trace root {recipes.trace_root} does not exist: set trace_root in "
+                "recipes/pipeline.yaml or COMPOSER_TRACE_ROOT"
+            )
         seen = json.loads(context.cursor) if context.cursor else {}
         current = scan_sessions(recipes.trace_root)
         keymap = session_keymap(context.instance, current)
@@ -68,11 +76,15 @@ def build_sessions_sensor(target, minimum_interval_seconds: int = 60, trace_root
             msg = f"{len(current)} sessions under {recipes.trace_root}, none new or changed"
             if not done:
                 return dg.SkipReason(msg)
-            return dg.SensorResult(skip_reason=f"{msg}; {len(done)} found already materialized",
-                                   cursor=json.dumps({**seen, **current}, sort_keys=True))
+            return dg.SensorResult(
+                skip_reason=f"{msg}; {len(done)} found already materialized",
+                cursor=json.dumps({**seen, **current}, sort_keys=True),
+            )
         return dg.SensorResult(
             run_requests=[dg.RunRequest(partition_key=pk[k], run_key=f"{pk[k]}:{current[k]}") for k in changed],
-            dynamic_partitions_requests=[sessions_partitions.build_add_request(sorted(added.values()))] if added else [],
+            dynamic_partitions_requests=[sessions_partitions.build_add_request(sorted(added.values()))]
+            if added
+            else [],
             cursor=json.dumps({**seen, **current}, sort_keys=True),
         )
 

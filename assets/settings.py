@@ -32,7 +32,9 @@ def _abs(p: str | None) -> str | None:
 @dataclass(frozen=True)
 class TrainerRun:
     model: str | None = setting(
-        None, help="base model dir / hub id of `trained_policy`; null: the train recipe's model ($COMPOSER_TRAIN_MODEL overrides)")
+        None,
+        help="base model dir / hub id of `trained_policy`; null: the train recipe's model ($COMPOSER_TRAIN_MODEL overrides)",
+    )
     steps: int | None = setting(None, help="optimizer steps; null: the train recipe's optim.steps")
 
 
@@ -42,21 +44,31 @@ class PipelineFile:
 
     MOVED: ClassVar[dict[str, str]] = {"schedule_cron": "recipes/train.yaml (schedule.cron)"}
 
-    trace_root: str = setting("~/.claude/projects", help="where the sessions sensor scans for sessions ($COMPOSER_TRACE_ROOT overrides)")
-    store_root: str = setting(".store", help="Parquet tables: a local dir or s3://bucket/prefix ($COMPOSER_STORE overrides)")
+    trace_root: str = setting(
+        "~/.claude/projects", help="where the sessions sensor scans for sessions ($COMPOSER_TRACE_ROOT overrides)"
+    )
+    store_root: str = setting(
+        ".store", help="Parquet tables: a local dir or s3://bucket/prefix ($COMPOSER_STORE overrides)"
+    )
     ledger_path: str | None = setting(
-        None, help="budget ledger: a file (embedded SQLite) or postgresql://...; null: the CLI's, "
-        "$COMPOSER_PIPELINE_HOME/ledger.sqlite ($COMPOSER_LEDGER_URL overrides)")
+        None,
+        help="budget ledger: a file (embedded SQLite) or postgresql://...; null: the CLI's, "
+        "$COMPOSER_PIPELINE_HOME/ledger.sqlite ($COMPOSER_LEDGER_URL overrides)",
+    )
     cache_dir: str | None = setting(
-        None, help="content-addressed teacher response cache; null: the CLI's, $COMPOSER_PIPELINE_HOME/teacher_cache")
+        None, help="content-addressed teacher response cache; null: the CLI's, $COMPOSER_PIPELINE_HOME/teacher_cache"
+    )
     checkpoints_dir: str = setting(CHECKPOINTS_DIR, help="trainer output before it is uploaded to the store")
     recipes: dict[str, str | None] = setting(
-        factory=dict, help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)")
+        factory=dict,
+        help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)",
+    )
     train: TrainerRun = setting(factory=TrainerRun, help="the trainer run by `trained_policy` (through Dagster Pipes)")
     sensor_interval_s: int = setting(60, help="how often the sessions sensor looks at trace_root (seconds)")
     checks: CheckThresholds = setting(factory=CheckThresholds, help="asset check thresholds")
     deployment: DeploymentSettings = setting(
-        factory=DeploymentSettings, help="where steps and the trainer run (docs/SCALING.md)")
+        factory=DeploymentSettings, help="where steps and the trainer run (docs/SCALING.md)"
+    )
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,13 @@ def trained_policy(
     out_dir = Path(recipes.checkpoints_dir).resolve() / context.run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     data_root = store.store().root
-    extras = {"data_root": data_root, "recipe": recipes.train, "model": recipes.train_model,
-              "steps": recipes.train_steps, "out_dir": str(out_dir)}
+    extras = {
+        "data_root": data_root,
+        "recipe": recipes.train,
+        "model": recipes.train_model,
+        "steps": recipes.train_steps,
+        "out_dir": str(out_dir),
+    }
     results = trainer.run(context, extras=extras, pipes_client=pipes_subprocess_client).get_results()
     reported: dict = {}
     for r in results:
@@ -53,10 +58,15 @@ def trained_policy(
 
     checkpoint = Path(str(reported.get("checkpoint") or out_dir / "checkpoint"))
     metrics = json.loads((checkpoint / "metrics.json").read_text()) if (checkpoint / "metrics.json").is_file() else {}
-    losses = [json.loads(x) for x in (checkpoint / "losses.jsonl").read_text().splitlines() if x.strip()] \
-        if (checkpoint / "losses.jsonl").is_file() else []
+    losses = (
+        [json.loads(x) for x in (checkpoint / "losses.jsonl").read_text().splitlines() if x.strip()]
+        if (checkpoint / "losses.jsonl").is_file()
+        else []
+    )
     model = str(metrics.get("model") or recipes.train_model or "")
-    location = store.upload_dir(checkpoint, f"checkpoints/{context.run_id}") if store.store().is_remote else str(checkpoint)
+    location = (
+        store.upload_dir(checkpoint, f"checkpoints/{context.run_id}") if store.store().is_remote else str(checkpoint)
+    )
     keys = sorted(set(training_set.column("session_key").to_pylist()))
     ts_event = context.instance.get_latest_materialization_event(dg.AssetKey("training_set"))  # lineage
     ts_tags = (ts_event.asset_materialization.tags or {}) if ts_event and ts_event.asset_materialization else {}
@@ -83,11 +93,17 @@ def trained_policy(
     png = plot_channels(losses, out_dir / "losses.png")
     if png:
         meta["loss_curves"] = png_markdown(str(png), "Per-channel training loss")
-    row = pa.table({
-        "checkpoint": [location], "local_dir": [str(checkpoint)], "base_model": [model], "run_id": [context.run_id],
-        "training_rows": [training_set.num_rows], "training_partitions": [keys],
-        "metrics": [json.dumps(metrics, default=str)],
-    })
+    row = pa.table(
+        {
+            "checkpoint": [location],
+            "local_dir": [str(checkpoint)],
+            "base_model": [model],
+            "run_id": [context.run_id],
+            "training_rows": [training_set.num_rows],
+            "training_partitions": [keys],
+            "metrics": [json.dumps(metrics, default=str)],
+        }
+    )
     return dg.Output(row, metadata=meta)
 
 
@@ -96,8 +112,13 @@ def trained_policy(
     tags=STAGE,
     kinds={"pytorch"},
     description="Held-out evaluation of the new checkpoint and of the starting model (same data, same recipe).",
-    check_specs=[dg.AssetCheckSpec("no_regression", asset="policy_eval",
-                                   description="The new policy's score is not worse than the base model's by more than the threshold.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "no_regression",
+            asset="policy_eval",
+            description="The new policy's score is not worse than the base model's by more than the threshold.",
+        )
+    ],
 )
 def policy_eval(
     context: dg.AssetExecutionContext, trained_policy: pa.Table, recipes: PipelineRecipes, store: StoreResource
@@ -109,27 +130,39 @@ def policy_eval(
     data_root = store.store().root
     new = evaluate_policy(row["local_dir"], data_root, recipes.train)
     base = evaluate_policy(row["base_model"], data_root, recipes.train)
-    metrics = sorted(k for k in {**new, **base} if isinstance(new.get(k, base.get(k)), dict) and "value" in new.get(k, base.get(k)))
+    metrics = sorted(
+        k for k in {**new, **base} if isinstance(new.get(k, base.get(k)), dict) and "value" in new.get(k, base.get(k))
+    )
     value = lambda d, k: (d.get(k) or {}).get("value")  # noqa: E731
-    table = pa.table({
-        "metric": metrics,
-        "trained": pa.array([value(new, k) for k in metrics], pa.float64()),
-        "base": pa.array([value(base, k) for k in metrics], pa.float64()),
-        "n": pa.array([(new.get(k) or {}).get("n") for k in metrics], pa.int64()),
-        "checkpoint": [row["checkpoint"]] * len(metrics),
-        "run_id": [context.run_id] * len(metrics),
-    })
-    meta = {"dagster/row_count": table.num_rows, "checkpoint": row["checkpoint"], "base_model": row["base_model"],
-            "trained": dg.MetadataValue.json(new), "base": dg.MetadataValue.json(base),
-            "comparison": preview(table, ["metric", "trained", "base", "n"], n=10)}
+    table = pa.table(
+        {
+            "metric": metrics,
+            "trained": pa.array([value(new, k) for k in metrics], pa.float64()),
+            "base": pa.array([value(base, k) for k in metrics], pa.float64()),
+            "n": pa.array([(new.get(k) or {}).get("n") for k in metrics], pa.int64()),
+            "checkpoint": [row["checkpoint"]] * len(metrics),
+            "run_id": [context.run_id] * len(metrics),
+        }
+    )
+    meta = {
+        "dagster/row_count": table.num_rows,
+        "checkpoint": row["checkpoint"],
+        "base_model": row["base_model"],
+        "trained": dg.MetadataValue.json(new),
+        "base": dg.MetadataValue.json(base),
+        "comparison": preview(table, ["metric", "trained", "base", "n"], n=10),
+    }
     for k in metrics:
         if value(new, k) is not None:
             meta[f"trained_{k}"] = float(value(new, k))
     yield dg.Output(table, metadata=meta)
 
     # higher is better for these; hint_jsd (lower is better) is reported, not gated
-    deltas = {k: value(new, k) - value(base, k) for k in ("reward", "preference_accuracy")
-              if value(new, k) is not None and value(base, k) is not None}
+    deltas = {
+        k: value(new, k) - value(base, k)
+        for k in ("reward", "preference_accuracy")
+        if value(new, k) is not None and value(base, k) is not None
+    }
     regressed = {k: d for k, d in deltas.items() if d < -recipes.max_eval_regression}
     # a comparison on a handful of held-out rows measures nothing: say so, do not pass
     min_rows = TrainRecipe.load(recipes.train).eval.min_rows_to_measure
@@ -137,8 +170,10 @@ def policy_eval(
     if not deltas:
         description = "no metric comparable between the new and the starting model (empty held-out split?)"
     elif not was_measured:
-        description = (f"measured nothing: {n_rows} held-out rows (fewer than eval.min_rows_to_measure {min_rows}); "
-                       f"learning is measured by `{LEARNING_COMMAND}`")
+        description = (
+            f"measured nothing: {n_rows} held-out rows (fewer than eval.min_rows_to_measure {min_rows}); "
+            f"learning is measured by `{LEARNING_COMMAND}`"
+        )
     else:
         description = None
     yield dg.AssetCheckResult(
@@ -146,7 +181,12 @@ def policy_eval(
         passed=bool(deltas) and was_measured and not regressed,
         severity=dg.AssetCheckSeverity.WARN,
         description=description,
-        metadata={"deltas": dg.MetadataValue.json(deltas), "regressed": dg.MetadataValue.json(regressed),
-                  "allowed_regression": recipes.max_eval_regression, "measured": was_measured,
-                  "heldout_rows": n_rows, "min_rows_to_measure": min_rows},
+        metadata={
+            "deltas": dg.MetadataValue.json(deltas),
+            "regressed": dg.MetadataValue.json(regressed),
+            "allowed_regression": recipes.max_eval_regression,
+            "measured": was_measured,
+            "heldout_rows": n_rows,
+            "min_rows_to_measure": min_rows,
+        },
     )

@@ -38,6 +38,7 @@ from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from composer_pipeline.teachers.replay import ReplayRun
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
 
 from tests.support.long_sessions import write_long_sessions  # noqa: E402
@@ -54,9 +55,21 @@ MODELS = {
 def teachers_config(url: str, scheduling: str, concurrency: int):
     entries = []
     for name, (api, window, inp, out, cached, write) in MODELS.items():
-        d = dict(name=name, base_url=url, model=name, api_key_env=None, api=api, input_usd_per_mtok=inp,
-                 output_usd_per_mtok=out, cached_input_usd_per_mtok=cached, budget_usd=1000.0, max_concurrency=concurrency,
-                 max_tokens=256, timeout_s=60.0, context_window=window)
+        d = dict(
+            name=name,
+            base_url=url,
+            model=name,
+            api_key_env=None,
+            api=api,
+            input_usd_per_mtok=inp,
+            output_usd_per_mtok=out,
+            cached_input_usd_per_mtok=cached,
+            budget_usd=1000.0,
+            max_concurrency=concurrency,
+            max_tokens=256,
+            timeout_s=60.0,
+            context_window=window,
+        )
         if write:
             d["cache_write_usd_per_mtok"] = write
         entries.append(d)
@@ -64,8 +77,13 @@ def teachers_config(url: str, scheduling: str, concurrency: int):
 
 
 def emulator(latency: float) -> ProviderEmulator:
-    return ProviderEmulator({name: ModelRules(api, window, inp, out, cached, write)
-                             for name, (api, window, inp, out, cached, write) in MODELS.items()}, latency_s=latency).start()
+    return ProviderEmulator(
+        {
+            name: ModelRules(api, window, inp, out, cached, write)
+            for name, (api, window, inp, out, cached, write) in MODELS.items()
+        },
+        latency_s=latency,
+    ).start()
 
 
 def one_run(states, messages, scheduling: str, latency: float, concurrency: int, work: Path) -> dict:
@@ -76,9 +94,20 @@ def one_run(states, messages, scheduling: str, latency: float, concurrency: int,
         run = ReplayRun.prepare(states, messages, cfg, RenderOptions())
         plan = run.plan(cache, ledger)
         reqs = run.requests
-        sizes = sorted(len(orjson.dumps(r.source[0] if r.source else r.body["messages"])) for r in reqs if r.teacher.name == "claude-200k")
-        prefix_chars = {"p50": sizes[len(sizes) // 2], "p90": sizes[int(0.9 * (len(sizes) - 1))], "max": sizes[-1],
-                        } if sizes else {}
+        sizes = sorted(
+            len(orjson.dumps(r.source[0] if r.source else r.body["messages"]))
+            for r in reqs
+            if r.teacher.name == "claude-200k"
+        )
+        prefix_chars = (
+            {
+                "p50": sizes[len(sizes) // 2],
+                "p90": sizes[int(0.9 * (len(sizes) - 1))],
+                "max": sizes[-1],
+            }
+            if sizes
+            else {}
+        )
         t0 = time.perf_counter()
         res = run.replay({}, cache=cache, ledger=ledger, run_id=scheduling)
         wall = time.perf_counter() - t0
@@ -95,27 +124,43 @@ def one_run(states, messages, scheduling: str, latency: float, concurrency: int,
             emu_usd = emu.billed_usd(t.model)
             rec = b.get("billed_usd", 0.0)
             per[t.name] = {
-                "answered": answered, "answered_share": round(answered / n_states, 4),
-                "fitted": sum(1 for r in mine if r["status"] == "answered" and (r["elided_messages"] or r["cut_messages"])),
-                "billed_usd": round(rec, 6), "emulator_billed_usd": round(emu_usd, 6),
+                "answered": answered,
+                "answered_share": round(answered / n_states, 4),
+                "fitted": sum(
+                    1 for r in mine if r["status"] == "answered" and (r["elided_messages"] or r["cut_messages"])
+                ),
+                "billed_usd": round(rec, 6),
+                "emulator_billed_usd": round(emu_usd, 6),
                 "recorded_vs_emulator_pct": round(100 * (rec - emu_usd) / emu_usd, 6) if emu_usd else None,
                 "full_price_usd": round(b.get("full_price_usd", 0.0), 6),
                 "saving_x": round(b.get("full_price_usd", 0.0) / rec, 2) if rec else None,
                 "usd_per_answered_state": round(rec / answered, 6) if answered else None,
-                "full_price_usd_per_answered_state": round(b.get("full_price_usd", 0.0) / answered, 6) if answered else None,
+                "full_price_usd_per_answered_state": round(b.get("full_price_usd", 0.0) / answered, 6)
+                if answered
+                else None,
                 "predicted_usd": round(plan.predicted_by_teacher[t.name], 6),
                 "worst_case_usd": round(plan.worst_case_by_teacher[t.name], 6),
-                "prompt_tokens": b.get("prompt_tokens", 0), "cached_prompt_tokens": b.get("cached_prompt_tokens", 0),
+                "prompt_tokens": b.get("prompt_tokens", 0),
+                "cached_prompt_tokens": b.get("cached_prompt_tokens", 0),
                 "over_window_sent": sum(1 for m, _ in emu.over_window if m == t.model),
             }
         total = sum(p["billed_usd"] for p in per.values())
         full = sum(p["full_price_usd"] for p in per.values())
-        return {"scheduling": scheduling, "wall_s": round(wall, 2), "requests": len(reqs), "states": n_states,
-                "kept_pairs": n_pairs, "billed_usd": round(total, 6), "full_price_usd": round(full, 6),
-                "usd_per_kept_pair": round(total / n_pairs, 6) if n_pairs else None,
-                "full_price_usd_per_kept_pair": round(full / n_pairs, 6) if n_pairs else None,
-                "sessions": len(set(states.column("session_key").to_pylist())),
-                "over_window_sent": len(emu.over_window), "prefix_bytes": prefix_chars, "by_teacher": per}
+        return {
+            "scheduling": scheduling,
+            "wall_s": round(wall, 2),
+            "requests": len(reqs),
+            "states": n_states,
+            "kept_pairs": n_pairs,
+            "billed_usd": round(total, 6),
+            "full_price_usd": round(full, 6),
+            "usd_per_kept_pair": round(total / n_pairs, 6) if n_pairs else None,
+            "full_price_usd_per_kept_pair": round(full / n_pairs, 6) if n_pairs else None,
+            "sessions": len(set(states.column("session_key").to_pylist())),
+            "over_window_sent": len(emu.over_window),
+            "prefix_bytes": prefix_chars,
+            "by_teacher": per,
+        }
     finally:
         emu.stop()
 
@@ -135,9 +180,16 @@ def main() -> None:
         src = Path(args.traces) if args.traces else work / "projects"
         if not args.traces:
             write_long_sessions(src, args.sessions, args.turns, args.seed)
-        subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(src), "--out", str(work / "data")],
-                       check=True, capture_output=True, timeout=600)
-        states, messages = pq.read_table(work / "data/trace_states.parquet"), pq.read_table(work / "data/trace_messages.parquet")
+        subprocess.run(
+            [sys.executable, "-m", "composer_pipeline", "ingest", str(src), "--out", str(work / "data")],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        states, messages = (
+            pq.read_table(work / "data/trace_states.parquet"),
+            pq.read_table(work / "data/trace_messages.parquet"),
+        )
         for sched in args.schedulings.split(","):
             print(json.dumps(one_run(states, messages, sched, args.latency, args.concurrency, work)), flush=True)
 

@@ -32,9 +32,19 @@ def demo_prompts(n: int) -> list[tuple[list[dict], list[dict]]]:
     from composer_pipeline.store import Store
 
     out = Path(tempfile.mkdtemp(prefix="bench-demo-"))
-    subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest",
-                    str(REPO / "composer_pipeline" / "samples" / "projects"), "--out", str(out)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "ingest",
+            str(REPO / "composer_pipeline" / "samples" / "projects"),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     st = Store(str(out))
     conv = Conversation.from_table(st.read_table("trace_messages"))
     states = st.read_table("trace_states").to_pylist()
@@ -82,16 +92,32 @@ def main() -> None:
     wall = {k: 0.0 for k in runs}
     order = list(runs)
     for i, (msgs, tools) in enumerate(prompts):
-        for name in order[i % 3:] + order[: i % 3]:  # rotate who goes first
+        for name in order[i % 3 :] + order[: i % 3]:  # rotate who goes first
             c0, w0 = time.process_time(), time.perf_counter()
             runs[name](msgs, tools)
             cpu[name] += time.process_time() - c0
             wall[name] += time.perf_counter() - w0
     n = len(prompts)
-    res = {k: {"cpu_s_per_state": round(cpu[k] / n, 3), "wall_s_per_state": round(wall[k] / n, 3),
-               "cpu_ratio_to_greedy_twice": round(cpu[k] / cpu["greedy_twice"], 3)} for k in runs}
-    print(json.dumps({"states": n, "max_tokens": args.max_tokens, "results": res,
-                      "prompt_cache": with_cache.prompt_cache.stats(), "greedy_memo": old.memo.stats()}, indent=1))
+    res = {
+        k: {
+            "cpu_s_per_state": round(cpu[k] / n, 3),
+            "wall_s_per_state": round(wall[k] / n, 3),
+            "cpu_ratio_to_greedy_twice": round(cpu[k] / cpu["greedy_twice"], 3),
+        }
+        for k in runs
+    }
+    print(
+        json.dumps(
+            {
+                "states": n,
+                "max_tokens": args.max_tokens,
+                "results": res,
+                "prompt_cache": with_cache.prompt_cache.stats(),
+                "greedy_memo": old.memo.stats(),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

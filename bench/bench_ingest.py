@@ -52,8 +52,10 @@ def generate(corpus: Path, target_mb: float) -> tuple[int, int]:
         shutil.rmtree(corpus)
     total = 0
     for k in range(copies):
+
         def sub(m, k=k):
             return m.group(1) + b"%012x" % (int(m.group(2), 16) ^ (k + 1))
+
         for rel, data in blobs.items():
             out = corpus / f"copy{k:04d}" / rel
             if rel.stem.count("-") == 4:  # session files are named by their uuid: rename consistently
@@ -76,20 +78,36 @@ _ALNUM = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 def _planted_key(rng) -> bytes:
     def rnd(n: int) -> bytes:
         return bytes(rng.choice(_ALNUM) for _ in range(n))
-    return rng.choice([
-        lambda: b"AKIA" + bytes(rng.choice(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") for _ in range(16)),
-        lambda: b"ghp_" + rnd(36), lambda: b"sk-ant-api03-" + rnd(40), lambda: b"sk-proj-" + rnd(40),
-        lambda: b"xoxb-" + rnd(10) + b"-" + rnd(12), lambda: b"AIza" + rnd(35),
-        lambda: b"eyJhbGciOiJIUzI1NiJ9.eyJ" + rnd(20) + b"." + rnd(20), lambda: b"DB_PASSWORD=" + rnd(14),
-        lambda: b"aws_secret_access_key = " + rnd(40),
-    ])()
+
+    return rng.choice(
+        [
+            lambda: b"AKIA" + bytes(rng.choice(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") for _ in range(16)),
+            lambda: b"ghp_" + rnd(36),
+            lambda: b"sk-ant-api03-" + rnd(40),
+            lambda: b"sk-proj-" + rnd(40),
+            lambda: b"xoxb-" + rnd(10) + b"-" + rnd(12),
+            lambda: b"AIza" + rnd(35),
+            lambda: b"eyJhbGciOiJIUzI1NiJ9.eyJ" + rnd(20) + b"." + rnd(20),
+            lambda: b"DB_PASSWORD=" + rnd(14),
+            lambda: b"aws_secret_access_key = " + rnd(40),
+        ]
+    )()
 
 
 def _near_miss(rng) -> bytes:
     def rnd(n: int) -> bytes:
         return bytes(rng.choice(_ALNUM) for _ in range(n))
-    return rng.choice([b"task-sk-" + rnd(24), b"msg_01" + rnd(4) + b"xoxb-" + rnd(12), b"password: $(pass show db)",
-                       b"x" + b"AKIA" + rnd(16).upper(), b"api_key: str", b"the secret: ok"])
+
+    return rng.choice(
+        [
+            b"task-sk-" + rnd(24),
+            b"msg_01" + rnd(4) + b"xoxb-" + rnd(12),
+            b"password: $(pass show db)",
+            b"x" + b"AKIA" + rnd(16).upper(),
+            b"api_key: str",
+            b"the secret: ok",
+        ]
+    )
 
 
 def realistic(corpus: Path, seed: int = 12) -> dict:
@@ -138,7 +156,7 @@ _CODE = [
     "2026-01-0%dT12:00:00Z INFO worker-%d processed batch in %d ms (queue=%d)",
     "src/components/TodoList.tsx:%d:%d - error TS2322: Type 'string' is not assignable to type 'number'.",
     "    at Object.<anonymous> (/home/user/project/node_modules/jest-runner/build/index.js:%d:%d)",
-    "caf\u00e9 \u2192 r\u00e9sum\u00e9 \u2014 na\u00efve \u00fcber \u4e2d\u6587 \U0001F680 %d \\ backslash \\n literal",
+    "caf\u00e9 \u2192 r\u00e9sum\u00e9 \u2014 na\u00efve \u00fcber \u4e2d\u6587 \U0001f680 %d \\ backslash \\n literal",
     "| %d | SELECT * FROM orders WHERE id = %d AND status = 'open' | 0.%d ms |",
     "+    const [items, setItems] = useState<Item[]>([]);  // line %d of %d",
 ]
@@ -187,8 +205,8 @@ def _damage(line: bytes, rng, mode: str) -> bytes | None:
     if mode == "cut_late":
         return line[: rng.randint(p.end() + 1, u)]
     if mode == "garbled_parent":
-        return line[: p.end() - 6] + b'[REDACTED]"' + line[p.end() - 6:]
-    return line[: p.start()] + line[p.end() + 1:].rstrip(b"}")  # parent key gone, line cut at its end
+        return line[: p.end() - 6] + b'[REDACTED]"' + line[p.end() - 6 :]
+    return line[: p.start()] + line[p.end() + 1 :].rstrip(b"}")  # parent key gone, line cut at its end
 
 
 VARIED_GROWTH = 2.0  # about how much varied() grows the copies: they are generated that much smaller
@@ -243,19 +261,43 @@ def varied(corpus: Path, seed: int = 25) -> dict:
             i, before = records[int(len(records) * 0.6)]
             after = next(((j, o) for j, o in records if j > i and o.get("parentUuid") == before["uuid"]), None)
             if after is not None and not before.get("isSidechain"):
-                bid, sid = "c0ba%04x-0000-4000-8000-%012x" % (k % 65536, k), "c05a%04x-0000-4000-8000-%012x" % (k % 65536, k)
-                env = {"isSidechain": False, "userType": "external", "sessionId": before.get("sessionId"),
-                       "version": before.get("version"), "timestamp": before.get("timestamp")}
-                boundary = {"parentUuid": None, "logicalParentUuid": before["uuid"], **env, "type": "system",
-                            "subtype": "compact_boundary", "content": "Conversation compacted",
-                            "compactMetadata": {"trigger": "auto", "preTokens": 155000}, "uuid": bid}
-                summary = {"parentUuid": bid, **env, "type": "user", "isCompactSummary": True,
-                           "isVisibleInTranscriptOnly": True,
-                           "message": {"role": "user", "content": "This session is being continued from a previous "
-                                       "conversation. Summary:\n" + _long_text(rng, 6000)}, "uuid": sid}
+                bid, sid = (
+                    "c0ba%04x-0000-4000-8000-%012x" % (k % 65536, k),
+                    "c05a%04x-0000-4000-8000-%012x" % (k % 65536, k),
+                )
+                env = {
+                    "isSidechain": False,
+                    "userType": "external",
+                    "sessionId": before.get("sessionId"),
+                    "version": before.get("version"),
+                    "timestamp": before.get("timestamp"),
+                }
+                boundary = {
+                    "parentUuid": None,
+                    "logicalParentUuid": before["uuid"],
+                    **env,
+                    "type": "system",
+                    "subtype": "compact_boundary",
+                    "content": "Conversation compacted",
+                    "compactMetadata": {"trigger": "auto", "preTokens": 155000},
+                    "uuid": bid,
+                }
+                summary = {
+                    "parentUuid": bid,
+                    **env,
+                    "type": "user",
+                    "isCompactSummary": True,
+                    "isVisibleInTranscriptOnly": True,
+                    "message": {
+                        "role": "user",
+                        "content": "This session is being continued from a previous "
+                        "conversation. Summary:\n" + _long_text(rng, 6000),
+                    },
+                    "uuid": sid,
+                }
                 j, o = after
                 out[j] = orjson.dumps({**o, "parentUuid": sid})
-                out[i + 1:i + 1] = [orjson.dumps(boundary), orjson.dumps(summary)]
+                out[i + 1 : i + 1] = [orjson.dumps(boundary), orjson.dumps(summary)]
                 n["compactions"] += 1
         # runs of 1-3 damaged lines in a row (only lines that are records, in a row)
         i = 1
@@ -263,8 +305,11 @@ def varied(corpus: Path, seed: int = 25) -> dict:
             if rng.random() < 0.004:
                 run = rng.randint(1, 3)
                 for j in range(i, min(i + run, len(out))):
-                    d = _damage(out[j], rng, rng.choice(["cut_early", "cut_late", "cut_late", "garbled_parent",
-                                                         "missing_parent"]))
+                    d = _damage(
+                        out[j],
+                        rng,
+                        rng.choice(["cut_early", "cut_late", "cut_late", "garbled_parent", "missing_parent"]),
+                    )
                     if d is None:
                         break
                     out[j] = d
@@ -279,6 +324,7 @@ def varied(corpus: Path, seed: int = 25) -> dict:
 
                 def sub(m, x=x):
                     return m.group(1) + b"%012x" % (int(m.group(2), 16) ^ x)
+
                 agent = "%017x" % rng.getrandbits(68)
                 body = []
                 for line in UUID_RE.sub(sub, template).split(b"\n"):
@@ -336,14 +382,22 @@ def fingerprint() -> dict:
         h = {t: hashlib.sha256() for t in ("trace_states", "trace_messages", "quarantine", "reports")}
         rows = dict.fromkeys(h, 0)
         for res in ingest_paths(roots, IngestRecipe.from_dict(recipe)):
-            for t, tab in (("trace_states", res.states), ("trace_messages", res.messages), ("quarantine", res.quarantine)):
+            for t, tab in (
+                ("trace_states", res.states),
+                ("trace_messages", res.messages),
+                ("quarantine", res.quarantine),
+            ):
                 for row in tab.to_pylist():
                     if t == "trace_messages":
                         row = _message_row_v1(row)
                     h[t].update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
                     rows[t] += 1
-            h["reports"].update(orjson.dumps([res.file_reports, list(res.secrets.items()), res.stats],  # secrets: in order
-                                             option=orjson.OPT_SORT_KEYS))
+            h["reports"].update(
+                orjson.dumps(
+                    [res.file_reports, list(res.secrets.items()), res.stats],  # secrets: in order
+                    option=orjson.OPT_SORT_KEYS,
+                )
+            )
             rows["reports"] += 1
         out[name] = {t: f"{rows[t]}:{h[t].hexdigest()[:32]}" for t in h}
     return out
@@ -392,16 +446,32 @@ def child(corpus: Path, out: Path, engine: str) -> None:
     totals = json.loads(captured.getvalue().splitlines()[-1])
     import pyarrow as pa
 
-    print(json.dumps({"rc": rc, "cpu_s": cpu, "startup_cpu_s": startup, "process_cpu_s": whole, "peak_rss_mb": rss_mb,
-                      "arrow_memory_pool": pa.default_memory_pool().backend_name,
-                      "engine": totals["engine"], "python_fallback_sessions": totals["python_fallback_sessions"],
-                      "secrets_scrubbed": sum(totals["secrets_scrubbed"].values()),
-                      "damaged_bridged": totals["damaged_bridged"], "bad_lines": totals["bad_lines"]}))
+    print(
+        json.dumps(
+            {
+                "rc": rc,
+                "cpu_s": cpu,
+                "startup_cpu_s": startup,
+                "process_cpu_s": whole,
+                "peak_rss_mb": rss_mb,
+                "arrow_memory_pool": pa.default_memory_pool().backend_name,
+                "engine": totals["engine"],
+                "python_fallback_sessions": totals["python_fallback_sessions"],
+                "secrets_scrubbed": sum(totals["secrets_scrubbed"].values()),
+                "damaged_bridged": totals["damaged_bridged"],
+                "bad_lines": totals["bad_lines"],
+            }
+        )
+    )
 
 
 def run_child(corpus: Path, engine: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", "--corpus", str(corpus), "--engine", engine],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", "--corpus", str(corpus), "--engine", engine],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if proc.returncode:
         sys.exit(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -417,28 +487,39 @@ def measure(corpus: Path, out: Path, mb: float, copies: int, repeat: int, compar
     runs.sort(key=lambda r: r[0])
     ratio, f_cpu, res = runs[len(runs) // 2]  # the median run by ratio
     report = {
-        "corpus_mb": round(mb, 1), "copies": copies, "runs": len(runs),
-        "floor_cpu_s": round(f_cpu, 2), "floor_mb_per_cpu_s": round(mb / f_cpu, 1),
-        "ingest_cpu_s": round(res["cpu_s"], 2), "ingest_mb_per_cpu_s": round(mb / res["cpu_s"], 1),
+        "corpus_mb": round(mb, 1),
+        "copies": copies,
+        "runs": len(runs),
+        "floor_cpu_s": round(f_cpu, 2),
+        "floor_mb_per_cpu_s": round(mb / f_cpu, 1),
+        "ingest_cpu_s": round(res["cpu_s"], 2),
+        "ingest_mb_per_cpu_s": round(mb / res["cpu_s"], 1),
         "startup_cpu_s": round(res["startup_cpu_s"], 2),  # interpreter imports, not in ingest_cpu_s
-        "ratio_vs_floor": round(ratio, 3), "target_ratio": 0.4,
+        "ratio_vs_floor": round(ratio, 3),
+        "target_ratio": 0.4,
         "ratio_all_runs": [round(r[0], 3) for r in runs],
         # the whole CLI process (interpreter start and imports included) against the same floor
         "process_cpu_s": round(res["process_cpu_s"], 2),
         "process_ratio_vs_floor": round(f_cpu / res["process_cpu_s"], 3),
         "process_ratio_all_runs": [round(r[1] / r[2]["process_cpu_s"], 3) for r in runs],
-        "peak_rss_mb": round(max(r[2]["peak_rss_mb"] for r in runs), 1), "target_rss_mb": 300,
+        "peak_rss_mb": round(max(r[2]["peak_rss_mb"] for r in runs), 1),
+        "target_rss_mb": 300,
         "output_mb": round(sum(p.stat().st_size for p in out.glob("*.parquet")) / 1e6, 1),
-        "engine": res["engine"], "arrow_memory_pool": res["arrow_memory_pool"],
+        "engine": res["engine"],
+        "arrow_memory_pool": res["arrow_memory_pool"],
         "python_fallback_sessions": max(r[2]["python_fallback_sessions"] for r in runs),
-        "secrets_scrubbed": res["secrets_scrubbed"], "bad_lines": res["bad_lines"],
+        "secrets_scrubbed": res["secrets_scrubbed"],
+        "bad_lines": res["bad_lines"],
         "damaged_bridged": res["damaged_bridged"],
     }
     if compare_python:  # the reference engine on the same corpus, with its own floor run
         f_cpu = floor(corpus)
         ref = run_child(corpus, "python")
-        report["python_engine"] = {"cpu_s": round(ref["cpu_s"], 2), "ratio_vs_floor": round(f_cpu / ref["cpu_s"], 3),
-                                   "peak_rss_mb": round(ref["peak_rss_mb"], 1)}
+        report["python_engine"] = {
+            "cpu_s": round(ref["cpu_s"], 2),
+            "ratio_vs_floor": round(f_cpu / ref["cpu_s"], 3),
+            "peak_rss_mb": round(ref["peak_rss_mb"], 1),
+        }
         report["speedup_vs_python_engine"] = round(ref["cpu_s"] / res["cpu_s"], 2)
     return report
 
@@ -450,10 +531,14 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and output")
     ap.add_argument("--repeat", type=int, default=1, help="floor+ingest pairs to run; the median ratio is reported")
     ap.add_argument("--record-fingerprint", action="store_true", help="rewrite the expected-output fingerprint")
-    ap.add_argument("--compare-python", action="store_true",
-                    help="also time the Python reference engine once, back to back with a floor run")
-    ap.add_argument("--kinds", default="copies,real_world_text,varied",
-                    help="corpora to measure, in order (comma-separated)")
+    ap.add_argument(
+        "--compare-python",
+        action="store_true",
+        help="also time the Python reference engine once, back to back with a floor run",
+    )
+    ap.add_argument(
+        "--kinds", default="copies,real_world_text,varied", help="corpora to measure, in order (comma-separated)"
+    )
     ap.add_argument("--engine", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -462,8 +547,10 @@ def main() -> None:
         child(corpus, out, args.engine)
         return
     if not TRACES.name or not TRACES.is_dir():
-        sys.exit("set COMPOSER_REAL_TRACES to the directory of real Claude Code sessions the fingerprint was "
-                 f"recorded on (got {str(TRACES)!r})")
+        sys.exit(
+            "set COMPOSER_REAL_TRACES to the directory of real Claude Code sessions the fingerprint was "
+            f"recorded on (got {str(TRACES)!r})"
+        )
     got = fingerprint()
     if args.record_fingerprint:
         FINGERPRINT.write_text(json.dumps(got, indent=1) + "\n")

@@ -31,17 +31,53 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _teachers(url: str, c: int, name: str = "bench") -> dict:
-    return {"ceiling_usd": 1e6, "lease_s": 30, "teachers": [dict(
-        name=name, base_url=url, model="scripted", api_key_env=None, input_usd_per_mtok=1.0, output_usd_per_mtok=2.0,
-        budget_usd=1e6, max_concurrency=c, max_tokens=64, temperature=0.0, timeout_s=30, max_retries=0)]}
+    return {
+        "ceiling_usd": 1e6,
+        "lease_s": 30,
+        "teachers": [
+            dict(
+                name=name,
+                base_url=url,
+                model="scripted",
+                api_key_env=None,
+                input_usd_per_mtok=1.0,
+                output_usd_per_mtok=2.0,
+                budget_usd=1e6,
+                max_concurrency=c,
+                max_tokens=64,
+                temperature=0.0,
+                timeout_s=30,
+                max_retries=0,
+            )
+        ],
+    }
 
 
 def _requests(cfg, n: int, tag: str):
     from composer_pipeline.teachers.replay import make_request
 
-    tools = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}}}}]
-    return [make_request(f"{tag}{i}", "bench", cfg.teachers[0], [{"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": f"{tag} step {i}: " + "context " * 200}], tools) for i in range(n)]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "Read",
+                "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+            },
+        }
+    ]
+    return [
+        make_request(
+            f"{tag}{i}",
+            "bench",
+            cfg.teachers[0],
+            [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": f"{tag} step {i}: " + "context " * 200},
+            ],
+            tools,
+        )
+        for i in range(n)
+    ]
 
 
 def bare_worker(a: dict) -> None:
@@ -61,6 +97,7 @@ def bare_worker(a: dict) -> None:
     async def go() -> None:
         sem = asyncio.Semaphore(a["c"])
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=a["c"]), timeout=60) as client:
+
             async def one(r):
                 async with sem:
                     (await client.post(a["url"] + "/chat/completions", content=orjson.dumps(r.body))).json()
@@ -116,8 +153,13 @@ def overhead(ledger_url: str, n: int) -> dict:
 
     led = Ledger(ledger_url)
     led.start_run("o", 30)
-    record = {"teacher": "t", "model": "m", "response": {"choices": [{"message": {"role": "assistant", "content": "x" * 400}}]},
-              "cost_usd": 1e-5, "run_id": "o"}
+    record = {
+        "teacher": "t",
+        "model": "m",
+        "response": {"choices": [{"message": {"role": "assistant", "content": "x" * 400}}]},
+        "cost_usd": 1e-5,
+        "run_id": "o",
+    }
     ms = []
     for i in range(n):
         cid = f"{i:064x}"
@@ -128,15 +170,41 @@ def overhead(ledger_url: str, n: int) -> dict:
         led.close(r.id, "settled", 1e-5, answer=(cid, record))
         ms.append(1000 * (time.perf_counter() - t0))
     ms.sort()
-    return {"calls": n, "p50_ms": round(statistics.median(ms), 3), "p95_ms": round(ms[int(0.95 * (n - 1))], 3), "max_ms": round(ms[-1], 3)}
+    return {
+        "calls": n,
+        "p50_ms": round(statistics.median(ms), 3),
+        "p95_ms": round(ms[int(0.95 * (n - 1))], 3),
+        "max_ms": round(ms[-1], 3),
+    }
 
 
 def throughput(ledger_url: str | None, k: int, c: int, latency: float, rounds: int, url: str, d: Path) -> dict:
     start = d / f"go-{uuid.uuid4().hex[:6]}"
     n = rounds * c
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(
-        {"url": url, "c": c, "n": n, "run": f"r{j}-{start.name}", "ledger": ledger_url, "cache": str(d / f"cache-{start.name}-{j}"),
-         "start": str(start), "bare": ledger_url is None})], stdout=subprocess.PIPE, text=True) for j in range(k)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                json.dumps(
+                    {
+                        "url": url,
+                        "c": c,
+                        "n": n,
+                        "run": f"r{j}-{start.name}",
+                        "ledger": ledger_url,
+                        "cache": str(d / f"cache-{start.name}-{j}"),
+                        "start": str(start),
+                        "bare": ledger_url is None,
+                    }
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for j in range(k)
+    ]
     while not all(Path(f"{start}.r{j}-{start.name}").exists() for j in range(k)):
         time.sleep(0.01)
     t0 = time.time()
@@ -148,8 +216,16 @@ def throughput(ledger_url: str | None, k: int, c: int, latency: float, rounds: i
         ends.append(json.loads(out.strip().splitlines()[-1])["end"])
     wall = max(ends) - t0
     ideal = k * c / latency
-    return {"runs": k, "C": c, "L_s": latency, "calls": k * n, "wall_s": round(wall, 3), "calls_per_s": round(k * n / wall, 2),
-            "ideal_calls_per_s": round(ideal, 2), "ratio": round(k * n / wall / ideal, 3)}
+    return {
+        "runs": k,
+        "C": c,
+        "L_s": latency,
+        "calls": k * n,
+        "wall_s": round(wall, 3),
+        "calls_per_s": round(k * n / wall, 2),
+        "ideal_calls_per_s": round(ideal, 2),
+        "ratio": round(k * n / wall / ideal, 3),
+    }
 
 
 def main() -> None:
@@ -170,7 +246,12 @@ def main() -> None:
         d = Path(tmp)
         for b in backends:
             if args.overhead:
-                print(json.dumps({"backend": b, "overhead_per_call": overhead(fresh_ledger(b, args.postgres, d), args.overhead)}), flush=True)
+                print(
+                    json.dumps(
+                        {"backend": b, "overhead_per_call": overhead(fresh_ledger(b, args.postgres, d), args.overhead)}
+                    ),
+                    flush=True,
+                )
         proc, url = start_server(args.latency)
         try:
             for k in [int(x) for x in args.runs.split(",")]:  # each K: bare httpx, then every backend, side by side
@@ -178,7 +259,10 @@ def main() -> None:
                 print(json.dumps({"backend": "bare-httpx", **bare}), flush=True)
                 for b in backends:
                     r = throughput(fresh_ledger(b, args.postgres, d), k, args.c, args.latency, args.rounds, url, d)
-                    print(json.dumps({"backend": b, **r, "vs_bare_httpx": round(r["ratio"] / bare["ratio"], 3)}), flush=True)
+                    print(
+                        json.dumps({"backend": b, **r, "vs_bare_httpx": round(r["ratio"] / bare["ratio"], 3)}),
+                        flush=True,
+                    )
         finally:
             proc.terminate()
             proc.wait(timeout=10)

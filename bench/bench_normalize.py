@@ -79,8 +79,10 @@ def main() -> int:
         "identical_survivors": True,
     }
     print(json.dumps(report))
-    print(f"normalize: {report['fast_pairs_per_s']} pairs/s vs DefaultExecutor "
-          f"{report['default_executor_pairs_per_s']} pairs/s -> {report['speedup']}x, same {len(ours)} survivors")
+    print(
+        f"normalize: {report['fast_pairs_per_s']} pairs/s vs DefaultExecutor "
+        f"{report['default_executor_pairs_per_s']} pairs/s -> {report['speedup']}x, same {len(ours)} survivors"
+    )
     return 0
 
 

@@ -27,6 +27,7 @@ from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from composer_pipeline.teachers.replay import make_request, replay_requests
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
 
 from tests.support.scripted_server import start_subprocess  # noqa: E402
@@ -46,6 +47,7 @@ def raw_httpx(url: str, c: int, reqs) -> float:
     async def go() -> float:
         sem = asyncio.Semaphore(c)
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=c), timeout=30) as client:
+
             async def one(r):
                 async with sem:
                     resp = await client.post(url + "/chat/completions", content=orjson.dumps(r.body))
@@ -66,14 +68,50 @@ def warm_up() -> None:
 def run_one(c: int, latency: float, rounds: int, warm: bool = False) -> dict:
     proc, url = start_server(latency)
     try:
-        cfg = parse_teachers({"ceiling_usd": 1e6, "teachers": [dict(
-            name="bench", base_url=url, model="scripted", api_key_env=None, input_usd_per_mtok=1.0, output_usd_per_mtok=2.0,
-            budget_usd=1e6, max_concurrency=c, max_tokens=64, temperature=0.0, timeout_s=30, max_retries=0)]})
+        cfg = parse_teachers(
+            {
+                "ceiling_usd": 1e6,
+                "teachers": [
+                    dict(
+                        name="bench",
+                        base_url=url,
+                        model="scripted",
+                        api_key_env=None,
+                        input_usd_per_mtok=1.0,
+                        output_usd_per_mtok=2.0,
+                        budget_usd=1e6,
+                        max_concurrency=c,
+                        max_tokens=64,
+                        temperature=0.0,
+                        timeout_s=30,
+                        max_retries=0,
+                    )
+                ],
+            }
+        )
         n = rounds * c
-        tools = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}}}}]
-        reqs = [make_request(f"s{i}", "bench", cfg.teachers[0],
-                             [{"role": "system", "content": "You are a coding agent."},
-                              {"role": "user", "content": f"step {i}: " + "context " * 200}], tools) for i in range(n)]
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "Read",
+                    "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+                },
+            }
+        ]
+        reqs = [
+            make_request(
+                f"s{i}",
+                "bench",
+                cfg.teachers[0],
+                [
+                    {"role": "system", "content": "You are a coding agent."},
+                    {"role": "user", "content": f"step {i}: " + "context " * 200},
+                ],
+                tools,
+            )
+            for i in range(n)
+        ]
         with tempfile.TemporaryDirectory() as d:
             ledger, cache = Ledger(Path(d) / "ledger.sqlite"), ResponseCache(Path(d) / "cache")
             t0 = time.perf_counter()
@@ -85,10 +123,13 @@ def run_one(c: int, latency: float, rounds: int, warm: bool = False) -> dict:
         out = {"C": c, "L_s": latency, "calls": n, "wall_s": round(wall, 3), "calls_per_s": round(n / wall, 2)}
         if latency > 0:
             ideal = c / latency
-            out |= {"ideal_calls_per_s": round(ideal, 2), "ratio": round(n / wall / ideal, 3),
-                    "overhead_per_call_ms": round(1000 * (c * wall / n - latency), 1),
-                    "raw_httpx_ratio": round(n / raw_wall / ideal, 3),
-                    "overhead_vs_raw_httpx_ms": round(1000 * c * (wall - raw_wall) / n, 1)}
+            out |= {
+                "ideal_calls_per_s": round(ideal, 2),
+                "ratio": round(n / wall / ideal, 3),
+                "overhead_per_call_ms": round(1000 * (c * wall / n - latency), 1),
+                "raw_httpx_ratio": round(n / raw_wall / ideal, 3),
+                "overhead_vs_raw_httpx_ms": round(1000 * c * (wall - raw_wall) / n, 1),
+            }
         else:
             out |= {"raw_httpx_calls_per_s": round(n / raw_wall, 2)}
         out |= {"latency_p50_s": s["latency_s_http"].get("p50"), "latency_p95_s": s["latency_s_http"].get("p95")}

@@ -54,7 +54,11 @@ def _instrument(trainer, cuda: bool):
 
     def shaped_loss(model, inputs):
         out = loss(model, inputs)
-        s = {"B": inputs["prompt_ids"].size(0), "P": inputs["prompt_ids"].size(1), "C": inputs["completion_ids"].size(1)}
+        s = {
+            "B": inputs["prompt_ids"].size(0),
+            "P": inputs["prompt_ids"].size(1),
+            "C": inputs["completion_ids"].size(1),
+        }
         if "has_hint" in inputs and "hint_ids" in inputs:
             s["H"] = int(inputs["has_hint"].sum())
             s["Ph"] = inputs["hint_ids"].size(1)
@@ -139,11 +143,19 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_root = write_store(work / "data", n=48)
-    model = str(build_tiny_model(work / "tiny", hidden=args.tiny_hidden, layers=args.tiny_layers)) if args.model == "tiny" else args.model
+    model = (
+        str(build_tiny_model(work / "tiny", hidden=args.tiny_hidden, layers=args.tiny_layers))
+        if args.model == "tiny"
+        else args.model
+    )
     recipe = TrainRecipe.from_dict(
         {
             "model": model,
-            "grpo": {"max_completion_length": args.completion, "num_generations": args.generations, "prompts_per_step": args.prompts_per_step},
+            "grpo": {
+                "max_completion_length": args.completion,
+                "num_generations": args.generations,
+                "prompts_per_step": args.prompts_per_step,
+            },
             "dpo": {"batch_size": args.dpo_batch},
             "data": {"max_prompt_tokens": args.max_prompt_tokens, "heldout_fraction": 0.0},
         }
@@ -170,8 +182,16 @@ def main() -> int:
         "device": runs["plain"][0]["device"],
         "model": args.model,
         "n_params": n,
-        "batch": {"prompts": args.prompts_per_step, "generations": args.generations, "completion": args.completion, "dpo_pairs": args.dpo_batch},
-        "shapes_three_mean": {k: statistics.mean(s.get(k, 0) for s in runs["three"][0]["shapes"]) for k in ("B", "P", "C", "H", "Ph", "Bd", "Pd", "Cd")},
+        "batch": {
+            "prompts": args.prompts_per_step,
+            "generations": args.generations,
+            "completion": args.completion,
+            "dpo_pairs": args.dpo_batch,
+        },
+        "shapes_three_mean": {
+            k: statistics.mean(s.get(k, 0) for s in runs["three"][0]["shapes"])
+            for k in ("B", "P", "C", "H", "Ph", "Bd", "Pd", "Cd")
+        },
         "timed_steps_each": len(post("plain", "step")),
         "plain_step_s": t_plain,
         "plain_gen_s": g_plain,

@@ -33,8 +33,15 @@ def main() -> None:
     def generate():
         torch.manual_seed(1)
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                  min_new_tokens=new, do_sample=True, temperature=0.3, pad_token_id=tok.eos_token_id)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                temperature=0.3,
+                pad_token_id=tok.eos_token_id,
+            )
 
     generate()  # warm-up
     for _ in range(args.reps):
@@ -51,7 +58,9 @@ def main() -> None:
         with torch.no_grad():
             model(input_ids=ids, use_cache=True)
         t_pre = time.process_time() - t
-        print(f"generate {t_gen:.2f} s | prefill + {new - 1} one-token forwards {t_fwd:.2f} s | prefill alone {t_pre:.2f} s")
+        print(
+            f"generate {t_gen:.2f} s | prefill + {new - 1} one-token forwards {t_fwd:.2f} s | prefill alone {t_pre:.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -48,9 +48,16 @@ def native_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in messages:
         m = {**m, "content": flatten_content(m.get("content"))}
         if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**(fn := dict((c or {}).get("function") or {})),
-                                                  "arguments": _arguments(fn.get("arguments"))}}
-                               for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {
+                    **c,
+                    "function": {
+                        **(fn := dict((c or {}).get("function") or {})),
+                        "arguments": _arguments(fn.get("arguments")),
+                    },
+                }
+                for c in m["tool_calls"]
+            ]
         out.append(m)
     return out
 
@@ -60,8 +67,9 @@ def render_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | N
     (and can render these messages), else the plain form."""
     if "tools" in (tokenizer.chat_template or ""):
         try:
-            return tokenizer.apply_chat_template(native_messages(messages), tools=tools or None, tokenize=False,
-                                                 add_generation_prompt=True)
+            return tokenizer.apply_chat_template(
+                native_messages(messages), tools=tools or None, tokenize=False, add_generation_prompt=True
+            )
         except Exception:
             pass  # the template cannot render these messages: fall back to the plain form
     return tokenizer.apply_chat_template(plain_messages(messages, tools), tokenize=False, add_generation_prompt=True)
@@ -104,7 +112,9 @@ def plain_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> 
                     args = orjson.loads(args) if isinstance(args, str) else args
                 except orjson.JSONDecodeError:
                     args = {"_raw": args}
-                calls.append(ToolCall(name=fn.get("name", ""), arguments=args if isinstance(args, dict) else {"_raw": args}))
+                calls.append(
+                    ToolCall(name=fn.get("name", ""), arguments=args if isinstance(args, dict) else {"_raw": args})
+                )
             text = Action(text=text, tool_calls=tuple(calls)).to_text()
         elif role == "tool":
             role, text = "user", f"[tool result]\n{text}"

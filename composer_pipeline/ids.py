@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 MIN_PREFIX = 6  # characters of an id prefix (20-hex ids: a 6-char prefix is unique in practice)
 
 
-def resolve_id(raw: str, ids: Mapping[str, Collection[str]], where: str, error: type[ValueError] = ValueError) -> tuple[str, str]:
+def resolve_id(
+    raw: str, ids: Mapping[str, Collection[str]], where: str, error: type[ValueError] = ValueError
+) -> tuple[str, str]:
     """``(kind, full id)`` for ``raw``: an exact id of one of ``ids``' kinds, else a unique prefix of at
     least :data:`MIN_PREFIX` characters across all of them."""
     kinds = " or ".join(ids)
@@ -80,7 +82,9 @@ def with_partition_key(table: "pa.Table", partition_of: Mapping[str, str] | None
     import pyarrow as pa
 
     sessions = table.column("session_key").to_pylist()
-    have = table.column("partition_key").to_pylist() if "partition_key" in table.column_names else [None] * len(sessions)
+    have = (
+        table.column("partition_key").to_pylist() if "partition_key" in table.column_names else [None] * len(sessions)
+    )
     if "partition_key" in table.column_names and all(have):
         return table
     keys = dict(partition_of or {})

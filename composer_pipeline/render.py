@@ -57,9 +57,12 @@ IMAGE_PLACEHOLDER = "[image]"
 class RenderOptions:
     """The ``render:`` section of ``recipes/ingest.yaml``."""
 
-    strip_thinking: bool = setting(True, help="drop the agent's thinking blocks from the prefix (else <thinking>...</thinking>)")
+    strip_thinking: bool = setting(
+        True, help="drop the agent's thinking blocks from the prefix (else <thinking>...</thinking>)"
+    )
     compaction: Literal["after", "full"] = setting(
-        "after", help="after: start at the last compaction (what the agent saw); full: the pre-compaction history too")
+        "after", help="after: start at the last compaction (what the agent saw); full: the pre-compaction history too"
+    )
     system_prompt: str = setting(DEFAULT_SYSTEM_PROMPT, help="system message of every rendered prefix")
 
     def __post_init__(self) -> None:
@@ -72,7 +75,9 @@ class RenderOptions:
         if recipe is None:
             return cls()
         if not isinstance(recipe, dict):
-            return settings.from_dict(cls, settings.read_yaml(recipe, "render recipe").get("render"), str(recipe), "render")
+            return settings.from_dict(
+                cls, settings.read_yaml(recipe, "render recipe").get("render"), str(recipe), "render"
+            )
         return settings.from_dict(cls, recipe, "render options")
 
 
@@ -148,7 +153,13 @@ def action_from_blocks(blocks: list[dict]) -> Action:
             thinking.append(str(b.get("thinking") or ""))
         elif t == "tool_use":
             args = b.get("input")
-            calls.append(ToolCall(name=str(b.get("name") or ""), arguments=args if isinstance(args, dict) else {"input": args}, id=str(b.get("id") or "")))
+            calls.append(
+                ToolCall(
+                    name=str(b.get("name") or ""),
+                    arguments=args if isinstance(args, dict) else {"input": args},
+                    id=str(b.get("id") or ""),
+                )
+            )
     text = "\n".join(t for t in texts if t.strip()).strip()
     return Action(text=text, tool_calls=tuple(calls), thinking="\n".join(thinking).strip())
 
@@ -171,8 +182,19 @@ class _Stream:
     tools: dict[str, dict[str, None]] = field(default_factory=dict)  # name -> ordered keys
 
 
-_COLUMNS = ["stream_id", "uuid", "parent_uuid", "logical_parent_uuid", "record_type", "subtype", "message_key",
-            "is_meta", "is_compact_summary", "line_no", "raw"]
+_COLUMNS = [
+    "stream_id",
+    "uuid",
+    "parent_uuid",
+    "logical_parent_uuid",
+    "record_type",
+    "subtype",
+    "message_key",
+    "is_meta",
+    "is_compact_summary",
+    "line_no",
+    "raw",
+]
 
 
 def record_payload(raw: str | bytes | None, record_type: str | None) -> tuple[Any, Any]:
@@ -221,8 +243,9 @@ class Conversation:
         rt = row.get("record_type")
         if rt == "damaged" and row.get("subtype") == SALVAGED_RESULTS and raw:
             for tid, text in salvaged_tool_results(raw if type(raw) is str else raw.decode("utf-8", "replace")):
-                s.results.setdefault(tid, (row, {"type": "tool_result", "tool_use_id": tid,
-                                                 "content": f"{SALVAGED_MARK}\n{text}"}))
+                s.results.setdefault(
+                    tid, (row, {"type": "tool_result", "tool_use_id": tid, "content": f"{SALVAGED_MARK}\n{text}"})
+                )
         if rt == "assistant":
             s.groups.setdefault(row.get("message_key") or u, []).append(row)
             for b in _blocks(row["_content"]):
@@ -314,8 +337,11 @@ def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = N
                 res = s.results.get(call_id)
                 seen_before = res is not None and (first_line is None or (res[0]["line_no"] or 0) < first_line)
                 messages.append(
-                    {"role": "tool", "tool_call_id": call_id,
-                     "content": flatten_content(res[1].get("content")) if seen_before else INTERRUPTED}
+                    {
+                        "role": "tool",
+                        "tool_call_id": call_id,
+                        "content": flatten_content(res[1].get("content")) if seen_before else INTERRUPTED,
+                    }
                 )
         elif rt == "user":
             if row.get("is_meta") or (crossed and row.get("is_compact_summary")):
@@ -407,7 +433,9 @@ def _is_synthetic_row(row: dict) -> bool:
     return row.get("subtype") == "synthetic"
 
 
-def render_states(states: pa.Table, messages: pa.Table, opts: RenderOptions | None = None) -> Iterator[tuple[str, RenderedState]]:
+def render_states(
+    states: pa.Table, messages: pa.Table, opts: RenderOptions | None = None
+) -> Iterator[tuple[str, RenderedState]]:
     conv = Conversation.from_table(messages)
     for st in states.to_pylist():
         yield st["state_id"], render_state(conv, st, opts)
@@ -440,7 +468,12 @@ def count_tokens(obj: Any, bytes_per_token: float = FIT_BYTES_PER_TOKEN) -> int:
 
 def min_window(max_tokens: int, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> int:
     """The smallest ``context_window`` that holds the system prompt, one turn and the answer."""
-    return count_tokens({"role": "system", "content": system_prompt}) + FIT_TOKENS_FIXED + MIN_TURN_TOKENS + int(max_tokens)
+    return (
+        count_tokens({"role": "system", "content": system_prompt})
+        + FIT_TOKENS_FIXED
+        + MIN_TURN_TOKENS
+        + int(max_tokens)
+    )
 
 
 @dataclass
@@ -481,15 +514,23 @@ def _cut_middle(msg: dict, max_tokens: int, bpt: float, tok: Any) -> dict:
     drop = int(over * bpt) + len(CUT_MARKER) + 16
     while True:
         keep = max(0, len(content) - drop)
-        head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2):] if keep else ""
+        head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2) :] if keep else ""
         out = {**msg, "content": head + CUT_MARKER.format(n=len(content) - keep) + tail}
         if tok(out) <= max_tokens or keep == 0:
             return out
         drop += max(64, drop // 4)
 
 
-def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_prompt_tokens: int, *,
-                 bytes_per_token: float = FIT_BYTES_PER_TOKEN, step: int = 1, count: Any = None, scale: float = 1.0) -> Fitted:
+def fit_messages(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    max_prompt_tokens: int,
+    *,
+    bytes_per_token: float = FIT_BYTES_PER_TOKEN,
+    step: int = 1,
+    count: Any = None,
+    scale: float = 1.0,
+) -> Fitted:
     """Fit a rendered prefix into ``max_prompt_tokens`` (the window minus the answer's ``max_tokens``).
 
     Keeps the system prompt and the session's first user message, then as many of the most recent turns
@@ -507,6 +548,7 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         if count is None:
             return count_tokens(obj, bpt)
         return int(-(-count(obj) * scale // 1))  # the tokenizer's count, scaled up for a refit
+
     fixed = FIT_TOKENS_FIXED + (tok(tools) if tools else 0)
     costs = [tok(m) for m in messages]
     total = fixed + sum(costs)
@@ -529,13 +571,14 @@ def fit_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     rest = messages[h:]
     units = _units(rest)
     ucost = [sum(costs[h + i] for i in u) for u in units]
-    marker_cost = tok({"role": "user", "content": ELIDED_MARKER.format(n=10 ** 9)})
+    marker_cost = tok({"role": "user", "content": ELIDED_MARKER.format(n=10**9)})
     room = max_prompt_tokens - fixed - head_cost
     # suffix sums: keeping units[k:] costs suffix[k]
     suffix = [0] * (len(units) + 1)
     for k in range(len(units) - 1, -1, -1):
         suffix[k] = suffix[k + 1] + ucost[k]
     step = max(1, int(step))
+
     def over(k: int) -> bool:
         return suffix[k] + (marker_cost if k else 0) > room
 

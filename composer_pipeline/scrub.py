@@ -63,8 +63,10 @@ def _keyed(cls: str, lit: str) -> str:
 
 def _after(cls: str, lit: str) -> str:
     """The boundary check of :func:`_keyed`, placed right after ``lit``."""
-    return (rf"(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
-            rf"|(?<=%[0-9A-Fa-f]{{2}}(?:{lit}))))")
+    return (
+        rf"(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
+        rf"|(?<=%[0-9A-Fa-f]{{2}}(?:{lit}))))"
+    )
 
 
 # Between a secret-sounding name and its value: a quote (escaped at any depth: ``\"``, ``\\\"``), blanks
@@ -167,8 +169,16 @@ PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS
 # only those kinds' exact patterns run on that line (a kind whose parts did not match the line cannot
 # match it, neither before nor after an earlier kind's replacement: no pattern matches across a tag).
 PREFILTER_KINDS: list[tuple[str, ...]] = [
-    ("private_key",), ("aws_access_key",), ("aws_secret_key",), ("github_token",), ("github_token",),
-    ("anthropic_key", "openai_key"), ("slack_token",), ("slack_token",), ("google_api_key",), ("jwt",),
+    ("private_key",),
+    ("aws_access_key",),
+    ("aws_secret_key",),
+    ("github_token",),
+    ("github_token",),
+    ("anthropic_key", "openai_key"),
+    ("slack_token",),
+    ("slack_token",),
+    ("google_api_key",),
+    ("jwt",),
     ("password_assignment",),
 ]
 assert len(PREFILTER_KINDS) == len(PREFILTER_PARTS)
@@ -192,8 +202,7 @@ class _Pattern:
             raise ValueError(f"{kind}: prechecks of a case-insensitive pattern must be lower-case")
         # (key, is_regex, lowered, literal-or-compiled)
         self.pre = tuple(
-            (p, bool(_REGEX_CHARS & set(p)), ci,
-             re.compile(p.encode()) if _REGEX_CHARS & set(p) else p.encode())
+            (p, bool(_REGEX_CHARS & set(p)), ci, re.compile(p.encode()) if _REGEX_CHARS & set(p) else p.encode())
             for p in prechecks
         )
         self.assign = assign
@@ -208,7 +217,7 @@ class _Pattern:
             if lowered:
                 low = low if low is not None else text.lower()
                 hay = low
-            if (re.search(key, hay) if is_re else key in hay):
+            if re.search(key, hay) if is_re else key in hay:
                 return True
         return False
 
@@ -272,10 +281,10 @@ class Scrubber:
                     continue
                 start = m.end(1) if p.keep else m.start()
                 if start >= seam:  # (only the value's head is in b: b alone is cut)
-                    b = f"[REDACTED:{p.kind}]" + b[m.end() - seam:]
+                    b = f"[REDACTED:{p.kind}]" + b[m.end() - seam :]
                 else:
                     a = a[: len(a) - seam + start] + f"[REDACTED:{p.kind}]"
-                    b = f"[REDACTED:{p.kind}]" + b[m.end() - seam:]
+                    b = f"[REDACTED:{p.kind}]" + b[m.end() - seam :]
                 self.counts[p.kind] += 1
                 break  # (one seam, one secret: the halves are now tags)
             out[i], out[i + 1] = a, b
@@ -404,7 +413,7 @@ def starts_word(data: bytes, i: int) -> bool:
         return True
     if i >= 3 and data[i - 3] == 37 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape)
         return True
-    return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4:i])
+    return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4 : i])
 
 
 def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> tuple[bytes, int]:
@@ -448,9 +457,12 @@ def _hyperscan_db():
 
 def _hyperscan_compile(hyperscan):
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    db.compile(expressions=[src.encode() for src, _ in PREFILTER_PARTS], ids=list(range(len(PREFILTER_PARTS))),
-               elements=len(PREFILTER_PARTS),
-               flags=[hyperscan.HS_FLAG_CASELESS if ci else 0 for _, ci in PREFILTER_PARTS])
+    db.compile(
+        expressions=[src.encode() for src, _ in PREFILTER_PARTS],
+        ids=list(range(len(PREFILTER_PARTS))),
+        elements=len(PREFILTER_PARTS),
+        flags=[hyperscan.HS_FLAG_CASELESS if ci else 0 for _, ci in PREFILTER_PARTS],
+    )
     path = _hyperscan_cache_path()
     try:  # best effort: an unwritable cache only means compiling again next time
         blob = hyperscan.dumpb(db)
@@ -541,7 +553,8 @@ def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:
     ends = np.append(nl, len(data))  # exclusive, without the newline
     # value i spans starts[i]..starts[i+1] (its newline included: harmless, no part matches one)
     lines = pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), len(starts), [None, pa.py_buffer(np.append(starts, len(data))), pa.py_buffer(data)])
+        pa.large_binary(), len(starts), [None, pa.py_buffer(np.append(starts, len(data))), pa.py_buffer(data)]
+    )
     hit = np.flatnonzero(pc.match_substring_regex(lines, PREFILTER).to_numpy(zero_copy_only=False))
     return [(int(starts[i]), int(ends[i])) for i in hit]
 

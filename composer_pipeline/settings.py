@@ -53,7 +53,9 @@ def check_keys(where: str, given: Any, allowed: Any, moved: dict[str, str] | Non
     if not unknown:
         return
     hints = [f"{k!r} now lives in {moved[k]}" for k in unknown if moved and k in moved]
-    raise ValueError(f"{where}: unknown keys {unknown} (allowed: {sorted(allowed)})" + ("; " + "; ".join(hints) if hints else ""))
+    raise ValueError(
+        f"{where}: unknown keys {unknown} (allowed: {sorted(allowed)})" + ("; " + "; ".join(hints) if hints else "")
+    )
 
 
 def read_yaml(path: str | Path, what: str = "recipe") -> dict[str, Any]:
@@ -212,7 +214,9 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
         d = _default(f)
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list and typing.get_args(tp) else None
         if item is not None and dataclasses.is_dataclass(item):  # a list of sections: each entry's keys as `key[].name`
-            out.append((key, "list[section]", "required" if d is MISSING else "`" + _yaml_scalar(to_dict(d)) + "`", help_text))
+            out.append(
+                (key, "list[section]", "required" if d is MISSING else "`" + _yaml_scalar(to_dict(d)) + "`", help_text)
+            )
             out.extend(rows(item, key + "[]."))
             continue
         if d is MISSING:

@@ -100,8 +100,10 @@ def read_parquet(f, where: str, columns: Iterable[str] | None = None) -> pa.Tabl
     try:
         return pq.read_table(f, columns=list(columns) if columns else None)
     except pa.ArrowInvalid as e:  # not OSError: a network failure is not a damaged file
-        raise ValueError(f"{where}: not a readable Parquet file ({type(e).__name__}: "
-                         f"{str(e).replace('<Buffer>', 'the file')}); a write cut short? delete or rewrite it") from e
+        raise ValueError(
+            f"{where}: not a readable Parquet file ({type(e).__name__}: "
+            f"{str(e).replace('<Buffer>', 'the file')}); a write cut short? delete or rewrite it"
+        ) from e
 
 
 @dataclass
@@ -196,8 +198,13 @@ class Store:
         of that back on (``SET``); it is refused with DuckDB's permission error."""
         import duckdb
 
-        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-                                     "python_enable_replacements": False})  # (no Python variable is a table)
+        con = duckdb.connect(
+            config={
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+                "python_enable_replacements": False,
+            }
+        )  # (no Python variable is a table)
         for name in self.table_names():
             table = self.read_table(name)
             if name == "trace_messages" and "content" not in table.column_names:

@@ -51,8 +51,15 @@ class Stores:
     def has(self, name: str) -> bool:
         return any(s.exists(name) for s in self.stores)
 
-    def read(self, name: str, column: str | None = None, values: Sequence[str] = (), *,
-             prefix: bool = False, columns: Sequence[str] | None = None) -> pa.Table | None:
+    def read(
+        self,
+        name: str,
+        column: str | None = None,
+        values: Sequence[str] = (),
+        *,
+        prefix: bool = False,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table | None:
         """Table ``name`` from every store that holds it, concatenated (``None`` when none does); with
         ``column``, only the rows :func:`rows_where` keeps; with ``columns``, only those columns."""
         parts = [s.read_table(name, columns) for s in self.stores if s.exists(name)]

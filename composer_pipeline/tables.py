@@ -125,7 +125,10 @@ _PAIR_FIELDS = [
     ("kind", _str),  # pair | positive
     ("state_id", _str),
     ("session_key", _str),
-    ("partition_key", _str),  # the short key the Dagster UI shows for the session (calc/a1f0c3d2; ids.with_partition_key)
+    (
+        "partition_key",
+        _str,
+    ),  # the short key the Dagster UI shows for the session (calc/a1f0c3d2; ids.with_partition_key)
     ("session_id", _str),
     ("source_file", _str),
     ("source_lines", _ints),

@@ -111,10 +111,12 @@ def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None, *, 
 
     tok = Tokenizer(models.BPE())
     if path_words:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_PATH_WORDS), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_PATH_WORDS), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -137,8 +139,16 @@ def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None, *, 
     return fast
 
 
-def build_tiny_model(out_dir: Path, *, vocab_size: int = 2048, hidden: int = 64, layers: int = 2, seed: int = 0,
-                     corpus: list[str] | None = None, path_words: bool = False) -> Path:
+def build_tiny_model(
+    out_dir: Path,
+    *,
+    vocab_size: int = 2048,
+    hidden: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    corpus: list[str] | None = None,
+    path_words: bool = False,
+) -> Path:
     """Write a random-init tiny Qwen2 causal LM + tokenizer to ``out_dir``; returns ``out_dir``.
     ``corpus``: text the tokenizer is trained on instead of the stdlib sources; ``path_words``: see
     :func:`build_tokenizer`."""

@@ -35,6 +35,7 @@ class CheckThresholds:
 
 _CHECKS = CheckThresholds()
 
+
 class PipelineRecipes(dg.ConfigurableResource):
     trace_root: str
     ingest: Optional[str] = None

@@ -56,7 +56,9 @@ class TeachersResource(dg.ConfigurableResource):
     autostart_local: bool = True
     startup_timeout_s: float = 180.0
     local_server_idle_s: int = 600  # a server a run started exits after this long without requests
-    stop_with_parent: bool = True  # ... and when the process that launched this one exits (dagster dev: the code location)
+    stop_with_parent: bool = (
+        True  # ... and when the process that launched this one exits (dagster dev: the code location)
+    )
 
     @property
     def cache_path(self) -> str:
@@ -96,34 +98,58 @@ class TeachersResource(dg.ConfigurableResource):
                 raise ConnectionError(f"no teacher server answers at {base} and {self.recipe} has no 'serve' models")
             port = u.port or 80
             if _port_open(u.hostname, port):
-                raise ConnectionError(f"{u.hostname}:{port} is taken by something that is not an OpenAI-compatible server")
+                raise ConnectionError(
+                    f"{u.hostname}:{port} is taken by something that is not an OpenAI-compatible server"
+                )
             log_path = Path(self.cache_path).resolve().parent / f"teacher_server-{port}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             pid_path = log_path.with_suffix(".pid")
-            cmd = [sys.executable, "-m", "composer_pipeline", "teachers", "serve",
-                   "--config", str(self.recipe), "--host", u.hostname, "--port", str(port),
-                   "--idle-exit-s", str(self.local_server_idle_s), "--pid-file", str(pid_path)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "composer_pipeline",
+                "teachers",
+                "serve",
+                "--config",
+                str(self.recipe),
+                "--host",
+                u.hostname,
+                "--port",
+                str(port),
+                "--idle-exit-s",
+                str(self.local_server_idle_s),
+                "--pid-file",
+                str(pid_path),
+            ]
             owner = os.getppid() if self.stop_with_parent else None
             if owner and owner > 1:
                 cmd += ["--exit-with-pid", str(owner)]
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                    cmd,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
                 )
             pid_path.write_text(str(proc.pid))
             if log:
-                log.info(f"started local teacher server pid={proc.pid} at {base} (log: {log_path}); it stops with "
-                         + (f"process {owner} (the code location) or " if owner and owner > 1 else "")
-                         + f"after {self.local_server_idle_s}s without requests; `composer-pipeline teachers stop "
-                         f"--state-dir {log_path.parent}` stops it now")
+                log.info(
+                    f"started local teacher server pid={proc.pid} at {base} (log: {log_path}); it stops with "
+                    + (f"process {owner} (the code location) or " if owner and owner > 1 else "")
+                    + f"after {self.local_server_idle_s}s without requests; `composer-pipeline teachers stop "
+                    f"--state-dir {log_path.parent}` stops it now"
+                )
             deadline = time.monotonic() + self.startup_timeout_s
             while not _answers(base):
                 if proc.poll() is not None:
                     tail = log_path.read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"local teacher server exited with {proc.returncode}; log {log_path}:\n{tail}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"local teacher server at {base} not healthy after {self.startup_timeout_s}s; log {log_path}")
+                    raise TimeoutError(
+                        f"local teacher server at {base} not healthy after {self.startup_timeout_s}s; log {log_path}"
+                    )
                 time.sleep(0.5)
             started.append(base)
         return started

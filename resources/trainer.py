@@ -40,7 +40,9 @@ class K8sTrainerPod:
 
     image: str | None = setting(None, help="the pod's image (required with launcher: k8s)")
     namespace: str = setting("default", help="Kubernetes namespace of the pod")
-    command: Literal["python", "torchrun", "accelerate"] = setting("python", help="what the pod runs: python | torchrun | accelerate")
+    command: Literal["python", "torchrun", "accelerate"] = setting(
+        "python", help="what the pod runs: python | torchrun | accelerate"
+    )
     nproc_per_node: int | None = setting(None, help="ranks in the pod (torchrun / accelerate); null: gpus, else 1")
     accelerate_config: str | None = setting(None, help="`accelerate launch --config_file` inside the pod")
     gpus: int = setting(0, help="nvidia.com/gpu request (= limit); 0: a CPU pod")
@@ -53,7 +55,9 @@ class K8sTrainerPod:
     volume_mounts: tuple[dict[str, Any], ...] = setting((), help="the container's volumeMounts")
     service_account_name: str | None = setting(None, help="the pod's serviceAccountName")
     image_pull_policy: str | None = setting(None, help="the container's imagePullPolicy")
-    load_incluster_config: bool | None = setting(None, help="PipesK8sClient: in-cluster config (null: its own detection)")
+    load_incluster_config: bool | None = setting(
+        None, help="PipesK8sClient: in-cluster config (null: its own detection)"
+    )
     kubeconfig_file: str | None = setting(None, help="PipesK8sClient: kubeconfig file outside the cluster")
     poll_interval_s: float = setting(10.0, help="PipesK8sClient: seconds between polls of the pod")
 
@@ -100,7 +104,9 @@ class TrainerLauncher(dg.ConfigurableResource):
         if self.command_prefix:
             return [*self.command_prefix, "-m", "composer_pipeline.train.pipes_entry"]
         if self.launcher == "torchrun":
-            return torchrun_command(self.nproc_per_node, python=sys.executable, extra=list(self.torchrun_args) or ["--standalone"])
+            return torchrun_command(
+                self.nproc_per_node, python=sys.executable, extra=list(self.torchrun_args) or ["--standalone"]
+            )
         if self.launcher == "accelerate":
             return accelerate_command(self.accelerate_config, self.nproc_per_node, python=sys.executable)
         return [sys.executable, "-m", "composer_pipeline.train.pipes_entry"]
@@ -110,8 +116,13 @@ class TrainerLauncher(dg.ConfigurableResource):
         if self.launcher == "k8s":  # the trainer in its own pod; pipes_client (local) is not used
             pod = self.pod
             return self.pipes_k8s_client().run(
-                context=context, extras=extras, image=pod.image, command=self.k8s_command(),
-                namespace=pod.namespace, env={**env, **pod.env}, base_pod_spec=self.k8s_pod_spec(),
+                context=context,
+                extras=extras,
+                image=pod.image,
+                command=self.k8s_command(),
+                namespace=pod.namespace,
+                env={**env, **pod.env},
+                base_pod_spec=self.k8s_pod_spec(),
             )
         return pipes_client.run(command=self.command(), context=context, extras=extras, env=env)
 
@@ -143,8 +154,12 @@ class TrainerLauncher(dg.ConfigurableResource):
         if pod.volume_mounts:
             container["volumeMounts"] = list(pod.volume_mounts)
         spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
-        for field, value in (("volumes", list(pod.volumes)), ("nodeSelector", pod.node_selector),
-                             ("tolerations", list(pod.tolerations)), ("serviceAccountName", pod.service_account_name)):
+        for field, value in (
+            ("volumes", list(pod.volumes)),
+            ("nodeSelector", pod.node_selector),
+            ("tolerations", list(pod.tolerations)),
+            ("serviceAccountName", pod.service_account_name),
+        ):
             if value:
                 spec[field] = value
         return spec
@@ -153,12 +168,21 @@ class TrainerLauncher(dg.ConfigurableResource):
         from dagster_k8s import PipesK8sClient
 
         pod = self.pod
-        return PipesK8sClient(load_incluster_config=pod.load_incluster_config, kubeconfig_file=pod.kubeconfig_file,
-                              poll_interval=pod.poll_interval_s)
+        return PipesK8sClient(
+            load_incluster_config=pod.load_incluster_config,
+            kubeconfig_file=pod.kubeconfig_file,
+            poll_interval=pod.poll_interval_s,
+        )
 
     @classmethod
     def from_deployment(cls, trainer) -> "TrainerLauncher":
         """From ``PipelineSettings.deployment.trainer`` (``assets.deployment.TrainerDeployment``)."""
         pod = {k: v for k, v in settings.to_dict(trainer.k8s).items() if v is not None}  # Dagster config takes no nulls
-        return cls(launcher=trainer.launcher, nproc_per_node=trainer.nproc_per_node, torchrun_args=list(trainer.torchrun_args),
-                   accelerate_config=trainer.accelerate_config, env=dict(trainer.env), k8s=pod)
+        return cls(
+            launcher=trainer.launcher,
+            nproc_per_node=trainer.nproc_per_node,
+            torchrun_args=list(trainer.torchrun_args),
+            accelerate_config=trainer.accelerate_config,
+            env=dict(trainer.env),
+            k8s=pod,
+        )

@@ -32,8 +32,10 @@ REAL_EXPECTED = {
     "total_states": 232,
     "kinds": {"main": 58, "inline_sidechain": 171, "sibling_agent_file": 3},
     "unlinked_subagent_states": 0,
-    "min_tool_calls": 500, "min_parallel_calls": 20,  # over every state's rendered prefix
-    "min_typed_lines": 700, "min_assistant_lines": 100,
+    "min_tool_calls": 500,
+    "min_parallel_calls": 20,  # over every state's rendered prefix
+    "min_typed_lines": 700,
+    "min_assistant_lines": 100,
     "pairs_subdir": "marot__spotter",
 }
 
@@ -72,7 +74,10 @@ def pytest_terminal_summary(terminalreporter):
     else:
         terminalreporter.write_line(
             f"real-traces layer: NOT RUN ({_REAL['deselected']} tests deselected); set {REAL_TRACES_ENV} to a "
-            "directory of Claude Code sessions to run it", yellow=True, bold=True)
+            "directory of Claude Code sessions to run it",
+            yellow=True,
+            bold=True,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,15 @@ from typing import Any
 
 from composer_pipeline.teachers.ledger import Ledger, Reservation, Reserve
 
-ORDER = {"reservations": "created_at, id", "claims": "created_at, call_id", "runs": "started_at, run_id",
-         "totals": "scope, key", "waiters": "created_at, id", "teacher_identities": "teacher",
-         "billed_usage": "created_at, reservation_id"}
+ORDER = {
+    "reservations": "created_at, id",
+    "claims": "created_at, call_id",
+    "runs": "started_at, run_id",
+    "totals": "scope, key",
+    "waiters": "created_at, id",
+    "teacher_identities": "teacher",
+    "billed_usage": "created_at, reservation_id",
+}
 
 
 def ledger_rows(ledger: Ledger, table: str = "reservations") -> list[dict[str, Any]]:
@@ -35,8 +41,10 @@ def ledger_rows(ledger: Ledger, table: str = "reservations") -> list[dict[str, A
 
 def spend_by_run(ledger: Ledger, run_id: str) -> dict[str, float]:
     """USD per teacher committed by one run (settled, kept and still-open reservations)."""
-    q = ("SELECT teacher, SUM(CASE state WHEN 'settled' THEN cost_usd WHEN 'released' THEN 0 ELSE reserved_usd END) "
-         "FROM reservations WHERE run_id = ? GROUP BY teacher ORDER BY teacher")
+    q = (
+        "SELECT teacher, SUM(CASE state WHEN 'settled' THEN cost_usd WHEN 'released' THEN 0 ELSE reserved_usd END) "
+        "FROM reservations WHERE run_id = ? GROUP BY teacher ORDER BY teacher"
+    )
     return {t: float(s or 0) for t, s in ledger._tx(lambda c: c.all(q, [run_id]), write=False)}
 
 
@@ -44,8 +52,18 @@ def schema_version(ledger: Ledger) -> int:
     return int(ledger._tx(lambda c: c.one("SELECT MAX(version) FROM schema_migrations")[0], write=False))
 
 
-def reserve(ledger: Ledger, teacher: str, amount_usd: float, *, budget_usd: float, run_id: str, ceiling_usd: float,
-            call_id: str = "", wait_s: float = 0.0, poll_s: float = 0.02) -> Reservation:
+def reserve(
+    ledger: Ledger,
+    teacher: str,
+    amount_usd: float,
+    *,
+    budget_usd: float,
+    run_id: str,
+    ceiling_usd: float,
+    call_id: str = "",
+    wait_s: float = 0.0,
+    poll_s: float = 0.02,
+) -> Reservation:
     """Reserve, waiting up to ``wait_s`` for money held in flight; refused when it cannot fit (a wait that
     timed out leaves no waiter behind)."""
     op = Reserve(teacher, budget_usd, run_id, ceiling_usd, amount_usd, call_id)

@@ -35,8 +35,10 @@ class PostgresServer:
     def __init__(self) -> None:
         self.bin = pg_bin_dir()
         if self.bin is None:
-            raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin: install the "
-                               "Debian `postgresql` package (python3 -m composer_pipeline.bootstrap test does)")
+            raise RuntimeError(
+                "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin: install the "
+                "Debian `postgresql` package (python3 -m composer_pipeline.bootstrap test does)"
+            )
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="composer-pg-"))
         self.data = self.dir / "data"
@@ -48,16 +50,50 @@ class PostgresServer:
     def start(self) -> "PostgresServer":
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
-        subprocess.run(self._as_owner([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                                       "--no-sync", "-E", "UTF8"]), check=True, capture_output=True)
+        subprocess.run(
+            self._as_owner(
+                [
+                    str(self.bin / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "--no-sync",
+                    "-E",
+                    "UTF8",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
         self._pg_ctl("start")
         return self
 
     def _pg_ctl(self, action: str, *extra: str) -> None:
-        opts = (f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c max_connections=200 -c shared_buffers=32MB")
-        r = subprocess.run(self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"),
-                                           "-w", "-o", opts, *extra, action]), capture_output=True, text=True)
+        opts = (
+            f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c max_connections=200 -c shared_buffers=32MB"
+        )
+        r = subprocess.run(
+            self._as_owner(
+                [
+                    str(self.bin / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.dir / "log"),
+                    "-w",
+                    "-o",
+                    opts,
+                    *extra,
+                    action,
+                ]
+            ),
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             log = (self.dir / "log").read_text() if (self.dir / "log").exists() else ""
             raise RuntimeError(f"PostgreSQL did not {action}: {r.stdout}{r.stderr}{log}")
@@ -74,8 +110,10 @@ class PostgresServer:
         self._pg_ctl("start")
 
     def stop(self) -> None:
-        subprocess.run(self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),
-                       capture_output=True)
+        subprocess.run(
+            self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),
+            capture_output=True,
+        )
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def create_database(self, name: str) -> str:

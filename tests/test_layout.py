@@ -67,7 +67,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (found := visit(m)):
                 return found
         stack.pop()
@@ -89,8 +89,10 @@ def test_no_import_cycle_between_modules():
     # a package's __init__ importing its own submodules (cli/__init__.py registering the subcommands)
     # is how Python packages are built, not a cycle between modules
     modules = _modules(ROOTS)
-    graph = {n: {m for m in deps if not (modules[n].name == "__init__.py" and m.rpartition(".")[0] == n)}
-             for n, deps in _graph(ROOTS).items()}
+    graph = {
+        n: {m for m in deps if not (modules[n].name == "__init__.py" and m.rpartition(".")[0] == n)}
+        for n, deps in _graph(ROOTS).items()
+    }
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -108,8 +110,12 @@ def test_no_import_cycle_between_packages():
 
 def test_top_level_folders_import_only_those_below():
     rank = {root.split("/")[0]: i for i, root in enumerate(ROOTS)}
-    upward = sorted(f"{n} imports {m}" for n, deps in _graph(ROOTS).items() for m in deps
-                    if rank[m.split(".")[0]] > rank[n.split(".")[0]])
+    upward = sorted(
+        f"{n} imports {m}"
+        for n, deps in _graph(ROOTS).items()
+        for m in deps
+        if rank[m.split(".")[0]] > rank[n.split(".")[0]]
+    )
     assert upward == [], "a folder imports one above it (cycle risk): " + "; ".join(upward)
 
 

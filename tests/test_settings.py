@@ -65,7 +65,9 @@ def generate() -> str:
 
 def test_every_recipe_file_is_known():
     present = {p.name for p in (REPO / "recipes").iterdir()} - NOT_OURS
-    assert present == set(RECIPES), f"recipes/ has {sorted(present - set(RECIPES))} unknown to this test, lacks {sorted(set(RECIPES) - present)}"
+    assert present == set(RECIPES), (
+        f"recipes/ has {sorted(present - set(RECIPES))} unknown to this test, lacks {sorted(set(RECIPES) - present)}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -83,12 +85,14 @@ def test_settings_doc_matches_the_dataclasses():
 
 
 def test_one_rule_for_unknown_keys_everywhere(tmp_path):
-    cases = [(TrainRecipe, {"optim": {"stepz": 1}}, "optim", "stepz"),
-             (IngestRecipe, {"render": {"strip_thinkin": True}}, "render", "strip_thinkin"),
-             (PairRecipe, {"signature": {"ignore_order": True}}, "signature", "ignore_order"),
-             (PipelineFile, {"checks": {"max_quarantine": 5}}, "checks", "max_quarantine"),
-             (PipelineFile, {"deployment": {"trainer": {"k8s": {"imag": "x"}}}}, "deployment.trainer.k8s", "imag"),
-             (NormalizeFile, {"procces": []}, "", "procces")]
+    cases = [
+        (TrainRecipe, {"optim": {"stepz": 1}}, "optim", "stepz"),
+        (IngestRecipe, {"render": {"strip_thinkin": True}}, "render", "strip_thinkin"),
+        (PairRecipe, {"signature": {"ignore_order": True}}, "signature", "ignore_order"),
+        (PipelineFile, {"checks": {"max_quarantine": 5}}, "checks", "max_quarantine"),
+        (PipelineFile, {"deployment": {"trainer": {"k8s": {"imag": "x"}}}}, "deployment.trainer.k8s", "imag"),
+        (NormalizeFile, {"procces": []}, "", "procces"),
+    ]
     for cls, raw, section, key in cases:
         p = tmp_path / "r.yaml"
         import yaml
@@ -101,15 +105,17 @@ def test_one_rule_for_unknown_keys_everywhere(tmp_path):
 
 
 def test_types_are_checked_with_the_key_path(tmp_path):
-    for raw, msg in [({"optim": {"steps": "10"}}, "optim.steps must be an integer, got '10'"),
-                     ({"optim": {"steps": True}}, "optim.steps must be an integer, got True"),
-                     ({"weights": {"alpha": "half"}}, "weights.alpha must be a number, got 'half'"),
-                     ({"lora": {"enabled": "yes"}}, "lora.enabled must be true or false, got 'yes'"),
-                     ({"grpo": {"rewards": "valid_action"}}, "grpo.rewards must be a list, got 'valid_action'"),
-                     ({"grpo": {"rewards": [1]}}, "grpo.rewards[0] must be a string, got 1"),
-                     ({"dpo": {"variant": "ipo"}}, "dpo.variant must be one of ['dpo', 'simpo'], got 'ipo'"),
-                     ({"model": 3}, "model must be str | null, got 3"),
-                     ({"sdpo": []}, "sdpo: expected a mapping, got list")]:
+    for raw, msg in [
+        ({"optim": {"steps": "10"}}, "optim.steps must be an integer, got '10'"),
+        ({"optim": {"steps": True}}, "optim.steps must be an integer, got True"),
+        ({"weights": {"alpha": "half"}}, "weights.alpha must be a number, got 'half'"),
+        ({"lora": {"enabled": "yes"}}, "lora.enabled must be true or false, got 'yes'"),
+        ({"grpo": {"rewards": "valid_action"}}, "grpo.rewards must be a list, got 'valid_action'"),
+        ({"grpo": {"rewards": [1]}}, "grpo.rewards[0] must be a string, got 1"),
+        ({"dpo": {"variant": "ipo"}}, "dpo.variant must be one of ['dpo', 'simpo'], got 'ipo'"),
+        ({"model": 3}, "model must be str | null, got 3"),
+        ({"sdpo": []}, "sdpo: expected a mapping, got list"),
+    ]:
         with pytest.raises(ValueError) as e:
             TrainRecipe.from_dict(raw)
         assert str(e.value) == f"train recipe: {msg}"
@@ -131,20 +137,48 @@ def test_trainer_pod_settings_are_typed(tmp_path):
     recipe.write_text("deployment: {trainer: {launcher: k8s, k8s: {image: i, gpus: two}}}\n")
     with pytest.raises(ValueError, match=r"deployment\.trainer\.k8s\.gpus must be an integer, got 'two'"):
         load_settings(recipe)
-    recipe.write_text("deployment: {trainer: {launcher: k8s, k8s: {image: i, command: torchrun, gpus: 2, env_secrets: [s3]}}}\n")
+    recipe.write_text(
+        "deployment: {trainer: {launcher: k8s, k8s: {image: i, command: torchrun, gpus: 2, env_secrets: [s3]}}}\n"
+    )
     pod = TrainerLauncher.from_deployment(load_settings(recipe).deployment.trainer).pod
-    assert (pod.image, pod.command, pod.gpus, pod.env_secrets, pod.namespace) == ("i", "torchrun", 2, ("s3",), "default")
+    assert (pod.image, pod.command, pod.gpus, pod.env_secrets, pod.namespace) == (
+        "i",
+        "torchrun",
+        2,
+        ("s3",),
+        "default",
+    )
 
 
 def test_missing_required_keys_say_what_they_are():
-    with pytest.raises(ValueError, match=r"t: teachers\[0\] \(a\): missing required key\(s\) \['budget_usd'\] \(budget_usd: lifetime budget"):
-        settings.from_dict(TeachersConfig, {"ceiling_usd": 1.0, "teachers": [
-            {"name": "a", "base_url": "http://x/v1", "model": "m", "api_key_env": None, "input_usd_per_mtok": 0,
-             "output_usd_per_mtok": 0, "max_concurrency": 1}]}, "t")
+    with pytest.raises(
+        ValueError,
+        match=r"t: teachers\[0\] \(a\): missing required key\(s\) \['budget_usd'\] \(budget_usd: lifetime budget",
+    ):
+        settings.from_dict(
+            TeachersConfig,
+            {
+                "ceiling_usd": 1.0,
+                "teachers": [
+                    {
+                        "name": "a",
+                        "base_url": "http://x/v1",
+                        "model": "m",
+                        "api_key_env": None,
+                        "input_usd_per_mtok": 0,
+                        "output_usd_per_mtok": 0,
+                        "max_concurrency": 1,
+                    }
+                ],
+            },
+            "t",
+        )
 
 
 def test_a_rule_of_the_class_says_where_it_failed():
-    with pytest.raises(ValueError, match=r"^pairs recipe: signature: text_similarity_threshold must be in \(0, 1\], got 0.0$"):
+    with pytest.raises(
+        ValueError, match=r"^pairs recipe: signature: text_similarity_threshold must be in \(0, 1\], got 0.0$"
+    ):
         PairRecipe.from_dict({"signature": {"text_similarity_threshold": 0}})
 
 

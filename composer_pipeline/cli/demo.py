@@ -14,7 +14,9 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-root", default=None, help="Claude Code projects dir (default: the bundled samples)")
-    p.add_argument("--store", default=None, help="table store: dir or s3://bucket/prefix (default .store, or $COMPOSER_STORE)")
+    p.add_argument(
+        "--store", default=None, help="table store: dir or s3://bucket/prefix (default .store, or $COMPOSER_STORE)"
+    )
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: recipes/train.yaml optim.steps)")
     p.add_argument("--skip-train", action="store_true", help="stop after the training set (no training, no eval)")
     p.add_argument("--teachers", default=None, help="teachers recipe (default recipes/demo_teachers.yaml)")
@@ -34,8 +36,11 @@ def run(args: argparse.Namespace) -> int:
 
     from composer_pipeline.bootstrap import ROOT
 
-    argv = [f"--{k.replace('_', '-')}={v}" for k in ("trace_root", "store", "teachers", "steps")
-            if (v := getattr(args, k)) is not None]
+    argv = [
+        f"--{k.replace('_', '-')}={v}"
+        for k in ("trace_root", "store", "teachers", "steps")
+        if (v := getattr(args, k)) is not None
+    ]
     argv += [f"--{k.replace('_', '-')}" for k in ("skip_train", "keep_teachers") if getattr(args, k)]
     env = dict(os.environ)  # the checkout first, as workspace.yaml's working_directory does for `dagster dev`
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

@@ -18,31 +18,58 @@ def register(subparsers) -> None:
     r = sub.add_parser("read-before-edit", help="does training teach Read before Edit on held-out states?")
     r.add_argument("--out", required=True, help="output directory (data stores, checkpoints, results, plots)")
     r.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick: 1)")
-    r.add_argument("--only-seeds", default=None,
-                   help="comma-separated seeds this process runs, in this order (e.g. 4,3): a second process on the "
-                   "same --out shares the finished cells")
+    r.add_argument(
+        "--only-seeds",
+        default=None,
+        help="comma-separated seeds this process runs, in this order (e.g. 4,3): a second process on the "
+        "same --out shares the finished cells",
+    )
     r.add_argument("--steps", type=int, default=None, help="trainer steps per arm (default 60; --quick: 20)")
-    r.add_argument("--model", default=None, help="tiny | smollm2 (SmolLM2-135M-Instruct at CPU sizes: "
-                   "ExperimentConfig.smollm2) | local:smollm2-135m-instruct (the full sizes) | a model path (default tiny)")
+    r.add_argument(
+        "--model",
+        default=None,
+        help="tiny | smollm2 (SmolLM2-135M-Instruct at CPU sizes: "
+        "ExperimentConfig.smollm2) | local:smollm2-135m-instruct (the full sizes) | a model path (default tiny)",
+    )
     r.add_argument("--quick", action="store_true", help="tiny model, 1 seed, small sizes (<= 10 min on 2 CPU cores)")
-    r.add_argument("--arms", default=None, help="comma-separated subset of start,grpo,grpo_shuffled,sdpo,dpo,nll,"
-                   "dpo_shuffled,all (the controls: nll = the NLL term alone, dpo_shuffled = labels swapped at random, "
-                   "grpo_shuffled = a seeded prompt order)")
-    r.add_argument("--budget-minutes", type=float, default=None,
-                   help="stop cleanly before the next arm × seed cell once this many minutes are spent; every finished "
-                   "cell is kept under --out and a re-run with the same settings skips it")
+    r.add_argument(
+        "--arms",
+        default=None,
+        help="comma-separated subset of start,grpo,grpo_shuffled,sdpo,dpo,nll,"
+        "dpo_shuffled,all (the controls: nll = the NLL term alone, dpo_shuffled = labels swapped at random, "
+        "grpo_shuffled = a seeded prompt order)",
+    )
+    r.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="stop cleanly before the next arm × seed cell once this many minutes are spent; every finished "
+        "cell is kept under --out and a re-run with the same settings skips it",
+    )
     r.add_argument("--eval-every", type=int, default=None, help="probe the held-out states every N trainer steps")
     r.add_argument("--train-sessions", type=int, default=None)
     r.add_argument("--heldout-sessions", type=int, default=None)
     r.add_argument("--sft-steps", type=int, default=None, help="steps fitting the start policy to the agents")
-    r.add_argument("--pretrain-steps", type=int, default=None,
-                   help="--model tiny: steps training the tiny base model from scratch on generated sessions")
+    r.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=None,
+        help="--model tiny: steps training the tiny base model from scratch on generated sessions",
+    )
     r.add_argument("--pretrain-sessions", type=int, default=None, help="--model tiny: sessions the base model reads")
     r.add_argument("--lora", action="store_true", help="train LoRA adapters in the arms (large models on CPU)")
-    r.add_argument("--hint-teacher", choices=["initial", "current"], default=None,
-                   help="the hint channel's teacher: the frozen start policy (default) or the policy being trained")
-    r.add_argument("--dpo-sft-weight", type=float, default=None,
-                   help="weight of the NLL term on chosen answers beside the DPO loss (default 1.0; 0 = plain DPO)")
+    r.add_argument(
+        "--hint-teacher",
+        choices=["initial", "current"],
+        default=None,
+        help="the hint channel's teacher: the frozen start policy (default) or the policy being trained",
+    )
+    r.add_argument(
+        "--dpo-sft-weight",
+        type=float,
+        default=None,
+        help="weight of the NLL term on chosen answers beside the DPO loss (default 1.0; 0 = plain DPO)",
+    )
     r.set_defaults(func=run)
 
 
@@ -51,11 +78,20 @@ def run(args: argparse.Namespace) -> int:
 
     from composer_pipeline.experiments.read_before_edit import ExperimentConfig, run_experiment
 
-    kw = {"seeds": args.seeds, "steps": args.steps, "model": args.model, "train_sessions": args.train_sessions,
-          "heldout_sessions": args.heldout_sessions, "sft_steps": args.sft_steps,
-          "pretrain_steps": args.pretrain_steps, "pretrain_sessions": args.pretrain_sessions,
-          "hint_teacher": args.hint_teacher, "dpo_sft_weight": args.dpo_sft_weight,
-          "budget_minutes": args.budget_minutes, "eval_every": args.eval_every}
+    kw = {
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "model": args.model,
+        "train_sessions": args.train_sessions,
+        "heldout_sessions": args.heldout_sessions,
+        "sft_steps": args.sft_steps,
+        "pretrain_steps": args.pretrain_steps,
+        "pretrain_sessions": args.pretrain_sessions,
+        "hint_teacher": args.hint_teacher,
+        "dpo_sft_weight": args.dpo_sft_weight,
+        "budget_minutes": args.budget_minutes,
+        "eval_every": args.eval_every,
+    }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if args.only_seeds:
@@ -72,13 +108,26 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, lora=True)
     if cfg.budget_minutes is not None and cfg.budget_minutes <= 0:
         raise ValueError("--budget-minutes must be > 0")
-    for name in ("seeds", "steps", "train_sessions", "heldout_sessions", "sft_steps", "pretrain_steps", "pretrain_sessions", "eval_every"):
+    for name in (
+        "seeds",
+        "steps",
+        "train_sessions",
+        "heldout_sessions",
+        "sft_steps",
+        "pretrain_steps",
+        "pretrain_sessions",
+        "eval_every",
+    ):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     res = run_experiment(cfg)
     print(res["table"])
     if res["stopped"]:
-        print(f"stopped by --budget-minutes {cfg.budget_minutes}: {len(res['results'])} cells done; "
-              "run the same command again to resume")
-    print(f"plots: {Path(res['out']) / 'curves.png'}  results: {Path(res['out']) / 'results.jsonl'}  ({res['seconds']:.0f} s)")
+        print(
+            f"stopped by --budget-minutes {cfg.budget_minutes}: {len(res['results'])} cells done; "
+            "run the same command again to resume"
+        )
+    print(
+        f"plots: {Path(res['out']) / 'curves.png'}  results: {Path(res['out']) / 'results.jsonl'}  ({res['seconds']:.0f} s)"
+    )
     return 0

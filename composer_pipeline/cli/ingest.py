@@ -13,12 +13,26 @@ import json
 import sys
 
 # low-cardinality columns only: dictionary-encoding raw lines and JSON content wastes time
-DICTIONARY_COLUMNS = ("session_id", "session_key", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
-                      "source_file", "record_type", "subtype", "role", "model", "version", "reason")
+DICTIONARY_COLUMNS = (
+    "session_id",
+    "session_key",
+    "stream_id",
+    "stream_kind",
+    "agent_id",
+    "parent_tool_use_id",
+    "source_file",
+    "record_type",
+    "subtype",
+    "role",
+    "model",
+    "version",
+    "reason",
+)
 # large JSON/text columns: min/max statistics of them help no reader and cost ~10 % of the write
 NO_STATISTICS_COLUMNS = ("raw", "content", "tool_use_result", "action", "usage", "error_after", "text")
 FLUSH_ROWS = 8000  # messages per Parquet row group (bounds memory; 4000-row groups cost ~10 % more to write)
 FLUSH_BYTES = 32 << 20  # ...or sooner, for sessions with very large lines
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ingest", help="parse Claude Code session JSONL into trace states (Parquet)")
@@ -26,9 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (local path or s3://bucket/prefix)")
     p.add_argument("--recipe", default=None, help="ingest recipe YAML (default: built-in defaults)")
     # recipe.ENGINES, spelled out: importing the recipe module here would load pyarrow for every command
-    p.add_argument("--engine", choices=("auto", "native", "python"), default=None,
-                   help="parser engine (default: the recipe's, auto): native = compiled, python = the reference; "
-                        "same output")
+    p.add_argument(
+        "--engine",
+        choices=("auto", "native", "python"),
+        default=None,
+        help="parser engine (default: the recipe's, auto): native = compiled, python = the reference; same output",
+    )
     p.set_defaults(func=run)
 
 
@@ -59,8 +76,11 @@ def _open_outputs(out: str, names, stack) -> tuple[dict, dict, str]:
     store = Store(out)
     store.fs.makedirs(store.base, exist_ok=True)
     paths = {n: store.url(f"{n}.parquet") for n in names}
-    return ({n: stack.enter_context(open_replacing(store.fs, store.path(f"{n}.parquet"), paths[n])) for n in names},
-            paths, store.url())
+    return (
+        {n: stack.enter_context(open_replacing(store.fs, store.path(f"{n}.parquet"), paths[n])) for n in names},
+        paths,
+        store.url(),
+    )
 
 
 def choose_arrow_allocator() -> None:
@@ -98,8 +118,11 @@ def run(args: argparse.Namespace) -> int:
     engine = {"engine": ingester.engine, "python_fallback_sessions": sum(ingester.fallbacks.values())}
     if ingester.fallbacks:
         engine["python_fallback_reasons"] = dict(ingester.fallbacks)
-    print(json.dumps({"total": True, "files": files, **dict(totals), "secrets_scrubbed": dict(secrets), **engine,
-                      "out": out_url}))
+    print(
+        json.dumps(
+            {"total": True, "files": files, **dict(totals), "secrets_scrubbed": dict(secrets), **engine, "out": out_url}
+        )
+    )
     sys.stdout.flush()
     return 0
 
@@ -118,9 +141,14 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     from composer_pipeline.ingest.pipeline import TABLES
 
     writers = {
-        n: pq.ParquetWriter(handles[n], tables.SCHEMAS[n], compression="zstd", compression_level=1,
-                            use_dictionary=[c for c in DICTIONARY_COLUMNS if c in tables.SCHEMAS[n].names],
-                            write_statistics=[c for c in tables.SCHEMAS[n].names if c not in NO_STATISTICS_COLUMNS])
+        n: pq.ParquetWriter(
+            handles[n],
+            tables.SCHEMAS[n],
+            compression="zstd",
+            compression_level=1,
+            use_dictionary=[c for c in DICTIONARY_COLUMNS if c in tables.SCHEMAS[n].names],
+            write_statistics=[c for c in tables.SCHEMAS[n].names if c not in NO_STATISTICS_COLUMNS],
+        )
         for n in TABLES
     }
     frozen = False
@@ -155,8 +183,16 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
                 for r in rep.file_reports:
                     files += 1
                     print(json.dumps(r), flush=False)
-                for k in ("states", "messages", "bad_lines", "subagents_linked", "compactions_crossed",
-                          "warmup_dropped", "streams", "damaged_bridged"):
+                for k in (
+                    "states",
+                    "messages",
+                    "bad_lines",
+                    "subagents_linked",
+                    "compactions_crossed",
+                    "warmup_dropped",
+                    "streams",
+                    "damaged_bridged",
+                ):
                     totals[k] += rep.stats.get(k, 0)
                 totals["sessions"] += 1
                 secrets.update(rep.secrets)

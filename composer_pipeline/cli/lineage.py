@@ -11,8 +11,11 @@ import argparse
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("lineage", help="trace a pair back to teacher calls, state, session and raw lines")
-    p.add_argument("pair_id", help="pair id or a unique prefix (>= 6 chars), or a session: the short partition key "
-                   "the Dagster UI shows (calc/a1f0c3d2) or its session key (after --): every pair of it")
+    p.add_argument(
+        "pair_id",
+        help="pair id or a unique prefix (>= 6 chars), or a session: the short partition key "
+        "the Dagster UI shows (calc/a1f0c3d2) or its session key (after --): every pair of it",
+    )
     p.add_argument(
         "--store",
         action="append",

@@ -15,12 +15,17 @@ def register(subparsers) -> None:
     p.add_argument("--replays", required=True, help="dir or s3:// prefix holding replays.parquet")
     p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states/trace_messages")
     p.add_argument("--out", required=True, help="dir or s3:// prefix to write pair tables into")
-    p.add_argument("--teachers", default=None,
-                   help="the teachers recipe the replay used: which entries are one model (base_url + model) and "
-                        "which sample (temperature > 0); without it each distinct model field is one greedy model")
+    p.add_argument(
+        "--teachers",
+        default=None,
+        help="the teachers recipe the replay used: which entries are one model (base_url + model) and "
+        "which sample (temperature > 0); without it each distinct model field is one greedy model",
+    )
     p.add_argument("--recipe", default=None, help="pairs recipe (default recipes/pairs.yaml)")
     p.add_argument("--normalize-recipe", default=None, help="data-juicer recipe (default recipes/normalize.yaml)")
-    p.add_argument("--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)")
+    p.add_argument(
+        "--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)"
+    )
     p.set_defaults(func=run)
 
 
@@ -77,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         "positives": res.positives.num_rows,
         "built": res.pairs.num_rows,
         "dropped": dropped.num_rows,
-        "dropped_by_op": {**({"pairs.build": res.dropped.num_rows} if res.dropped.num_rows else {}), **norm.stats["dropped_by_op"]},
+        "dropped_by_op": {
+            **({"pairs.build": res.dropped.num_rows} if res.dropped.num_rows else {}),
+            **norm.stats["dropped_by_op"],
+        },
         "pairs_by_agreement_kind": _kinds(norm.kept),
         "votes_from": args.teachers or "model field of each replay row (no --teachers)",
         "normalize_seconds": norm.stats["seconds"],

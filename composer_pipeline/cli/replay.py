@@ -27,14 +27,23 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="replay trace states to every teacher (budgets, cache, retries)")
     p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states + trace_messages")
     p.add_argument("--teachers", required=True, help="teachers YAML (e.g. recipes/demo_teachers.yaml)")
-    p.add_argument("--out", required=True, help="dir or s3:// prefix to write replays.parquet (table teacher_replays) "
-                   "and cost_plan.parquet into")
-    p.add_argument("--ledger", default=None, help="budget ledger URL: a file path (SQLite) or postgresql://user@host/db "
-                   "(default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="dir or s3:// prefix to write replays.parquet (table teacher_replays) and cost_plan.parquet into",
+    )
+    p.add_argument(
+        "--ledger",
+        default=None,
+        help="budget ledger URL: a file path (SQLite) or postgresql://user@host/db "
+        "(default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite)",
+    )
     p.add_argument("--cache", default=None, help="response cache dir (default $COMPOSER_PIPELINE_HOME/teacher_cache)")
     p.add_argument("--ceiling-usd", type=float, default=None, help="override the YAML's ceiling_usd for this run")
     p.add_argument("--run-id", default=None, help="id of this run in the ledger (default: a fresh uuid)")
-    p.add_argument("--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)")
+    p.add_argument(
+        "--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)"
+    )
     p.add_argument("--plan-only", action="store_true", help="print the cost plan and stop (no calls)")
     p.set_defaults(func=run)
 
@@ -73,10 +82,16 @@ def run(args: argparse.Namespace) -> int:
 
     replay_run = ReplayRun.prepare(states, messages, cfg, opts)
     plan = replay_run.plan(cache, ledger)
-    api_keys = clean_api_keys(cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers})
+    api_keys = clean_api_keys(
+        cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
+    )
     # before anything is sent: keys, hosts, and where the answers go
-    preflight(cfg, api_keys, teachers=None if args.plan_only else plan.teachers_to_call,
-              writable={} if out.is_remote else {"--out": args.out})
+    preflight(
+        cfg,
+        api_keys,
+        teachers=None if args.plan_only else plan.teachers_to_call,
+        writable={} if out.is_remote else {"--out": args.out},
+    )
     try:
         check_writable(cache_dir, "response cache")
     except PreflightError as e:  # paid answers are stored in the ledger first: the run can still go on
@@ -86,10 +101,19 @@ def run(args: argparse.Namespace) -> int:
         for reason in plan.reasons:
             print(f"cost plan: {reason}", file=sys.stderr)
     if args.plan_only:
-        print(orjson.dumps({"calls_planned": plan.table.num_rows, "worst_case_by_teacher": plan.worst_case_by_teacher,
-                            "predicted_usd_by_teacher": plan.predicted_by_teacher,
-                            "remaining_budget_by_teacher": plan.remaining_budget_by_teacher,
-                            "ceiling_usd": cfg.ceiling_usd, "fits": plan.fits, "reasons": plan.reasons}).decode())
+        print(
+            orjson.dumps(
+                {
+                    "calls_planned": plan.table.num_rows,
+                    "worst_case_by_teacher": plan.worst_case_by_teacher,
+                    "predicted_usd_by_teacher": plan.predicted_by_teacher,
+                    "remaining_budget_by_teacher": plan.remaining_budget_by_teacher,
+                    "ceiling_usd": cfg.ceiling_usd,
+                    "fits": plan.fits,
+                    "reasons": plan.reasons,
+                }
+            ).decode()
+        )
         return 0
 
     tty = sys.stderr.isatty()
@@ -106,15 +130,23 @@ def run(args: argparse.Namespace) -> int:
     billed = usage_by_run(ledger, run_id)
     # the one replay summary (run_report.replay_summary, also the asset's `summary`), the names this command
     # printed before it (run_report.CLI_LEGACY_KEYS), and where this run wrote
-    summary = {**res.summary, **cli_legacy_keys(res.summary), "run_id": run_id,
-               "out": out.url(f"{tables.cli_file_name('teacher_replays')}.parquet") if out.is_remote else path,
-               "ledger": ledger.label, "cache": str(cache.dir),
-               # the plan's expectation with prompt caching beside what providers billed this run
-               "predicted_vs_billed": {t.name: {"predicted_usd": round(plan.predicted_by_teacher.get(t.name, 0.0), 8),
-                                                "worst_case_usd": round(plan.worst_case_by_teacher.get(t.name, 0.0), 8),
-                                                **billed.get(t.name, {"billed_usd": 0.0, "full_price_usd": 0.0,
-                                                                      "cached_prompt_tokens": 0})}
-                                       for t in cfg.teachers}}
+    summary = {
+        **res.summary,
+        **cli_legacy_keys(res.summary),
+        "run_id": run_id,
+        "out": out.url(f"{tables.cli_file_name('teacher_replays')}.parquet") if out.is_remote else path,
+        "ledger": ledger.label,
+        "cache": str(cache.dir),
+        # the plan's expectation with prompt caching beside what providers billed this run
+        "predicted_vs_billed": {
+            t.name: {
+                "predicted_usd": round(plan.predicted_by_teacher.get(t.name, 0.0), 8),
+                "worst_case_usd": round(plan.worst_case_by_teacher.get(t.name, 0.0), 8),
+                **billed.get(t.name, {"billed_usd": 0.0, "full_price_usd": 0.0, "cached_prompt_tokens": 0}),
+            }
+            for t in cfg.teachers
+        },
+    }
     print(orjson.dumps(summary).decode(), flush=True)
     rc = 0
     for name, why in sorted(res.summary.get("disabled_teachers", {}).items()):

@@ -19,22 +19,47 @@ MIN_WIDTH, MAX_WIDTH = 40, 1000  # (a width of 10^8 printed 1.2 GB of rules)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("show", help="audit a state or pair: the exact prefix teachers saw, the action, each answer")
-    p.add_argument("ids", nargs="*", metavar="ID", help="state id or pair id (or a unique prefix of >= 6 chars), or a "
-                   "session: the short partition key the Dagster UI shows (calc/a1f0c3d2) or its session key (after --)")
+    p = subparsers.add_parser(
+        "show", help="audit a state or pair: the exact prefix teachers saw, the action, each answer"
+    )
+    p.add_argument(
+        "ids",
+        nargs="*",
+        metavar="ID",
+        help="state id or pair id (or a unique prefix of >= 6 chars), or a "
+        "session: the short partition key the Dagster UI shows (calc/a1f0c3d2) or its session key (after --)",
+    )
     p.add_argument("--all", action="store_true", help="show every state in the store")
-    p.add_argument("--store", action="append", default=None,
-                   help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .store)")
+    p.add_argument(
+        "--store",
+        action="append",
+        default=None,
+        help="dir or s3:// prefix with the tables; repeat to search several (default $COMPOSER_STORE or .store)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of the terminal view")
-    p.add_argument("--recipe", default=None,
-                   help="ingest recipe whose render: section gives the render options (default: render defaults, as replay)")
-    p.add_argument("--compaction", choices=("after", "full"), default=None,
-                   help="override the recipe: after = what the agent had after a /compact, full = stitched history")
-    p.add_argument("--teachers", default=None,
-                   help="teachers YAML: check each replay row's call_id against the request rebuilt from the shown prefix")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="ingest recipe whose render: section gives the render options (default: render defaults, as replay)",
+    )
+    p.add_argument(
+        "--compaction",
+        choices=("after", "full"),
+        default=None,
+        help="override the recipe: after = what the agent had after a /compact, full = stitched history",
+    )
+    p.add_argument(
+        "--teachers",
+        default=None,
+        help="teachers YAML: check each replay row's call_id against the request rebuilt from the shown prefix",
+    )
     p.add_argument("--full", action="store_true", help="terminal view: shorten nothing")
-    p.add_argument("--width", type=int, default=None,
-                   help=f"terminal view width, {MIN_WIDTH}-{MAX_WIDTH} (default: the terminal's)")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help=f"terminal view width, {MIN_WIDTH}-{MAX_WIDTH} (default: the terminal's)",
+    )
     p.set_defaults(func=run)
 
 

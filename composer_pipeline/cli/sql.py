@@ -21,9 +21,16 @@ MAX_CELL = 80
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sql", help="run a DuckDB query over the stored tables")
-    p.add_argument("query", help='e.g. "select drop_op, count(*) from dropped_pairs group by 1"; a session by the '
-                   "short key the UI shows: where session_key = session_of('calc/a1f0c3d2') (view sessions maps both keys)")
-    p.add_argument("--store", default=None, help="dir or s3:// prefix (default $COMPOSER_STORE or .store: where the demo and Dagster write)")
+    p.add_argument(
+        "query",
+        help='e.g. "select drop_op, count(*) from dropped_pairs group by 1"; a session by the '
+        "short key the UI shows: where session_key = session_of('calc/a1f0c3d2') (view sessions maps both keys)",
+    )
+    p.add_argument(
+        "--store",
+        default=None,
+        help="dir or s3:// prefix (default $COMPOSER_STORE or .store: where the demo and Dagster write)",
+    )
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON array of row objects")
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
@@ -64,8 +71,10 @@ def add_session_keys(con) -> None:
 
     from composer_pipeline.ids import partition_keys
 
-    cols = con.execute("SELECT table_name, column_name FROM information_schema.columns "
-                       "WHERE column_name IN ('session_key', 'partition_key')").fetchall()
+    cols = con.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE column_name IN ('session_key', 'partition_key')"
+    ).fetchall()
     by_table: dict[str, set[str]] = {}
     for table, column in cols:
         by_table.setdefault(table, set()).add(column)
@@ -82,8 +91,15 @@ def add_session_keys(con) -> None:
                     stored.setdefault(session, partition[0])
     keys = partition_keys(sessions, stored)
     order = sorted(keys)
-    con.register("sessions", pa.table({"session_key": pa.array(order, pa.string()),
-                                       "partition_key": pa.array([keys[s] for s in order], pa.string())}))
+    con.register(
+        "sessions",
+        pa.table(
+            {
+                "session_key": pa.array(order, pa.string()),
+                "partition_key": pa.array([keys[s] for s in order], pa.string()),
+            }
+        ),
+    )
     for macro in _SESSION_MACROS:
         con.execute(macro)
 
@@ -109,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
         cur = con.execute(args.query)
     except (duckdb.PermissionException, duckdb.InvalidInputException) as e:
         if isinstance(e, duckdb.PermissionException) or "configuration has been locked" in str(e):
-            raise ValueError(f"refused: {e}\n(`sql` reads the stored tables only: no other files, network, "
-                             "extensions or settings)") from None
+            raise ValueError(
+                f"refused: {e}\n(`sql` reads the stored tables only: no other files, network, extensions or settings)"
+            ) from None
         raise _query_error(e, store) from None
     except duckdb.Error as e:
         raise _query_error(e, store) from None

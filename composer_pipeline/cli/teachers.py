@@ -21,29 +21,51 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="teachers_command", required=True, metavar="ACTION")
 
     s = sub.add_parser("serve", help="serve local HF causal LMs over OpenAI-compatible HTTP (blocking)")
-    s.add_argument("--model", action="append", default=[], metavar="NAME_OR_PATH",
-                   help="model dir, known name (smollm2-135m-instruct, tiny) or NAME=PATH; repeatable")
+    s.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="model dir, known name (smollm2-135m-instruct, tiny) or NAME=PATH; repeatable",
+    )
     s.add_argument("--config", default=None, help="teachers YAML whose `serve` section lists the models")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only)")
     s.add_argument("--port", type=int, default=8765, help="port (0 = any free port; the URL is printed)")
-    s.add_argument("--max-prompt-tokens", type=int, default=1024,
-                   help="longer prompts lose their oldest messages first (CPU speed; default 1024)")
+    s.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=1024,
+        help="longer prompts lose their oldest messages first (CPU speed; default 1024)",
+    )
     s.add_argument("--verbose", action="store_true", help="log every request to stderr")
-    s.add_argument("--idle-exit-s", type=float, default=None,
-                   help="exit after this many seconds without a completion request (default: serve until stopped)")
-    s.add_argument("--exit-with-pid", type=int, default=None,
-                   help="exit when this process exits (the Dagster resource passes the code location's process)")
+    s.add_argument(
+        "--idle-exit-s",
+        type=float,
+        default=None,
+        help="exit after this many seconds without a completion request (default: serve until stopped)",
+    )
+    s.add_argument(
+        "--exit-with-pid",
+        type=int,
+        default=None,
+        help="exit when this process exits (the Dagster resource passes the code location's process)",
+    )
     s.add_argument("--pid-file", default=None, help="write the server's pid here; removed when it exits")
     s.set_defaults(func=run_serve)
 
     k = sub.add_parser("stop", help="stop the local teacher servers Dagster runs started (pid files in the state dir)")
-    k.add_argument("--state-dir", default=None,
-                   help="where the servers' teacher_server-<port>.pid files are: beside the response cache "
-                        "(default $COMPOSER_PIPELINE_HOME, else ~/.cache/composer-pipeline)")
+    k.add_argument(
+        "--state-dir",
+        default=None,
+        help="where the servers' teacher_server-<port>.pid files are: beside the response cache "
+        "(default $COMPOSER_PIPELINE_HOME, else ~/.cache/composer-pipeline)",
+    )
     k.set_defaults(func=run_stop)
 
-    ledger_help = ("ledger URL: a file path (SQLite) or postgresql://user@host/db (password via PGPASSWORD); "
-                   "default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite")
+    ledger_help = (
+        "ledger URL: a file path (SQLite) or postgresql://user@host/db (password via PGPASSWORD); "
+        "default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite"
+    )
     b = sub.add_parser("budget", help="budget, spend, money in flight and remaining budget per teacher (JSON lines)")
     b.add_argument("--teachers", required=True, help="teachers YAML")
     b.add_argument("--ledger", default=None, help=ledger_help)
@@ -100,8 +122,16 @@ def run_serve(args: argparse.Namespace) -> int:
         pid_file.parent.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(str(os.getpid()))
     try:
-        serve(models, args.host, args.port, max_prompt_tokens=args.max_prompt_tokens, on_ready=ready, log=log,
-              idle_exit_s=args.idle_exit_s, exit_with_pid=args.exit_with_pid)
+        serve(
+            models,
+            args.host,
+            args.port,
+            max_prompt_tokens=args.max_prompt_tokens,
+            on_ready=ready,
+            log=log,
+            idle_exit_s=args.idle_exit_s,
+            exit_with_pid=args.exit_with_pid,
+        )
     finally:
         if pid_file and pid_file.is_file() and pid_file.read_text().strip() == str(os.getpid()):
             pid_file.unlink()
@@ -150,7 +180,11 @@ def run_stop(args: argparse.Namespace) -> int:
     for r in results:
         print(orjson.dumps(r).decode())
     if not results:
-        print(orjson.dumps({"state_dir": str(Path(state_dir).resolve()), "status": "no teacher server pid files"}).decode())
+        print(
+            orjson.dumps(
+                {"state_dir": str(Path(state_dir).resolve()), "status": "no teacher server pid files"}
+            ).decode()
+        )
     return 1 if any(r["status"] == "still running" for r in results) else 0
 
 
@@ -161,7 +195,12 @@ def _print_budgets(ledger, cfg) -> None:
 
     for t in cfg.teachers:
         # billed_usd / full_price_usd / cached_prompt_tokens: what providers billed, with prompt caching
-        print(orjson.dumps({**ledger.balance(t.name, t.budget_usd).as_dict(), **usage_by_teacher(ledger, t.name)}).decode(), flush=True)
+        print(
+            orjson.dumps(
+                {**ledger.balance(t.name, t.budget_usd).as_dict(), **usage_by_teacher(ledger, t.name)}
+            ).decode(),
+            flush=True,
+        )
 
 
 def run_budget(args: argparse.Namespace) -> int:
@@ -182,7 +221,11 @@ def run_reconcile(args: argparse.Namespace) -> int:
     cfg = load_teachers(args.teachers)
     ledger = open_ledger(args.ledger)
     done = ledger.reconcile()
-    print(orjson.dumps({"reconciled": done, "ledger": ledger.label, "open_reservations": ledger.open_reservations()}).decode(),
-          flush=True)
+    print(
+        orjson.dumps(
+            {"reconciled": done, "ledger": ledger.label, "open_reservations": ledger.open_reservations()}
+        ).decode(),
+        flush=True,
+    )
     _print_budgets(ledger, cfg)
     return 0

@@ -51,9 +51,23 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.train.trainer import train
 
     def on_step(rec: dict) -> None:
-        print(json.dumps({k: rec[k] for k in ("step", "grpo", "sdpo", "dpo", "total", "off")} | {"off_reasons": rec["off_reasons"]}), flush=True)
+        print(
+            json.dumps(
+                {k: rec[k] for k in ("step", "grpo", "sdpo", "dpo", "total", "off")}
+                | {"off_reasons": rec["off_reasons"]}
+            ),
+            flush=True,
+        )
 
     res = train(args.data, recipe, model=args.model, steps=args.steps, out_dir=args.out, on_step=on_step)
-    print(json.dumps({"checkpoint": str(res.checkpoint), "final": res.metrics["final"], "plots": {k: str(v) for k, v in res.plots.items()}}))
+    print(
+        json.dumps(
+            {
+                "checkpoint": str(res.checkpoint),
+                "final": res.metrics["final"],
+                "plots": {k: str(v) for k, v in res.plots.items()},
+            }
+        )
+    )
     sys.stdout.flush()
     return 0

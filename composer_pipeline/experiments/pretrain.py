@@ -48,7 +48,11 @@ def _session_text(root: Path) -> list[str]:
                 if isinstance(part, str):
                     texts.append(part)
                 elif part.get("type") == "tool_use":
-                    texts.append(json.dumps({"arguments": part["input"], "name": part["name"]}, separators=(",", ":"), sort_keys=True))
+                    texts.append(
+                        json.dumps(
+                            {"arguments": part["input"], "name": part["name"]}, separators=(",", ":"), sort_keys=True
+                        )
+                    )
                 else:
                     texts.append(str(part.get("text") or part.get("content") or ""))
     return texts
@@ -78,14 +82,18 @@ def _hint_for(action, rng: random.Random, templates) -> str | None:
     if call.name == "Read":
         key = rng.choice(["PORT", "LIMIT", "DEPTH", "BATCH"])
         a, b = rng.sample(range(2, 99), 2)
-        other = ToolCall("Edit", {"file_path": path, "old_string": f"{key} = {a}", "new_string": f"{key} = {b}"}, "call_0")
+        other = ToolCall(
+            "Edit", {"file_path": path, "old_string": f"{key} = {a}", "new_string": f"{key} = {b}"}, "call_0"
+        )
     else:
         other = ToolCall("Read", {"file_path": path}, "call_0")
     error_after = json.dumps([{"tool_name": other.name, "content": rng.choice(_HINT_ERRORS)}])
     return build_hint(Action(tool_calls=(other,)).to_json(), error_after, action.to_json(), templates)
 
 
-def _windows(store_root: Path, tokenizer, max_tokens: int, hint_share: float = 0.0, seed: int = 0, templates=None) -> list[list[int]]:
+def _windows(
+    store_root: Path, tokenizer, max_tokens: int, hint_share: float = 0.0, seed: int = 0, templates=None
+) -> list[list[int]]:
     """One token window per agent step: its prompt (last ``max_tokens`` tokens) and the agent's action.
     A ``hint_share`` of the steps get a corrective hint before the action, in the trainer's format,
     naming exactly the action that follows (whatever it is, right or wrong by the rule)."""
@@ -109,9 +117,23 @@ def _windows(store_root: Path, tokenizer, max_tokens: int, hint_share: float = 0
     return out
 
 
-def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, layers: int = 4, vocab_size: int = 1024, lr: float = 3e-3,
-                  batch_size: int = 16, max_tokens: int = 160, hint_share: float = 0.25, hint_templates=None, seed: int = 0,
-                  every: int = 50, on_step=None) -> Path:
+def pretrain_base(
+    work: Path,
+    *,
+    sessions: int,
+    steps: int,
+    hidden: int = 128,
+    layers: int = 4,
+    vocab_size: int = 1024,
+    lr: float = 3e-3,
+    batch_size: int = 16,
+    max_tokens: int = 160,
+    hint_share: float = 0.25,
+    hint_templates=None,
+    seed: int = 0,
+    every: int = 50,
+    on_step=None,
+) -> Path:
     """Train the tiny base model from scratch; returns its directory (reused when already trained
     with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
     import torch
@@ -124,20 +146,42 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
     templates = hint_templates or HintTemplates()
     work = Path(work)
     model_dir = work / "model"
-    settings = {"sessions": sessions, "steps": steps, "hidden": hidden, "layers": layers, "vocab_size": vocab_size, "lr": lr,
-                "batch_size": batch_size, "max_tokens": max_tokens, "hint_share": hint_share,
-                "hint_template": templates.with_consensus, "seed": seed,
-                "corpus": "pretrain-split-v3", "path_words": True}
+    settings = {
+        "sessions": sessions,
+        "steps": steps,
+        "hidden": hidden,
+        "layers": layers,
+        "vocab_size": vocab_size,
+        "lr": lr,
+        "batch_size": batch_size,
+        "max_tokens": max_tokens,
+        "hint_share": hint_share,
+        "hint_template": templates.with_consensus,
+        "seed": seed,
+        "corpus": "pretrain-split-v3",
+        "path_words": True,
+    }
     meta = work / "pretrain.json"
-    if meta.is_file() and (model_dir / "config.json").is_file() and json.loads(meta.read_text())["settings"] == settings:
+    if (
+        meta.is_file()
+        and (model_dir / "config.json").is_file()
+        and json.loads(meta.read_text())["settings"] == settings
+    ):
         return model_dir
     t0 = time.perf_counter()
     if not (work / "store" / "trace_states.parquet").is_file() or not (work / "init" / "config.json").is_file():
         # the pretrain split: every (directory, name) pair, train wording (never a held-out request)
         write_sessions(work / "sessions", sessions, "pretrain", seed=1000 + seed)  # the replayed ones use seed 0
         ingest_sessions(work / "sessions", work / "store")
-        build_tiny_model(work / "init", vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed,
-                         corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS], path_words=True)
+        build_tiny_model(
+            work / "init",
+            vocab_size=vocab_size,
+            hidden=hidden,
+            layers=layers,
+            seed=seed,
+            corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS],
+            path_words=True,
+        )
     tok, model = load_policy(str(work / "init"))
     seqs = _windows(work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates)
     if not seqs:
@@ -167,9 +211,13 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
         w = max(map(len, batch))
         ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch])
         mask = torch.tensor([[0] * (w - len(s)) + [1] * len(s) for s in batch])
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, :-1]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[
+            :, :-1
+        ]
         target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+        )
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -181,12 +229,31 @@ def pretrain_base(work: Path, *, sessions: int, steps: int, hidden: int = 128, l
                 on_step(step, loss.item(), model, tok)
                 model.train()
             tmp = resume.with_suffix(".tmp")
-            torch.save({"settings": settings, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                        "rng": rng.getstate(), "curve": curve, "step": step,
-                        "seconds": spent + time.perf_counter() - t0}, tmp)
+            torch.save(
+                {
+                    "settings": settings,
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "sched": sched.state_dict(),
+                    "rng": rng.getstate(),
+                    "curve": curve,
+                    "step": step,
+                    "seconds": spent + time.perf_counter() - t0,
+                },
+                tmp,
+            )
             tmp.replace(resume)
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save_pretrained(model_dir)
-    meta.write_text(json.dumps({"settings": settings, "windows": len(seqs), "seconds": round(spent + time.perf_counter() - t0, 1),
-                                "curve": curve}, indent=1))
+    meta.write_text(
+        json.dumps(
+            {
+                "settings": settings,
+                "windows": len(seqs),
+                "seconds": round(spent + time.perf_counter() - t0, 1),
+                "curve": curve,
+            },
+            indent=1,
+        )
+    )
     return model_dir

@@ -54,7 +54,9 @@ class Arm:
 
     weights: tuple[float, float, float]
     data: str = "train"  # train | error_sites (the hint channel's rows only) | shuffled_labels (chosen/rejected swapped at random)
-    dpo_beta: float | None = None  # None: the recipe's; 0.0: the sigmoid term is a constant ln 2 (no gradient), NLL alone
+    dpo_beta: float | None = (
+        None  # None: the recipe's; 0.0: the sigmoid term is a constant ln 2 (no gradient), NLL alone
+    )
     grpo_order: str = "error_sites_first"  # or "shuffled": a seeded shuffle (the control for the order)
 
 
@@ -70,8 +72,13 @@ ARMS: dict[str, Arm | None] = {
 }
 # the teachers' entries: name -> variant (rule_teacher.VARIANTS). `rule-copy` sends the same model as
 # `rule`: one model asked twice, which the pair code must count once (its distinct-model rule)
-TEACHERS: dict[str, str] = {"rule": "rule", "rule-copy": "rule", "noisy-1": "noisy-1", "noisy-2": "noisy-2",
-                            "writer": "writer"}
+TEACHERS: dict[str, str] = {
+    "rule": "rule",
+    "rule-copy": "rule",
+    "noisy-1": "noisy-1",
+    "noisy-2": "noisy-2",
+    "writer": "writer",
+}
 # held-out state kinds (where the latest request stands, and what the last turn was); the decisive
 # ones are those where the agents split 50/50, so a policy imitating them is at chance there
 STATE_KINDS = ("request", "after_decoy", "after_error", "after_first_read", "after_second_read")
@@ -114,9 +121,19 @@ class ExperimentConfig:
     @classmethod
     def quick(cls, out: Path, **kw) -> "ExperimentConfig":
         """Tiny model, one seed, small sizes (≤ 10 minutes on 2 CPU cores)."""
-        base = dict(model="tiny", seeds=1, steps=20, train_sessions=40, heldout_sessions=12, sft_steps=150,
-                    sft_lr=1e-3, learning_rate=3e-4, eval_every=10, pretrain_steps=500,
-                    arms=("start", "grpo", "sdpo", "dpo", "nll", "dpo_shuffled", "all"))
+        base = dict(
+            model="tiny",
+            seeds=1,
+            steps=20,
+            train_sessions=40,
+            heldout_sessions=12,
+            sft_steps=150,
+            sft_lr=1e-3,
+            learning_rate=3e-4,
+            eval_every=10,
+            pretrain_steps=500,
+            arms=("start", "grpo", "sdpo", "dpo", "nll", "dpo_shuffled", "all"),
+        )
         base.update({k: v for k, v in kw.items() if v is not None})
         return cls(out=out, **base)
 
@@ -125,17 +142,31 @@ class ExperimentConfig:
         """SmolLM2-135M-Instruct at sizes for a CPU (about 2.2 h on two free cores, bench/RESULTS.md): a
         40-step start fit, 30 steps per arm, probes at start/middle/end on the decisive states only,
         ≤ 72 new tokens, LoRA off (135M fits), prompts of 384 tokens (its tokenizer splits paths finer)."""
-        base = dict(model="local:smollm2-135m-instruct", seeds=3, steps=30, sft_steps=40, sft_lr=1e-4,
-                    learning_rate=3e-5, eval_every=15, heldout_sessions=24, max_new_tokens=72,
-                    probe_states="decisive", prompt_tokens=384,
-                    arms=("start", "dpo", "nll", "dpo_shuffled", "grpo", "grpo_shuffled", "all"))
+        base = dict(
+            model="local:smollm2-135m-instruct",
+            seeds=3,
+            steps=30,
+            sft_steps=40,
+            sft_lr=1e-4,
+            learning_rate=3e-5,
+            eval_every=15,
+            heldout_sessions=24,
+            max_new_tokens=72,
+            probe_states="decisive",
+            prompt_tokens=384,
+            arms=("start", "dpo", "nll", "dpo_shuffled", "grpo", "grpo_shuffled", "all"),
+        )
         base.update({k: v for k, v in kw.items() if v is not None})
         return cls(out=out, **base)
 
     def fingerprint(self) -> dict[str, Any]:
         """What a finished cell depends on: a re-run with other values cannot reuse the cells (seeds,
         arms and the budget may change: they only say which cells to run)."""
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")}
+        d = {
+            k: getattr(self, k)
+            for k in self.__dataclass_fields__
+            if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")
+        }
         return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 4}
 
 
@@ -169,8 +200,12 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     from composer_pipeline.teachers.run_report import cli_legacy_keys
 
     info_path = work / "info.json"
-    sizes = {"train_sessions": cfg.train_sessions, "heldout_sessions": cfg.heldout_sessions, "heldout_seed": HELDOUT_SEED,
-             "teachers": TEACHERS}
+    sizes = {
+        "train_sessions": cfg.train_sessions,
+        "heldout_sessions": cfg.heldout_sessions,
+        "heldout_seed": HELDOUT_SEED,
+        "teachers": TEACHERS,
+    }
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info.get("sizes") == sizes:
@@ -180,19 +215,40 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     # a seed range no design round has looked at (runs 1-3 used seed 0 for both splits)
     held_plans = write_sessions(work / "sessions" / "heldout", cfg.heldout_sessions, "heldout", seed=HELDOUT_SEED)
     train_root, heldout_root = work / "train_store", work / "heldout_store"
-    counts = {"train": ingest_sessions(work / "sessions" / "train", train_root),
-              "heldout": ingest_sessions(work / "sessions" / "heldout", heldout_root)}
+    counts = {
+        "train": ingest_sessions(work / "sessions" / "train", train_root),
+        "heldout": ingest_sessions(work / "sessions" / "heldout", heldout_root),
+    }
     store = Store(str(train_root))
     states, messages = store.read_table("trace_states"), store.read_table("trace_messages")
     task = _task_state_ids(train_root)
     task_states = states.filter(pc.is_in(states["state_id"], value_set=pa.array(sorted(task))))
     with RuleTeacherServer() as srv:
-        cfg_t = parse_teachers({"ceiling_usd": 1.0, "teachers": [
-            # each variant stands in for a distinct strong API teacher, so each names its own model: the
-            # pair builder counts distinct models (base_url + model) as votes, not entry names
-            {"name": n, "base_url": srv.url, "model": MODEL_PREFIX + v, "api_key_env": None,
-             "input_usd_per_mtok": 0.01, "output_usd_per_mtok": 0.02, "budget_usd": 1.0, "max_concurrency": 4,
-             "max_tokens": 256, "temperature": 0.0, "timeout_s": 30, "max_retries": 2} for n, v in TEACHERS.items()]}, "experiment")
+        cfg_t = parse_teachers(
+            {
+                "ceiling_usd": 1.0,
+                "teachers": [
+                    # each variant stands in for a distinct strong API teacher, so each names its own model: the
+                    # pair builder counts distinct models (base_url + model) as votes, not entry names
+                    {
+                        "name": n,
+                        "base_url": srv.url,
+                        "model": MODEL_PREFIX + v,
+                        "api_key_env": None,
+                        "input_usd_per_mtok": 0.01,
+                        "output_usd_per_mtok": 0.02,
+                        "budget_usd": 1.0,
+                        "max_concurrency": 4,
+                        "max_tokens": 256,
+                        "temperature": 0.0,
+                        "timeout_s": 30,
+                        "max_retries": 2,
+                    }
+                    for n, v in TEACHERS.items()
+                ],
+            },
+            "experiment",
+        )
         opts = render.RenderOptions.from_recipe(None)
         ledger, cache = Ledger(work / "ledger.sqlite"), ResponseCache(work / "teacher_cache")
         run = ReplayRun.prepare(task_states, messages, cfg_t, opts)
@@ -202,8 +258,9 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         res = run.replay({n: None for n in TEACHERS}, cache=cache, ledger=ledger, run_id="read-before-edit")
         calls = srv.calls
     store.write_table("teacher_replays", res.table)
-    pairs = build_pairs(task_states, messages, res.table, PairRecipe.load(repo / "recipes" / "pairs.yaml"), opts,
-                        teachers=cfg_t)
+    pairs = build_pairs(
+        task_states, messages, res.table, PairRecipe.load(repo / "recipes" / "pairs.yaml"), opts, teachers=cfg_t
+    )
     norm = normalize_pairs(pairs.pairs, NormalizeRecipe.load(repo / "recipes" / "normalize.yaml"))
     store.write_table("dpo_pairs", pairs.pairs)
     store.write_table("pairs", norm.kept)
@@ -223,20 +280,34 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     info = {
         "sizes": sizes,
         # relative to the data dir, so a run resumes from any working directory
-        "train_store": train_root.name, "heldout_store": heldout_root.name, "error_site_store": hint_root.name,
-        "error_sites": len(err_ids), "ingest": counts,
-        "edit_first_sessions": sum(p.edit_first for p in train_plans), "train_sessions": len(train_plans),
-        "detour_sessions": {"train": sum(p.detour is not None for p in train_plans),
-                            "heldout": sum(p.detour is not None for p in held_plans)},
-        "task_states": len(task), "teacher_calls_http": calls, "replay": {k: replay_counts[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
-        "pairs": norm.kept.num_rows, "pair_kinds": _pair_kinds(norm.kept), "positives": pairs.positives.num_rows,
+        "train_store": train_root.name,
+        "heldout_store": heldout_root.name,
+        "error_site_store": hint_root.name,
+        "error_sites": len(err_ids),
+        "ingest": counts,
+        "edit_first_sessions": sum(p.edit_first for p in train_plans),
+        "train_sessions": len(train_plans),
+        "detour_sessions": {
+            "train": sum(p.detour is not None for p in train_plans),
+            "heldout": sum(p.detour is not None for p in held_plans),
+        },
+        "task_states": len(task),
+        "teacher_calls_http": calls,
+        "replay": {k: replay_counts[k] for k in ("calls", "cache_hits", "answered", "failed", "total_spend")},
+        "pairs": norm.kept.num_rows,
+        "pair_kinds": _pair_kinds(norm.kept),
+        "positives": pairs.positives.num_rows,
         "dropped": norm.dropped.num_rows + pairs.dropped.num_rows,
         # how the teachers agreed: states with a cross-model consensus, tied, with none; answers of one
         # model asked twice (counted once)
-        "consensus": {"cross_model": st["states_cross_model"], "self_consistency": st["states_self_consistency"],
-                      "tied": st["states_tied"], "no_consensus": st["states_no_consensus"],
-                      "greedy_duplicates": st["answers_greedy_duplicates"],
-                      "agreeing_models": _agreeing_models(pairs.pairs, pairs.positives)},
+        "consensus": {
+            "cross_model": st["states_cross_model"],
+            "self_consistency": st["states_self_consistency"],
+            "tied": st["states_tied"],
+            "no_consensus": st["states_no_consensus"],
+            "greedy_duplicates": st["answers_greedy_duplicates"],
+            "agreeing_models": _agreeing_models(pairs.pairs, pairs.positives),
+        },
     }
     info_path.write_text(json.dumps(info, indent=1))
     return _resolve_stores(info, work)
@@ -285,7 +356,9 @@ def shuffled_label_store(train_root: str, out_root: Path, seed: int) -> str:
         cols[a] = [y if s else x for x, y, s in zip(xa, xb, swap)]
         cols[b] = [x if s else y for x, y, s in zip(xa, xb, swap)]
     for name, vals in cols.items():
-        pairs = pairs.set_column(pairs.schema.get_field_index(name), name, pa.array(vals, pairs.schema.field(name).type))
+        pairs = pairs.set_column(
+            pairs.schema.get_field_index(name), name, pa.array(vals, pairs.schema.field(name).type)
+        )
     for name in ("trace_states", "trace_messages", "positives"):
         dst.write_table(name, src.read_table(name))
     dst.write_table("pairs", pairs)
@@ -339,9 +412,16 @@ def state_kind(messages: list[dict]) -> str | None:
         return "after_error"
     if not st["read"]:
         return "after_decoy" if any(n == "Read" for _, n, _ in calls) else "other_unread"
-    start = max(i for i, m in enumerate(messages) if m.get("role") == "user" and st["request"] == _text(m.get("content")))
-    reads = sum(1 for m in messages[start:] if m.get("role") == "assistant" for cid, n, a in _calls(m)
-                if n == "Read" and a.get("file_path") == st["path"] and not is_error_result(results.get(cid) or ""))
+    start = max(
+        i for i, m in enumerate(messages) if m.get("role") == "user" and st["request"] == _text(m.get("content"))
+    )
+    reads = sum(
+        1
+        for m in messages[start:]
+        if m.get("role") == "assistant"
+        for cid, n, a in _calls(m)
+        if n == "Read" and a.get("file_path") == st["path"] and not is_error_result(results.get(cid) or "")
+    )
     return "after_first_read" if reads == 1 else "after_second_read"
 
 
@@ -359,8 +439,15 @@ def heldout_cases(heldout_root: str, tokenizer, max_prompt_tokens: int = 384, st
         if kind is None or (states == "decisive" and kind not in DECISIVE_READ + DECISIVE_EDIT):
             continue
         st = task_state(p.messages)
-        cases.append(Case(render_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens), "read" if st["read"] else "unread",
-                          st["path"], kind, p.state_id))
+        cases.append(
+            Case(
+                render_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens),
+                "read" if st["read"] else "unread",
+                st["path"],
+                kind,
+                p.state_id,
+            )
+        )
     return sorted(cases, key=lambda c: (c.kind, c.path, c.prompt))
 
 
@@ -380,11 +467,16 @@ def score_outputs(outputs: list[dict]) -> dict[str, Any]:
         "edit_when_read": _share(by(lambda o: o["kind"] == "read", "hit")),
         "read_tool_when_unread": _share(by(lambda o: o["kind"] == "unread", "tool_hit")),
         "edit_tool_when_read": _share(by(lambda o: o["kind"] == "read", "tool_hit")),
-        "n_unread": sum(o["kind"] == "unread" for o in outputs), "n_read": sum(o["kind"] == "read" for o in outputs),
-        "decisive_read": dec_read, "decisive_edit": dec_edit,
+        "n_unread": sum(o["kind"] == "unread" for o in outputs),
+        "n_read": sum(o["kind"] == "read" for o in outputs),
+        "decisive_read": dec_read,
+        "decisive_edit": dec_edit,
         "combined": None if dec_read is None or dec_edit is None else min(dec_read, dec_edit),
-        "kinds": {k: {"n": len(h), "hit": _share(h), "tool": _share(by(lambda o, k=k: o["state"] == k, "tool_hit"))}
-                  for k in STATE_KINDS if (h := by(lambda o, k=k: o["state"] == k, "hit"))},
+        "kinds": {
+            k: {"n": len(h), "hit": _share(h), "tool": _share(by(lambda o, k=k: o["state"] == k, "tool_hit"))}
+            for k in STATE_KINDS
+            if (h := by(lambda o, k=k: o["state"] == k, "hit"))
+        },
     }
 
 
@@ -407,8 +499,14 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
             w = max(map(len, enc))
             ids = torch.tensor([[pad] * (w - len(e)) + e for e in enc], device=model.device)
             mask = torch.tensor([[0] * (w - len(e)) + [1] * len(e) for e in enc], device=model.device)
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                                 pad_token_id=pad, use_cache=True)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+                use_cache=True,
+            )
             for c, text in zip(chunk, tokenizer.batch_decode(out[:, w:], skip_special_tokens=True)):
                 want = "Read" if c.kind == "unread" else "Edit"
                 try:
@@ -417,10 +515,20 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
                     calls = ()
                 first = calls[0] if calls else None
                 tool_hit = int(first is not None and first.name == want)
-                outputs.append({
-                    "state_id": c.state_id, "state": c.state, "kind": c.kind, "want": want, "path": c.path,
-                    "answer": f"{first.name} {first.arguments.get('file_path', '')}".strip() if first else f"text: {text[:60]}",
-                    "tool_hit": tool_hit, "hit": int(tool_hit and first.arguments.get("file_path") == c.path)})
+                outputs.append(
+                    {
+                        "state_id": c.state_id,
+                        "state": c.state,
+                        "kind": c.kind,
+                        "want": want,
+                        "path": c.path,
+                        "answer": f"{first.name} {first.arguments.get('file_path', '')}".strip()
+                        if first
+                        else f"text: {text[:60]}",
+                        "tool_hit": tool_hit,
+                        "hit": int(tool_hit and first.arguments.get("file_path") == c.path),
+                    }
+                )
     model.train(was_training)
     return {**score_outputs(outputs), "outputs": outputs}
 
@@ -447,15 +555,23 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     dpo = replace(r.dpo, max_completion_tokens=cfg.max_new_tokens, sft_weight=cfg.dpo_sft_weight)
     if spec.dpo_beta is not None:
         dpo = replace(dpo, beta=spec.dpo_beta)
-    r = replace(r, optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),
-                data=replace(r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens),
-                # 96 tokens hold a whole Edit call (~80 with the tiny tokenizer): a shorter limit cuts every
-                # Edit rollout into an unparseable one and so rewards reading everywhere
-                grpo=replace(r.grpo, max_completion_length=cfg.max_new_tokens, num_generations=4, prompts_per_step=2,
-                             data_order=spec.grpo_order),
-                dpo=dpo,
-                sdpo=replace(r.sdpo, teacher=cfg.hint_teacher),
-                lora=LoraSection(enabled=cfg.lora, r=16, alpha=32) if cfg.lora else r.lora)
+    r = replace(
+        r,
+        optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),
+        data=replace(r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens),
+        # 96 tokens hold a whole Edit call (~80 with the tiny tokenizer): a shorter limit cuts every
+        # Edit rollout into an unparseable one and so rewards reading everywhere
+        grpo=replace(
+            r.grpo,
+            max_completion_length=cfg.max_new_tokens,
+            num_generations=4,
+            prompts_per_step=2,
+            data_order=spec.grpo_order,
+        ),
+        dpo=dpo,
+        sdpo=replace(r.sdpo, teacher=cfg.hint_teacher),
+        lora=LoraSection(enabled=cfg.lora, r=16, alpha=32) if cfg.lora else r.lora,
+    )
     return r
 
 
@@ -467,8 +583,10 @@ def _check_run_dir(out: Path, cfg: ExperimentConfig) -> None:
         old = json.loads(run.read_text())
         diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
         if diff:
-            raise ValueError(f"{out} holds cells of a run with other settings ({', '.join(diff)}): "
-                             f"use another --out, or delete {out} to start over")
+            raise ValueError(
+                f"{out} holds cells of a run with other settings ({', '.join(diff)}): "
+                f"use another --out, or delete {out} to start over"
+            )
     else:
         run.write_text(json.dumps(fp, indent=1))
 
@@ -503,18 +621,37 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     base = TrainRecipe.load(repo / "recipes" / "train.yaml")
     train_rows = load_train_data(data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint).prompts
-    if cfg.model == "tiny":  # trained from scratch on other generated sessions first (every file pair, no held-out request)
+    if (
+        cfg.model == "tiny"
+    ):  # trained from scratch on other generated sessions first (every file pair, no held-out request)
         from composer_pipeline.experiments.pretrain import pretrain_base
 
-        base_model = str(pretrain_base(out / "base", sessions=cfg.pretrain_sessions, steps=cfg.pretrain_steps,
-                                       max_tokens=cfg.prompt_tokens, hint_templates=base.sdpo.hint))
+        base_model = str(
+            pretrain_base(
+                out / "base",
+                sessions=cfg.pretrain_sessions,
+                steps=cfg.pretrain_steps,
+                max_tokens=cfg.prompt_tokens,
+                hint_templates=base.sdpo.hint,
+            )
+        )
         meta = json.loads((out / "base" / "pretrain.json").read_text())
-        emit(json.dumps({"base": {**meta["settings"], "windows": meta["windows"], "seconds": meta["seconds"],
-                                  "final_loss": meta["curve"][-1]["loss"]}}))
+        emit(
+            json.dumps(
+                {
+                    "base": {
+                        **meta["settings"],
+                        "windows": meta["windows"],
+                        "seconds": meta["seconds"],
+                        "final_loss": meta["curve"][-1]["loss"],
+                    }
+                }
+            )
+        )
     else:
         base_model = resolve_model_path(cfg.model)
     stopped = None
-    for seed in (cfg.only_seeds if cfg.only_seeds is not None else range(cfg.seeds)):
+    for seed in cfg.only_seeds if cfg.only_seeds is not None else range(cfg.seeds):
         todo = [arm for arm in cfg.arms if not _cell_path(out, seed, arm).is_file()]
         for arm in cfg.arms:
             if arm not in todo:
@@ -527,8 +664,16 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
         ts = time.perf_counter()
         start = out / f"seed{seed}" / "start"
         if not (start / "config.json").is_file():
-            supervise_on_agent_actions(base_model, train_rows, start, steps=cfg.sft_steps, seed=seed, lr=cfg.sft_lr,
-                                       max_prompt_tokens=cfg.prompt_tokens, max_completion_tokens=cfg.max_new_tokens)
+            supervise_on_agent_actions(
+                base_model,
+                train_rows,
+                start,
+                steps=cfg.sft_steps,
+                seed=seed,
+                lr=cfg.sft_lr,
+                max_prompt_tokens=cfg.prompt_tokens,
+                max_completion_tokens=cfg.max_new_tokens,
+            )
         tok, start_model = load_policy(str(start))
         cases = heldout_cases(data_info["heldout_store"], tok, cfg.prompt_tokens, cfg.probe_states)
         start_metrics = probe(start_model, tok, cases, max_new_tokens=cfg.max_new_tokens)
@@ -549,17 +694,28 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
                 spec = ARMS[arm]
                 root = {"train": data_info["train_store"], "error_sites": data_info["error_site_store"]}.get(spec.data)
                 if spec.data == "shuffled_labels":
-                    root = shuffled_label_store(data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed)
-                res = train(root, recipe, out_dir=out / f"seed{seed}" / arm,
-                            callbacks=[_probe_callback(tok, cases, cfg.eval_every, curve, cfg.max_new_tokens)])
+                    root = shuffled_label_store(
+                        data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed
+                    )
+                res = train(
+                    root,
+                    recipe,
+                    out_dir=out / f"seed{seed}" / arm,
+                    callbacks=[_probe_callback(tok, cases, cfg.eval_every, curve, cfg.max_new_tokens)],
+                )
                 tok2, final = load_policy(str(res.checkpoint))
                 metrics = probe(final, tok2, cases, max_new_tokens=cfg.max_new_tokens)
                 del final
                 if curve[-1]["step"] != cfg.steps:
                     curve.append({"step": cfg.steps, **{k: v for k, v in metrics.items() if k != "outputs"}})
                 steps = len(res.losses)
-            row = {"arm": arm, "seed": seed, **{k: v for k, v in metrics.items() if k != "outputs"}, "steps": steps,
-                   "seconds": round(time.perf_counter() - ta + (sft_s if arm == "start" else 0.0), 1)}
+            row = {
+                "arm": arm,
+                "seed": seed,
+                **{k: v for k, v in metrics.items() if k != "outputs"},
+                "steps": steps,
+                "seconds": round(time.perf_counter() - ta + (sft_s if arm == "start" else 0.0), 1),
+            }
             # the cell: its row, its curve and its per-state outputs, written at once when it is done
             _cell_path(out, seed, arm).parent.mkdir(parents=True, exist_ok=True)
             tmp = _cell_path(out, seed, arm).with_suffix(".tmp")
@@ -570,7 +726,13 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
             break
     if stopped:
         emit(json.dumps(stopped))
-    return {**collect(out, cfg), "seconds": time.perf_counter() - t0, "data": data_info, "out": str(out), "stopped": stopped}
+    return {
+        **collect(out, cfg),
+        "seconds": time.perf_counter() - t0,
+        "data": data_info,
+        "out": str(out),
+        "stopped": stopped,
+    }
 
 
 def collect(out: Path, cfg: ExperimentConfig | None = None) -> dict[str, Any]:
@@ -591,9 +753,21 @@ def collect(out: Path, cfg: ExperimentConfig | None = None) -> dict[str, Any]:
     with (out / "states.jsonl").open("w") as f:
         for c in cells:
             for o in c["outputs"]:
-                f.write(json.dumps({"seed": c["row"]["seed"], "arm": c["row"]["arm"], "state_id": o["state_id"],
-                                    "state": o["state"], "hit": o["hit"], "tool_hit": o["tool_hit"], "answer": o["answer"]},
-                                   separators=(",", ":")) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "seed": c["row"]["seed"],
+                            "arm": c["row"]["arm"],
+                            "state_id": o["state_id"],
+                            "state": o["state"],
+                            "hit": o["hit"],
+                            "tool_hit": o["tool_hit"],
+                            "answer": o["answer"],
+                        },
+                        separators=(",", ":"),
+                    )
+                    + "\n"
+                )
     curves: dict[str, list] = {}
     for c in cells:
         curves.setdefault(c["row"]["arm"], []).append(c["curve"])
@@ -616,8 +790,26 @@ def _mean_std(xs: list[float], *, signed: bool = False, digits: int = 3) -> str:
 
 # two-sided 95% quantiles of Student's t by degrees of freedom (any statistics table, e.g. NIST/SEMATECH
 # e-Handbook of Statistical Methods, 1.3.6.7.2); beyond 30 the normal 1.96
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+}
 
 
 def paired_interval(diffs: list[float]) -> tuple[float, float, float] | None:
@@ -650,7 +842,11 @@ CONTRASTS = [
 
 def _paired(results: list[dict], a: str, b: str, key: str = "combined") -> list[float]:
     by = {(r["arm"], r["seed"]): r.get(key) for r in results}
-    return [by[(a, s)] - by[(b, s)] for (arm, s) in sorted(by) if arm == a and by.get((b, s)) is not None and by[(a, s)] is not None]
+    return [
+        by[(a, s)] - by[(b, s)]
+        for (arm, s) in sorted(by)
+        if arm == a and by.get((b, s)) is not None and by[(a, s)] is not None
+    ]
 
 
 def summary_table(results: list[dict]) -> str:
@@ -658,20 +854,30 @@ def summary_table(results: list[dict]) -> str:
     once-read one), its change from the start policy *of the same seed* with a 95% paired t interval,
     and the exact-hit share per state kind; then the controls' paired contrasts and the winner."""
     arms = list(dict.fromkeys(r["arm"] for r in results))
-    head = ("| arm | seeds | combined (decisive) | Δ combined vs start [95% CI] | decisive read | decisive edit | "
-            + " | ".join(k.replace("_", " ") for k in STATE_KINDS) + " | steps | seconds |")
+    head = (
+        "| arm | seeds | combined (decisive) | Δ combined vs start [95% CI] | decisive read | decisive edit | "
+        + " | ".join(k.replace("_", " ") for k in STATE_KINDS)
+        + " | steps | seconds |"
+    )
     lines = [head, "|" + "---|" * (8 + len(STATE_KINDS))]
     for arm in arms:
         rs = [r for r in results if r["arm"] == arm]
         d = "—" if arm == "start" else _fmt_interval(paired_interval(_paired(results, arm, "start")), len(rs))
-        kinds = " | ".join(_mean_std([(r.get("kinds") or {}).get(k, {}).get("hit") for r in rs], digits=2) for k in STATE_KINDS)
-        lines.append(f"| {arm} | {len(rs)} | {_mean_std([r.get('combined') for r in rs])} | {d} "
-                     f"| {_mean_std([r.get('decisive_read') for r in rs], digits=2)} | {_mean_std([r.get('decisive_edit') for r in rs], digits=2)} "
-                     f"| {kinds} | {rs[0]['steps']} | {_mean_std([r['seconds'] for r in rs], digits=0)} |")
+        kinds = " | ".join(
+            _mean_std([(r.get("kinds") or {}).get(k, {}).get("hit") for r in rs], digits=2) for k in STATE_KINDS
+        )
+        lines.append(
+            f"| {arm} | {len(rs)} | {_mean_std([r.get('combined') for r in rs])} | {d} "
+            f"| {_mean_std([r.get('decisive_read') for r in rs], digits=2)} | {_mean_std([r.get('decisive_edit') for r in rs], digits=2)} "
+            f"| {kinds} | {rs[0]['steps']} | {_mean_std([r['seconds'] for r in rs], digits=0)} |"
+        )
     contrasts = [(a, b, why) for a, b, why in CONTRASTS if a in arms and b in arms]
     if contrasts:
-        lines += ["", "| contrast (combined, paired over seeds) | seeds | mean [95% CI] | reading if the interval excludes 0 |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "| contrast (combined, paired over seeds) | seeds | mean [95% CI] | reading if the interval excludes 0 |",
+            "|---|---|---|---|",
+        ]
         for a, b, why in contrasts:
             ds = _paired(results, a, b)
             lines.append(f"| {a} − {b} | {len(ds)} | {_fmt_interval(paired_interval(ds), len(ds))} | {why} |")
@@ -683,7 +889,10 @@ def summary_table(results: list[dict]) -> str:
         for other in sorted(means, key=means.get, reverse=True)[1:]:
             iv = paired_interval(_paired(results, best, other))
             beaten.append(f"{other} {_fmt_interval(iv, 0)}" + ("" if iv is None or iv[1] > 0 else " (not excluded 0)"))
-        lines += ["", f"Highest mean combined: **{best}** ({means[best]:.3f}); paired differences: " + "; ".join(beaten)]
+        lines += [
+            "",
+            f"Highest mean combined: **{best}** ({means[best]:.3f}); paired differences: " + "; ".join(beaten),
+        ]
     return "\n".join(lines)
 
 

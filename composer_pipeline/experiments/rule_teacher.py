@@ -100,7 +100,13 @@ def rule_action(messages: list[dict]) -> Action | None:
     new = next((n for n in re.findall(r"\b\d+\b", request) if n != old), old)
     if st["edited"]:
         return Action(text=f"Done: {key} is {new} in {path}.")
-    return Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": f"{key} = {old}", "new_string": f"{key} = {new}"}, "call_0"),))
+    return Action(
+        tool_calls=(
+            ToolCall(
+                "Edit", {"file_path": path, "old_string": f"{key} = {old}", "new_string": f"{key} = {new}"}, "call_0"
+            ),
+        )
+    )
 
 
 NOISE_SHARE = 0.2  # share of the states a noisy variant answers wrongly
@@ -135,7 +141,15 @@ def variant_action(variant: str, messages: list[dict]) -> Action | None:
         request = st["request"].replace(path, " ")
         key = (KEY_RE.search(request) or [None, "VALUE"])[1]
         old, new = (re.findall(r"\b\d+\b", request) + ["0", "0"])[:2]  # a guess: the file is unread
-        return Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": f"{key} = {old}", "new_string": f"{key} = {new}"}, "call_0"),))
+        return Action(
+            tool_calls=(
+                ToolCall(
+                    "Edit",
+                    {"file_path": path, "old_string": f"{key} = {old}", "new_string": f"{key} = {new}"},
+                    "call_0",
+                ),
+            )
+        )
     return Action(tool_calls=(ToolCall("Read", {"file_path": path}, "call_0"),))  # the over-careful one: read again
 
 
@@ -185,12 +199,22 @@ class _Handler(BaseHTTPRequestHandler):
         content = action.to_text()
         with self.server.lock:  # type: ignore[attr-defined]
             self.server.calls += 1  # type: ignore[attr-defined]
-        self._send(200, {
-            "id": "chatcmpl-rule", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": len(raw) // 4, "completion_tokens": len(content) // 4 + 1,
-                      "total_tokens": len(raw) // 4 + len(content) // 4 + 1},
-        })
+        self._send(
+            200,
+            {
+                "id": "chatcmpl-rule",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                ],
+                "usage": {
+                    "prompt_tokens": len(raw) // 4,
+                    "completion_tokens": len(content) // 4 + 1,
+                    "total_tokens": len(raw) // 4 + len(content) // 4 + 1,
+                },
+            },
+        )
 
 
 class RuleTeacherServer(ThreadingHTTPServer):

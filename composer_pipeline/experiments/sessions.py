@@ -75,7 +75,14 @@ PROJECT = "app"  # every session runs in /home/dev/app: the file inside it is wh
 # each component of the repository is written in one language, as in a real monorepo: the extension
 # follows the directory. (With extensions drawn per session the tiny base model learned a prior for
 # `.go` instead of copying the requested one, which capped every strict metric: bench/RESULTS.md.)
-_EXT_OF_DIR = {"src/api": "py", "src/core": "py", "lib/net": "go", "app/models": "ts", "pkg/cache": "go", "tools/cli": "rs"}
+_EXT_OF_DIR = {
+    "src/api": "py",
+    "src/core": "py",
+    "lib/net": "go",
+    "app/models": "ts",
+    "pkg/cache": "go",
+    "tools/cli": "rs",
+}
 _KEYS = ["TIMEOUT", "RETRIES", "PORT", "BATCH", "LIMIT", "WORKERS", "DEPTH"]
 
 
@@ -105,9 +112,18 @@ class _Writer:
         self.t += timedelta(seconds=7)
         u = str(uuid.UUID(int=random.Random(f"{self.session_id}{self.n}").getrandbits(128)))
         self.n += 1
-        base = {"parentUuid": self.parent, "isSidechain": False, "userType": "external", "cwd": self.cwd,
-                "sessionId": self.session_id, "version": "2.1.9", "gitBranch": "main"}
-        self.lines.append(json.dumps({**base, **rec, "uuid": u, "timestamp": self.t.strftime("%Y-%m-%dT%H:%M:%S.000Z")}))
+        base = {
+            "parentUuid": self.parent,
+            "isSidechain": False,
+            "userType": "external",
+            "cwd": self.cwd,
+            "sessionId": self.session_id,
+            "version": "2.1.9",
+            "gitBranch": "main",
+        }
+        self.lines.append(
+            json.dumps({**base, **rec, "uuid": u, "timestamp": self.t.strftime("%Y-%m-%dT%H:%M:%S.000Z")})
+        )
         self.parent = u
 
     def user(self, text: str) -> None:
@@ -115,38 +131,76 @@ class _Writer:
 
     def tool(self, name: str, inp: dict, result: str, tool_result: object, *, error: bool = False) -> None:
         tid = f"toolu_{self.session_id[:8]}{self.n:03d}"
-        self._emit({"type": "assistant", "requestId": f"req_{self.session_id[:8]}{self.n:03d}", "message": {
-            "model": "claude-sonnet-4-5-20250929", "id": f"msg_{self.session_id[:8]}{self.n:03d}", "type": "message",
-            "role": "assistant", "content": [{"type": "tool_use", "id": tid, "name": name, "input": inp}],
-            "stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 20}}})
+        self._emit(
+            {
+                "type": "assistant",
+                "requestId": f"req_{self.session_id[:8]}{self.n:03d}",
+                "message": {
+                    "model": "claude-sonnet-4-5-20250929",
+                    "id": f"msg_{self.session_id[:8]}{self.n:03d}",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": tid, "name": name, "input": inp}],
+                    "stop_reason": "tool_use",
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 12, "output_tokens": 20},
+                },
+            }
+        )
         block = {"tool_use_id": tid, "type": "tool_result", "content": result}
         if error:
             block["is_error"] = True
         self._emit({"type": "user", "message": {"role": "user", "content": [block]}, "toolUseResult": tool_result})
 
     def say(self, text: str) -> None:
-        self._emit({"type": "assistant", "requestId": f"req_{self.session_id[:8]}{self.n:03d}", "message": {
-            "model": "claude-sonnet-4-5-20250929", "id": f"msg_{self.session_id[:8]}{self.n:03d}", "type": "message",
-            "role": "assistant", "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-            "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 8}}})
+        self._emit(
+            {
+                "type": "assistant",
+                "requestId": f"req_{self.session_id[:8]}{self.n:03d}",
+                "message": {
+                    "model": "claude-sonnet-4-5-20250929",
+                    "id": f"msg_{self.session_id[:8]}{self.n:03d}",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": text}],
+                    "stop_reason": "end_turn",
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 12, "output_tokens": 8},
+                },
+            }
+        )
 
 
 def _file_body(key: str, value: str, rng: random.Random) -> str:
-    other = rng.choice(["DEBUG = False", "NAME = \"svc\"", "VERSION = 2"])
+    other = rng.choice(["DEBUG = False", 'NAME = "svc"', "VERSION = 2"])
     return f"{other}\n{key} = {value}\n"
 
 
 def _read(w: _Writer, path: str, body: str) -> None:
     numbered = "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(body.splitlines(), 1))
-    w.tool("Read", {"file_path": path}, numbered,
-           {"type": "text", "file": {"filePath": path, "content": body, "numLines": body.count("\n"), "startLine": 1,
-                                     "totalLines": body.count("\n")}})
+    w.tool(
+        "Read",
+        {"file_path": path},
+        numbered,
+        {
+            "type": "text",
+            "file": {
+                "filePath": path,
+                "content": body,
+                "numLines": body.count("\n"),
+                "startLine": 1,
+                "totalLines": body.count("\n"),
+            },
+        },
+    )
 
 
 def _edit(w: _Writer, path: str, old: str, new: str, *, ok: bool) -> None:
     inp = {"file_path": path, "old_string": old, "new_string": new}
     if ok:
-        w.tool("Edit", inp, f"The file {path} has been updated.", {"filePath": path, "oldString": old, "newString": new})
+        w.tool(
+            "Edit", inp, f"The file {path} has been updated.", {"filePath": path, "oldString": old, "newString": new}
+        )
     else:
         w.tool("Edit", inp, f"<tool_use_error>{NOT_READ}</tool_use_error>", f"Error: {NOT_READ}", error=True)
 
@@ -162,8 +216,15 @@ def _decoy_names(split: str, d: str, name: str) -> list[str]:
     return [x for x in _NAMES if x != name and (split != "train" or (d, x) not in _HELDOUT_PAIRS)]
 
 
-def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_share: float = 0.5,
-                   reread_share: float = 0.5, detour_share: float = 0.25) -> list[SessionPlan]:
+def write_sessions(
+    root: str | Path,
+    n: int,
+    split: str,
+    seed: int,
+    edit_first_share: float = 0.5,
+    reread_share: float = 0.5,
+    detour_share: float = 0.25,
+) -> list[SessionPlan]:
     """Write ``n`` sessions of ``split`` (``train`` / ``heldout`` / ``pretrain``) under ``root``; returns their plans."""
     if split not in _SPLITS:
         raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
@@ -189,7 +250,12 @@ def write_sessions(root: str | Path, n: int, split: str, seed: int, edit_first_s
         if history != "none":
             w.user(rng.choice(["Have a look around first.", "What is in this directory?", "Show me the code layout."]))
             if history == "ls":
-                w.tool("Bash", {"command": f"ls {d}"}, f"{name}.{ext}\n__init__.{ext}", {"stdout": f"{name}.{ext}", "stderr": ""})
+                w.tool(
+                    "Bash",
+                    {"command": f"ls {d}"},
+                    f"{name}.{ext}\n__init__.{ext}",
+                    {"stdout": f"{name}.{ext}", "stderr": ""},
+                )
             else:
                 decoy = f"{cwd}/{d}/{rng.choice(_decoy_names(split, d, name))}.{ext}"
                 _read(w, decoy, _file_body(rng.choice(_KEYS), str(rng.randint(2, 99)), rng))

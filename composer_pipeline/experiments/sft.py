@@ -14,8 +14,18 @@ import random
 from pathlib import Path
 
 
-def supervise_on_agent_actions(model_path: str, rows, out_dir: Path, *, steps: int, seed: int, lr: float = 1e-3,
-                               batch_size: int = 8, max_prompt_tokens: int = 384, max_completion_tokens: int = 96) -> Path:
+def supervise_on_agent_actions(
+    model_path: str,
+    rows,
+    out_dir: Path,
+    *,
+    steps: int,
+    seed: int,
+    lr: float = 1e-3,
+    batch_size: int = 8,
+    max_prompt_tokens: int = 384,
+    max_completion_tokens: int = 96,
+) -> Path:
     import torch
 
     from composer_pipeline.actions import Action
@@ -33,7 +43,9 @@ def supervise_on_agent_actions(model_path: str, rows, out_dir: Path, *, steps: i
     examples = []
     for r in rows:
         p = tok(render_prompt(tok, r.messages, r.tools, max_prompt_tokens), add_special_tokens=False)["input_ids"]
-        c = tok(Action.from_json(r.agent_action).to_text() + eos, add_special_tokens=False)["input_ids"][:max_completion_tokens]
+        c = tok(Action.from_json(r.agent_action).to_text() + eos, add_special_tokens=False)["input_ids"][
+            :max_completion_tokens
+        ]
         examples.append((p, c))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)

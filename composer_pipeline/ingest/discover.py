@@ -49,8 +49,8 @@ class SessionFiles:
     def rel(self, p: Path) -> str:
         """``p`` relative to the root, ``/``-separated, cleaned (:func:`clean_name`): what rows record."""
         root, path = str(self.root), str(p)
-        if path.startswith(root) and path[len(root):len(root) + 1] == os.sep:  # (pathlib's relative_to is slow)
-            return clean_name(path[len(root) + 1:].replace(os.sep, "/"))
+        if path.startswith(root) and path[len(root) : len(root) + 1] == os.sep:  # (pathlib's relative_to is slow)
+            return clean_name(path[len(root) + 1 :].replace(os.sep, "/"))
         return clean_name(p.relative_to(self.root).as_posix())
 
 
@@ -60,7 +60,9 @@ def session_key(rel_without_suffix: str) -> str:
 
 # what Claude Code names files and folders: nothing in them to clean (the common case, skipped fast)
 # (a UUID, agent-<id>, or a name of 16 letters/digits: too short for any key)
-_PLAIN = re.compile(r"(?:agent-)?(?:[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|[0-9A-Za-z]{1,16})(?:\.jsonl)?")
+_PLAIN = re.compile(
+    r"(?:agent-)?(?:[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|[0-9A-Za-z]{1,16})(?:\.jsonl)?"
+)
 
 
 def clean_name(rel: str) -> str:
@@ -145,7 +147,7 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
     def get(main: str, known_file: bool) -> SessionFiles:
         sf = sessions.get(main)
         if sf is None:
-            rel = main[len(prefix): -len(".jsonl")].replace(sep, "/")
+            rel = main[len(prefix) : -len(".jsonl")].replace(sep, "/")
             # an agent-*.jsonl is never a main file: an agent file without a sessionId names the
             # session after itself, and must not also be ingested as its own parent
             is_file = known_file or (not _is_agent(os.path.basename(main)) and os.path.isfile(main))
@@ -154,14 +156,14 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
 
     for dirpath, dirnames, filenames in os.walk(root_s):
         dirnames.sort()
-        parts = dirpath[len(prefix):].split(sep) if dirpath != root_s else []
+        parts = dirpath[len(prefix) :].split(sep) if dirpath != root_s else []
         if "tool-results" in parts:
             continue
         if "subagents" in parts:
             i = len(parts) - 1 - parts[::-1].index("subagents")
             if not parts[:i]:
                 continue
-            main = prefix + sep.join([*parts[:i - 1], parts[i - 1] + ".jsonl"])  # .../<session>/subagents/...
+            main = prefix + sep.join([*parts[: i - 1], parts[i - 1] + ".jsonl"])  # .../<session>/subagents/...
             for name in sorted(filenames):
                 if _is_agent(name):
                     get(main, False).subagent_files.append(Path(dirpath + sep + name))

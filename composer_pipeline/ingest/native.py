@@ -53,8 +53,10 @@ else:
     if _stale:
         # an in-place build older than the sources beside it: its rules may differ from the Python
         # reference, so it is not used until rebuilt
-        IMPORT_ERROR = (f"the compiled ingest engine is older than {', '.join(_stale)} in composer_pipeline/ingest/csrc; "
-                        "rebuild it with `.venv/bin/pip install -e .` (or `python3 -m composer_pipeline.bootstrap test`)")
+        IMPORT_ERROR = (
+            f"the compiled ingest engine is older than {', '.join(_stale)} in composer_pipeline/ingest/csrc; "
+            "rebuild it with `.venv/bin/pip install -e .` (or `python3 -m composer_pipeline.bootstrap test`)"
+        )
         _native = None
 
 AVAILABLE = _native is not None
@@ -65,8 +67,9 @@ def _array(spec: Any, typ: pa.DataType) -> pa.Array:
     """One column spec from ``Builder.flush`` -> an Arrow array (zero-copy over the native buffers)."""
     if pa.types.is_list(typ):
         (kind, n, _nulls, bufs), child = spec
-        return pa.ListArray.from_buffers(typ, n, [None, pa.py_buffer(bufs[1])],
-                                         children=[_array(child, typ.value_type)])
+        return pa.ListArray.from_buffers(
+            typ, n, [None, pa.py_buffer(bufs[1])], children=[_array(child, typ.value_type)]
+        )
     kind, n, nulls, bufs = spec
     buffers = [None if b is None else pa.py_buffer(b) for b in bufs]
     return pa.Array.from_buffers(typ, n, buffers, null_count=nulls)
@@ -80,9 +83,15 @@ class Builder:
             raise RuntimeError(f"the native ingest extension is not built here ({IMPORT_ERROR})")
         self._b = _native.Builder()
 
-    def add_session(self, session_key: str, default_session_id: str, files: list[tuple],
-                    classify: Callable[[int, int, bytes], tuple | None], compaction_full: bool,
-                    drop_warmup: bool) -> tuple:
+    def add_session(
+        self,
+        session_key: str,
+        default_session_id: str,
+        files: list[tuple],
+        classify: Callable[[int, int, bytes], tuple | None],
+        compaction_full: bool,
+        drop_warmup: bool,
+    ) -> tuple:
         """See module.cpp: ``(True, stats, per_file)`` or ``(False, reason)`` (nothing kept)."""
         return self._b.add_session(session_key, default_session_id, files, classify, compaction_full, drop_warmup)
 

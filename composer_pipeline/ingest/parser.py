@@ -167,17 +167,31 @@ def record_from_obj(obj: dict) -> Record:
     m = g("message")
     msg = None
     if type(m) is dict:
-        msg = Message(id=m.get("id"), role=_str(m.get("role")), model=_str(m.get("model")),
-                      content=content_from_obj(m.get("content")),
-                      usage=m.get("usage"))
+        msg = Message(
+            id=m.get("id"),
+            role=_str(m.get("role")),
+            model=_str(m.get("model")),
+            content=content_from_obj(m.get("content")),
+            usage=m.get("usage"),
+        )
     d, a = g("data"), g("attachment")
     t = g("type")
     return Record(
-        type=t if type(t) is str else "<none>", uuid=_str(g("uuid")), parent=_str(g("parentUuid")),
-        logical_parent=_str(g("logicalParentUuid")), is_sidechain=g("isSidechain", False), is_meta=g("isMeta"),
-        is_compact_summary=g("isCompactSummary"), subtype=g("subtype"), session_id=g("sessionId"),
-        timestamp=_str(g("timestamp")), version=_str(g("version")), request_id=g("requestId"),
-        api_error=g("isApiErrorMessage"), parent_tool_use_id=g("parentToolUseID"), message=msg,
+        type=t if type(t) is str else "<none>",
+        uuid=_str(g("uuid")),
+        parent=_str(g("parentUuid")),
+        logical_parent=_str(g("logicalParentUuid")),
+        is_sidechain=g("isSidechain", False),
+        is_meta=g("isMeta"),
+        is_compact_summary=g("isCompactSummary"),
+        subtype=g("subtype"),
+        session_id=g("sessionId"),
+        timestamp=_str(g("timestamp")),
+        version=_str(g("version")),
+        request_id=g("requestId"),
+        api_error=g("isApiErrorMessage"),
+        parent_tool_use_id=g("parentToolUseID"),
+        message=msg,
         tool_use_result=raw_json(obj["toolUseResult"]) if "toolUseResult" in obj else NO_RAW,
         data=Data(type=d.get("type"), agentId=d.get("agentId")) if type(d) is dict else None,
         attachment=Attachment(type=a.get("type")) if type(a) is dict else None,
@@ -221,9 +235,17 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
     if u:  # keep the chain link: a pass-through record carrying only the salvaged ids
         side = _SIDECHAIN_RE.search(text)
         out.records.append(
-            Record(type="damaged", uuid=u.group(1), parent=p.group(1) if p else None,
-                   is_sidechain=side is not None and side.group(1) == "true", subtype=sub, line_no=line_no,
-                   file=out.path, raw=text, damaged=True)
+            Record(
+                type="damaged",
+                uuid=u.group(1),
+                parent=p.group(1) if p else None,
+                is_sidechain=side is not None and side.group(1) == "true",
+                subtype=sub,
+                line_no=line_no,
+                file=out.path,
+                raw=text,
+                damaged=True,
+            )
         )
         if not p and not _ROOT_RE.search(text):  # its parent reference was cut, garbled or is missing
             out.parent_lost.add(line_no)
@@ -250,8 +272,14 @@ def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int)
             _quarantine(out, session_key, i, f"invalid JSON: {e}", raw, limit)
             return None
     if type(obj) is not dict:
-        _quarantine(out, session_key, i, f"not a JSON object ({type(obj).__name__})",
-                    raw if type(raw) is str else line.decode("utf-8", "replace"), limit)
+        _quarantine(
+            out,
+            session_key,
+            i,
+            f"not a JSON object ({type(obj).__name__})",
+            raw if type(raw) is str else line.decode("utf-8", "replace"),
+            limit,
+        )
         return None
     r = record_from_obj(obj)
     r.raw = raw
@@ -312,8 +340,9 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
         out = ParsedFile(rel)
         _quarantine(out, session_key, 0, error, "", quarantine_chars)
         return out
-    return parse_buffer(scrubber.scrub_bytes(data) if data and not data.isspace() else data, rel, session_key,
-                        quarantine_chars)
+    return parse_buffer(
+        scrubber.scrub_bytes(data) if data and not data.isspace() else data, rel, session_key, quarantine_chars
+    )
 
 
 def is_empty(data: bytes) -> bool:
@@ -421,8 +450,19 @@ def bridge_damaged(pf: ParsedFile) -> int:
                     parent = salvaged
                 else:
                     parent = _attach_point(recs, before, side, named, before_side if side else before_main, None)
-                bridges.append(Record(type="damaged", uuid=child, parent=parent, is_sidechain=side, subtype=sub,
-                                      line_no=line_no, file=pf.path, raw=text, damaged=True))
+                bridges.append(
+                    Record(
+                        type="damaged",
+                        uuid=child,
+                        parent=parent,
+                        is_sidechain=side,
+                        subtype=sub,
+                        line_no=line_no,
+                        file=pf.path,
+                        raw=text,
+                        damaged=True,
+                    )
+                )
                 known.add(child)
                 if parent is not None:
                     named.add(parent)
@@ -438,8 +478,9 @@ def bridge_damaged(pf: ParsedFile) -> int:
     return len(bridges)
 
 
-def _attach_point(recs: list[Record], end: int, side: bool, named: set, nearest: str | None,
-                  other: str | None) -> str | None:
+def _attach_point(
+    recs: list[Record], end: int, side: bool, named: set, nearest: str | None, other: str | None
+) -> str | None:
     """The uuid a damaged line standing after ``recs[:end]`` most likely hung from: among the
     :data:`LEAF_SCAN` records before it, the nearest one with the ``isSidechain`` flag ``side`` that has
     no child (its child was the damaged line; parallel 1.0.x sidechains interleave, so the nearest

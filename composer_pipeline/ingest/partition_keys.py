@@ -160,8 +160,9 @@ class KeyMap:
         if kid.startswith(ident + "-") and len(kid) == len(ident) + 9:  # the hashed last candidate
             return kid == f"{ident}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
         n = len(kid)
-        return (n > 0 and ident.startswith(kid) and not kid.endswith("-")
-                and (n >= start or set(ident[n:start]) == {"-"}))
+        return (
+            n > 0 and ident.startswith(kid) and not kid.endswith("-") and (n >= start or set(ident[n:start]) == {"-"})
+        )
 
     def holders(self, key: str) -> list[str]:
         """The sessions on disk that have ``key`` among their candidates (sorted)."""

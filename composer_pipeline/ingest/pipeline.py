@@ -32,7 +32,12 @@ from composer_pipeline import tables
 from composer_pipeline.ingest import native
 from composer_pipeline.ingest.discover import SessionFiles, discover_sessions
 from composer_pipeline.ingest.parser import (
-    ParsedFile, _quarantine, classify_line, is_empty, parse_buffer, read_session_file,
+    ParsedFile,
+    _quarantine,
+    classify_line,
+    is_empty,
+    parse_buffer,
+    read_session_file,
 )
 from composer_pipeline.ingest.recipe import ENGINES, IngestRecipe
 from composer_pipeline.scrub import Scrubber, apply_splices
@@ -71,7 +76,8 @@ def to_table(name: str, columns: dict[str, list]) -> pa.Table:
     """Column lists (as the Python engine builds them) -> an Arrow table with exactly the contract's schema."""
     schema = tables.SCHEMAS[name]
     arrays = [
-        pa.array(columns[f.name], pa.binary()).cast(pa.string()) if f.name in _BULK_TEXT
+        pa.array(columns[f.name], pa.binary()).cast(pa.string())
+        if f.name in _BULK_TEXT
         else pa.array(columns[f.name], f.type)
         for f in schema
     ]
@@ -105,7 +111,9 @@ class SessionIngester:
         if engine not in ENGINES:
             raise ValueError(f"ingest engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         if engine == "native" and not native.AVAILABLE:
-            raise RuntimeError(f"ingest engine 'native' requested but the extension is not built ({native.IMPORT_ERROR})")
+            raise RuntimeError(
+                f"ingest engine 'native' requested but the extension is not built ({native.IMPORT_ERROR})"
+            )
         self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
         self._native = native.Builder() if self.engine == "native" else None
         self._pending: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
@@ -146,21 +154,49 @@ class SessionIngester:
             is_main = i == 0 and sf.main_file is not None
             stream_id, kind, agent_id = (None, None, None) if is_main else agent_stream_meta(f.rel, sf.key)
             data = None if f.data is None or is_empty(f.data) else f.data  # (scrubbing keeps emptiness)
-            specs.append((f.rel, data, f.splices if data is not None else None, is_main, stream_id, kind, agent_id,
-                          (0, f.error, "") if f.error is not None else None))
+            specs.append(
+                (
+                    f.rel,
+                    data,
+                    f.splices if data is not None else None,
+                    is_main,
+                    stream_id,
+                    kind,
+                    agent_id,
+                    (0, f.error, "") if f.error is not None else None,
+                )
+            )
 
         def classify(i: int, line_no: int, line: bytes) -> tuple | None:
             return classify_line(line, files[i].rel, sf.key, line_no, q)
 
-        got = self._native.add_session(sf.key, sf.key.rsplit("__", 1)[-1], specs, classify,
-                                       self.recipe.render.compaction == "full", self.recipe.drop_warmup)
+        got = self._native.add_session(
+            sf.key,
+            sf.key.rsplit("__", 1)[-1],
+            specs,
+            classify,
+            self.recipe.render.compaction == "full",
+            self.recipe.drop_warmup,
+        )
         if not got[0]:
             return got[1]
         (streams, warmup_dropped, states, messages), per_file = got[1], got[2]
         reports = [
-            _file_report(sf.key, f.rel, lines=lines, records=records, bad_lines=bad, no_uuid=dict(no_uuid),
-                         states=n_states, linked=linked, crossed=crossed, warmup=warmup, utf8_repaired=0,
-                         empty=f.data is not None and is_empty(f.data), bridged=bridged)
+            _file_report(
+                sf.key,
+                f.rel,
+                lines=lines,
+                records=records,
+                bad_lines=bad,
+                no_uuid=dict(no_uuid),
+                states=n_states,
+                linked=linked,
+                crossed=crossed,
+                warmup=warmup,
+                utf8_repaired=0,
+                empty=f.data is not None and is_empty(f.data),
+                bridged=bridged,
+            )
             for f, (lines, records, bad, no_uuid, n_states, linked, crossed, warmup, bridged) in zip(files, per_file)
         ]
         stats = _session_stats(reports, streams, warmup_dropped, states, messages)
@@ -183,13 +219,26 @@ class SessionIngester:
         reports = []
         for pf in parsed:
             fc = build.file_counts.get(pf.path, Counter())
-            reports.append(_file_report(
-                sf.key, pf.path, lines=pf.lines, records=len(pf.records) - pf.bridged, bad_lines=len(pf.quarantine),
-                no_uuid=dict(Counter(r.type for r in pf.records if not r.uuid)), states=fc["states"],
-                linked=fc["subagents_linked"], crossed=fc["compactions_crossed"], warmup=fc["warmup_dropped"],
-                utf8_repaired=pf.utf8_repaired, empty=pf.empty, bridged=pf.bridged))
-        stats = _session_stats(reports, build.streams, build.warmup_dropped, len(build.states["state_id"]),
-                               len(build.messages["uuid"]))
+            reports.append(
+                _file_report(
+                    sf.key,
+                    pf.path,
+                    lines=pf.lines,
+                    records=len(pf.records) - pf.bridged,
+                    bad_lines=len(pf.quarantine),
+                    no_uuid=dict(Counter(r.type for r in pf.records if not r.uuid)),
+                    states=fc["states"],
+                    linked=fc["subagents_linked"],
+                    crossed=fc["compactions_crossed"],
+                    warmup=fc["warmup_dropped"],
+                    utf8_repaired=pf.utf8_repaired,
+                    empty=pf.empty,
+                    bridged=pf.bridged,
+                )
+            )
+        stats = _session_stats(
+            reports, build.streams, build.warmup_dropped, len(build.states["state_id"]), len(build.messages["uuid"])
+        )
         qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
         self._flush_native()  # keep session order in the pending tables
         for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
@@ -227,15 +276,36 @@ class SessionIngester:
         return out
 
 
-def _file_report(session_key: str, rel: str, *, lines: int, records: int, bad_lines: int, no_uuid: dict,
-                 states: int, linked: int, crossed: int, warmup: int, utf8_repaired: int, empty: bool,
-                 bridged: int) -> dict:
+def _file_report(
+    session_key: str,
+    rel: str,
+    *,
+    lines: int,
+    records: int,
+    bad_lines: int,
+    no_uuid: dict,
+    states: int,
+    linked: int,
+    crossed: int,
+    warmup: int,
+    utf8_repaired: int,
+    empty: bool,
+    bridged: int,
+) -> dict:
     """One input file's line of the CLI report (keys in the order the CLI prints them)."""
     return {
-        "file": rel, "session_key": session_key, "states": states, "bad_lines": bad_lines,
-        "subagents_linked": linked, "compactions_crossed": crossed, "lines": lines, "records": records,
+        "file": rel,
+        "session_key": session_key,
+        "states": states,
+        "bad_lines": bad_lines,
+        "subagents_linked": linked,
+        "compactions_crossed": crossed,
+        "lines": lines,
+        "records": records,
         "no_uuid_records": no_uuid,  # summary / snapshot / queue-operation: not chain links
-        "warmup_dropped": warmup, "utf8_repaired": utf8_repaired, "empty_file": empty,
+        "warmup_dropped": warmup,
+        "utf8_repaired": utf8_repaired,
+        "empty_file": empty,
         "damaged_bridged": bridged,  # records whose unknown parent was re-attached through a damaged line
     }
 
@@ -261,12 +331,22 @@ def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None, engine:
 
 
 def _result(rep: SessionReport, t: dict[str, pa.Table]) -> IngestResult:
-    return IngestResult(rep.session_key, rep.file_reports, rep.secrets, rep.stats, rep.engine, rep.fallback_reason,
-                        states=t["trace_states"], messages=t["trace_messages"], quarantine=t["quarantine"])
+    return IngestResult(
+        rep.session_key,
+        rep.file_reports,
+        rep.secrets,
+        rep.stats,
+        rep.engine,
+        rep.fallback_reason,
+        states=t["trace_states"],
+        messages=t["trace_messages"],
+        quarantine=t["quarantine"],
+    )
 
 
-def ingest_paths(paths: Iterable[str | Path], recipe: IngestRecipe | None = None,
-                 engine: str | None = None) -> Iterator[IngestResult]:
+def ingest_paths(
+    paths: Iterable[str | Path], recipe: IngestRecipe | None = None, engine: str | None = None
+) -> Iterator[IngestResult]:
     """Discover sessions under each path (dir or file) and ingest them one at a time."""
     ing = SessionIngester(recipe, engine)
     for p in paths:

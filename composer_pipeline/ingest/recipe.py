@@ -25,13 +25,19 @@ ENGINES = typing.get_args(Engine)
 class IngestRecipe:
     MOVED: ClassVar[dict[str, str]] = {"trace_root": "recipes/pipeline.yaml (trace_root); the ingest CLI takes paths"}
 
-    render: RenderOptions = setting(factory=RenderOptions, help="how a state's prefix is rendered for teachers and `show`")
+    render: RenderOptions = setting(
+        factory=RenderOptions, help="how a state's prefix is rendered for teachers and `show`"
+    )
     extra_secret_patterns: dict[str, str] = setting(
-        factory=dict, help="your own secret patterns, kind -> regex, scrubbed like the built-in ones")
+        factory=dict, help="your own secret patterns, kind -> regex, scrubbed like the built-in ones"
+    )
     drop_warmup: bool = setting(True, help='drop "Warmup" stub agents (counted in stats.warmup_dropped)')
-    quarantine_text_chars: int = setting(2000, help="how much of an unparseable line the quarantine keeps (after scrubbing)")
+    quarantine_text_chars: int = setting(
+        2000, help="how much of an unparseable line the quarantine keeps (after scrubbing)"
+    )
     engine: Engine = setting(
-        "auto", help="auto (the compiled engine where built) | native | python (the reference); same output")
+        "auto", help="auto (the compiled engine where built) | native | python (the reference); same output"
+    )
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -144,7 +144,7 @@ def _split_main(pf: ParsedFile, session_key: str) -> list[Stream]:
 def agent_stream_meta(rel: str, session_key: str) -> tuple[str, str, str]:
     """``(stream_id, kind, agent_id)`` of an agent file's stream (``rel``: its path under the trace root)."""
     name = rel.rsplit("/", 1)[-1]
-    agent_id = name[len("agent-"):-len(".jsonl")] if name.startswith("agent-") else name
+    agent_id = name[len("agent-") : -len(".jsonl")] if name.startswith("agent-") else name
     kind = "subagents_dir" if "/subagents/" in f"/{rel}" else "sibling_agent_file"
     return f"{session_key}:agent-{agent_id}", kind, agent_id
 
@@ -195,12 +195,47 @@ def _link(streams: list[Stream], main: Stream | None) -> None:
                 s.parent_tool_use_id = ids.pop(0)
 
 
-_MSG_COLS = ["stream_id", "session_key", "uuid", "parent_uuid", "logical_parent_uuid", "record_type", "subtype",
-             "message_key", "role", "is_meta", "is_compact_summary", "is_sidechain",
-             "source_file", "line_no", "timestamp", "raw"]
-_STATE_COLS = ["state_id", "session_id", "session_key", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
-               "source_file", "source_lines", "record_uuids", "message_id", "request_id", "prefix_leaf_uuid",
-               "n_prefix_messages", "action", "error_after", "has_error", "model", "version", "timestamp", "usage"]
+_MSG_COLS = [
+    "stream_id",
+    "session_key",
+    "uuid",
+    "parent_uuid",
+    "logical_parent_uuid",
+    "record_type",
+    "subtype",
+    "message_key",
+    "role",
+    "is_meta",
+    "is_compact_summary",
+    "is_sidechain",
+    "source_file",
+    "line_no",
+    "timestamp",
+    "raw",
+]
+_STATE_COLS = [
+    "state_id",
+    "session_id",
+    "session_key",
+    "stream_id",
+    "stream_kind",
+    "agent_id",
+    "parent_tool_use_id",
+    "source_file",
+    "source_lines",
+    "record_uuids",
+    "message_id",
+    "request_id",
+    "prefix_leaf_uuid",
+    "n_prefix_messages",
+    "action",
+    "error_after",
+    "has_error",
+    "model",
+    "version",
+    "timestamp",
+    "usage",
+]
 
 
 def _is_error_result(r: Record, block: Block) -> bool:
@@ -292,8 +327,13 @@ def action_json_of(blocks: list[Block]) -> tuple[bytes, list[dict]]:
             thinking.append(str(b.thinking or ""))
         elif t == "tool_use":
             args = b.input
-            calls.append({"id": str(b.id or ""), "name": str(b.name or ""),
-                          "arguments": args if isinstance(args, dict) else {"input": args}})
+            calls.append(
+                {
+                    "id": str(b.id or ""),
+                    "name": str(b.name or ""),
+                    "arguments": args if isinstance(args, dict) else {"input": args},
+                }
+            )
     text = "\n".join(t for t in texts if t and not t.isspace()).strip()  # (no per-block strip copies)
     return dumps({"text": text, "thinking": "\n".join(thinking).strip(), "tool_calls": calls}), calls
 
@@ -346,8 +386,9 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
                     break
             elif p.type == "user":
                 c = _content(p)
-                if not (type(c) is list and c and all(
-                        b.type == "tool_result" and str(b.tool_use_id) in own for b in c)):
+                if not (
+                    type(c) is list and c and all(b.type == "tool_result" and str(b.tool_use_id) in own for b in c)
+                ):
                     break
             u = p.parent
         return 1 + ix.n_tools_of_key.get(k, 0)
@@ -419,8 +460,9 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
     return memo
 
 
-def build_session(session_key: str, main: ParsedFile | None, agents: list[ParsedFile], opts: RenderOptions,
-                  drop_warmup: bool = True) -> SessionBuild:
+def build_session(
+    session_key: str, main: ParsedFile | None, agents: list[ParsedFile], opts: RenderOptions, drop_warmup: bool = True
+) -> SessionBuild:
     out = SessionBuild()
     msg_cols: dict[str, list] = {c: [] for c in _MSG_COLS}
     state_rows: list[tuple] = []
@@ -469,8 +511,15 @@ def _columns(names: list[str], rows: list[tuple]) -> dict[str, list]:
     return {c: list(v) for c, v in zip(names, zip(*rows))}
 
 
-def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptions, out: SessionBuild,
-                 msg_cols: dict[str, list], state_rows: list[tuple]) -> None:
+def _emit_stream(
+    s: Stream,
+    session_key: str,
+    session_id: str,
+    opts: RenderOptions,
+    out: SessionBuild,
+    msg_cols: dict[str, list],
+    state_rows: list[tuple],
+) -> None:
     ix = _StreamIndex(s)
     key_get = ix.key.get
     by_uuid = ix.by_uuid
@@ -521,17 +570,35 @@ def _emit_stream(s: Stream, session_key: str, session_id: str, opts: RenderOptio
             if res is not None and _is_error_result(*res):
                 text = flatten_content(loads_raw(res[1].content)) or _tool_use_result_text(res[0]) or ""
                 (errors := errors or []).append(
-                    {"tool_use_id": c["id"], "tool_name": c["name"], "content": text[:ERROR_TEXT_CHARS]})
+                    {"tool_use_id": c["id"], "tool_name": c["name"], "content": text[:ERROR_TEXT_CHARS]}
+                )
         fm, lm = first.message, last.message
         mid = fm.id if fm is not None else None
         rid = first.request_id
-        state_rows.append((
-            state_id, session_id, session_key, s.stream_id, s.kind, s.agent_id,
-            s.parent_tool_use_id, s.file, [r.line_no for r in grp], [r.uuid for r in grp],
-            mid if type(mid) is str else None, rid if type(rid) is str else None, leaf,
-            counts[leaf] >> 1 if leaf in counts else 1, action_json, _dumps(errors), errors is not None,
-            (lm.model if lm is not None else None) or (fm.model if fm is not None else None), last.version,
-            first.timestamp, _dumps(lm.usage if lm is not None else None),
-        ))
+        state_rows.append(
+            (
+                state_id,
+                session_id,
+                session_key,
+                s.stream_id,
+                s.kind,
+                s.agent_id,
+                s.parent_tool_use_id,
+                s.file,
+                [r.line_no for r in grp],
+                [r.uuid for r in grp],
+                mid if type(mid) is str else None,
+                rid if type(rid) is str else None,
+                leaf,
+                counts[leaf] >> 1 if leaf in counts else 1,
+                action_json,
+                _dumps(errors),
+                errors is not None,
+                (lm.model if lm is not None else None) or (fm.model if fm is not None else None),
+                last.version,
+                first.timestamp,
+                _dumps(lm.usage if lm is not None else None),
+            )
+        )
     if keys:
         out.file_counts.setdefault(s.file, Counter())["states"] += len(keys)

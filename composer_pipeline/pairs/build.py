@@ -64,28 +64,43 @@ DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pairs.yaml"
 class PairRecipe:
     """``recipes/pairs.yaml``: what counts as agreement, which answers are no vote, signature rules."""
 
-    agreement_threshold: int = setting(2, help="cross_model: at least this many distinct models must share one decision")
+    agreement_threshold: int = setting(
+        2, help="cross_model: at least this many distinct models must share one decision"
+    )
     min_agreement_score: float = setting(
-        0.5, help="... and be at least this share of the models that answered (self_consistency: of its samples), in [0, 1]")
+        0.5,
+        help="... and be at least this share of the models that answered (self_consistency: of its samples), in [0, 1]",
+    )
     min_teachers: int = setting(2, help="states with fewer answered teacher entries give no row (counted in stats)")
     allow_ties: bool = setting(False, help="2-vs-2 splits: skip (false) or take the first group by signature (true)")
     allow_self_consistency: bool = setting(
-        True, help="no cross-model agreement: accept samples of one model agreeing (labelled self_consistency)")
+        True, help="no cross-model agreement: accept samples of one model agreeing (labelled self_consistency)"
+    )
     self_consistency_threshold: int = setting(2, help="... at least this many of its samples must share the decision")
     require_offered_tools: bool = setting(
-        True, help="no vote: a call to a tool neither offered in the prompt nor listed under signature.key_arguments")
-    require_key_arguments: bool = setting(True, help="no vote: a call without its tool's key arguments (e.g. Bash without `command`)")
+        True, help="no vote: a call to a tool neither offered in the prompt nor listed under signature.key_arguments"
+    )
+    require_key_arguments: bool = setting(
+        True, help="no vote: a call without its tool's key arguments (e.g. Bash without `command`)"
+    )
     reject_prompt_echo: bool = setting(
-        True, help="no vote: a text answer that repeats the last user message or tool result (text_similarity_threshold)")
+        True,
+        help="no vote: a text answer that repeats the last user message or tool result (text_similarity_threshold)",
+    )
     keep_error_states: bool = setting(True, help="also pair states whose action was followed by a tool error")
     drop_parroting_chosen: bool = setting(
-        True, help="drop (to dropped_pairs, with the reason) a pair whose chosen text holds prompt markup "
-        "(signature.echo_markup_tags) or repeats a user message or tool result of its prompt (text_similarity_threshold)")
+        True,
+        help="drop (to dropped_pairs, with the reason) a pair whose chosen text holds prompt markup "
+        "(signature.echo_markup_tags) or repeats a user message or tool result of its prompt (text_similarity_threshold)",
+    )
     teacher_preference: tuple[str, ...] = setting(
-        (), help="whose answer represents the consensus, first match wins (then by name)")
+        (), help="whose answer represents the consensus, first match wins (then by name)"
+    )
     signature: SignatureRules = setting(factory=SignatureRules, help="what makes two actions the same decision")
     drop_fitted_answers: bool = setting(
-        False, help="no vote: an answer to a prefix fitted into the teacher's window (messages elided or cut; teacher_replays.elided_messages/cut_messages)")
+        False,
+        help="no vote: an answer to a prefix fitted into the teacher's window (messages elided or cut; teacher_replays.elided_messages/cut_messages)",
+    )
 
     def __post_init__(self) -> None:
         for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
@@ -194,8 +209,13 @@ class Consensus:
     n_models_agreeing: int
 
 
-def _votes(answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], pref: dict[str, int],
-           rules: SignatureRules, stats: dict[str, int]) -> list[_Vote]:
+def _votes(
+    answers: dict[str, tuple[Action, str, str]],
+    voters: dict[str, Voter],
+    pref: dict[str, int],
+    rules: SignatureRules,
+    stats: dict[str, int],
+) -> list[_Vote]:
     """Answers -> votes: identical greedy requests of one model count once."""
     votes: dict[str, _Vote] = {}
     for t in sorted(answers, key=lambda t: (pref.get(t, len(pref)), t)):
@@ -220,8 +240,9 @@ def _top(groups: list[Group]) -> Group | None:
     return groups[0]
 
 
-def find_consensus(answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], recipe: "PairRecipe",
-                   stats: dict[str, int]) -> Consensus | str:
+def find_consensus(
+    answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], recipe: "PairRecipe", stats: dict[str, int]
+) -> Consensus | str:
     """Agreement among distinct models first, else self-consistency of one sampled model.
 
     A model's vote is the decision most of its votes share (greedy: its one answer; sampled: the
@@ -253,10 +274,12 @@ def find_consensus(answers: dict[str, tuple[Action, str, str]], voters: dict[str
         tied = len(cross) > 1 and len(cross[1].members) == n
         if n >= recipe.agreement_threshold and n / n_models >= recipe.min_agreement_score:
             if not tied or recipe.allow_ties:
-                teachers = [t for m in top.members for k in _top(model_groups[m]).members
-                            for t in vote_by_key[k].teachers]
-                return Consensus("cross_model", top.signature, top.representative, teachers, n, n / n_models,
-                                 n_models, n)
+                teachers = [
+                    t for m in top.members for k in _top(model_groups[m]).members for t in vote_by_key[k].teachers
+                ]
+                return Consensus(
+                    "cross_model", top.signature, top.representative, teachers, n, n / n_models, n_models, n
+                )
             reason = "tied"
     if not recipe.allow_self_consistency:
         return reason
@@ -275,8 +298,9 @@ def find_consensus(answers: dict[str, tuple[Action, str, str]], voters: dict[str
     score, n, m, top = best
     teachers = [t for k in top.members for t in vote_by_key[k].teachers]
     agreeing_models = sum(1 for _, a in decisions if same_decision(a, top.representative, rules))
-    return Consensus("self_consistency", top.signature, top.representative, teachers, n, score, n_models,
-                     agreeing_models)
+    return Consensus(
+        "self_consistency", top.signature, top.representative, teachers, n, score, n_models, agreeing_models
+    )
 
 
 def _last_input_texts(prompt_json: str) -> list[str]:
@@ -295,8 +319,13 @@ def _last_input_texts(prompt_json: str) -> list[str]:
     return [t for t in out if t.strip()]
 
 
-def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str, tools_json: str,
-                   recipe: "PairRecipe", stats: dict[str, int]) -> dict[str, tuple[Action, str, str]]:
+def _valid_answers(
+    answers: dict[str, tuple[Action, str, str]],
+    prompt_json: str,
+    tools_json: str,
+    recipe: "PairRecipe",
+    stats: dict[str, int],
+) -> dict[str, tuple[Action, str, str]]:
     """Answers that are a decision at all (each rule is a recipe switch; every refusal is counted).
 
     * ``require_offered_tools``: every tool call names a tool the prompt offered (the agent's tools)
@@ -308,7 +337,9 @@ def _valid_answers(answers: dict[str, tuple[Action, str, str]], prompt_json: str
       e.g. ``<command-name>/init`` or a tool's error message.
     """
     rules = recipe.signature
-    offered = {(t.get("function") or t).get("name") for t in orjson.loads(tools_json or "[]")} | set(rules.key_arguments)
+    offered = {(t.get("function") or t).get("name") for t in orjson.loads(tools_json or "[]")} | set(
+        rules.key_arguments
+    )
     last_inputs = None
     out = {}
     for t, (action, cid, model) in answers.items():
@@ -365,8 +396,13 @@ def _renderer(states: pa.Table, messages: pa.Table, render_opts):
 
 
 def build_pairs(
-    states: pa.Table, messages: pa.Table, replays: pa.Table, recipe: PairRecipe | None = None, render_opts=None,
-    teachers=None, partition_of: dict[str, str] | None = None,
+    states: pa.Table,
+    messages: pa.Table,
+    replays: pa.Table,
+    recipe: PairRecipe | None = None,
+    render_opts=None,
+    teachers=None,
+    partition_of: dict[str, str] | None = None,
 ) -> PairsResult:
     """Compare teachers with each other and with the agent; see the module docstring.
 
@@ -518,8 +554,10 @@ def agreement_label(r: dict) -> str:
     if r.get("agreement_kind") == "self_consistency":
         score = r.get("agreement_score")
         samples = round(r["n_agreeing"] / score) if score else r["n_agreeing"]
-        return (f"{r['n_agreeing']} of {samples} samples of one model "
-                f"({r.get('n_models_agreeing')} of {r.get('n_models')} models)")
+        return (
+            f"{r['n_agreeing']} of {samples} samples of one model "
+            f"({r.get('n_models_agreeing')} of {r.get('n_models')} models)"
+        )
     if r.get("agreement_kind") == "cross_model":
         return f"{r['n_agreeing']} of {r.get('n_models')} models"
     return f"{r.get('n_agreeing')} of {r.get('n_teachers')} teachers (kind not recorded)"

@@ -32,15 +32,26 @@ class NormalizeFile:
     """``recipes/normalize.yaml`` as written: a data-juicer recipe (its own key names, so the same file
     also configures data-juicer's RayExecutor); :class:`NormalizeRecipe` is what the stage runs."""
 
-    project_name: str | None = setting(None, help="data-juicer's project name (kept so the file stays a data-juicer recipe; not read)")
-    text_keys: str | list[str] = setting("chosen_text", help="default text_key of an op that names none (a list: its first)")
+    project_name: str | None = setting(
+        None, help="data-juicer's project name (kept so the file stays a data-juicer recipe; not read)"
+    )
+    text_keys: str | list[str] = setting(
+        "chosen_text", help="default text_key of an op that names none (a list: its first)"
+    )
     np: int = setting(1, help="data-juicer's worker count (not read: composer-pipeline never starts worker pools)")
     skip_op_error: bool = setting(False, help="must be false: true would let data-juicer silently drop whole batches")
     executor_type: Literal["default", "ray"] = setting(
-        "default", help="default: data-juicer ops in-process; ray: data-juicer's RayExecutor (normalize_ray.py)")
-    ray_address: str | None = setting(None, help="executor_type ray: local (in-process Ray), auto (this node's cluster) or ray://head:10001")
-    work_dir: str | None = setting(None, help="executor_type ray: scratch JSONL handed to Ray (every Ray node must read it)")
-    process: list[Any] = setting(factory=list, help="ordered data-juicer ops, each {op_name: {args}} (text_key: a pair column)")
+        "default", help="default: data-juicer ops in-process; ray: data-juicer's RayExecutor (normalize_ray.py)"
+    )
+    ray_address: str | None = setting(
+        None, help="executor_type ray: local (in-process Ray), auto (this node's cluster) or ray://head:10001"
+    )
+    work_dir: str | None = setting(
+        None, help="executor_type ray: scratch JSONL handed to Ray (every Ray node must read it)"
+    )
+    process: list[Any] = setting(
+        factory=list, help="ordered data-juicer ops, each {op_name: {args}} (text_key: a pair column)"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class NormalizeRecipe:
                 item = {item: {}}
             if not isinstance(item, dict) or len(item) != 1:
                 raise ValueError(f"normalize recipe: process[{i}] must be {{op_name: {{args}}}}")
-            (name, args), = item.items()
+            ((name, args),) = item.items()
             args = dict(args or {})
             if args.get("skip_op_error"):
                 raise ValueError(f"normalize recipe: process[{i}] {name}: skip_op_error must be false")
@@ -85,8 +96,14 @@ class NormalizeRecipe:
             if args["text_key"] not in allowed:
                 raise ValueError(f"normalize recipe: {name}: text_key {args['text_key']!r} is not a pair column")
         executor = f.executor_type
-        return cls(process=tuple(ops), default_text_key=default_key, path=path, executor=executor,
-                   ray_address=f.ray_address, ray_work_dir=f.work_dir if executor == "ray" else None)
+        return cls(
+            process=tuple(ops),
+            default_text_key=default_key,
+            path=path,
+            executor=executor,
+            ray_address=f.ray_address,
+            ray_work_dir=f.work_dir if executor == "ray" else None,
+        )
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "NormalizeRecipe":

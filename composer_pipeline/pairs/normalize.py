@@ -126,7 +126,11 @@ def _run_dedup(op, key: str, idx: list[int], texts: list, pair_ids: list, drop) 
             h = op.compute_hash({key: texts[i]})[HashKeys.hash]
             if h in first:
                 j = first[h]
-                drop[i] = (name, f"{key}: duplicate of pair {pair_ids[j]}", {"text_key": key, "hash": h, "duplicate_of": pair_ids[j]})
+                drop[i] = (
+                    name,
+                    f"{key}: duplicate of pair {pair_ids[j]}",
+                    {"text_key": key, "hash": h, "duplicate_of": pair_ids[j]},
+                )
             else:
                 first[h] = i
                 survivors.append(i)

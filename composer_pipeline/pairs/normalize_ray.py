@@ -58,8 +58,9 @@ def ray_process(recipe: NormalizeRecipe) -> list[dict[str, dict[str, Any]]]:
     return out
 
 
-def ray_executor_config(recipe: NormalizeRecipe, *, dataset_path: str, export_path: str, work_dir: str,
-                        process: list[dict] | None = None) -> dict[str, Any]:
+def ray_executor_config(
+    recipe: NormalizeRecipe, *, dataset_path: str, export_path: str, work_dir: str, process: list[dict] | None = None
+) -> dict[str, Any]:
     """A data-juicer config (as a dict, YAML-ready) that selects ``RayExecutor`` for ``process``."""
     process = ray_process(recipe) if process is None else process
     (first,) = process[0].values()
@@ -129,10 +130,16 @@ def _run_passes(recipe, alive: list[int], pair_ids: list, cols: dict, drop: dict
         if not alive:
             break
         data = tmp / f"pass{n}_in.jsonl"
-        data.write_bytes(b"".join(
-            orjson.dumps({"pair_id": pair_ids[i], **{k: cols[k][i] for k in cols}}) + b"\n" for i in alive))
-        config = ray_executor_config(recipe, dataset_path=str(data), export_path=str(tmp / f"pass{n}_out.jsonl"),
-                                     work_dir=str(tmp / f"work{n}"), process=[op])
+        data.write_bytes(
+            b"".join(orjson.dumps({"pair_id": pair_ids[i], **{k: cols[k][i] for k in cols}}) + b"\n" for i in alive)
+        )
+        config = ray_executor_config(
+            recipe,
+            dataset_path=str(data),
+            export_path=str(tmp / f"pass{n}_out.jsonl"),
+            work_dir=str(tmp / f"work{n}"),
+            process=[op],
+        )
         cfg = load_ray_config(config, tmp / f"pass{n}.yaml")
         dataset = RayExecutor(cfg).run(skip_export=True)
         survivors = {r["pair_id"] for r in dataset.data.select_columns(["pair_id"]).take_all()}

@@ -45,9 +45,18 @@ _TOKEN = re.compile(r"[\w./\-]+", re.U)
 # Claude Code's markup around what the user or the harness typed (slash commands, local command
 # output, reminders): text a model reads in its prompt and has no reason to write
 DEFAULT_ECHO_MARKUP: tuple[str, ...] = (
-    "command-name", "command-message", "command-args", "command-contents", "local-command-stdout",
-    "local-command-stderr", "local-command-caveat", "bash-input", "bash-stdout", "bash-stderr",
-    "system-reminder", "user-prompt-submit-hook",
+    "command-name",
+    "command-message",
+    "command-args",
+    "command-contents",
+    "local-command-stdout",
+    "local-command-stderr",
+    "local-command-caveat",
+    "bash-input",
+    "bash-stdout",
+    "bash-stderr",
+    "system-reminder",
+    "user-prompt-submit-hook",
 )
 
 DEFAULT_KEY_ARGUMENTS: dict[str, list[str]] = {
@@ -77,18 +86,25 @@ class SignatureRules:
         help="tool name -> the arguments that make a call the same decision; unlisted tools compare every argument",
     )
     path_arguments: tuple[str, ...] = setting(
-        ("file_path", "notebook_path", "path"), help="arguments compared after path normalisation (a/./b/ == a/b)")
+        ("file_path", "notebook_path", "path"), help="arguments compared after path normalisation (a/./b/ == a/b)"
+    )
     command_arguments: tuple[str, ...] = setting(("command",), help="arguments compared with whitespace collapsed")
     ignore_call_order: bool = setting(True, help="parallel calls compared as a set")
     case_insensitive_tool_names: bool = setting(False, help="compare tool names ignoring case")
     text_similarity_threshold: float = setting(
-        0.8, help="text answers agree at word-bag Dice similarity >= this (markup of echo_markup_tags removed), in (0, 1]")
+        0.8,
+        help="text answers agree at word-bag Dice similarity >= this (markup of echo_markup_tags removed), in (0, 1]",
+    )
     text_specifics_must_match: bool = setting(
-        True, help="text answers agree only when they name the same numbers, paths, slash commands and identifiers "
-        "(words holding a digit, '/', '_' or an inner '.')")
+        True,
+        help="text answers agree only when they name the same numbers, paths, slash commands and identifiers "
+        "(words holding a digit, '/', '_' or an inner '.')",
+    )
     echo_markup_tags: tuple[str, ...] = setting(
-        DEFAULT_ECHO_MARKUP, help="tags a model only reads in its prompt (slash commands, local command output): "
-        "removed before texts are compared, and a chosen answer holding one is dropped (pairs.build)")
+        DEFAULT_ECHO_MARKUP,
+        help="tags a model only reads in its prompt (slash commands, local command output): "
+        "removed before texts are compared, and a chosen answer holding one is dropped (pairs.build)",
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 < self.text_similarity_threshold <= 1.0:

@@ -18,11 +18,35 @@ Deliberately simplified: see each module.
 from composer_pipeline.ids import MIN_PREFIX
 from composer_pipeline.show.markdown import render_markdown
 from composer_pipeline.show.text import format_view
-from composer_pipeline.show.views import (PairView, ShowError, StateView, TeacherAnswer, View, gather, pair_views,
-                                          resolve_ids, state_views, to_json_line, view_from_dict)
+from composer_pipeline.show.views import (
+    PairView,
+    ShowError,
+    StateView,
+    TeacherAnswer,
+    View,
+    gather,
+    pair_views,
+    resolve_ids,
+    state_views,
+    to_json_line,
+    view_from_dict,
+)
 from composer_pipeline.show.walk import call_text
 
 __all__ = [
-    "MIN_PREFIX", "PairView", "ShowError", "StateView", "TeacherAnswer", "View", "call_text", "format_view", "gather",
-    "pair_views", "render_markdown", "resolve_ids", "state_views", "to_json_line", "view_from_dict",
+    "MIN_PREFIX",
+    "PairView",
+    "ShowError",
+    "StateView",
+    "TeacherAnswer",
+    "View",
+    "call_text",
+    "format_view",
+    "gather",
+    "pair_views",
+    "render_markdown",
+    "resolve_ids",
+    "state_views",
+    "to_json_line",
+    "view_from_dict",
 ]

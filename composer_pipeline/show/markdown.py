@@ -16,8 +16,17 @@ from typing import Any
 
 from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.show.views import PairView, View
-from composer_pipeline.show.walk import (action_lines, lines_span, limits, money, secs, shorten, teacher_flags,
-                                         teacher_summary, walk)
+from composer_pipeline.show.walk import (
+    action_lines,
+    lines_span,
+    limits,
+    money,
+    secs,
+    shorten,
+    teacher_flags,
+    teacher_summary,
+    walk,
+)
 
 
 def _fence(text: str, lang: str = "") -> str:
@@ -51,11 +60,15 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
         out.append("")
         tables_txt = ", ".join(f"{t['table']} ({t['status']})" for t in view.tables)
         out.append(f"- tables: {tables_txt}")
-        out.append(f"- **agreement: {a.get('agreement_kind') or 'kind not recorded'}**, {agreement_label(a)}; teachers: {', '.join(agreeing)}"
-                   + (f", score {a['agreement_score']:.2f}" if a.get("agreement_score") is not None else ""))
+        out.append(
+            f"- **agreement: {a.get('agreement_kind') or 'kind not recorded'}**, {agreement_label(a)}; teachers: {', '.join(agreeing)}"
+            + (f", score {a['agreement_score']:.2f}" if a.get("agreement_score") is not None else "")
+        )
         out.append(f"- state: `{sv.state_id}`")
         if view.prompt_matches_prefix is not None:
-            out.append(f"- stored prompt equals the rendered prefix: {'yes' if view.prompt_matches_prefix else '**no**'}")
+            out.append(
+                f"- stored prompt equals the rendered prefix: {'yes' if view.prompt_matches_prefix else '**no**'}"
+            )
         out.append("")
         out.append("| chosen (teacher consensus) | rejected (the agent's action) |")
         out.append("|---|---|")
@@ -83,7 +96,9 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
     for t in walk(sv.prefix, full, last=max_messages):
         if t.role == "tool":
             if t.interrupted:
-                out.append(f"**{t.index}. tool ← {t.tool_name}** `{t.tool_call_id}` — *interrupted (no result before this step)*")
+                out.append(
+                    f"**{t.index}. tool ← {t.tool_name}** `{t.tool_call_id}` — *interrupted (no result before this step)*"
+                )
                 out.append("")
                 continue
             out.append(f"**{t.index}. tool ← {t.tool_name}** `{t.tool_call_id}`")
@@ -120,10 +135,16 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
         out.append("| teacher | model | status | cost | latency | tokens | notes | answer |")
         out.append("|---|---|---|---|---|---|---|---|")
         for t in sv.teachers:
-            ans = "<br>".join(_md_cell(x) for x in action_lines(t.action, 200, 8)) if t.action else _md_cell(t.reason or t.raw_answer)
-            out.append(f"| {_md_cell(t.teacher)} | {_md_cell(t.model)} | {_md_cell(t.status)} | {money(t.cost_usd)} | "
-                       f"{secs(t.latency_s)} | {t.prompt_tokens}+{t.completion_tokens}"
-                       f"{f' ({t.cached_tokens} cached)' if t.cached_tokens else ''} | "
-                       f"{_md_cell(teacher_flags(t, agreeing).strip(' []'))}"
-                       f"{f' {t.elided_messages} messages elided before this point' if t.elided_messages else ''} | {ans} |")
+            ans = (
+                "<br>".join(_md_cell(x) for x in action_lines(t.action, 200, 8))
+                if t.action
+                else _md_cell(t.reason or t.raw_answer)
+            )
+            out.append(
+                f"| {_md_cell(t.teacher)} | {_md_cell(t.model)} | {_md_cell(t.status)} | {money(t.cost_usd)} | "
+                f"{secs(t.latency_s)} | {t.prompt_tokens}+{t.completion_tokens}"
+                f"{f' ({t.cached_tokens} cached)' if t.cached_tokens else ''} | "
+                f"{_md_cell(teacher_flags(t, agreeing).strip(' []'))}"
+                f"{f' {t.elided_messages} messages elided before this point' if t.elided_messages else ''} | {ans} |"
+            )
     return "\n".join(out) + "\n"

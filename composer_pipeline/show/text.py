@@ -17,8 +17,17 @@ from typing import Sequence
 
 from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.show.views import PairView, StateView, View
-from composer_pipeline.show.walk import (action_lines, lines_span, limits, money, secs, shorten, teacher_flags,
-                                         teacher_summary, walk)
+from composer_pipeline.show.walk import (
+    action_lines,
+    lines_span,
+    limits,
+    money,
+    secs,
+    shorten,
+    teacher_flags,
+    teacher_summary,
+    walk,
+)
 
 
 def format_view(view: View, *, width: int | None = None, full: bool = False) -> str:
@@ -39,7 +48,10 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
     lim = limits(full)
     m = v.meta
     out = [f"━━ state {v.state_id} " + "━" * max(0, width - 10 - len(v.state_id))]
-    out.append(f"stream   {m.get('stream_id')} ({m.get('stream_kind')})" + (f" agent {m['agent_id']}" if m.get("agent_id") else ""))
+    out.append(
+        f"stream   {m.get('stream_id')} ({m.get('stream_kind')})"
+        + (f" agent {m['agent_id']}" if m.get("agent_id") else "")
+    )
     out.append(f"source   {v.source_file}  {lines_span(v.source_lines)}")
     bits = [b for b in (m.get("model"), m.get("version") and f"v{m['version']}", m.get("timestamp")) if b]
     if bits:
@@ -82,16 +94,25 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
             tok = f"{t.prompt_tokens if t.prompt_tokens is not None else '?'}+{t.completion_tokens if t.completion_tokens is not None else '?'} tok"
             if t.cached_tokens:
                 tok += f" ({t.cached_tokens} cached)"
-            out.append(f"  {t.teacher} ({t.model})  {t.status}  cost {money(t.cost_usd)} paid {money(t.paid_usd)}  {secs(t.latency_s)}  {tok}  "
-                       f"attempts {t.attempts}{teacher_flags(t, agreeing)}")
+            out.append(
+                f"  {t.teacher} ({t.model})  {t.status}  cost {money(t.cost_usd)} paid {money(t.paid_usd)}  {secs(t.latency_s)}  {tok}  "
+                f"attempts {t.attempts}{teacher_flags(t, agreeing)}"
+            )
             if t.elided_messages:
-                out.append(f"      fitted: {t.elided_messages} messages elided before this point (the teacher's context window)")
+                out.append(
+                    f"      fitted: {t.elided_messages} messages elided before this point (the teacher's context window)"
+                )
             if t.reason:
                 out.append(f"      reason: {t.reason}")
             if t.action:
                 out.append(_indent(action_lines(t.action, lim.value_chars, lim.text_lines), 6))
             elif t.raw_answer:
-                out.append(_indent(["raw answer (not parsed as an action):", *shorten(t.raw_answer, lim.text_lines).splitlines()], 6))
+                out.append(
+                    _indent(
+                        ["raw answer (not parsed as an action):", *shorten(t.raw_answer, lim.text_lines).splitlines()],
+                        6,
+                    )
+                )
     return "\n".join(out)
 
 
@@ -105,16 +126,32 @@ def _column(action: dict, width: int, full: bool) -> list[str]:
 def _format_pair(p: PairView, width: int, full: bool) -> str:
     a = p.agreement
     agreeing = a.get("agreeing_teachers") or []
-    head = [f"━━ pair {p.pair_id} ({p.pair_kind}) " + "━" * max(0, width - 12 - len(p.pair_id) - len(p.pair_kind or ""))]
-    head.append("tables   " + "; ".join(
-        f"{t['table']}: {t['status']}" + (f" by {t.get('drop_op')} ({t.get('drop_reason')})" if t.get("drop_op") else "")
-        for t in p.tables))
+    head = [
+        f"━━ pair {p.pair_id} ({p.pair_kind}) " + "━" * max(0, width - 12 - len(p.pair_id) - len(p.pair_kind or ""))
+    ]
+    head.append(
+        "tables   "
+        + "; ".join(
+            f"{t['table']}: {t['status']}"
+            + (f" by {t.get('drop_op')} ({t.get('drop_reason')})" if t.get("drop_op") else "")
+            for t in p.tables
+        )
+    )
     score = a.get("agreement_score")
-    head.append(f"agree    {a.get('agreement_kind') or 'kind not recorded'}: {agreement_label(a)} ({', '.join(agreeing)})"
-                + (f" · score {score:.2f}" if score is not None else "") + f" · pair cost {money(a.get('cost_usd'))}")
+    head.append(
+        f"agree    {a.get('agreement_kind') or 'kind not recorded'}: {agreement_label(a)} ({', '.join(agreeing)})"
+        + (f" · score {score:.2f}" if score is not None else "")
+        + f" · pair cost {money(a.get('cost_usd'))}"
+    )
     if p.prompt_matches_prefix is not None:
-        head.append("prompt   " + ("the pair's stored prompt equals the prefix shown below" if p.prompt_matches_prefix
-                                   else "DIFFERS from the prefix shown below (pairs built with other render options?)"))
+        head.append(
+            "prompt   "
+            + (
+                "the pair's stored prompt equals the prefix shown below"
+                if p.prompt_matches_prefix
+                else "DIFFERS from the prefix shown below (pairs built with other render options?)"
+            )
+        )
     col = (width - 3) // 2
     left = _column(p.chosen, col, full)
     right = _column(p.rejected, col, full)

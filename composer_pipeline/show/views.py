@@ -34,10 +34,33 @@ from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores, rows_where
 from composer_pipeline.tables import PAIR_TABLES  # where a pair can live, and what that says
 
-_STATE_META = ("session_key", "session_id", "stream_id", "stream_kind", "agent_id", "parent_tool_use_id",
-               "record_uuids", "model", "version", "timestamp", "has_error")
-_AGREEMENT = ("agreement_kind", "n_teachers", "n_models", "n_models_agreeing", "n_agreeing", "agreeing_teachers", "agreement_score", "consensus_signature",
-              "agent_signature", "cost_usd", "chosen_text", "rejected_text")
+_STATE_META = (
+    "session_key",
+    "session_id",
+    "stream_id",
+    "stream_kind",
+    "agent_id",
+    "parent_tool_use_id",
+    "record_uuids",
+    "model",
+    "version",
+    "timestamp",
+    "has_error",
+)
+_AGREEMENT = (
+    "agreement_kind",
+    "n_teachers",
+    "n_models",
+    "n_models_agreeing",
+    "n_agreeing",
+    "agreeing_teachers",
+    "agreement_score",
+    "consensus_signature",
+    "agent_signature",
+    "cost_usd",
+    "chosen_text",
+    "rejected_text",
+)
 
 
 class ShowError(ValueError):
@@ -65,7 +88,9 @@ class TeacherAnswer:
     created_at: str | None
     superseded: int = 0  # older rows of this teacher for this state
     sent_as_shown: bool | None = None  # call_id == hash of the body rebuilt from the shown prefix (needs teachers YAML)
-    paid_usd: float | None = None  # what the run that wrote the row paid (0 for a cache hit); cost_usd = cost when bought
+    paid_usd: float | None = (
+        None  # what the run that wrote the row paid (0 for a cache hit); cost_usd = cost when bought
+    )
     cached_tokens: int | None = None  # prompt tokens the provider billed as cache reads (cost_usd is the billed price)
     elided_messages: int = 0  # messages of the prefix elided to fit the teacher's window before its answer
 
@@ -88,20 +113,38 @@ class StateView:
     kind = "state"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"kind": "state", "state_id": self.state_id, "source_file": self.source_file,
-             "source_lines": list(self.source_lines), **self.meta, "render": self.render, "prefix": self.prefix,
-             "tools": self.tools, "action": self.action, "error_after": self.error_after, "replayed": self.replayed,
-             "teachers": [asdict(t) for t in self.teachers], "missing": list(self.missing)}
+        d = {
+            "kind": "state",
+            "state_id": self.state_id,
+            "source_file": self.source_file,
+            "source_lines": list(self.source_lines),
+            **self.meta,
+            "render": self.render,
+            "prefix": self.prefix,
+            "tools": self.tools,
+            "action": self.action,
+            "error_after": self.error_after,
+            "replayed": self.replayed,
+            "teachers": [asdict(t) for t in self.teachers],
+            "missing": list(self.missing),
+        }
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StateView":
         return cls(
-            state_id=d["state_id"], source_file=d.get("source_file"), source_lines=list(d.get("source_lines") or []),
-            prefix=d.get("prefix") or [], tools=d.get("tools") or [], action=d.get("action") or {},
-            error_after=d.get("error_after"), teachers=[TeacherAnswer(**t) for t in d.get("teachers") or []],
-            meta={k: d[k] for k in _STATE_META if k in d}, render=d.get("render") or {},
-            replayed=bool(d.get("replayed")), missing=list(d.get("missing") or []),
+            state_id=d["state_id"],
+            source_file=d.get("source_file"),
+            source_lines=list(d.get("source_lines") or []),
+            prefix=d.get("prefix") or [],
+            tools=d.get("tools") or [],
+            action=d.get("action") or {},
+            error_after=d.get("error_after"),
+            teachers=[TeacherAnswer(**t) for t in d.get("teachers") or []],
+            meta={k: d[k] for k in _STATE_META if k in d},
+            render=d.get("render") or {},
+            replayed=bool(d.get("replayed")),
+            missing=list(d.get("missing") or []),
         )
 
 
@@ -120,17 +163,32 @@ class PairView:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.state.to_dict()
-        d.update({"kind": "pair", "pair_id": self.pair_id, "pair_kind": self.pair_kind, "pair_tables": self.tables,
-                  "chosen": self.chosen, "rejected": self.rejected, **self.agreement,
-                  "prompt_matches_prefix": self.prompt_matches_prefix})
+        d.update(
+            {
+                "kind": "pair",
+                "pair_id": self.pair_id,
+                "pair_kind": self.pair_kind,
+                "pair_tables": self.tables,
+                "chosen": self.chosen,
+                "rejected": self.rejected,
+                **self.agreement,
+                "prompt_matches_prefix": self.prompt_matches_prefix,
+            }
+        )
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PairView":
-        return cls(pair_id=d["pair_id"], pair_kind=d.get("pair_kind"), tables=d.get("pair_tables") or [],
-                   chosen=d.get("chosen") or {}, rejected=d.get("rejected") or {},
-                   agreement={k: d[k] for k in _AGREEMENT if k in d}, state=StateView.from_dict(d),
-                   prompt_matches_prefix=d.get("prompt_matches_prefix"))
+        return cls(
+            pair_id=d["pair_id"],
+            pair_kind=d.get("pair_kind"),
+            tables=d.get("pair_tables") or [],
+            chosen=d.get("chosen") or {},
+            rejected=d.get("rejected") or {},
+            agreement={k: d[k] for k in _AGREEMENT if k in d},
+            state=StateView.from_dict(d),
+            prompt_matches_prefix=d.get("prompt_matches_prefix"),
+        )
 
 
 View = StateView | PairView
@@ -168,14 +226,28 @@ def _teacher_answers(rows: list[dict], prefer_call_ids: Sequence[str] = ()) -> l
             action = _loads(r.get("action"))
         except orjson.JSONDecodeError:
             action = None
-        out.append(TeacherAnswer(
-            teacher=teacher, model=r.get("model"), status=r.get("status"), reason=r.get("reason"), action=action,
-            raw_answer=r.get("raw_answer"), cost_usd=r.get("cost_usd"), latency_s=r.get("latency_s"),
-            prompt_tokens=r.get("prompt_tokens"), completion_tokens=r.get("completion_tokens"),
-            attempts=r.get("attempts"), cache_hit=r.get("cache_hit"), call_id=r.get("call_id"),
-            created_at=r.get("created_at"), superseded=len(rs) - 1, paid_usd=r.get("paid_usd"),
-            cached_tokens=r.get("cached_tokens"), elided_messages=int(r.get("elided_messages") or 0),
-        ))
+        out.append(
+            TeacherAnswer(
+                teacher=teacher,
+                model=r.get("model"),
+                status=r.get("status"),
+                reason=r.get("reason"),
+                action=action,
+                raw_answer=r.get("raw_answer"),
+                cost_usd=r.get("cost_usd"),
+                latency_s=r.get("latency_s"),
+                prompt_tokens=r.get("prompt_tokens"),
+                completion_tokens=r.get("completion_tokens"),
+                attempts=r.get("attempts"),
+                cache_hit=r.get("cache_hit"),
+                call_id=r.get("call_id"),
+                created_at=r.get("created_at"),
+                superseded=len(rs) - 1,
+                paid_usd=r.get("paid_usd"),
+                cached_tokens=r.get("cached_tokens"),
+                elided_messages=int(r.get("elided_messages") or 0),
+            )
+        )
     return out
 
 
@@ -192,8 +264,13 @@ def _verify(view: StateView, teachers_config) -> None:
         ans.sent_as_shown = req.call_id == ans.call_id
 
 
-def _state_view(conv: Conversation, st: dict, opts: RenderOptions, replay_rows: list[dict] | None,
-                prefer_call_ids: Sequence[str] = ()) -> StateView:
+def _state_view(
+    conv: Conversation,
+    st: dict,
+    opts: RenderOptions,
+    replay_rows: list[dict] | None,
+    prefer_call_ids: Sequence[str] = (),
+) -> StateView:
     from composer_pipeline.teachers.replay import render_prompt
 
     rs = render_prompt(conv, st, opts)
@@ -206,16 +283,28 @@ def _state_view(conv: Conversation, st: dict, opts: RenderOptions, replay_rows: 
         action = {}
         missing.append("trace_states: action is not valid JSON")
     return StateView(
-        state_id=st["state_id"], source_file=st.get("source_file"), source_lines=list(st.get("source_lines") or []),
-        prefix=rs.messages, tools=rs.tools, action=action, error_after=_loads(st.get("error_after")),
+        state_id=st["state_id"],
+        source_file=st.get("source_file"),
+        source_lines=list(st.get("source_lines") or []),
+        prefix=rs.messages,
+        tools=rs.tools,
+        action=action,
+        error_after=_loads(st.get("error_after")),
         teachers=_teacher_answers(replay_rows or [], prefer_call_ids),
-        meta={k: st.get(k) for k in _STATE_META}, render={"compaction": opts.compaction, "strip_thinking": opts.strip_thinking},
-        replayed=bool(replay_rows), missing=missing,
+        meta={k: st.get(k) for k in _STATE_META},
+        render={"compaction": opts.compaction, "strip_thinking": opts.strip_thinking},
+        replayed=bool(replay_rows),
+        missing=missing,
     )
 
 
-def state_views(states: pa.Table, messages: pa.Table, replays: pa.Table | None = None,
-                opts: RenderOptions | None = None, state_ids: Sequence[str] | None = None) -> list[StateView]:
+def state_views(
+    states: pa.Table,
+    messages: pa.Table,
+    replays: pa.Table | None = None,
+    opts: RenderOptions | None = None,
+    state_ids: Sequence[str] | None = None,
+) -> list[StateView]:
     """Views of ``state_ids`` (default: every state) from tables already in memory (Dagster assets)."""
     opts = opts or RenderOptions()
     if state_ids is not None:
@@ -229,9 +318,15 @@ def state_views(states: pa.Table, messages: pa.Table, replays: pa.Table | None =
     return [_state_view(conv, st, opts, by_state.get(st["state_id"])) for st in rows]
 
 
-def pair_views(pairs: pa.Table, states: pa.Table | None, messages: pa.Table | None, replays: pa.Table | None = None,
-               opts: RenderOptions | None = None, table: str = "dpo_pairs",
-               pair_ids: Sequence[str] | None = None) -> list[PairView]:
+def pair_views(
+    pairs: pa.Table,
+    states: pa.Table | None,
+    messages: pa.Table | None,
+    replays: pa.Table | None = None,
+    opts: RenderOptions | None = None,
+    table: str = "dpo_pairs",
+    pair_ids: Sequence[str] | None = None,
+) -> list[PairView]:
     """Views of the pairs in ``table`` (default: every row; ``pair_ids`` to pick) from tables already in
     memory (Dagster assets). Without ``states`` a view shows the prompt the pair stored."""
     opts = opts or RenderOptions()
@@ -252,8 +347,13 @@ def pair_views(pairs: pa.Table, states: pa.Table | None, messages: pa.Table | No
     return views
 
 
-def resolve_ids(ids: Sequence[str], state_ids: Sequence[str], pair_ids: Sequence[str], where: str,
-                sessions: Mapping[str, Sequence[str]] | None = None) -> list[tuple[str, str]]:
+def resolve_ids(
+    ids: Sequence[str],
+    state_ids: Sequence[str],
+    pair_ids: Sequence[str],
+    where: str,
+    sessions: Mapping[str, Sequence[str]] | None = None,
+) -> list[tuple[str, str]]:
     """Each id -> ("state" | "pair", full id): exact match, else a unique prefix of >= 6 chars
     (:func:`composer_pipeline.ids.resolve_id`, as ``lineage``). With ``sessions`` (session key -> its
     state ids), a session key or the short partition key the UI shows (``calc/a1f0c3d2``) names every
@@ -269,8 +369,14 @@ def resolve_ids(ids: Sequence[str], state_ids: Sequence[str], pair_ids: Sequence
     return out
 
 
-def gather(store: Stores | Store | str | Sequence[Store | str], ids: Sequence[str] = (), *, all_states: bool = False,
-           opts: RenderOptions | None = None, teachers_config=None) -> Iterator[View]:
+def gather(
+    store: Stores | Store | str | Sequence[Store | str],
+    ids: Sequence[str] = (),
+    *,
+    all_states: bool = False,
+    opts: RenderOptions | None = None,
+    teachers_config=None,
+) -> Iterator[View]:
     """One view per id (or per stored state with ``all_states``), in the order asked."""
     stores = Stores.of(store)
     where = stores.where
@@ -289,8 +395,9 @@ def gather(store: Stores | Store | str | Sequence[Store | str], ids: Sequence[st
         if states is not None:
             for sk, sid in zip(states.column("session_key").to_pylist(), states.column("state_id").to_pylist()):
                 sessions.setdefault(sk, []).append(sid)
-        targets = resolve_ids(ids, states.column("state_id").to_pylist() if states is not None else [], pair_ids, where,
-                              sessions)
+        targets = resolve_ids(
+            ids, states.column("state_id").to_pylist() if states is not None else [], pair_ids, where, sessions
+        )
 
     # the pair rows (first table in PAIR_TABLES order wins; every appearance is listed)
     pairs: dict[str, tuple[dict, list[dict]]] = {}
@@ -307,7 +414,11 @@ def gather(store: Stores | Store | str | Sequence[Store | str], ids: Sequence[st
                 pairs[row["pair_id"]] = (row, [app])
 
     need_states = {i for k, i in targets if k == "state"} | {pairs[p][0]["state_id"] for p in want_pairs}
-    st_rows = {r["state_id"]: r for r in _filter(states, "state_id", sorted(need_states)).to_pylist()} if states is not None else {}
+    st_rows = (
+        {r["state_id"]: r for r in _filter(states, "state_id", sorted(need_states)).to_pylist()}
+        if states is not None
+        else {}
+    )
     messages = stores.read("trace_messages")
     streams = sorted({r["stream_id"] for r in st_rows.values()})
     conv = Conversation.from_table(_filter(messages, "stream_id", streams)) if messages is not None else Conversation()
@@ -332,8 +443,14 @@ def gather(store: Stores | Store | str | Sequence[Store | str], ids: Sequence[st
         yield view
 
 
-def _pair_view(entry: tuple[dict, list[dict]], st_rows: dict, conv: Conversation, opts: RenderOptions,
-               by_state: dict, have_messages: bool) -> PairView:
+def _pair_view(
+    entry: tuple[dict, list[dict]],
+    st_rows: dict,
+    conv: Conversation,
+    opts: RenderOptions,
+    by_state: dict,
+    have_messages: bool,
+) -> PairView:
     row, apps = entry
     call_ids = list(row.get("replay_call_ids") or [])
     st = st_rows.get(row["state_id"])
@@ -345,18 +462,32 @@ def _pair_view(entry: tuple[dict, list[dict]], st_rows: dict, conv: Conversation
         match = stored_prompt == sv.prefix if stored_prompt is not None else None
     else:  # the state is not stored here: show what the pair itself recorded
         sv = StateView(
-            state_id=row["state_id"], source_file=row.get("source_file"), source_lines=list(row.get("source_lines") or []),
-            prefix=stored_prompt or [], tools=_loads(row.get("tools")) or [], action=_loads(row.get("rejected")) or {},
+            state_id=row["state_id"],
+            source_file=row.get("source_file"),
+            source_lines=list(row.get("source_lines") or []),
+            prefix=stored_prompt or [],
+            tools=_loads(row.get("tools")) or [],
+            action=_loads(row.get("rejected")) or {},
             error_after=_loads(row.get("error_after")),
             teachers=_teacher_answers(by_state.get(row["state_id"]) or [], call_ids),
-            meta={"session_key": row.get("session_key"), "session_id": row.get("session_id"), "has_error": row.get("has_error"),
-                  "record_uuids": row.get("record_uuids")},
-            render={"source": "pair.prompt"}, replayed=bool(by_state.get(row["state_id"])),
+            meta={
+                "session_key": row.get("session_key"),
+                "session_id": row.get("session_id"),
+                "has_error": row.get("has_error"),
+                "record_uuids": row.get("record_uuids"),
+            },
+            render={"source": "pair.prompt"},
+            replayed=bool(by_state.get(row["state_id"])),
             missing=[f"trace_states: state {row['state_id']} not stored (prefix is the pair's stored prompt)"],
         )
         match = None
     return PairView(
-        pair_id=row["pair_id"], pair_kind=row.get("kind"), tables=apps, chosen=_loads(row.get("chosen")) or {},
-        rejected=_loads(row.get("rejected")) or {}, agreement={k: row.get(k) for k in _AGREEMENT},
-        state=sv, prompt_matches_prefix=match,
+        pair_id=row["pair_id"],
+        pair_kind=row.get("kind"),
+        tables=apps,
+        chosen=_loads(row.get("chosen")) or {},
+        rejected=_loads(row.get("rejected")) or {},
+        agreement={k: row.get(k) for k in _AGREEMENT},
+        state=sv,
+        prompt_matches_prefix=match,
     )

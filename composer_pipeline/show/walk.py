@@ -79,7 +79,9 @@ def walk(prefix: Sequence[dict], full: bool = False, last: int | None = None) ->
             lines = shorten(text, lim.text_lines).splitlines() if text else []
             for c in msg.get("tool_calls") or []:
                 fn = c.get("function") or {}
-                lines.append(f"→ {call_text(fn.get('name', '?'), fn.get('arguments'), lim.value_chars)}   [{c.get('id')}]")
+                lines.append(
+                    f"→ {call_text(fn.get('name', '?'), fn.get('arguments'), lim.value_chars)}   [{c.get('id')}]"
+                )
             turn = Turn(i, role, lines=lines)
         else:
             turn = Turn(i, role, body=shorten(text, lim.system_lines if role == "system" else lim.text_lines))
@@ -89,8 +91,12 @@ def walk(prefix: Sequence[dict], full: bool = False, last: int | None = None) ->
 
 def tool_names(prefix: Sequence[dict]) -> dict[str, str]:
     """tool_call_id -> the name of the function the assistant called."""
-    return {c.get("id"): (c.get("function") or {}).get("name", "?")
-            for m in prefix if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
+    return {
+        c.get("id"): (c.get("function") or {}).get("name", "?")
+        for m in prefix
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+    }
 
 
 def shorten(text: str, max_lines: int, max_chars: int = 240) -> str:
@@ -131,7 +137,9 @@ def action_lines(action: dict | None, limit: int, max_lines: int) -> list[str]:
     if (action.get("text") or "").strip():
         out += shorten(action["text"].strip(), max_lines).splitlines()
     for c in action.get("tool_calls") or []:
-        out.append(f"→ {call_text(c.get('name', '?'), c.get('arguments'), limit)}" + (f"   [{c['id']}]" if c.get("id") else ""))
+        out.append(
+            f"→ {call_text(c.get('name', '?'), c.get('arguments'), limit)}" + (f"   [{c['id']}]" if c.get("id") else "")
+        )
     return out or ["(empty action)"]
 
 

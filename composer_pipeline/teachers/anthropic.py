@@ -68,8 +68,9 @@ class CacheHint:
     write: bool = True
 
 
-def convert_messages(messages: list[dict[str, Any]], ends: list[dict[str, Any] | None] | None = None
-                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def convert_messages(
+    messages: list[dict[str, Any]], ends: list[dict[str, Any] | None] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(system blocks, alternating user/assistant messages with content blocks) from OpenAI chat messages.
     Every tool_use keeps its id and is answered by the tool_result of the same id (render.py answers each
     call exactly once). ``ends``, when given, receives per input message the last block it became."""
@@ -98,14 +99,29 @@ def convert_messages(messages: list[dict[str, Any]], ends: list[dict[str, Any] |
                 n += 1
                 fn = call.get("function") or {}
                 tid = ids.setdefault(str(call.get("id")), _tool_id(call.get("id"), n))
-                blocks.append({"type": "tool_use", "id": tid, "name": str(fn.get("name") or ""), "input": _arguments(fn.get("arguments"))})
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": tid,
+                        "name": str(fn.get("name") or ""),
+                        "input": _arguments(fn.get("arguments")),
+                    }
+                )
             add("assistant", blocks or [_text_block("")])
         elif role == "tool":
             n += 1
             tid = ids.get(str(m.get("tool_call_id")), _tool_id(m.get("tool_call_id"), n))
             content = m.get("content")
-            add("user", [{"type": "tool_result", "tool_use_id": tid,
-                          "content": content if isinstance(content, str) and content else EMPTY_TEXT}])
+            add(
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": tid,
+                        "content": content if isinstance(content, str) and content else EMPTY_TEXT,
+                    }
+                ],
+            )
         else:  # user
             add("user", [_text_block(m.get("content") or "")])
         if ends is not None:
@@ -117,8 +133,13 @@ def convert_messages(messages: list[dict[str, Any]], ends: list[dict[str, Any] |
     return system, out
 
 
-def place_breakpoints(system: list[dict[str, Any]], messages: list[dict[str, Any]], limit: int = MAX_BREAKPOINTS,
-                      read_at: dict[str, Any] | None = None, write: bool = True) -> int:
+def place_breakpoints(
+    system: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    limit: int = MAX_BREAKPOINTS,
+    read_at: dict[str, Any] | None = None,
+    write: bool = True,
+) -> int:
     """Mark ``cache_control`` breakpoints in place; returns how many (≤ ``limit``).
 
     The last block of the request: writes the whole prefix for the next state of the stream, whose request
@@ -160,13 +181,23 @@ def to_messages_request(body: dict[str, Any], *, cache: bool = True, hint: Cache
         hint = hint or CacheHint()
         read_at = ends[hint.read_through - 1] if hint.read_through and 0 < hint.read_through <= len(ends) else None
         place_breakpoints(system, messages, read_at=read_at, write=hint.write)
-    out: dict[str, Any] = {"model": body["model"], "max_tokens": int(body.get("max_tokens") or 512), "messages": messages}
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "max_tokens": int(body.get("max_tokens") or 512),
+        "messages": messages,
+    }
     if system:
         out["system"] = system
     tools = [t.get("function") or {} for t in body.get("tools") or []]
     if tools:
-        out["tools"] = [{"name": f.get("name"), "description": f.get("description") or f"The {f.get('name')} tool.",
-                         "input_schema": f.get("parameters") or {"type": "object", "properties": {}}} for f in tools]
+        out["tools"] = [
+            {
+                "name": f.get("name"),
+                "description": f.get("description") or f"The {f.get('name')} tool.",
+                "input_schema": f.get("parameters") or {"type": "object", "properties": {}},
+            }
+            for f in tools
+        ]
     for k in ("temperature", "top_p"):
         if body.get(k) is not None:
             out[k] = body[k]
@@ -193,19 +224,38 @@ def to_chat_completion(data: dict[str, Any]) -> dict[str, Any]:
         if b.get("type") == "text":
             texts.append(str(b.get("text") or ""))
         elif b.get("type") == "tool_use":
-            calls.append({"id": str(b.get("id") or ""), "type": "function",
-                          "function": {"name": str(b.get("name") or ""), "arguments": orjson.dumps(b.get("input") or {}).decode()}})
+            calls.append(
+                {
+                    "id": str(b.get("id") or ""),
+                    "type": "function",
+                    "function": {
+                        "name": str(b.get("name") or ""),
+                        "arguments": orjson.dumps(b.get("input") or {}).decode(),
+                    },
+                }
+            )
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
-    out: dict[str, Any] = {"id": data.get("id"), "object": "chat.completion", "model": data.get("model"),
-                           "choices": [{"index": 0, "finish_reason": data.get("stop_reason"), "message": message}]}
+    out: dict[str, Any] = {
+        "id": data.get("id"),
+        "object": "chat.completion",
+        "model": data.get("model"),
+        "choices": [{"index": 0, "finish_reason": data.get("stop_reason"), "message": message}],
+    }
     u = data.get("usage")
     if isinstance(u, dict):
-        inp, read, write = (u.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+        inp, read, write = (
+            u.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        )
         if all(isinstance(v, int) for v in (inp, read, write)) and isinstance(u.get("output_tokens"), int):
-            out["usage"] = {"prompt_tokens": inp + read + write, "completion_tokens": u["output_tokens"],
-                            "total_tokens": inp + read + write + u["output_tokens"],
-                            "prompt_tokens_details": {"cached_tokens": read},
-                            "cache_read_input_tokens": read, "cache_creation_input_tokens": write, "input_tokens": inp}
+            out["usage"] = {
+                "prompt_tokens": inp + read + write,
+                "completion_tokens": u["output_tokens"],
+                "total_tokens": inp + read + write + u["output_tokens"],
+                "prompt_tokens_details": {"cached_tokens": read},
+                "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": write,
+                "input_tokens": inp,
+            }
     return out

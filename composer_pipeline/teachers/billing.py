@@ -16,23 +16,37 @@ from typing import Any
 
 from composer_pipeline.teachers.ledger import Ledger
 
-_SUMS = ("COUNT(*), COALESCE(SUM(billed_usd), 0), COALESCE(SUM(full_price_usd), 0), COALESCE(SUM(prompt_tokens), 0), "
-         "COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(cache_write_tokens), 0)")
+_SUMS = (
+    "COUNT(*), COALESCE(SUM(billed_usd), 0), COALESCE(SUM(full_price_usd), 0), COALESCE(SUM(prompt_tokens), 0), "
+    "COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(cache_write_tokens), 0)"
+)
 
 
 def _row(r) -> dict[str, Any]:
     n, usd, full, p, cached, writes = r or (0, 0, 0, 0, 0, 0)
-    return {"settled_calls": int(n), "billed_usd": round(float(usd), 8), "full_price_usd": round(float(full), 8),
-            "prompt_tokens": int(p), "cached_prompt_tokens": int(cached), "cache_write_tokens": int(writes)}
+    return {
+        "settled_calls": int(n),
+        "billed_usd": round(float(usd), 8),
+        "full_price_usd": round(float(full), 8),
+        "prompt_tokens": int(p),
+        "cached_prompt_tokens": int(cached),
+        "cache_write_tokens": int(writes),
+    }
 
 
 def usage_by_teacher(ledger: Ledger, teacher: str) -> dict[str, Any]:
     """Billed money and cached tokens of every settled call of ``teacher`` (all runs)."""
-    return _row(ledger._tx(lambda c: c.one(f"SELECT {_SUMS} FROM billed_usage WHERE teacher = ?", [teacher]), write=False))
+    return _row(
+        ledger._tx(lambda c: c.one(f"SELECT {_SUMS} FROM billed_usage WHERE teacher = ?", [teacher]), write=False)
+    )
 
 
 def usage_by_run(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
     """Per teacher: billed money and cached tokens of the calls one run settled."""
-    rows = ledger._tx(lambda c: c.all(f"SELECT teacher, {_SUMS} FROM billed_usage WHERE run_id = ? GROUP BY teacher ORDER BY teacher",
-                                      [run_id]), write=False)
+    rows = ledger._tx(
+        lambda c: c.all(
+            f"SELECT teacher, {_SUMS} FROM billed_usage WHERE run_id = ? GROUP BY teacher ORDER BY teacher", [run_id]
+        ),
+        write=False,
+    )
     return {r[0]: _row(r[1:]) for r in rows}

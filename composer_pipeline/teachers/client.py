@@ -56,7 +56,9 @@ from composer_pipeline.teachers.redact import key_forms, redact_key, redact_text
 
 # a provider's answer that the prompt is longer than its window (HTTP 400, not billed): OpenAI-style
 # ``context_length_exceeded``, Anthropic ``prompt is too long``; replay refits once, then skips the state
-CONTEXT_EXCEEDED_RE = re.compile(r"context_length_exceeded|maximum context length|prompt is too long|context window", re.I)
+CONTEXT_EXCEEDED_RE = re.compile(
+    r"context_length_exceeded|maximum context length|prompt is too long|context window", re.I
+)
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 MAX_RETRY_AFTER_S = 300.0
@@ -174,8 +176,9 @@ class TeacherGuard:
         self.consecutive += 1
         self.last_problem = problem
         if self.consecutive >= self.limit and self.disabled_reason is None:
-            self.disabled_reason = (f"teacher_disabled: {self.consecutive} consecutive invalid responses "
-                                    f"(last: {problem[:160]})")
+            self.disabled_reason = (
+                f"teacher_disabled: {self.consecutive} consecutive invalid responses (last: {problem[:160]})"
+            )
 
     def valid(self) -> None:
         self.consecutive = 0
@@ -190,8 +193,12 @@ def stream_cache_key(stream_id: str | None) -> str | None:
     return "cp-" + hashlib.sha256(f"composer-pipeline|{stream_id}".encode()).hexdigest()[:32]
 
 
-def wire_body(teacher: TeacherConfig, body: dict[str, Any], cache_key: str | None = None,
-              cache_hint: anthropic.CacheHint | None = None) -> dict[str, Any]:
+def wire_body(
+    teacher: TeacherConfig,
+    body: dict[str, Any],
+    cache_key: str | None = None,
+    cache_hint: anthropic.CacheHint | None = None,
+) -> dict[str, Any]:
     """What goes on the wire for ``body`` (the hashed request): the Messages API body for ``api: anthropic``;
     for OpenAI-style teachers the body plus ``prompt_cache_key`` when the teacher sends it. Neither changes
     the ``call_id``: a cached answer stays found whatever the transport adds."""
@@ -248,7 +255,9 @@ async def call_teacher(
             res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid))
             if not res.ok:
                 out.status = "budget_exhausted"
-                out.reason = f"budget_exhausted: {res.reason}" + (f" (after attempt {attempt - 1}: {last_reason})" if last_reason else "")
+                out.reason = f"budget_exhausted: {res.reason}" + (
+                    f" (after attempt {attempt - 1}: {last_reason})" if last_reason else ""
+                )
                 return out
             if guard.disabled_reason:  # another call cut the teacher off while this one waited for money
                 await ledger.close(res.id, "released", note=guard.disabled_reason[:200])
@@ -269,7 +278,9 @@ async def call_teacher(
             except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
                 # the request could not be formed (e.g. a header value HTTP forbids): nothing left this process
                 outcome = "release"
-                last_reason = f"request_refused: {type(e).__name__} building the request to {_host(teacher)} (nothing was sent)"
+                last_reason = (
+                    f"request_refused: {type(e).__name__} building the request to {_host(teacher)} (nothing was sent)"
+                )
             except httpx.ConnectError as e:
                 outcome, retry = "release", True
                 last_reason = f"connection_error: {type(e).__name__} connecting to {_host(teacher)}"
@@ -299,7 +310,9 @@ async def call_teacher(
                         # key this request carried by its value, wherever the teacher echoed it
                         data = redact_key(scrub_obj(data), api_key)
                         problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
-                        if teacher.api == "anthropic" and problem is None:  # the native answer, mapped to the one shape stored
+                        if (
+                            teacher.api == "anthropic" and problem is None
+                        ):  # the native answer, mapped to the one shape stored
                             data = anthropic.to_chat_completion(data)
                         problem = problem or _valid_completion(data)
                         problem = f"bad_response: {_scrub(problem, api_key)}" if problem else None
@@ -312,17 +325,30 @@ async def call_teacher(
                     guard.valid()
                     p, c, cost = usage_cost(data.get("usage"), teacher)
                     bill = billed(data.get("usage"), teacher)
-                    record = {"teacher": teacher.name, "model": teacher.model, "base_url": teacher.base_url.rstrip("/"), "response": data,
-                              "cost_usd": worst if cost is None else cost, "latency_s": latency, "attempts": attempt,
-                              "run_id": run_id, "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                    record = {
+                        "teacher": teacher.name,
+                        "model": teacher.model,
+                        "base_url": teacher.base_url.rstrip("/"),
+                        "response": data,
+                        "cost_usd": worst if cost is None else cost,
+                        "latency_s": latency,
+                        "attempts": attempt,
+                        "run_id": run_id,
+                        "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    }
                     # the answer is durable in the ledger (same transaction as its settle) before anything else
                     ledger_note = None
                     try:
                         if cost is None:
                             await ledger.close(res.id, "kept", note="no usable usage in response", answer=(cid, record))
                         else:
-                            await ledger.close(res.id, "settled", cost_usd=cost, answer=(cid, record),
-                                               usage=bill.as_dict() if bill is not None else None)
+                            await ledger.close(
+                                res.id,
+                                "settled",
+                                cost_usd=cost,
+                                answer=(cid, record),
+                                usage=bill.as_dict() if bill is not None else None,
+                            )
                     except LedgerError as e:
                         # paid, but the ledger could not record it (full disk, server gone past its outage limit): the
                         # reservation stays open (sent: kept at worst case when the run is finalized) and the answer
@@ -333,8 +359,9 @@ async def call_teacher(
                     try:
                         await asyncio.to_thread(cache.put, cid, record)
                     except OSError as e:
-                        cache_note = (f"cache_error: {e.strerror or type(e).__name__} writing {cache.dir} "
-                                      + ("(answer lost: a re-run buys it again)" if ledger_note else "(answer kept in the ledger)"))
+                        cache_note = f"cache_error: {e.strerror or type(e).__name__} writing {cache.dir} " + (
+                            "(answer lost: a re-run buys it again)" if ledger_note else "(answer kept in the ledger)"
+                        )
                     cache_note = "; ".join(n for n in (ledger_note, cache_note) if n) or None
                     ans = answer_from_response(data, teacher)
                     ans.cost_usd = out.cost_usd + cost

@@ -36,35 +36,57 @@ class TeacherConfig:
     """One entry of ``teachers:``: an OpenAI-compatible endpoint + model, its prices, budget and request params."""
 
     name: str = setting(help="stable id: appears in call_id, the ledger and Parquet ([A-Za-z0-9_.-])")
-    base_url: str = setting(help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions); api: anthropic: https://api.anthropic.com")
+    base_url: str = setting(
+        help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions); api: anthropic: https://api.anthropic.com"
+    )
     model: str = setting(help="the `model` field of the request")
-    api_key_env: str | None = setting(help="NAME of the environment variable holding the key (never the key); null for keyless local servers")
+    api_key_env: str | None = setting(
+        help="NAME of the environment variable holding the key (never the key); null for keyless local servers"
+    )
     input_usd_per_mtok: float = setting(help="price per million input tokens, USD")
     output_usd_per_mtok: float = setting(help="price per million output tokens, USD")
-    budget_usd: float = setting(help="lifetime budget, tracked in the ledger across runs and days (0 with zero prices: free)")
+    budget_usd: float = setting(
+        help="lifetime budget, tracked in the ledger across runs and days (0 with zero prices: free)"
+    )
     max_concurrency: int = setting(help="requests in flight at once to this teacher")
     max_tokens: int = setting(512, help="completion tokens per request (the worst case the budget reserves)")
-    temperature: float = setting(0.0, help="0: greedy (entries of one model at 0 count as one vote); > 0: samples of the model")
+    temperature: float = setting(
+        0.0, help="0: greedy (entries of one model at 0 count as one vote); > 0: samples of the model"
+    )
     top_p: float | None = setting(None, help="nucleus sampling, sent only when set")
-    seed: int | None = setting(None, help="sampling seed, sent only when set (entries sampling one model need distinct seeds)")
+    seed: int | None = setting(
+        None, help="sampling seed, sent only when set (entries sampling one model need distinct seeds)"
+    )
     timeout_s: float = setting(120.0, help="per attempt (connect, read and write each)")
     max_retries: int = setting(4, help="extra attempts after the first, on 429 / 5xx / timeout / connection errors")
     backoff_s: float = setting(1.0, help="base of the exponential backoff (full jitter), capped at backoff_max_s")
     backoff_max_s: float = setting(30.0, help="cap of one backoff wait")
     api: Literal["openai", "anthropic"] = setting(
-        "openai", help="wire protocol: openai (POST {base_url}/chat/completions) or anthropic (native Messages API, "
-        "POST {base_url}/v1/messages, with cache_control breakpoints)")
+        "openai",
+        help="wire protocol: openai (POST {base_url}/chat/completions) or anthropic (native Messages API, "
+        "POST {base_url}/v1/messages, with cache_control breakpoints)",
+    )
     cached_input_usd_per_mtok: float | None = setting(
-        None, help="price per million prompt tokens the provider reports as cached (read); null: the input price (no discount)")
+        None,
+        help="price per million prompt tokens the provider reports as cached (read); null: the input price (no discount)",
+    )
     cache_write_usd_per_mtok: float | None = setting(
-        None, help="price per million prompt tokens written to the cache (Anthropic: 1.25x input); null: the input price")
+        None,
+        help="price per million prompt tokens written to the cache (Anthropic: 1.25x input); null: the input price",
+    )
     prompt_cache_key: bool = setting(
-        True, help="openai: send prompt_cache_key = a hash of the stream (raises the hit rate); false for servers that refuse unknown fields")
+        True,
+        help="openai: send prompt_cache_key = a hash of the stream (raises the hit rate); false for servers that refuse unknown fields",
+    )
     context_window: int | None = setting(
-        None, help="the teacher's window in tokens (prompt + max_tokens); longer prefixes are fitted (render.fit_messages); null: no limit")
+        None,
+        help="the teacher's window in tokens (prompt + max_tokens); longer prefixes are fitted (render.fit_messages); null: no limit",
+    )
     anthropic_version: str = setting("2023-06-01", help="anthropic: the anthropic-version header")
     fit_elide_step: int = setting(
-        8, help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)")
+        8,
+        help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)",
+    )
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
@@ -77,23 +99,40 @@ class TeacherConfig:
         if self.api_key_env is not None and not _ENV_NAME_RE.match(self.api_key_env):
             # never echo the value: it may be a pasted key
             raise ValueError(
-                "api_key_env must be the NAME of an environment variable (e.g. OPENROUTER_API_KEY) or null, not the key itself")
-        _at_least(self, ("input_usd_per_mtok", "output_usd_per_mtok", "budget_usd", "temperature", "top_p", "seed",
-                         "max_retries", "backoff_s", "backoff_max_s"))
+                "api_key_env must be the NAME of an environment variable (e.g. OPENROUTER_API_KEY) or null, not the key itself"
+            )
+        _at_least(
+            self,
+            (
+                "input_usd_per_mtok",
+                "output_usd_per_mtok",
+                "budget_usd",
+                "temperature",
+                "top_p",
+                "seed",
+                "max_retries",
+                "backoff_s",
+                "backoff_max_s",
+            ),
+        )
         _at_least(self, ("max_concurrency", "max_tokens", "timeout_s", "fit_elide_step"), positive=True)
         _at_least(self, ("cached_input_usd_per_mtok", "cache_write_usd_per_mtok"))
         if self.api not in ("openai", "anthropic"):
             raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
         if self.cached_input_usd_per_mtok is not None and self.cached_input_usd_per_mtok > self.input_usd_per_mtok:
-            raise ValueError(f"cached_input_usd_per_mtok {self.cached_input_usd_per_mtok:g} is above input_usd_per_mtok "
-                             f"{self.input_usd_per_mtok:g} (a cached prompt token never costs more than an uncached one)")
+            raise ValueError(
+                f"cached_input_usd_per_mtok {self.cached_input_usd_per_mtok:g} is above input_usd_per_mtok "
+                f"{self.input_usd_per_mtok:g} (a cached prompt token never costs more than an uncached one)"
+            )
         if self.context_window is not None:
             from composer_pipeline.render import min_window
 
             need = min_window(self.max_tokens)
             if self.context_window < need:
-                raise ValueError(f"context_window {self.context_window} is too small for the system prompt plus one turn "
-                                 f"and max_tokens {self.max_tokens} (needs at least {need} tokens)")
+                raise ValueError(
+                    f"context_window {self.context_window} is too small for the system prompt plus one turn "
+                    f"and max_tokens {self.max_tokens} (needs at least {need} tokens)"
+                )
 
     def request_params(self) -> dict[str, Any]:
         """The sampling parameters sent with every request (part of the cache key)."""
@@ -111,10 +150,15 @@ class TeacherConfig:
     def identity(self) -> dict[str, Any]:
         """Who this name stands for on a ledger: endpoint, model and prices (the budget is not identity: it may
         be raised). ``call_id`` carries ``base_url`` and ``model``; the ledger refuses the name for another identity."""
-        return {"base_url": self.base_url.rstrip("/"), "model": self.model,
-                "api": self.api, "input_usd_per_mtok": float(self.input_usd_per_mtok),
-                "output_usd_per_mtok": float(self.output_usd_per_mtok),
-                "cached_input_usd_per_mtok": float(self.cached_price), "cache_write_usd_per_mtok": float(self.write_price)}
+        return {
+            "base_url": self.base_url.rstrip("/"),
+            "model": self.model,
+            "api": self.api,
+            "input_usd_per_mtok": float(self.input_usd_per_mtok),
+            "output_usd_per_mtok": float(self.output_usd_per_mtok),
+            "cached_input_usd_per_mtok": float(self.cached_price),
+            "cache_write_usd_per_mtok": float(self.write_price),
+        }
 
     @property
     def request_url(self) -> str:
@@ -138,18 +182,27 @@ class TeachersConfig:
     """``recipes/teachers.yaml``: the teachers, the run ceiling, the local server's models, lease and cut-off."""
 
     teachers: list[TeacherConfig] = setting(help="the teacher entries (a non-empty list, unique names)")
-    ceiling_usd: float = setting(help="worst-case spend allowed in one replay run (one partition), all teachers together")
+    ceiling_usd: float = setting(
+        help="worst-case spend allowed in one replay run (one partition), all teachers together"
+    )
     serve: dict[str, str] = setting(factory=dict, help="local teacher server: model name -> path or known model name")
     source: str = derived("")  # the file it was read from
     lease_s: float = setting(
-        30.0, help="a replay run heartbeats; its open reservations are finalized this long after it dies (0 < lease_s <= 600)")
+        30.0,
+        help="a replay run heartbeats; its open reservations are finalized this long after it dies (0 < lease_s <= 600)",
+    )
     max_invalid_responses: int = setting(
-        3, help="consecutive 200s that are not a chat completion (HTML, non-JSON) before a teacher is cut off")
+        3, help="consecutive 200s that are not a chat completion (HTML, non-JSON) before a teacher is cut off"
+    )
     ledger_outage_s: float = setting(
-        120.0, help="a ledger server lost mid-run (restart, failover) is retried this long, then the run stops with an error (> 0)")
+        120.0,
+        help="a ledger server lost mid-run (restart, failover) is retried this long, then the run stops with an error (> 0)",
+    )
     scheduling: Literal["stream", "all"] = setting(
-        "stream", help="stream: the states of one stream go to a teacher in order (each request extends the previous "
-        "one's prefix, so it reads the cache that one wrote), streams in parallel up to max_concurrency; all: every call at once")
+        "stream",
+        help="stream: the states of one stream go to a teacher in order (each request extends the previous "
+        "one's prefix, so it reads the cache that one wrote), streams in parallel up to max_concurrency; all: every call at once",
+    )
 
     def __post_init__(self) -> None:
         if not self.teachers:
@@ -161,7 +214,9 @@ class TeachersConfig:
         _at_least(self, ("ceiling_usd",))
         _at_least(self, ("lease_s", "max_invalid_responses", "ledger_outage_s"), positive=True)
         if self.lease_s > 600:
-            raise ValueError(f"lease_s must be <= 600 (a dead run's reservations are held that long), got {self.lease_s!r}")
+            raise ValueError(
+                f"lease_s must be <= 600 (a dead run's reservations are held that long), got {self.lease_s!r}"
+            )
 
     def teacher(self, name: str) -> TeacherConfig:
         for t in self.teachers:
@@ -187,16 +242,25 @@ def clean_api_key(value: str | None, env_name: str) -> str | None:
     key = value.strip()
     bad = [c for c in key if ord(c) < 0x21 or ord(c) > 0x7E]
     if bad:
-        kind = "a control character" if any(ord(c) < 0x20 or ord(c) == 0x7F for c in bad) else \
-            "whitespace" if any(c.isspace() for c in bad) else "a non-ASCII character"
-        raise ValueError(f"environment variable {env_name}: the API key contains {kind} inside it; set it to the key alone")
+        kind = (
+            "a control character"
+            if any(ord(c) < 0x20 or ord(c) == 0x7F for c in bad)
+            else "whitespace"
+            if any(c.isspace() for c in bad)
+            else "a non-ASCII character"
+        )
+        raise ValueError(
+            f"environment variable {env_name}: the API key contains {kind} inside it; set it to the key alone"
+        )
     return key or None
 
 
 def clean_api_keys(config: TeachersConfig, api_keys: dict[str, str | None]) -> dict[str, str | None]:
     """:func:`clean_api_key` for every teacher's key (teacher name -> value)."""
-    return {name: clean_api_key(v, next((t.api_key_env or name for t in config.teachers if t.name == name), name))
-            for name, v in api_keys.items()}
+    return {
+        name: clean_api_key(v, next((t.api_key_env or name for t in config.teachers if t.name == name), name))
+        for name, v in api_keys.items()
+    }
 
 
 def parse_teachers(data: Any, source: str = "<teachers>") -> TeachersConfig:

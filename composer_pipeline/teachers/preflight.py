@@ -39,11 +39,18 @@ def check_writable(path: str | Path, what: str) -> None:
             os.close(fd)
             os.unlink(probe)
     except OSError as e:
-        raise PreflightError(f"{what} {p} is not writable: {e.strerror or type(e).__name__} (nothing was sent)") from None
+        raise PreflightError(
+            f"{what} {p} is not writable: {e.strerror or type(e).__name__} (nothing was sent)"
+        ) from None
 
 
-def preflight(config: TeachersConfig, api_keys: dict[str, str | None], *, teachers: set[str] | None = None,
-              writable: dict[str, str | Path] | None = None) -> None:
+def preflight(
+    config: TeachersConfig,
+    api_keys: dict[str, str | None],
+    *,
+    teachers: set[str] | None = None,
+    writable: dict[str, str | Path] | None = None,
+) -> None:
     """Raise :class:`PreflightError` listing every problem; ``teachers`` = names that will be called (None: all)."""
     problems: list[str] = []
     for what, path in (writable or {}).items():

@@ -97,8 +97,12 @@ def billed(usage: dict[str, Any] | None, teacher: TeacherConfig) -> Billed | Non
         return None
     reads, writes = min(reads, p), min(writes, max(0, p - reads))  # never more cached than sent
     uncached = p - reads - writes
-    cost = (uncached * teacher.input_usd_per_mtok + reads * teacher.cached_price + writes * teacher.write_price
-            + c * teacher.output_usd_per_mtok) / 1e6
+    cost = (
+        uncached * teacher.input_usd_per_mtok
+        + reads * teacher.cached_price
+        + writes * teacher.write_price
+        + c * teacher.output_usd_per_mtok
+    ) / 1e6
     return Billed(p, c, reads, writes, cost, usd(p, c, teacher))
 
 

@@ -35,8 +35,14 @@ import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.teachers.cache import ResponseCache, call_id, legacy_call_id
-from composer_pipeline.teachers.client import (CallResult, TeacherGuard, answer_from_response, call_teacher, make_http_client,
-                                               stream_cache_key)
+from composer_pipeline.teachers.client import (
+    CallResult,
+    TeacherGuard,
+    answer_from_response,
+    call_teacher,
+    make_http_client,
+    stream_cache_key,
+)
 from composer_pipeline.teachers.anthropic import CacheHint
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
@@ -77,7 +83,11 @@ class CostPlan:
     @property
     def teachers_to_call(self) -> set[str]:
         """Teachers with at least one call the cache and the ledger cannot answer (the ones that need a key)."""
-        return {t for t, c in zip(self.table.column("teacher").to_pylist(), self.table.column("cached").to_pylist()) if not c}
+        return {
+            t
+            for t, c in zip(self.table.column("teacher").to_pylist(), self.table.column("cached").to_pylist())
+            if not c
+        }
 
 
 @dataclass
@@ -94,9 +104,19 @@ def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict]
     return body
 
 
-def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None,
-                 *, stream_id: str | None = None, order: int = 0, bytes_per_token: float | None = None,
-                 counter: Callable[[Any], int] | None = None, scale: float = 1.0) -> ReplayRequest:
+def make_request(
+    state_id: str,
+    session_key: str | None,
+    teacher: TeacherConfig,
+    messages: list[dict],
+    tools: list[dict] | None,
+    *,
+    stream_id: str | None = None,
+    order: int = 0,
+    bytes_per_token: float | None = None,
+    counter: Callable[[Any], int] | None = None,
+    scale: float = 1.0,
+) -> ReplayRequest:
     """One state × teacher request; fitted into the teacher's ``context_window`` when it has one (counted
     with ``counter``, the teacher's tokenizer, when given, else at ``bytes_per_token``)."""
     elided = cut = 0
@@ -104,15 +124,34 @@ def make_request(state_id: str, session_key: str | None, teacher: TeacherConfig,
     if teacher.context_window is not None:
         from composer_pipeline.render import FIT_BYTES_PER_TOKEN, fit_messages
 
-        fitted = fit_messages(messages, tools, teacher.context_window - teacher.max_tokens,
-                              bytes_per_token=bytes_per_token or FIT_BYTES_PER_TOKEN, step=teacher.fit_elide_step,
-                              count=counter, scale=scale)
+        fitted = fit_messages(
+            messages,
+            tools,
+            teacher.context_window - teacher.max_tokens,
+            bytes_per_token=bytes_per_token or FIT_BYTES_PER_TOKEN,
+            step=teacher.fit_elide_step,
+            count=counter,
+            scale=scale,
+        )
         source = (messages, tools)
         messages, elided, cut = fitted.messages, fitted.elided, fitted.cut
     body = request_body(teacher, messages, tools)
     est, worst = worst_case_usd(body, teacher)
-    return ReplayRequest(state_id, session_key, teacher, body, call_id(teacher.name, teacher.model, body, teacher.base_url),
-                         est, worst, stream_id, order, elided, cut, source, counter)
+    return ReplayRequest(
+        state_id,
+        session_key,
+        teacher,
+        body,
+        call_id(teacher.name, teacher.model, body, teacher.base_url),
+        est,
+        worst,
+        stream_id,
+        order,
+        elided,
+        cut,
+        source,
+        counter,
+    )
 
 
 def _legacy_id(r: ReplayRequest) -> str:
@@ -129,9 +168,18 @@ def refit(r: ReplayRequest) -> ReplayRequest | None:
         return None
     from composer_pipeline.render import FIT_BYTES_PER_TOKEN
 
-    tighter = make_request(r.state_id, r.session_key, r.teacher, r.source[0], r.source[1], stream_id=r.stream_id,
-                           order=r.order, bytes_per_token=FIT_BYTES_PER_TOKEN * REFIT_FACTOR, counter=r.counter,
-                           scale=1 / REFIT_FACTOR)
+    tighter = make_request(
+        r.state_id,
+        r.session_key,
+        r.teacher,
+        r.source[0],
+        r.source[1],
+        stream_id=r.stream_id,
+        order=r.order,
+        bytes_per_token=FIT_BYTES_PER_TOKEN * REFIT_FACTOR,
+        counter=r.counter,
+        scale=1 / REFIT_FACTOR,
+    )
     return dataclasses.replace(tighter, call_id=r.call_id)
 
 
@@ -153,12 +201,16 @@ def check_windows(config: TeachersConfig, render_opts) -> None:
     system_prompt = (render_opts or RenderOptions()).system_prompt
     for t in config.teachers:
         if t.context_window is not None and t.context_window < min_window(t.max_tokens, system_prompt):
-            raise ValueError(f"{config.source or 'teachers'}: teachers ({t.name}): context_window {t.context_window} is too small "
-                             f"for the system prompt ({len(system_prompt)} characters) plus one turn and max_tokens {t.max_tokens} "
-                             f"(needs at least {min_window(t.max_tokens, system_prompt)} tokens)")
+            raise ValueError(
+                f"{config.source or 'teachers'}: teachers ({t.name}): context_window {t.context_window} is too small "
+                f"for the system prompt ({len(system_prompt)} characters) plus one turn and max_tokens {t.max_tokens} "
+                f"(needs at least {min_window(t.max_tokens, system_prompt)} tokens)"
+            )
 
 
-def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
+def build_requests(
+    states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts
+) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
     """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
     from composer_pipeline.render import Conversation
 
@@ -173,23 +225,40 @@ def build_requests(states: pa.Table, messages: pa.Table, config: TeachersConfig,
         try:
             rs = render_prompt(conv, row, render_opts)
         except Exception as e:  # one bad state must not sink the partition: recorded per teacher
-            failed.append((row["state_id"], row.get("session_key"), f"render_error: {type(e).__name__}: {str(e)[:200]}"))
+            failed.append(
+                (row["state_id"], row.get("session_key"), f"render_error: {type(e).__name__}: {str(e)[:200]}")
+            )
             continue
         if not rs.messages:
             failed.append((row["state_id"], row.get("session_key"), "render_error: empty prompt"))
             continue
         for t in config.teachers:
-            reqs.append(make_request(row["state_id"], row.get("session_key"), t, rs.messages, rs.tools,
-                                     stream_id=row.get("stream_id"), order=int(row.get("n_prefix_messages") or 0),
-                                     counter=counters[t.name]))
+            reqs.append(
+                make_request(
+                    row["state_id"],
+                    row.get("session_key"),
+                    t,
+                    rs.messages,
+                    rs.tools,
+                    stream_id=row.get("stream_id"),
+                    order=int(row.get("n_prefix_messages") or 0),
+                    counter=counters[t.name],
+                )
+            )
     return reqs, failed
 
 
 # ---------------------------------------------------------------------------------------------
-def plan_requests(requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger) -> CostPlan:
+def plan_requests(
+    requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger
+) -> CostPlan:
     rows = {name: [] for name in tables.COST_PLAN.names}
     ledger.check_identities(config.identities(), register=False)  # a name reused for another endpoint: refused first
-    in_cache = {r.call_id for r in requests if _cache_get(cache, r.call_id) is not None or _cache_get(cache, _legacy_id(r)) is not None}
+    in_cache = {
+        r.call_id
+        for r in requests
+        if _cache_get(cache, r.call_id) is not None or _cache_get(cache, _legacy_id(r)) is not None
+    }
     in_ledger = ledger.answered_ids(sorted({r.call_id for r in requests} - in_cache))  # paid answers the cache lost
     legacy = ledger.answered_ids(sorted({_legacy_id(r) for r in requests if r.call_id not in in_cache | in_ledger}))
     in_ledger |= {r.call_id for r in requests if _legacy_id(r) in legacy}
@@ -231,18 +300,26 @@ def predict_cached(requests: list[ReplayRequest]) -> list[float]:
             r = requests[i]
             t = r.teacher
             msgs = r.body.get("messages") or []
-            tokens = int((len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))) / PREDICT_BYTES_PER_TOKEN)
+            tokens = int(
+                (len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))) / PREDICT_BYTES_PER_TOKEN
+            )
             extends = _extends(msgs, prev_msgs)
             reads = writes = 0
             if t.api == "anthropic":
                 if extends and prev_tokens >= ANTHROPIC_MIN_CACHED:
                     reads = prev_tokens
-                writes = tokens - reads if tokens >= ANTHROPIC_MIN_CACHED and n < len(idx) - 1 else 0  # the last one writes nothing
+                writes = (
+                    tokens - reads if tokens >= ANTHROPIC_MIN_CACHED and n < len(idx) - 1 else 0
+                )  # the last one writes nothing
             elif extends and prev_tokens >= OPENAI_MIN_CACHED:
                 reads = (min(prev_tokens, tokens) // OPENAI_CACHE_STEP) * OPENAI_CACHE_STEP
             uncached = max(0, tokens - reads - writes)
-            out[i] = (uncached * t.input_usd_per_mtok + reads * t.cached_price + writes * t.write_price
-                      + t.max_tokens * t.output_usd_per_mtok) / 1e6
+            out[i] = (
+                uncached * t.input_usd_per_mtok
+                + reads * t.cached_price
+                + writes * t.write_price
+                + t.max_tokens * t.output_usd_per_mtok
+            ) / 1e6
             prev_msgs, prev_tokens = msgs, tokens
     return out
 
@@ -253,9 +330,15 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
     ``cost_plan`` asset and its blocking check all read this one result."""
     worst_by = {t.name: 0.0 for t in config.teachers}
     predicted_by = {t.name: 0.0 for t in config.teachers}
-    predicted = plan.column("predicted_usd").to_pylist() if "predicted_usd" in plan.column_names else [None] * plan.num_rows
-    for teacher, cached, usd, pred in zip(plan.column("teacher").to_pylist(), plan.column("cached").to_pylist(),
-                                          plan.column("worst_case_usd").to_pylist(), predicted):
+    predicted = (
+        plan.column("predicted_usd").to_pylist() if "predicted_usd" in plan.column_names else [None] * plan.num_rows
+    )
+    for teacher, cached, usd, pred in zip(
+        plan.column("teacher").to_pylist(),
+        plan.column("cached").to_pylist(),
+        plan.column("worst_case_usd").to_pylist(),
+        predicted,
+    ):
         if not cached:
             worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
             predicted_by[teacher] = predicted_by.get(teacher, 0.0) + float(usd if pred is None else pred)
@@ -327,9 +410,18 @@ def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
         return None
 
 
-async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], cache: ResponseCache,
-                  ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None) -> tuple[list[CallResult], RunInfo]:
-    api_keys = clean_api_keys(config, api_keys)  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
+async def _replay(
+    requests: list[ReplayRequest],
+    config: TeachersConfig,
+    api_keys: dict[str, str | None],
+    cache: ResponseCache,
+    ledger: Ledger,
+    run_id: str,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[CallResult], RunInfo]:
+    api_keys = clean_api_keys(
+        config, api_keys
+    )  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
     ledger.outage_s = config.ledger_outage_s
     aledger = AsyncLedger(ledger, run_id, config.lease_s)
     sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
@@ -364,7 +456,9 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
             if rec is not None:
                 return _from_cache(rec, t)
         if t.api_key_env and not key:
-            return CallResult(status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set")
+            return CallResult(
+                status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set"
+            )
         if guards[t.name].disabled_reason:
             return CallResult(status="failed", reason=guards[t.name].disabled_reason)
         claim = await aledger.claim(r.call_id, t.name)  # waits while another live run is buying it
@@ -376,25 +470,50 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
                 pass
             return _from_cache(claim.record, t)
         try:
-            res = await call_teacher(clients[t.name], t, key, r.body, r.call_id, ledger=aledger, cache=cache, run_id=run_id,
-                                     ceiling_usd=config.ceiling_usd, semaphore=sems[t.name], guard=guards[t.name],
-                                     cache_key=stream_cache_key(r.stream_id), cache_hint=r.cache_hint)
+            res = await call_teacher(
+                clients[t.name],
+                t,
+                key,
+                r.body,
+                r.call_id,
+                ledger=aledger,
+                cache=cache,
+                run_id=run_id,
+                ceiling_usd=config.ceiling_usd,
+                semaphore=sems[t.name],
+                guard=guards[t.name],
+                cache_key=stream_cache_key(r.stream_id),
+                cache_hint=r.cache_hint,
+            )
             if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
                 # the provider counts more tokens than the fit did (not billed): one tighter refit, then skip
                 tighter = refit(r)
                 if tighter is not None:
-                    again = await call_teacher(clients[t.name], t, key, tighter.body, r.call_id, ledger=aledger, cache=cache,
-                                               run_id=run_id, ceiling_usd=config.ceiling_usd, semaphore=sems[t.name],
-                                               guard=guards[t.name], cache_key=stream_cache_key(r.stream_id),
-                                               cache_hint=dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None)
+                    again = await call_teacher(
+                        clients[t.name],
+                        t,
+                        key,
+                        tighter.body,
+                        r.call_id,
+                        ledger=aledger,
+                        cache=cache,
+                        run_id=run_id,
+                        ceiling_usd=config.ceiling_usd,
+                        semaphore=sems[t.name],
+                        guard=guards[t.name],
+                        cache_key=stream_cache_key(r.stream_id),
+                        cache_hint=dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None,
+                    )
                     again.attempts += res.attempts
                     again.cost_usd += res.cost_usd
                     again.reserved_usd += res.reserved_usd
                     again.elided_messages, again.cut_messages = tighter.elided_messages, tighter.cut_messages
                     res = again
                 if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
-                    res.reason = f"over_context_window: {'refitted once, ' if tighter is not None else ''}still too long for " \
-                                 f"{t.name} (context_window {t.context_window}): {res.reason}"
+                    res.reason = (
+                        f"over_context_window: {'refitted once, ' if tighter is not None else ''}still too long for "
+                        f"{t.name} (context_window {t.context_window}): {res.reason}"
+                    )
         except Exception as e:
             await aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
             raise
@@ -451,7 +570,7 @@ async def _replay(requests: list[ReplayRequest], config: TeachersConfig, api_key
 
 
 def _extends(msgs: list[dict], prev: list[dict] | None) -> bool:
-    return prev is not None and len(msgs) >= len(prev) and msgs[:len(prev)] == prev
+    return prev is not None and len(msgs) >= len(prev) and msgs[: len(prev)] == prev
 
 
 def with_cache_hints(requests: list[ReplayRequest]) -> list[ReplayRequest]:
@@ -488,7 +607,9 @@ async def _with_signals(coro):
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             previous = signal.getsignal(sig)
-            loop.add_signal_handler(sig, lambda s=sig: got or (got.append(s), task.cancel()))  # once: let finally finish
+            loop.add_signal_handler(
+                sig, lambda s=sig: got or (got.append(s), task.cancel())
+            )  # once: let finally finish
             installed[sig] = previous
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (e.g. inside a Dagster step)
             pass
@@ -505,16 +626,24 @@ async def _with_signals(coro):
                 signal.signal(sig, previous)
 
 
-def replay_requests(requests: list[ReplayRequest], config: TeachersConfig, api_keys: dict[str, str | None], *,
-                    cache: ResponseCache, ledger: Ledger, run_id: str, progress: Callable[[int, int], None] | None = None,
-                    extra_failed: Iterable[tuple[str, str | None, str]] = ()) -> ReplayResult:
+def replay_requests(
+    requests: list[ReplayRequest],
+    config: TeachersConfig,
+    api_keys: dict[str, str | None],
+    *,
+    cache: ResponseCache,
+    ledger: Ledger,
+    run_id: str,
+    progress: Callable[[int, int], None] | None = None,
+    extra_failed: Iterable[tuple[str, str | None, str]] = (),
+) -> ReplayResult:
     """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
     requests = with_cache_hints(requests)
     results, info = asyncio.run(_with_signals(_replay(requests, config, api_keys, cache, ledger, run_id, progress)))
     rows = [_row(r, res) for r, res in zip(requests, results)]
     for sid, skey, reason in extra_failed:
         for t in config.teachers:
-            stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)  # noqa: the fit fields keep their defaults
+            stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)  # the fit fields keep their defaults
             rows.append(_row(stub, CallResult(status="failed", reason=reason)) | {"call_id": None})
     table = tables.conform(pa.Table.from_pylist(rows, schema=tables.TEACHER_REPLAYS), "teacher_replays")
     return ReplayResult(table, replay_summary(table, info))
@@ -529,6 +658,7 @@ class ReplayRun:
     failed row per teacher); :meth:`plan` prices them (``cost_plan`` and the fit decision);
     :meth:`replay` sends them (``teacher_replays`` and :func:`run_report.replay_summary`).
     """
+
     config: TeachersConfig
     requests: list[ReplayRequest]
     unrendered: list[tuple[str, str | None, str]]  # (state_id, session_key, reason)
@@ -542,8 +672,23 @@ class ReplayRun:
         """Worst-case cost of these requests, net of what the cache and the ledger already hold."""
         return plan_requests(self.requests, self.config, cache, ledger)
 
-    def replay(self, api_keys: dict[str, str | None], *, cache: ResponseCache, ledger: Ledger, run_id: str,
-               progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    def replay(
+        self,
+        api_keys: dict[str, str | None],
+        *,
+        cache: ResponseCache,
+        ledger: Ledger,
+        run_id: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ReplayResult:
         """Ask every teacher for the next action at every state; one row per state × teacher."""
-        return replay_requests(self.requests, self.config, api_keys, cache=cache, ledger=ledger, run_id=run_id,
-                               progress=progress, extra_failed=self.unrendered)
+        return replay_requests(
+            self.requests,
+            self.config,
+            api_keys,
+            cache=cache,
+            ledger=ledger,
+            run_id=run_id,
+            progress=progress,
+            extra_failed=self.unrendered,
+        )

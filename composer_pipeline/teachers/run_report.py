@@ -60,20 +60,37 @@ def latency_summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
     v = sorted(float(x) for x in values)
-    return {"n": len(v), **{f"p{p}": round(nearest_rank(v, p), 3) for p in PERCENTILES},
-            "max": round(v[-1], 3), "mean": round(sum(v) / len(v), 3)}
+    return {
+        "n": len(v),
+        **{f"p{p}": round(nearest_rank(v, p), 3) for p in PERCENTILES},
+        "max": round(v[-1], 3),
+        "mean": round(sum(v) / len(v), 3),
+    }
 
 
 @dataclass
 class RunInfo:
     """What a replay run observed besides its rows (see the module docstring)."""
+
     reservation_waits: int = 0
     shared_answers: int = 0
     disabled_teachers: dict[str, str] = field(default_factory=dict)
 
 
-_COLUMNS = ["teacher", "status", "reason", "action", "cache_hit", "attempts", "latency_s", "paid_usd", "prompt_tokens",
-            "cached_tokens", "elided_messages", "cut_messages"]
+_COLUMNS = [
+    "teacher",
+    "status",
+    "reason",
+    "action",
+    "cache_hit",
+    "attempts",
+    "latency_s",
+    "paid_usd",
+    "prompt_tokens",
+    "cached_tokens",
+    "elided_messages",
+    "cut_messages",
+]
 
 
 def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, Any]:

@@ -63,8 +63,12 @@ class GreedyMemo:
 
     @staticmethod
     def key(path: Path, body: dict[str, Any], max_new: int) -> bytes:
-        canon = {"messages": body.get("messages"), "tools": body.get("tools") or None,
-                 "max_tokens": max_new, "stop": body.get("stop")}
+        canon = {
+            "messages": body.get("messages"),
+            "tools": body.get("tools") or None,
+            "max_tokens": max_new,
+            "stop": body.get("stop"),
+        }
         return str(Path(path).resolve()).encode() + b"\0" + orjson.dumps(canon, option=orjson.OPT_SORT_KEYS)
 
     def get(self, key: bytes) -> tuple[str, str, int, int] | None:
@@ -126,8 +130,12 @@ class PromptCache:
             self.misses += 1
             with torch.no_grad():
                 prefix = torch.tensor([ids[:-1]], dtype=torch.long)
-                kv = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=DynamicCache(),
-                           use_cache=True).past_key_values
+                kv = model(
+                    input_ids=prefix,
+                    attention_mask=torch.ones_like(prefix),
+                    past_key_values=DynamicCache(),
+                    use_cache=True,
+                ).past_key_values
             self._data[key] = kv
             while len(self._data) > self.max_entries:
                 self._data.popitem(last=False)
@@ -195,11 +203,15 @@ class LocalModel:
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_new, "total_tokens": n_prompt + n_new},
         }, how
 
-    def _generate(self, body: dict[str, Any], messages: list[dict[str, Any]], max_new: int, temperature: float,
-                  torch: Any) -> tuple[str, str, int, int]:
+    def _generate(
+        self, body: dict[str, Any], messages: list[dict[str, Any]], max_new: int, temperature: float, torch: Any
+    ) -> tuple[str, str, int, int]:
         ids = self.prompt_ids(messages, body.get("tools"), max_new)
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new, "do_sample": temperature > 0,
-                                      "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
+        gen_kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "do_sample": temperature > 0,
+            "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+        }
         if temperature > 0:
             gen_kwargs["temperature"] = temperature
             if body.get("top_p") is not None:
@@ -247,11 +259,26 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         path = self.path.split("?")[0].rstrip("/")
         if path in ("/health", "/v1/health"):
-            caches = {n: m.prompt_cache.stats() for n, m in sorted(self.server.models.items()) if m.prompt_cache is not None}
-            self._json(200, {"status": "ok", "models": sorted(self.server.models), "greedy_memo": self.server.memo.stats(),
-                             "prompt_cache": caches})
+            caches = {
+                n: m.prompt_cache.stats() for n, m in sorted(self.server.models.items()) if m.prompt_cache is not None
+            }
+            self._json(
+                200,
+                {
+                    "status": "ok",
+                    "models": sorted(self.server.models),
+                    "greedy_memo": self.server.memo.stats(),
+                    "prompt_cache": caches,
+                },
+            )
         elif path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "local"} for n in sorted(self.server.models)]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": n, "object": "model", "owned_by": "local"} for n in sorted(self.server.models)],
+                },
+            )
         else:
             self._error(404, f"no route {path}", "not_found")
 
@@ -282,7 +309,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         model = self.server.models.get(body.get("model"))
         if model is None:
-            self._error(404, f"model {body.get('model')!r} not served; serving {sorted(self.server.models)}", "model_not_found")
+            self._error(
+                404, f"model {body.get('model')!r} not served; serving {sorted(self.server.models)}", "model_not_found"
+            )
             return
         if body.get("stream"):
             self._error(400, "stream=true is not supported", "invalid_request_error")
@@ -320,8 +349,12 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/v1"
 
 
-def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024,
-                memo_size: int = MEMO_SIZE, prompt_cache_size: int = PROMPT_CACHE_SIZE) -> dict[str, LocalModel]:
+def load_models(
+    models: dict[str, str | Path],
+    max_prompt_tokens: int = 1024,
+    memo_size: int = MEMO_SIZE,
+    prompt_cache_size: int = PROMPT_CACHE_SIZE,
+) -> dict[str, LocalModel]:
     """Served name -> loaded model; names resolving to one directory share the weights, the lock and
     the (server-wide) greedy memo. ``memo_size`` 0 turns the memo off."""
     from composer_pipeline.models import resolve_model
@@ -341,8 +374,15 @@ def load_models(models: dict[str, str | Path], max_prompt_tokens: int = 1024,
     return out
 
 
-def make_server(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *, max_prompt_tokens: int = 1024,
-                log: Callable[[str], None] | None = None, memo_size: int = MEMO_SIZE) -> TeacherHTTPServer:
+def make_server(
+    models: dict[str, str | Path],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    max_prompt_tokens: int = 1024,
+    log: Callable[[str], None] | None = None,
+    memo_size: int = MEMO_SIZE,
+) -> TeacherHTTPServer:
     return TeacherHTTPServer(load_models(models, max_prompt_tokens, memo_size), host, port, log)
 
 
@@ -358,8 +398,9 @@ def process_alive(pid: int) -> bool:
 OWNER_GONE_GRACE_S = 120.0  # answers in flight when the owning process went: finished first, within this
 
 
-def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int | None,
-           on_exit: Callable[[str], None] | None) -> None:
+def _watch(
+    srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int | None, on_exit: Callable[[str], None] | None
+) -> None:
     """Stop the server when it has been idle too long, or when the process it belongs to is gone.
 
     Idle counts from the end of the last completion and only while none is in flight: shutting down
@@ -386,9 +427,17 @@ def _watch(srv: TeacherHTTPServer, idle_exit_s: float | None, exit_with_pid: int
         time.sleep(1.0 if exit_with_pid or busy else min(5.0, max(0.2, idle_exit_s - idle)))
 
 
-def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 8765, *, max_prompt_tokens: int = 1024,
-          on_ready: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None,
-          idle_exit_s: float | None = None, exit_with_pid: int | None = None) -> None:
+def serve(
+    models: dict[str, str | Path],
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    max_prompt_tokens: int = 1024,
+    on_ready: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    idle_exit_s: float | None = None,
+    exit_with_pid: int | None = None,
+) -> None:
     """Load the models and serve until interrupted, until ``idle_exit_s`` pass without a completion
     request, or until process ``exit_with_pid`` exits (the Dagster resource starts it so: a server a UI
     run started goes with the code location and does not outlive its use)."""
@@ -396,8 +445,12 @@ def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 87
     if on_ready:
         on_ready(srv.url)
     if idle_exit_s or exit_with_pid:
-        threading.Thread(target=_watch, args=(srv, idle_exit_s, exit_with_pid, lambda m: print(m, flush=True)),
-                         daemon=True, name="exit-watch").start()
+        threading.Thread(
+            target=_watch,
+            args=(srv, idle_exit_s, exit_with_pid, lambda m: print(m, flush=True)),
+            daemon=True,
+            name="exit-watch",
+        ).start()
     try:
         srv.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
@@ -406,8 +459,9 @@ def serve(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 87
         srv.server_close()
 
 
-def start_server_thread(models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *,
-                        max_prompt_tokens: int = 1024) -> tuple[str, Callable[[], None]]:
+def start_server_thread(
+    models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *, max_prompt_tokens: int = 1024
+) -> tuple[str, Callable[[], None]]:
     """Serve in a daemon thread; returns (base URL ending in /v1, stop function)."""
     srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens)
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="teacher-server")

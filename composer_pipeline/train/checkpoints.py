@@ -87,7 +87,9 @@ def write_checkpoint(
         "train_seconds": train_seconds,
         "mean_step_seconds": sum(r["step_time_s"] for r in losses) / max(len(losses), 1),
         "channels_off": off,
-        "final": {ch: next((r[ch] for r in reversed(losses) if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
+        "final": {
+            ch: next((r[ch] for r in reversed(losses) if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")
+        },
         "first": {ch: next((r[ch] for r in losses if r.get(ch) is not None), None) for ch in (*CHANNELS, "total")},
         "data": data_summary,
         "ln2_check": None,

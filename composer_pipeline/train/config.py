@@ -27,7 +27,9 @@ from composer_pipeline.train.hints import HintTemplates
 @dataclass
 class Weights:
     grpo: float = setting(1.0, help="weight of the GRPO term; 0 turns channel 1 off")
-    alpha: float = setting(0.5, help="α: weight of the hint self-distillation JSD at error sites; 0 turns channel 2 off")
+    alpha: float = setting(
+        0.5, help="α: weight of the hint self-distillation JSD at error sites; 0 turns channel 2 off"
+    )
     beta: float = setting(0.5, help="β: weight of the DPO term on normalized pairs; 0 turns channel 3 off")
 
 
@@ -45,34 +47,45 @@ class GRPOSection:
     )
     reward_weights: list[float] | None = setting(None, help="one float per reward; null = all 1.0")
     data_order: Literal["error_sites_first", "shuffled"] = setting(
-        "error_sites_first", help="order of the GRPO prompts (TRL does not reshuffle them): error_sites_first (each "
+        "error_sites_first",
+        help="order of the GRPO prompts (TRL does not reshuffle them): error_sites_first (each "
         "step's block holds an error site when possible, so the hint channel has inputs) | shuffled (a seeded shuffle: "
-        "the control for what that order alone does)")
+        "the control for what that order alone does)",
+    )
 
 
 @dataclass
 class SDPOSection:
-    jsd_beta: float = setting(0.5, help="generalized-JSD β: 0 forward KL(teacher‖student), 1 reverse KL(student‖teacher)")
+    jsd_beta: float = setting(
+        0.5, help="generalized-JSD β: 0 forward KL(teacher‖student), 1 reverse KL(student‖teacher)"
+    )
     temperature: float = setting(1.0, help="softmax temperature for both distributions")
     teacher: Literal["current", "initial"] = setting(
-        "initial", help="the hinted teacher: current (the policy being trained, SDPO's self-teacher) | initial (a frozen "
+        "initial",
+        help="the hinted teacher: current (the policy being trained, SDPO's self-teacher) | initial (a frozen "
         "copy of the starting policy, OPSD's step-0 teacher; with LoRA the adapters disabled): it cannot drift with the "
-        "student, so the two cannot meet at ignoring the hint")
-    hint: HintTemplates = setting(factory=HintTemplates, help="corrective hint templates; fields {agent} {error} {consensus}")
+        "student, so the two cannot meet at ignoring the hint",
+    )
+    hint: HintTemplates = setting(
+        factory=HintTemplates, help="corrective hint templates; fields {agent} {error} {consensus}"
+    )
 
 
 @dataclass
 class DPOSection:
     variant: Literal["dpo", "simpo"] = setting(
-        "dpo", help="dpo (sigmoid loss, frozen copy of the starting policy as reference) | simpo (reference-free)")
+        "dpo", help="dpo (sigmoid loss, frozen copy of the starting policy as reference) | simpo (reference-free)"
+    )
     beta: float = setting(0.1, help="DPO β (inverse temperature of the implicit reward; not the channel weight)")
     label_smoothing: float = setting(0.0, help="cDPO ε; 0 = plain DPO (first-step loss is exactly ln 2)")
     simpo_beta: float = setting(2.0, help="SimPO β (variant: simpo)")
     simpo_gamma: float = setting(0.5, help="SimPO target margin γ (variant: simpo)")
     sft_weight: float = setting(
-        0.0, help="weight of a negative log-likelihood term on the chosen completions (token mean), added to the "
+        0.0,
+        help="weight of a negative log-likelihood term on the chosen completions (token mean), added to the "
         "preference loss: TRL's DPOConfig loss_type ['sigmoid', 'sft'] with loss_weights [1, w] (RPO, Pang et al. 2024, "
-        "arXiv:2404.19733); keeps the chosen answers likely while the margin grows. 0 = off")
+        "arXiv:2404.19733); keeps the chosen answers likely while the margin grows. 0 = off",
+    )
     batch_size: int = setting(2, help="pairs per step")
     max_completion_tokens: int = setting(64, help="chosen/rejected answers keep their first N tokens")
 
@@ -82,9 +95,11 @@ class DataSection:
     max_prompt_tokens: int = setting(384, help="prompts keep their last N tokens")
     heldout_fraction: float = setting(0.2, help="sha256(state_id) split; held-out states feed `train eval`")
     include_unpaired_states: bool = setting(
-        True, help="trace states with no pair row (no replay yet) become GRPO/SDPO prompts too")
+        True, help="trace states with no pair row (no replay yet) become GRPO/SDPO prompts too"
+    )
     render_recipe: str | None = setting(
-        None, help="YAML with a `render:` section (e.g. recipes/ingest.yaml); null = render defaults")
+        None, help="YAML with a `render:` section (e.g. recipes/ingest.yaml); null = render defaults"
+    )
 
 
 @dataclass
@@ -110,20 +125,25 @@ class EvalSection:
     max_prompts: int = setting(16, help="held-out prompts scored for reward / hint-JSD")
     max_new_tokens: int = setting(32, help="tokens generated per held-out prompt")
     min_rows_to_measure: int = setting(
-        30, help="held-out rows (pairs or prompts) below which an evaluation measures nothing: the no_regression "
-        "check says so instead of passing, and the demo prints that its training is a smoke run")
+        30,
+        help="held-out rows (pairs or prompts) below which an evaluation measures nothing: the no_regression "
+        "check says so instead of passing, and the demo prints that its training is a smoke run",
+    )
 
 
 @dataclass
 class ScheduleSection:
     cron: str = setting(
-        "0 3 * * *", help="when the Dagster `nightly_training` schedule retrains (UTC); the one home of the training cron")
+        "0 3 * * *",
+        help="when the Dagster `nightly_training` schedule retrains (UTC); the one home of the training cron",
+    )
 
 
 @dataclass
 class TrainRecipe:
     model: str | None = setting(
-        None, help='HF model name, local path, "tiny" or "local:smollm2-135m-instruct" (`--model` overrides)')
+        None, help='HF model name, local path, "tiny" or "local:smollm2-135m-instruct" (`--model` overrides)'
+    )
     weights: Weights = setting(factory=Weights, help="channel weights: total = grpo·GRPO + alpha·SDPO + beta·DPO")
     grpo: GRPOSection = setting(factory=GRPOSection, help="channel 1: GRPO with verifiable rewards (TRL)")
     sdpo: SDPOSection = setting(factory=SDPOSection, help="channel 2: hint self-distillation at error sites")

@@ -184,7 +184,9 @@ def load_train_data(
     return data
 
 
-def _add_unpaired_states(store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, render_recipe: str | None) -> None:
+def _add_unpaired_states(
+    store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, render_recipe: str | None
+) -> None:
     from composer_pipeline.render import Conversation, RenderOptions, render_state
 
     states = store.read_table("trace_states")
@@ -258,7 +260,9 @@ def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_
         out.append(
             {
                 "prompt": render_prompt(tokenizer, r.messages, r.tools, max_prompt_tokens),
-                "hint_prompt": render_prompt(tokenizer, with_hint(r.messages, r.hint, hint_role), r.tools, max_prompt_tokens)
+                "hint_prompt": render_prompt(
+                    tokenizer, with_hint(r.messages, r.hint, hint_role), r.tools, max_prompt_tokens
+                )
                 if r.hint
                 else "",
                 "state_id": r.state_id,
@@ -280,8 +284,12 @@ def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
     out = []
     for i in range(0, len(pairs), bs):
         chunk = pairs[i : i + bs]
-        shared = [tokenizer(render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens),
-                            add_special_tokens=False)["input_ids"] for p in chunk]  # one prompt per pair, both sides
+        shared = [
+            tokenizer(
+                render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens), add_special_tokens=False
+            )["input_ids"]
+            for p in chunk
+        ]  # one prompt per pair, both sides
         prompts, comps = [], []
         for side in ("chosen_text", "rejected_text"):
             for p, prompt in zip(chunk, shared):
@@ -298,4 +306,3 @@ def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
             }
         )
     return out
-

@@ -78,14 +78,27 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
             prompts, comps = [], []
             for side in ("chosen_text", "rejected_text"):
                 for p in pairs:
-                    prompts.append(tok(render_prompt(tok, p.messages, p.tools, recipe.data.max_prompt_tokens), add_special_tokens=False)["input_ids"])
-                    comps.append(tok(getattr(p, side) + eos, add_special_tokens=False)["input_ids"][: recipe.dpo.max_completion_tokens])
+                    prompts.append(
+                        tok(
+                            render_prompt(tok, p.messages, p.tools, recipe.data.max_prompt_tokens),
+                            add_special_tokens=False,
+                        )["input_ids"]
+                    )
+                    comps.append(
+                        tok(getattr(p, side) + eos, add_special_tokens=False)["input_ids"][
+                            : recipe.dpo.max_completion_tokens
+                        ]
+                    )
             pi, pm = _pad_left(prompts, pad)
             ci, cm = _pad_right(comps, pad)
             lp = completion_logps(model, pi.to(dev), pm.to(dev), ci.to(dev), cm.to(dev)).float().cpu()
             n = len(pairs)
             margin = lp[:n] - lp[n:]
-            out["preference_accuracy"] = {"value": float((margin > 0).float().mean()), "mean_margin": float(margin.mean()), "n": n}
+            out["preference_accuracy"] = {
+                "value": float((margin > 0).float().mean()),
+                "mean_margin": float(margin.mean()),
+                "n": n,
+            }
         else:
             out["preference_accuracy"] = {"value": None, "n": 0, "reason": "no held-out pairs"}
 
@@ -96,10 +109,13 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
             enc = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in recs]
             pi, pm = _pad_left(enc, pad)
             gen = model.generate(
-                input_ids=pi.to(dev), attention_mask=pm.to(dev), do_sample=False,
-                max_new_tokens=recipe.eval.max_new_tokens, pad_token_id=pad,
+                input_ids=pi.to(dev),
+                attention_mask=pm.to(dev),
+                do_sample=False,
+                max_new_tokens=recipe.eval.max_new_tokens,
+                pad_token_id=pad,
             )
-            comp_ids = gen[:, pi.size(1):].cpu()
+            comp_ids = gen[:, pi.size(1) :].cpu()
             texts = tok.batch_decode(comp_ids, skip_special_tokens=True)
             kwargs = {k: [r[k] for r in recs] for k in recs[0] if k != "prompt"}
             per_fn: dict[str, Any] = {}
@@ -120,7 +136,9 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
                 cids = [c or [tok.eos_token_id] for c in cids]
                 ci, cm = _pad_right(cids, pad)
                 si, sm = _pad_left([enc[i] for i in idx], pad)
-                hi, hm = _pad_left([tok(recs[i]["hint_prompt"], add_special_tokens=False)["input_ids"] for i in idx], pad)
+                hi, hm = _pad_left(
+                    [tok(recs[i]["hint_prompt"], add_special_tokens=False)["input_ids"] for i in idx], pad
+                )
                 s = completion_logits(model, si.to(dev), sm.to(dev), ci.to(dev), cm.to(dev))
                 t = completion_logits(model, hi.to(dev), hm.to(dev), ci.to(dev), cm.to(dev))
                 jsd = generalized_jsd(s, t, cm.to(dev), beta=recipe.sdpo.jsd_beta, temperature=recipe.sdpo.temperature)
@@ -147,8 +165,10 @@ def measured(metrics: dict[str, Any], min_rows: int) -> tuple[bool, int]:
 def smoke_line(train_pairs: int | None, eval_rows: int, min_rows: int) -> str:
     """The one plain line for an evaluation too small to measure learning."""
     pairs = "?" if train_pairs is None else str(train_pairs)
-    return (f"eval: a smoke run: training saw {pairs} DPO pairs and the evaluation {eval_rows} held-out rows "
-            f"(fewer than {min_rows}), too few to measure learning; `{LEARNING_COMMAND}` measures it (bench/RESULTS.md)")
+    return (
+        f"eval: a smoke run: training saw {pairs} DPO pairs and the evaluation {eval_rows} held-out rows "
+        f"(fewer than {min_rows}), too few to measure learning; `{LEARNING_COMMAND}` measures it (bench/RESULTS.md)"
+    )
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], *, tolerance: float = 0.0) -> dict[str, Any]:

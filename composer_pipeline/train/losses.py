@@ -41,7 +41,9 @@ def generalized_jsd(
     the targeted span. Returns a scalar; 0 (with a gradient path) when the mask is empty.
     """
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"student {tuple(student_logits.shape)} and teacher {tuple(teacher_logits.shape)} logits differ")
+        raise ValueError(
+            f"student {tuple(student_logits.shape)} and teacher {tuple(teacher_logits.shape)} logits differ"
+        )
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"jsd beta must be in [0, 1], got {beta}")
     log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
@@ -52,7 +54,9 @@ def generalized_jsd(
     elif beta == 1.0:  # KL(S || T)
         per_token = (log_s.exp() * (log_s - log_t)).sum(-1)
     else:
-        log_m = torch.logsumexp(torch.stack([log_t + torch.log(torch.tensor(beta)), log_s + torch.log1p(torch.tensor(-beta))]), dim=0)
+        log_m = torch.logsumexp(
+            torch.stack([log_t + torch.log(torch.tensor(beta)), log_s + torch.log1p(torch.tensor(-beta))]), dim=0
+        )
         kl_t = (log_t.exp() * (log_t - log_m)).sum(-1)
         kl_s = (log_s.exp() * (log_s - log_m)).sum(-1)
         per_token = beta * kl_t + (1.0 - beta) * kl_s
@@ -135,7 +139,9 @@ def completion_token_logps(model, prompt_ids, prompt_mask, completion_ids, compl
     return token_logps(logits, completion_ids) * completion_mask
 
 
-def completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, average: bool = False) -> torch.Tensor:
+def completion_logps(
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, average: bool = False
+) -> torch.Tensor:
     """Per-sequence summed (or mean, ``average=True``) completion log-probs ``(B,)``."""
     total = completion_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask).sum(-1)
     if average:

@@ -12,7 +12,9 @@ def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
     :func:`composer_pipeline.models.resolve_model` (built/converted once, cached, so
     training and evaluation see the same base model); anything else is a path or hub name as given."""
     if not model:
-        raise ValueError("no model: pass --model PATH (or 'tiny', 'local:smollm2-135m-instruct') or set `model:` in the recipe")
+        raise ValueError(
+            "no model: pass --model PATH (or 'tiny', 'local:smollm2-135m-instruct') or set `model:` in the recipe"
+        )
     name = model.split(":", 1)[1] if model.startswith("local:") else model
     if not Path(model).is_dir():
         from composer_pipeline.models import KNOWN, resolve_model
@@ -40,7 +42,9 @@ def load_policy(model_path: str):
         # a plain safetensors copy of a dequantized GGUF model keeps the GGUF marker in its config;
         # the weights are ordinary floats, so the model is trainable once the marker is dropped
         del config.quantization_config
-    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.bfloat16 if cuda else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, config=config, dtype=torch.bfloat16 if cuda else torch.float32
+    )
     if cuda:
         model = model.to("cuda")
     return tok, model
@@ -54,5 +58,9 @@ def lora_config(lora):
     from peft import LoraConfig
 
     return LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM",
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
     )

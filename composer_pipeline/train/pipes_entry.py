@@ -61,8 +61,13 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
         with PipesDefaultContextLoader().load_context(PipesEnvVarParamsLoader().load_context_params()) as ctx:
             extras = dict(ctx["extras"])  # read only: rank 0's session reports for all ranks
         steps = extras.get("steps")
-        train(extras["data_root"], extras["recipe"], model=extras.get("model"),
-              steps=int(steps) if steps is not None else None, out_dir=Path(extras["out_dir"]))
+        train(
+            extras["data_root"],
+            extras["recipe"],
+            model=extras.get("model"),
+            steps=int(steps) if steps is not None else None,
+            out_dir=Path(extras["out_dir"]),
+        )
         return 0
     if pipes_env in os.environ:  # launched by PipesSubprocessClient
         with open_dagster_pipes() as pipes:
@@ -85,8 +90,14 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
     p.add_argument("--out-dir", required=True, type=Path)
     a = p.parse_args(argv)
     say = main_rank
-    res = train(a.data_root, a.recipe, model=a.model, steps=a.steps, out_dir=a.out_dir,
-                on_step=(lambda r: print(json.dumps(r), flush=True)) if say else None)
+    res = train(
+        a.data_root,
+        a.recipe,
+        model=a.model,
+        steps=a.steps,
+        out_dir=a.out_dir,
+        on_step=(lambda r: print(json.dumps(r), flush=True)) if say else None,
+    )
     if say:
         print(json.dumps({"materialization": _metadata(res)}))
     return 0

@@ -49,7 +49,9 @@ def plot_channels(losses: list[dict[str, Any]], out: Path) -> Path | None:
     return Path(out)
 
 
-def plot_losses(losses: list[dict[str, Any]], out_dir: Path, *, off_reasons: dict[str, str] | None = None) -> dict[str, Path]:
+def plot_losses(
+    losses: list[dict[str, Any]], out_dir: Path, *, off_reasons: dict[str, str] | None = None
+) -> dict[str, Path]:
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,9 @@ def valid_action(prompts: list, completions: list, **kwargs: Any) -> list[float 
     return [1.0 if _parse(_text(c)) is not None else 0.0 for c in completions]
 
 
-def known_tool(prompts: list, completions: list, tool_names: list[list[str]] | None = None, **kwargs: Any) -> list[float | None]:
+def known_tool(
+    prompts: list, completions: list, tool_names: list[list[str]] | None = None, **kwargs: Any
+) -> list[float | None]:
     out: list[float | None] = []
     for i, c in enumerate(completions):
         action = _parse(_text(c))
@@ -70,7 +72,9 @@ def known_tool(prompts: list, completions: list, tool_names: list[list[str]] | N
     return out
 
 
-def consensus_match(prompts: list, completions: list, consensus: list[str] | None = None, **kwargs: Any) -> list[float | None]:
+def consensus_match(
+    prompts: list, completions: list, consensus: list[str] | None = None, **kwargs: Any
+) -> list[float | None]:
     from composer_pipeline.pairs.signature import SignatureRules, same_decision
 
     rules = SignatureRules()
@@ -85,7 +89,9 @@ def consensus_match(prompts: list, completions: list, consensus: list[str] | Non
     return out
 
 
-def format_shaped(prompts: list, completions: list, consensus_text: list[str] | None = None, **kwargs: Any) -> list[float | None]:
+def format_shaped(
+    prompts: list, completions: list, consensus_text: list[str] | None = None, **kwargs: Any
+) -> list[float | None]:
     out: list[float | None] = []
     for i, c in enumerate(completions):
         text = _text(c)

@@ -42,7 +42,12 @@ def reduce_over_ranks(rec: dict[str, Any], world: int) -> dict[str, Any]:
 
 
 def step_record(
-    pend: list[dict[str, Any]], channels: Channels, states: list[str], train_metrics: dict[str, list], step: int, step_time: float
+    pend: list[dict[str, Any]],
+    channels: Channels,
+    states: list[str],
+    train_metrics: dict[str, list],
+    step: int,
+    step_time: float,
 ) -> dict[str, Any]:
     """Average one optimizer step's micro-batch records into the logged JSON line (``train_metrics``:
     TRL's per-mode metric lists, of which the latest ``reward``/``reward_std`` are logged)."""
@@ -91,7 +96,9 @@ class StepLog(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         tr = self.trainer
         pend, tr.pending = tr.pending, []
-        rec = step_record(pend, tr.channels, tr.batch_states, tr._metrics["train"], state.global_step, time.perf_counter() - self.t0)
+        rec = step_record(
+            pend, tr.channels, tr.batch_states, tr._metrics["train"], state.global_step, time.perf_counter() - self.t0
+        )
         self.losses.append(rec)
         if self.on_step is not None:
             self.on_step(rec)

@@ -116,10 +116,27 @@ class ThreeChannelTrainer(RowSeededRollouts):
         return out
 
     # with SDPO on, the GRPO forward also hands back its completion logits (student = policy)
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
+    ):
         if not self._capture:
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **kwargs,
             )
         with self.accelerator.autocast():
             logits = last_token_logits(model, input_ids, attention_mask, logits_to_keep)
@@ -152,7 +169,9 @@ class ThreeChannelTrainer(RowSeededRollouts):
             else:
                 with torch.no_grad():
                     ref = self._at_start(model, completion_logps, *args)
-                loss, margins = dpo_sigmoid_loss(pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing)
+                loss, margins = dpo_sigmoid_loss(
+                    pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing
+                )
         nll = chosen_nll(tok_lp[:n], mask[:n]) if r.sft_weight else None
         if nll is not None:
             loss = loss + r.sft_weight * nll
@@ -197,21 +216,31 @@ class ThreeChannelTrainer(RowSeededRollouts):
             rec["grpo"] = float(g.detach()) * ga
 
         if sdpo_now or stand_in:
-            idx = has_hint.nonzero().squeeze(-1) if sdpo_now else torch.zeros(1, dtype=torch.long, device=has_hint.device)
+            idx = (
+                has_hint.nonzero().squeeze(-1) if sdpo_now else torch.zeros(1, dtype=torch.long, device=has_hint.device)
+            )
             c_ids, c_mask = inputs["completion_ids"][idx], inputs["completion_mask"][idx]
-            hint_ids, hint_mask = (inputs["hint_ids"][idx], inputs["hint_mask"][idx]) if sdpo_now else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
+            hint_ids, hint_mask = (
+                (inputs["hint_ids"][idx], inputs["hint_mask"][idx])
+                if sdpo_now
+                else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
+            )
             if stand_in:
                 c_mask = torch.zeros_like(c_mask)  # generalized_jsd of an empty span: 0 with a gradient path
             student = self._captured_logits
             self._captured_logits = None
             with self.accelerator.autocast():
                 if student is None:  # GRPO off: the student forward is the only one
-                    student = completion_logits(model, inputs["prompt_ids"][idx], inputs["prompt_mask"][idx], c_ids, c_mask)
+                    student = completion_logits(
+                        model, inputs["prompt_ids"][idx], inputs["prompt_mask"][idx], c_ids, c_mask
+                    )
                 else:
                     student = student[idx]
                 with torch.no_grad():
                     teacher = self._hint_teacher_logits(model, hint_ids, hint_mask, c_ids, c_mask)
-            jsd = generalized_jsd(student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature)
+            jsd = generalized_jsd(
+                student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature
+            )
             if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
                 jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
             term = w.alpha * jsd / ga
@@ -286,7 +315,9 @@ def build_trainer(
     )
     if not data.prompts:
         raise ValueError(f"no training prompts under {data_root} (after the held-out split): {data.summary()}")
-    channels = decide_channels(recipe.weights, has_error_sites=any(p.hint for p in data.prompts), has_pairs=bool(data.pairs))
+    channels = decide_channels(
+        recipe.weights, has_error_sites=any(p.hint for p in data.prompts), has_pairs=bool(data.pairs)
+    )
 
     tok, policy = load_policy(model_path)
     cuda = torch.cuda.is_available()
@@ -301,7 +332,9 @@ def build_trainer(
         distributed.per_rank_rows(recipe.dpo.batch_size, rank.world, "dpo.batch_size")
         dpo_batches = distributed.shard_dpo_batches(dpo_batches, rank.rank, rank.world)
     start_copy = None
-    needs_start = (channels.on("dpo") and recipe.dpo.variant == "dpo") or (channels.on("sdpo") and recipe.sdpo.teacher == "initial")
+    needs_start = (channels.on("dpo") and recipe.dpo.variant == "dpo") or (
+        channels.on("sdpo") and recipe.sdpo.teacher == "initial"
+    )
     if needs_start and not recipe.lora.enabled:
         start_copy = copy.deepcopy(policy).eval().requires_grad_(False)
 
@@ -359,13 +392,27 @@ def train(
     rank = distributed.current()
     if not rank.main:  # rank 0 alone writes the checkpoint (all ranks hold the same weights)
         distributed.barrier()
-        return TrainResult(checkpoint=ckpt, metrics={"rank": rank.rank, "world_size": rank.world, "steps": len(losses)}, losses=losses, plots={})
+        return TrainResult(
+            checkpoint=ckpt,
+            metrics={"rank": rank.rank, "world_size": rank.world, "steps": len(losses)},
+            losses=losses,
+            plots={},
+        )
     final = trainer.model
     if recipe.lora.enabled:
         final = trainer.accelerator.unwrap_model(final).merge_and_unload()
     metrics, plots = write_checkpoint(
-        ckpt, final, tok, recipe, losses, off=built.channels.off_reasons, data_summary=built.data.summary(),
-        model_path=built.model_path, cuda=built.cuda, world_size=rank.world, train_seconds=train_s,
+        ckpt,
+        final,
+        tok,
+        recipe,
+        losses,
+        off=built.channels.off_reasons,
+        data_summary=built.data.summary(),
+        model_path=built.model_path,
+        cuda=built.cuda,
+        world_size=rank.world,
+        train_seconds=train_s,
     )
     shutil.rmtree(out_dir / "trainer", ignore_errors=True)
     distributed.barrier()  # the other ranks return once the checkpoint is complete

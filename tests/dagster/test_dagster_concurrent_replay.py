@@ -53,21 +53,41 @@ def test_concurrent_partitions_without_a_pool(backend, tmp_path, scripted_server
     keys = [f"-home-dev-proj__{sid}" for sid in SIDS]
     home = tmp_path / "dagster_home"
     home.mkdir()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": f"{repo_root}:{repo_root / 'tests' / 'dagster'}",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "PYTHONPATH": f"{repo_root}:{repo_root / 'tests' / 'dagster'}",
+        "OMP_NUM_THREADS": "1",
+    }
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_dynamic_partitions("sessions", keys)
     teachers = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url, n=2)
     if backend == "sqlite":
         ledger_path = str(tmp_path / "ledger.sqlite")
     else:
-        ledger_path = request.getfixturevalue("postgres_server").create_database(f"ledger_{tmp_path.name[-20:].lower()}")
+        ledger_path = request.getfixturevalue("postgres_server").create_database(
+            f"ledger_{tmp_path.name[-20:].lower()}"
+        )
     procs = []
     for k, key in enumerate([keys[0], keys[1], keys[0]]):  # keys[0] twice, at the same time
-        a = {"key": key, "store": str(tmp_path / f"store{k}"), "root": str(root), "teachers": str(teachers),
-             "cache": str(tmp_path / "cache"), "ledger": str(ledger_path)}
-        procs.append(subprocess.Popen([sys.executable, "-c", _RUN, json.dumps(a)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env, cwd=str(repo_root)))
+        a = {
+            "key": key,
+            "store": str(tmp_path / f"store{k}"),
+            "root": str(root),
+            "teachers": str(teachers),
+            "cache": str(tmp_path / "cache"),
+            "ledger": str(ledger_path),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _RUN, json.dumps(a)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=str(repo_root),
+            )
+        )
     results = []
     for p in procs:
         out, err = p.communicate(timeout=300)

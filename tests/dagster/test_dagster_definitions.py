@@ -8,9 +8,20 @@ def test_definitions_load_and_resolve():
 
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {
-        "raw_sessions", "trace_states", "trace_messages", "quarantine", "cost_plan", "teacher_replays",
-        "dpo_pairs", "agreement_positives", "pairs_dropped_at_build", "normalized_dpo_pairs", "dropped_pairs", "training_set",
-        "trained_policy", "policy_eval",
+        "raw_sessions",
+        "trace_states",
+        "trace_messages",
+        "quarantine",
+        "cost_plan",
+        "teacher_replays",
+        "dpo_pairs",
+        "agreement_positives",
+        "pairs_dropped_at_build",
+        "normalized_dpo_pairs",
+        "dropped_pairs",
+        "training_set",
+        "trained_policy",
+        "policy_eval",
     } <= keys
     repo = defs.get_repository_def()
     assert repo.get_sensor_def("sessions_sensor")

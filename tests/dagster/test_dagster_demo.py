@@ -16,11 +16,19 @@ def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monk
     write_session(root, "-home-dev-proj", SESSION_ID)
     write_session(root, "-home-dev-two", "22222222-0000-0000-0000-000000000002", n_steps=2)
     teachers = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
-    monkeypatch.setenv("COMPOSER_PIPELINE_RECIPE", str(tmp_path / "none.yaml"))  # defaults, nothing from the repo's state
+    monkeypatch.setenv(
+        "COMPOSER_PIPELINE_RECIPE", str(tmp_path / "none.yaml")
+    )  # defaults, nothing from the repo's state
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))  # the default ledger and cache: fresh
     lines: list[str] = []
-    report = run_demo(trace_root=root, store=tmp_path / "store", skip_train=True, teachers=teachers,
-                      echo=lines.append, dagster_home=tmp_path / "dh")
+    report = run_demo(
+        trace_root=root,
+        store=tmp_path / "store",
+        skip_train=True,
+        teachers=teachers,
+        echo=lines.append,
+        dagster_home=tmp_path / "dh",
+    )
     assert report.failed == {}
     assert len(report.sessions) == 2
     assert report.row_counts["trace_states"] == 4 + 3
@@ -30,7 +38,10 @@ def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monk
     replays = Store(str(tmp_path / "store")).read_table("teacher_replays")
     hits = sum(replays.column("cache_hit").to_pylist())  # both sessions open with the same prompt
     assert hits > 0 and len(scripted_server.requests) == replays.num_rows - hits
-    assert report.row_counts["training_set"] == report.row_counts["normalized_dpo_pairs"] + report.row_counts["agreement_positives"]
+    assert (
+        report.row_counts["training_set"]
+        == report.row_counts["normalized_dpo_pairs"] + report.row_counts["agreement_positives"]
+    )
     assert (tmp_path / "dh" / "dagster.yaml").is_file()
     print_report(report, echo=lines.append)
     text = "\n".join(lines)

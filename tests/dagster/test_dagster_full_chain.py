@@ -20,15 +20,22 @@ def test_full_chain_through_dagster(tmp_path, scripted_server, tiny_model_dir, m
     write_session(root, "-home-dev-two", "22222222-0000-0000-0000-000000000002", n_steps=3)
     teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
     for k, v in {
-        "COMPOSER_TRACE_ROOT": str(root), "COMPOSER_STORE": str(tmp_path / "store"),
-        "COMPOSER_TEACHERS_RECIPE": str(teachers_yaml), "COMPOSER_TRAIN_MODEL": str(tiny_model_dir),
+        "COMPOSER_TRACE_ROOT": str(root),
+        "COMPOSER_STORE": str(tmp_path / "store"),
+        "COMPOSER_TEACHERS_RECIPE": str(teachers_yaml),
+        "COMPOSER_TRAIN_MODEL": str(tiny_model_dir),
     }.items():
         monkeypatch.setenv(k, v)
     s = load_settings()
     from dataclasses import replace
 
-    s = replace(s, ledger_path=str(tmp_path / "ledger.sqlite"), cache_dir=str(tmp_path / "cache"),
-                checkpoints_dir=str(tmp_path / "ckpt"), train=replace(s.train, steps=2))
+    s = replace(
+        s,
+        ledger_path=str(tmp_path / "ledger.sqlite"),
+        cache_dir=str(tmp_path / "cache"),
+        checkpoints_dir=str(tmp_path / "ckpt"),
+        train=replace(s.train, steps=2),
+    )
     assert s.recipe("train") == str(REPO_ROOT / "recipes" / "train.yaml")
     defs = build_defs(s)
     instance = dg.DagsterInstance.ephemeral()
@@ -46,7 +53,10 @@ def test_full_chain_through_dagster(tmp_path, scripted_server, tiny_model_dir, m
     assert res.success
     store = Store(str(tmp_path / "store"))
     ts = store.read_table("training_set")
-    assert ts.num_rows == store.read_table("normalized_dpo_pairs").num_rows + store.read_table("agreement_positives").num_rows
+    assert (
+        ts.num_rows
+        == store.read_table("normalized_dpo_pairs").num_rows + store.read_table("agreement_positives").num_rows
+    )
     assert ts.num_rows > 0
 
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
@@ -60,7 +70,9 @@ def test_full_chain_through_dagster(tmp_path, scripted_server, tiny_model_dir, m
     import os
 
     assert any(f.endswith(".safetensors") for f in os.listdir(ckpt))
-    assert os.path.isfile(os.path.join(ckpt, "tokenizer_config.json")) or os.path.isfile(os.path.join(ckpt, "tokenizer.json"))
+    assert os.path.isfile(os.path.join(ckpt, "tokenizer_config.json")) or os.path.isfile(
+        os.path.join(ckpt, "tokenizer.json")
+    )
     assert json.loads(row["metrics"])["steps"] == 2
     ev = res.output_for_node("policy_eval")
     assert ev.num_rows >= 1 and set(ev.column("metric").to_pylist()) >= {"reward"}

@@ -21,7 +21,10 @@ def test_ingest_chain_materializes_partition(trace_root, tmp_path):
         [raw_sessions, ingest_session_tables],
         partition_key=key,
         instance=instance,
-        resources={"io_manager": ParquetIOManager(root=str(store_root)), "recipes": PipelineRecipes(trace_root=str(trace_root))},
+        resources={
+            "io_manager": ParquetIOManager(root=str(store_root)),
+            "recipes": PipelineRecipes(trace_root=str(trace_root)),
+        },
     )
     assert res.success
     checks = {e.check_name: e for e in res.get_asset_check_evaluations()}
@@ -51,9 +54,12 @@ def test_ingest_chain_materializes_partition(trace_root, tmp_path):
 
 
 # fake keys at a line start / after a tab: the positions scrubbing used to miss (issue #12)
-LINE_START_KEYS = {"openai_key": "sk-proj-" + "Dg4sTeR9Mk2L" * 3, "slack_token": "xoxb-1234567890-Dg4sTeRsLaCk77",
-                   "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJkYWdzdGVyIjoibWV0YSJ9.Dg4sTeRsIgNaTuRe",
-                   "password_assignment": "password=Dg4sTeRpAsS99"}
+LINE_START_KEYS = {
+    "openai_key": "sk-proj-" + "Dg4sTeR9Mk2L" * 3,
+    "slack_token": "xoxb-1234567890-Dg4sTeRsLaCk77",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJkYWdzdGVyIjoibWV0YSJ9.Dg4sTeRsIgNaTuRe",
+    "password_assignment": "password=Dg4sTeRpAsS99",
+}
 
 
 def test_metadata_and_event_log_hold_no_secret(tmp_path):
@@ -70,14 +76,24 @@ def test_metadata_and_event_log_hold_no_secret(tmp_path):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("sessions", [key])
     res = dg.materialize(
-        [raw_sessions, ingest_session_tables], partition_key=key, instance=instance,
-        resources={"io_manager": ParquetIOManager(root=str(tmp_path / "store")), "recipes": PipelineRecipes(trace_root=str(root))},
+        [raw_sessions, ingest_session_tables],
+        partition_key=key,
+        instance=instance,
+        resources={
+            "io_manager": ParquetIOManager(root=str(tmp_path / "store")),
+            "recipes": PipelineRecipes(trace_root=str(root)),
+        },
     )
     assert res.success
     mats = {m.asset_key.to_user_string(): m for m in res.get_asset_materialization_events()}
     assert "[REDACTED:openai_key]" in mats["trace_states"].materialization.metadata["rendered_example"].value
     assert mats["trace_messages"].materialization.metadata["secrets_scrubbed"].value == {
-        "openai_key": 2, "slack_token": 1, "jwt": 1, "password_assignment": 1, "github_token": 1}
+        "openai_key": 2,
+        "slack_token": 1,
+        "jwt": 1,
+        "password_assignment": 1,
+        "github_token": 1,
+    }
     logs = instance.all_logs(res.run_id)
     assert any("[REDACTED:openai_key]" in str(entry) for entry in logs)  # the metadata is in the log
     fragments = ["Dg4sTeR9Mk2L", "Dg4sTeRsLaCk77", "eyJkYWdzdGVyIjoibWV0YSJ9", "Dg4sTeRpAsS99"]

@@ -26,7 +26,9 @@ def test_a_key_in_the_project_folder_reaches_no_partition_path_or_event(tmp_path
     instance.add_dynamic_partitions("sessions", [pk])
     store = tmp_path / "store"
     res = dg.materialize(
-        [raw_sessions, ingest_session_tables], partition_key=pk, instance=instance,
+        [raw_sessions, ingest_session_tables],
+        partition_key=pk,
+        instance=instance,
         resources={"io_manager": ParquetIOManager(root=str(store)), "recipes": PipelineRecipes(trace_root=str(root))},
     )
     assert res.success

@@ -24,32 +24,50 @@ SIGNATURES = {
 def test_dagster_version_is_the_pinned_one():
     assert dg.__version__ == DAGSTER_VERSION, (
         f"Dagster {dg.__version__} installed, resources/storage.py's load_input was written against {DAGSTER_VERSION}: "
-        "re-read UPathIOManager's private methods, fix load_input, then update the pins in this file")
+        "re-read UPathIOManager's private methods, fix load_input, then update the pins in this file"
+    )
 
 
 def test_private_methods_keep_their_signatures():
     for name, want in SIGNATURES.items():
         assert name in vars(dg.UPathIOManager), f"UPathIOManager no longer defines {name}"
         params = list(inspect.signature(getattr(dg.UPathIOManager, name)).parameters)
-        assert params == want, f"UPathIOManager.{name} parameters changed: Dagster has {params}, load_input passes {want}"
+        assert params == want, (
+            f"UPathIOManager.{name} parameters changed: Dagster has {params}, load_input passes {want}"
+        )
     get_paths = inspect.signature(dg.UPathIOManager._get_paths_for_partitions)
     assert "dict[str" in str(get_paths.return_annotation), (
-        f"_get_paths_for_partitions now returns {get_paths.return_annotation}; load_input indexes it by partition key")
+        f"_get_paths_for_partitions now returns {get_paths.return_annotation}; load_input indexes it by partition key"
+    )
 
 
 def test_base_class_still_loads_partitions_through_them():
     """``load_partitions`` is the base class's own reader of many partitions: while it calls both, the
     pair means what load_input uses it for."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(dg.UPathIOManager.load_partitions)))
-    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-              and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"}
-    assert set(SIGNATURES) <= called, f"UPathIOManager.load_partitions no longer calls {sorted(set(SIGNATURES) - called)}"
+    called = {
+        n.func.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+    }
+    assert set(SIGNATURES) <= called, (
+        f"UPathIOManager.load_partitions no longer calls {sorted(set(SIGNATURES) - called)}"
+    )
 
 
 def test_the_io_manager_calls_only_the_pinned_private_methods():
     from resources.storage import ParquetUPathIOManager
 
     src = inspect.getsource(ParquetUPathIOManager)
-    private = {n.func.attr for n in ast.walk(ast.parse(textwrap.dedent(src))) if isinstance(n, ast.Call)
-               and isinstance(n.func, ast.Attribute) and n.func.attr.startswith("_") and not n.func.attr.startswith("__")}
+    private = {
+        n.func.attr
+        for n in ast.walk(ast.parse(textwrap.dedent(src)))
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr.startswith("_")
+        and not n.func.attr.startswith("__")
+    }
     assert private == set(SIGNATURES), f"ParquetUPathIOManager calls private {sorted(private)}; pin each here"

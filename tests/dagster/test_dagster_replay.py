@@ -35,8 +35,13 @@ def _instance():
 
 def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, scripted_server):
     teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url, ceiling_usd=1e-9)
-    res = dg.materialize(CHAIN, partition_key=KEY, instance=_instance(),
-                         resources=_resources(tmp_path, trace_root, teachers_yaml), raise_on_error=False)
+    res = dg.materialize(
+        CHAIN,
+        partition_key=KEY,
+        instance=_instance(),
+        resources=_resources(tmp_path, trace_root, teachers_yaml),
+        raise_on_error=False,
+    )
     assert not res.success
     checks = {e.check_name: e for e in res.get_asset_check_evaluations()}
     assert checks["cost_plan_within_budget"].passed is False
@@ -46,8 +51,11 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     from composer_pipeline.teachers.ledger import Ledger
     from composer_pipeline.teachers.replay import check_plan
 
-    plan = check_plan(Store(str(tmp_path / "store")).read_table("cost_plan"), load_teachers(teachers_yaml),
-                      Ledger(tmp_path / "ledger.sqlite"))
+    plan = check_plan(
+        Store(str(tmp_path / "store")).read_table("cost_plan"),
+        load_teachers(teachers_yaml),
+        Ledger(tmp_path / "ledger.sqlite"),
+    )
     assert plan.reasons and any("exceeds ceiling_usd" in r for r in plan.reasons)
     assert checks["cost_plan_within_budget"].description == "; ".join(plan.reasons)
     materialized = {m.asset_key.to_user_string() for m in res.get_asset_materialization_events()}
@@ -58,14 +66,18 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
 def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_server, monkeypatch):
     secret = "sk-test-" + "Zq9" * 12  # a key t0 needs; it may reach the teacher only
     monkeypatch.setenv("COMPOSER_TEST_TEACHER_KEY", secret)
-    teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url, key_env="COMPOSER_TEST_TEACHER_KEY")
+    teachers_yaml = write_teachers_yaml(
+        tmp_path / "teachers.yaml", scripted_server.url, key_env="COMPOSER_TEST_TEACHER_KEY"
+    )
     resources = _resources(tmp_path, trace_root, teachers_yaml)
-    resources["teachers"] = TeachersResource(recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache"),
-                                             api_keys=api_key_envvars(str(teachers_yaml)))
+    resources["teachers"] = TeachersResource(
+        recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache"), api_keys=api_key_envvars(str(teachers_yaml))
+    )
     assert secret not in repr(resources["teachers"])  # the resource holds the variable's name only
     instance = _instance()
-    res = dg.materialize([*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=instance,
-                         resources=resources)
+    res = dg.materialize(
+        [*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=instance, resources=resources
+    )
     assert res.success
     checks = {(e.asset_key.to_user_string(), e.check_name): e for e in res.get_asset_check_evaluations()}
     failed = {k: c.metadata for k, c in checks.items() if not c.passed}
@@ -106,7 +118,9 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     # ... exactly the view dpo_pairs shows for the same pair (agent line, render options, every answer), bar
     # the table it is listed in
     assert pairs.column("pair_id")[0].as_py() == store.read_table("dpo_pairs").column("pair_id")[0].as_py()
-    same_pair = meta["dpo_pairs"]["example"].value.replace("- tables: dpo_pairs (built)", "- tables: normalized_dpo_pairs (kept)")
+    same_pair = meta["dpo_pairs"]["example"].value.replace(
+        "- tables: dpo_pairs (built)", "- tables: normalized_dpo_pairs (kept)"
+    )
     assert norm_example == same_pair and "- agent: \n" not in norm_example
     # the pair tables carry the key the UI shows for the session: this run's own partition
     for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives", "dropped_pairs"):
@@ -120,15 +134,21 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     assert meta["teacher_replays"]["http_requests"].value == n and meta["teacher_replays"]["from_cache"].value == 0
     # the plotted numbers are the summary's own (run_report.replay_summary), not a second count
     top = {k: v.value for k, v in meta["teacher_replays"].items()}
-    assert (top["spend_usd"], top["spend_usd_by_teacher"], top["failures_by_reason"]) == \
-        (s["spend_usd"], s["spend_usd_by_teacher"], s["failures_by_reason"])
-    assert top["fitted_answers"] == s["fitted_answers"] and top["cached_prompt_tokens"] == sum(s["cached_prompt_tokens_by_teacher"].values())
+    assert (top["spend_usd"], top["spend_usd_by_teacher"], top["failures_by_reason"]) == (
+        s["spend_usd"],
+        s["spend_usd_by_teacher"],
+        s["failures_by_reason"],
+    )
+    assert top["fitted_answers"] == s["fitted_answers"] and top["cached_prompt_tokens"] == sum(
+        s["cached_prompt_tokens_by_teacher"].values()
+    )
     assert s["latency_s_http"]["n"] == n and s["latency_s_cached"] == {"n": 0}
     assert sum(t["http_requests"] for t in s["by_teacher"].values()) == n and set(s["by_teacher"]) == {"t0", "t1", "t2"}
     assert "calls_by_teacher" not in meta["teacher_replays"] and "latency_s" not in meta["teacher_replays"]
     # ... and a re-run answers every row from the cache: no request sent, latencies are the bought ones
-    res2 = dg.materialize([*CHAIN], partition_key=KEY, instance=instance, resources=resources,
-                          selection=["teacher_replays"])
+    res2 = dg.materialize(
+        [*CHAIN], partition_key=KEY, instance=instance, resources=resources, selection=["teacher_replays"]
+    )
     assert res2.success and len(scripted_server.requests) == n
     meta2 = {m.asset_key.to_user_string(): m.materialization.metadata for m in res2.get_asset_materialization_events()}
     s2 = meta2["teacher_replays"]["summary"].value
@@ -141,8 +161,13 @@ def test_a_parroting_pair_reaches_dropped_pairs_with_its_reason(trace_root, tmp_
     Dagster's ``dropped_pairs`` with the reason (as the CLI's ``pairs`` writes it), not only a count."""
     scripted_server.default_script = ["answer:<command-name>/init</command-name> Initialized the project notes."]
     teachers_yaml = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
-    res = dg.materialize([*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=_instance(),
-                         resources=_resources(tmp_path, trace_root, teachers_yaml), raise_on_error=False)
+    res = dg.materialize(
+        [*CHAIN, consensus_pairs, normalized_pairs],
+        partition_key=KEY,
+        instance=_instance(),
+        resources=_resources(tmp_path, trace_root, teachers_yaml),
+        raise_on_error=False,
+    )
     store = Store(str(tmp_path / "store"))
     dropped = store.read_table("dropped_pairs").to_pylist()
     at_build = [d for d in dropped if d["drop_op"] == "pairs.build"]
@@ -151,4 +176,6 @@ def test_a_parroting_pair_reaches_dropped_pairs_with_its_reason(trace_root, tmp_
     assert store.read_table("normalized_dpo_pairs").num_rows == 0 and store.read_table("dpo_pairs").num_rows == 0
     assert len(at_build) == store.read_table("pairs_dropped_at_build").num_rows
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
-    assert meta["pairs_dropped_at_build"]["drops_by_reason"].value == {"chosen_echoes_markup: <command-name>": len(at_build)}
+    assert meta["pairs_dropped_at_build"]["drops_by_reason"].value == {
+        "chosen_echoes_markup: <command-name>": len(at_build)
+    }

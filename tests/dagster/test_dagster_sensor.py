@@ -13,7 +13,9 @@ from dagster_sessions import write_session
 
 
 def _tick(sensor, instance, cursor, root):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"recipes": PipelineRecipes(trace_root=str(root))})
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"recipes": PipelineRecipes(trace_root=str(root))}
+    )
     result = sensor(ctx)
     if isinstance(result, dg.SkipReason):
         return result, [], [], cursor
@@ -79,7 +81,9 @@ def test_first_tick_requests_no_run_for_sessions_already_materialized(tmp_path):
     instance.add_dynamic_partitions(sessions_partitions.name, [key_a, key_b])
     recipes = PipelineRecipes(trace_root=str(root))
     for key in (key_a, key_b):
-        assert dg.materialize([raw_sessions], partition_key=key, instance=instance, resources={"recipes": recipes}).success
+        assert dg.materialize(
+            [raw_sessions], partition_key=key, instance=instance, resources={"recipes": recipes}
+        ).success
     # a's chain went through to its last asset; b's stopped after raw_sessions (e.g. a failed cost check)
     instance.report_runless_asset_event(dg.AssetMaterialization("normalized_dpo_pairs", partition=key_a))
 

@@ -1,6 +1,5 @@
 """The Parquet UPath IO manager: local and s3:// (moto's real S3-protocol server on 127.0.0.1)."""
 
-
 import dagster as dg
 import pyarrow as pa
 import pytest
@@ -36,7 +35,9 @@ def test_unpartitioned_downstream_gets_a_dict_with_a_single_partition(tmp_path, 
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("one_session", ["s1"])
     if materialized:
-        assert dg.materialize([session_rows], partition_key="s1", resources={"io_manager": io}, instance=instance).success
+        assert dg.materialize(
+            [session_rows], partition_key="s1", resources={"io_manager": io}, instance=instance
+        ).success
 
     @dg.asset(ins={"session_rows": dg.AssetIn(metadata={"allow_missing_partitions": True})})
     def keys_seen(session_rows: dict) -> pa.Table:
@@ -102,7 +103,9 @@ def test_a_short_session_key_is_a_folder_per_project_and_the_gathering_asset_rea
     keys = ["calc/a1f0c3d2", "-home-dev-calc__b2e1d4c3-2222-4b4b-8b8b-000000000002"]
     instance.add_dynamic_partitions("one_session", keys)
     for key in keys:
-        assert dg.materialize([session_rows], partition_key=key, resources={"io_manager": io}, instance=instance).success
+        assert dg.materialize(
+            [session_rows], partition_key=key, resources={"io_manager": io}, instance=instance
+        ).success
     assert (tmp_path / "store" / "session_rows" / "calc" / "a1f0c3d2.parquet").is_file()
     assert (tmp_path / "store" / "session_rows" / f"{keys[1]}.parquet").is_file()
 
@@ -112,7 +115,9 @@ def test_a_short_session_key_is_a_folder_per_project_and_the_gathering_asset_rea
 
     res = dg.materialize([session_rows.to_source_asset(), keys_seen], resources={"io_manager": io}, instance=instance)
     assert res.output_for_node("keys_seen").column("key").to_pylist() == sorted(keys)
-    assert sorted(Store(str(tmp_path / "store")).read_table("session_rows").column("session_key").to_pylist()) == sorted(keys)
+    assert sorted(
+        Store(str(tmp_path / "store")).read_table("session_rows").column("session_key").to_pylist()
+    ) == sorted(keys)
     manager = ParquetUPathIOManager(base_path=UPath(str(tmp_path)))
     for bad in ("../x", "a/../b", "a/b/c", "a/", ""):
         with pytest.raises(ValueError, match="cannot be a file name"):

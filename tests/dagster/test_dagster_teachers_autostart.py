@@ -23,21 +23,38 @@ def test_local_teacher_server_autostarts_and_answers(tmp_path, tiny_model_dir):
     port = _free_port()
     url = f"http://127.0.0.1:{port}/v1"
     recipe = tmp_path / "teachers.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "ceiling_usd": 1.0,
-        "serve": {"tiny": str(tiny_model_dir)},
-        "teachers": [{"name": "tiny", "base_url": url, "model": "tiny", "api_key_env": None,
-                      "input_usd_per_mtok": 0.1, "output_usd_per_mtok": 0.1, "budget_usd": 1.0,
-                      "max_concurrency": 1, "max_tokens": 8}],
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "ceiling_usd": 1.0,
+                "serve": {"tiny": str(tiny_model_dir)},
+                "teachers": [
+                    {
+                        "name": "tiny",
+                        "base_url": url,
+                        "model": "tiny",
+                        "api_key_env": None,
+                        "input_usd_per_mtok": 0.1,
+                        "output_usd_per_mtok": 0.1,
+                        "budget_usd": 1.0,
+                        "max_concurrency": 1,
+                        "max_tokens": 8,
+                    }
+                ],
+            }
+        )
+    )
     res = TeachersResource(recipe=str(recipe), cache_dir=str(tmp_path / "state" / "cache"), startup_timeout_s=240)
     started = res.ensure_local_servers()
     pid_file = tmp_path / "state" / f"teacher_server-{port}.pid"
     try:
         assert started == [url]
         assert pid_file.is_file()
-        r = httpx.post(f"{url}/chat/completions", timeout=60,
-                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        r = httpx.post(
+            f"{url}/chat/completions",
+            timeout=60,
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         assert res.ensure_local_servers() == []  # already answering: nothing started twice
         assert (tmp_path / "state" / f"teacher_server-{port}.log").is_file()
@@ -62,12 +79,27 @@ def test_a_started_server_is_stoppable_and_stops_itself_when_idle(tmp_path, tiny
     port = _free_port()
     url = f"http://127.0.0.1:{port}/v1"
     recipe = tmp_path / "teachers.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "ceiling_usd": 1.0, "serve": {"tiny": str(tiny_model_dir)},
-        "teachers": [{"name": "tiny", "base_url": url, "model": "tiny", "api_key_env": None,
-                      "input_usd_per_mtok": 0.1, "output_usd_per_mtok": 0.1, "budget_usd": 1.0,
-                      "max_concurrency": 1, "max_tokens": 8}],
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "ceiling_usd": 1.0,
+                "serve": {"tiny": str(tiny_model_dir)},
+                "teachers": [
+                    {
+                        "name": "tiny",
+                        "base_url": url,
+                        "model": "tiny",
+                        "api_key_env": None,
+                        "input_usd_per_mtok": 0.1,
+                        "output_usd_per_mtok": 0.1,
+                        "budget_usd": 1.0,
+                        "max_concurrency": 1,
+                        "max_tokens": 8,
+                    }
+                ],
+            }
+        )
+    )
     state = tmp_path / "state"
     pid_file = state / f"teacher_server-{port}.pid"
     res = TeachersResource(recipe=str(recipe), cache_dir=str(state / "cache"), startup_timeout_s=240)
@@ -77,8 +109,9 @@ def test_a_started_server_is_stoppable_and_stops_itself_when_idle(tmp_path, tiny
     assert main(["teachers", "stop", "--state-dir", str(state)]) == 0
     assert not _running(pid) and not pid_file.exists()
 
-    idle = TeachersResource(recipe=str(recipe), cache_dir=str(state / "cache"), startup_timeout_s=240,
-                            local_server_idle_s=2)
+    idle = TeachersResource(
+        recipe=str(recipe), cache_dir=str(state / "cache"), startup_timeout_s=240, local_server_idle_s=2
+    )
     assert idle.ensure_local_servers() == [url]
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 30
@@ -99,9 +132,23 @@ def test_a_server_exits_with_the_process_it_belongs_to(tmp_path, tiny_model_dir)
     owner = subprocess.Popen(["sleep", "600"])
     port = _free_port()
     log = tmp_path / "serve.log"
-    server = subprocess.Popen([sys.executable, "-m", "composer_pipeline", "teachers", "serve", "--model",
-                               f"tiny={tiny_model_dir}", "--port", str(port), "--exit-with-pid", str(owner.pid)],
-                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "teachers",
+            "serve",
+            "--model",
+            f"tiny={tiny_model_dir}",
+            "--port",
+            str(port),
+            "--exit-with-pid",
+            str(owner.pid),
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

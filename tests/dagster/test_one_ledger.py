@@ -24,8 +24,14 @@ KEY = f"-home-dev-proj__{SESSION_ID}"
 
 
 def _cli(*args, env):
-    res = subprocess.run([sys.executable, "-m", "composer_pipeline", *map(str, args)], env=env, cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", *map(str, args)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return [orjson.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
 
@@ -40,8 +46,18 @@ def test_cli_replay_and_dagster_run_buy_each_answer_once(trace_root, tmp_path, s
 
     cli = tmp_path / "cli"
     _cli("ingest", trace_root, "--out", cli, env=env)
-    _cli("replay", "--states", cli, "--teachers", teachers, "--out", cli,
-         "--ingest-recipe", REPO_ROOT / "recipes" / "ingest.yaml", env=env)
+    _cli(
+        "replay",
+        "--states",
+        cli,
+        "--teachers",
+        teachers,
+        "--out",
+        cli,
+        "--ingest-recipe",
+        REPO_ROOT / "recipes" / "ingest.yaml",
+        env=env,
+    )
     bought = len(scripted_server.requests)
     n_states = Store(str(cli)).read_table("trace_states").num_rows
     assert bought == 3 * n_states > 0
@@ -54,8 +70,12 @@ def test_cli_replay_and_dagster_run_buy_each_answer_once(trace_root, tmp_path, s
     assert settings.cache_dir == str(home / "teacher_cache")
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("sessions", [KEY])
-    res = dg.materialize([raw_sessions, ingest_session_tables, cost_plan, cost_plan_within_budget, teacher_replays],
-                         partition_key=KEY, instance=instance, resources=build_resources(settings))
+    res = dg.materialize(
+        [raw_sessions, ingest_session_tables, cost_plan, cost_plan_within_budget, teacher_replays],
+        partition_key=KEY,
+        instance=instance,
+        resources=build_resources(settings),
+    )
     assert res.success
     assert len(scripted_server.requests) == bought  # the Dagster run bought nothing the CLI had bought
     replays = Store(str(tmp_path / "store")).read_table("teacher_replays")

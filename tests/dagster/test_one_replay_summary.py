@@ -48,13 +48,16 @@ def test_cli_and_asset_print_the_same_summary(trace_root, tmp_path, scripted_ser
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("sessions", [KEY])
     res = dg.materialize(
-        [raw_sessions, ingest_session_tables, cost_plan, cost_plan_within_budget, teacher_replays], partition_key=KEY,
-        instance=instance, resources={
+        [raw_sessions, ingest_session_tables, cost_plan, cost_plan_within_budget, teacher_replays],
+        partition_key=KEY,
+        instance=instance,
+        resources={
             "io_manager": ParquetIOManager(root=str(tmp_path / "store")),
             "recipes": PipelineRecipes(trace_root=str(trace_root), ingest=INGEST),
             "teachers": TeachersResource(recipe=str(teachers), cache_dir=str(cache)),
             "ledger": LedgerResource(path=str(ledger)),
-        })
+        },
+    )
     assert res.success and len(scripted_server.requests) == n  # the same requests: all answered by the cache
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
     asset = meta["teacher_replays"]["summary"].value
@@ -63,12 +66,14 @@ def test_cli_and_asset_print_the_same_summary(trace_root, tmp_path, scripted_ser
     assert len(scripted_server.requests) == n
     cols = ["call_id", "status", "cache_hit", "latency_s", "action"]
     key = lambda r: r["call_id"]  # noqa: E731
-    assert sorted(Store(str(tmp_path / "store")).read_table("teacher_replays", cols).to_pylist(), key=key) == \
-        sorted(Store(str(tmp_path / "cli2")).read_table("teacher_replays", cols).to_pylist(), key=key)
+    assert sorted(Store(str(tmp_path / "store")).read_table("teacher_replays", cols).to_pylist(), key=key) == sorted(
+        Store(str(tmp_path / "cli2")).read_table("teacher_replays", cols).to_pylist(), key=key
+    )
     # one table name: the CLI's file keeps its short name for scripts, every reader sees the asset's
     assert again["out"] == str(tmp_path / "cli2" / "replays.parquet")
-    assert {"teacher_replays", "cost_plan"} <= set(Store(str(tmp_path / "cli2")).table_names()) and \
-        "replays" not in Store(str(tmp_path / "cli2")).table_names()
+    assert {"teacher_replays", "cost_plan"} <= set(
+        Store(str(tmp_path / "cli2")).table_names()
+    ) and "replays" not in Store(str(tmp_path / "cli2")).table_names()
 
     # one dict, one set of names: the CLI prints the asset's summary plus where it wrote and the old names
     assert set(again) - set(asset) == CLI_ONLY and set(asset) <= set(again)

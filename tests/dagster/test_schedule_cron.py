@@ -28,5 +28,8 @@ def test_unknown_schedule_key_is_an_error():
 def test_the_old_pipeline_cron_key_names_its_one_home(tmp_path):
     p = tmp_path / "pipeline.yaml"
     p.write_text("schedule_cron: '0 1 * * *'\n")
-    with pytest.raises(ValueError, match=r"unknown keys \['schedule_cron'\].*'schedule_cron' now lives in recipes/train.yaml \(schedule.cron\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown keys \['schedule_cron'\].*'schedule_cron' now lives in recipes/train.yaml \(schedule.cron\)",
+    ):
         load_settings(p)

@@ -25,18 +25,36 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow  # a real dagster dev: ~15-40 s to start here
 def test_readme_launch_line_stops_on_sigterm_in_the_background(tmp_path):
-    (line,) = [c for c in readme_commands((REPO / "README.md").read_text()) if c.startswith("DAGSTER_HOME=") and "dagster dev" in c]
+    (line,) = [
+        c
+        for c in readme_commands((REPO / "README.md").read_text())
+        if c.startswith("DAGSTER_HOME=") and "dagster dev" in c
+    ]
     assert "env --default-signal=INT .venv/bin/dagster dev" in line
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = re.sub(r"^(\S+=\S+\s+)+", "", line).replace("-p 3000", f"-p {port}")  # the repo's own variables: a tmp instance
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "COMPOSER_PIPELINE_RECIPE": str(tmp_path / "none.yaml"),
-           "COMPOSER_PIPELINE_HOME": str(tmp_path / "home"), "COMPOSER_STORE": str(tmp_path / "store"),
-           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = re.sub(r"^(\S+=\S+\s+)+", "", line).replace(
+        "-p 3000", f"-p {port}"
+    )  # the repo's own variables: a tmp instance
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "dh"),
+        "COMPOSER_PIPELINE_RECIPE": str(tmp_path / "none.yaml"),
+        "COMPOSER_PIPELINE_HOME": str(tmp_path / "home"),
+        "COMPOSER_STORE": str(tmp_path / "store"),
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+    }
     (tmp_path / "dh").mkdir()
-    shell = subprocess.Popen(["bash", "-c", f"{cmd} > {tmp_path / 'dev.log'} 2>&1 & echo $!; wait"], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    shell = subprocess.Popen(
+        ["bash", "-c", f"{cmd} > {tmp_path / 'dev.log'} 2>&1 & echo $!; wait"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     pid = int(shell.stdout.readline())
     try:
         deadline = time.monotonic() + 240

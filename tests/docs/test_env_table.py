@@ -9,8 +9,10 @@ REPO = Path(__file__).resolve().parents[2]
 CODE = ("composer_pipeline", "assets", "resources")
 NAME = r'"([A-Z][A-Z0-9_]*)"'
 READS = [  # os.environ.get("X"), os.getenv("X"), os.environ["X"] (not assigned), os.environ.setdefault("X"), "X" in os.environ
-    re.compile(rf"os\.environ\.get\({NAME}"), re.compile(rf"os\.getenv\({NAME}"),
-    re.compile(rf"os\.environ\[{NAME}\](?!\s*=[^=])"), re.compile(rf"environ\.setdefault\({NAME}"),
+    re.compile(rf"os\.environ\.get\({NAME}"),
+    re.compile(rf"os\.getenv\({NAME}"),
+    re.compile(rf"os\.environ\[{NAME}\](?!\s*=[^=])"),
+    re.compile(rf"environ\.setdefault\({NAME}"),
     re.compile(rf"{NAME} (?:not )?in os\.environ"),
 ]
 

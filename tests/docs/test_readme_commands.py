@@ -106,17 +106,27 @@ def root(tmp_path_factory, tiny_model_dir, scripted):
     venv_bin = Path(sys.executable).parent  # .../.venv/bin (unresolved: the venv, not the base interpreter)
     (r / ".venv").symlink_to(venv_bin.parent, target_is_directory=True)
     path = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p) != venv_bin)
-    env.update(HOME=str(home), PATH=path,
-               PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
-               COMPOSER_PIPELINE_HOME=str(base / "cp_home"))
+    env.update(
+        HOME=str(home),
+        PATH=path,
+        PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}",
+        OMP_NUM_THREADS="1",
+        COMPOSER_PIPELINE_HOME=str(base / "cp_home"),
+    )
     return {"dir": r, "env": env, "port": port, "background": []}
 
 
 def run(root, cmd: str, timeout: float = 600) -> str:
     cmd = cmd.replace("8765", str(root["port"]))  # the one substitution: see the module docstring
     if cmd.endswith("&"):  # a server the README starts in the background
-        proc = subprocess.Popen(["bash", "-c", cmd[:-1]], cwd=root["dir"], env=root["env"], start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            ["bash", "-c", cmd[:-1]],
+            cwd=root["dir"],
+            env=root["env"],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         root["background"].append(proc)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -127,8 +137,9 @@ def run(root, cmd: str, timeout: float = 600) -> str:
             except httpx.HTTPError:
                 time.sleep(0.5)
         raise AssertionError(f"{cmd!r} did not start serving")
-    res = subprocess.run(["bash", "-c", cmd], cwd=root["dir"], env=root["env"], capture_output=True, text=True,
-                         timeout=timeout)
+    res = subprocess.run(
+        ["bash", "-c", cmd], cwd=root["dir"], env=root["env"], capture_output=True, text=True, timeout=timeout
+    )
     assert res.returncode == 0, f"{cmd!r} exited {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     return res.stdout
 
@@ -142,9 +153,15 @@ def readme_run(root):
     ids: dict[str, str] = {}
     try:
         # the CLI section first (it makes data/), in README order; then .store gets the same tables
-        cli = [c for c in commands if c not in elsewhere and "--store .store" not in c and "<pair_id>" not in c
-               and "<state_id|pair_id>" not in c and not _bare(c).startswith(("composer-pipeline train eval",
-                                                                            "composer-pipeline sql \"select drop_op"))]
+        cli = [
+            c
+            for c in commands
+            if c not in elsewhere
+            and "--store .store" not in c
+            and "<pair_id>" not in c
+            and "<state_id|pair_id>" not in c
+            and not _bare(c).startswith(("composer-pipeline train eval", 'composer-pipeline sql "select drop_op'))
+        ]
         for c in cli:
             out = run(root, c)
             ran.append(c)
@@ -152,8 +169,13 @@ def readme_run(root):
                 summary = orjson.loads(out.strip().splitlines()[-1])
                 assert summary["pairs_by_agreement_kind"], summary  # the demo recipe's samples agree: pairs exist
                 shutil.copytree(root["dir"] / "data", root["dir"] / ".store")
-                pairs = orjson.loads(run(root, ".venv/bin/composer-pipeline sql \"select pair_id, state_id from "
-                                               "normalized_dpo_pairs limit 1\" --store data/ --json"))
+                pairs = orjson.loads(
+                    run(
+                        root,
+                        '.venv/bin/composer-pipeline sql "select pair_id, state_id from '
+                        'normalized_dpo_pairs limit 1" --store data/ --json',
+                    )
+                )
                 ids = {"<pair_id>": pairs[0]["pair_id"], "<state_id|pair_id>": pairs[0]["state_id"]}
         assert ids, "no pair to substitute: the CLI chain made none"
         ids["<start model>"] = "tiny"
@@ -191,12 +213,19 @@ def test_every_command_the_demo_prints_runs_as_printed(root, readme_run, monkeyp
     monkeypatch.setenv("PATH", root["env"]["PATH"])  # ... and for the shell it runs in (no venv activated)
 
     store = root["dir"] / ".store"
-    pid = orjson.loads(run(root, ".venv/bin/composer-pipeline sql \"select pair_id from normalized_dpo_pairs limit 1\" --json"))
-    report = DemoReport(store=str(store), sessions=["s"], example_pair=pid[0]["pair_id"],
-                        ui_env="DAGSTER_HOME=x", row_counts={"trace_states": 1, "training_set": 1})
+    pid = orjson.loads(
+        run(root, '.venv/bin/composer-pipeline sql "select pair_id from normalized_dpo_pairs limit 1" --json')
+    )
+    report = DemoReport(
+        store=str(store),
+        sessions=["s"],
+        example_pair=pid[0]["pair_id"],
+        ui_env="DAGSTER_HOME=x",
+        row_counts={"trace_states": 1, "training_set": 1},
+    )
     lines: list[str] = []
     print_report(report, echo=lines.append)
-    nxt = lines[lines.index("next:") + 1:]
+    nxt = lines[lines.index("next:") + 1 :]
     commands = [ln.strip() for ln in nxt if not ln.strip().startswith("the UI")]
     assert len(commands) == 5
     for c in commands:
@@ -205,4 +234,3 @@ def test_every_command_the_demo_prints_runs_as_printed(root, readme_run, monkeyp
         out = run(root, c)
         if " lineage " in c or " show " in c:
             assert pid[0]["pair_id"] in out
-

@@ -48,7 +48,11 @@ def always_read(prompt: str) -> Action:
 
 def always_edit(prompt: str) -> Action:
     path = _visible_request_path(prompt)
-    return Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": "A = 1", "new_string": "A = 2"}, "c"),)) if path else Action(text="?")
+    return (
+        Action(tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": "A = 1", "new_string": "A = 2"}, "c"),))
+        if path
+        else Action(text="?")
+    )
 
 
 def last_message(prompt: str) -> Action:
@@ -117,7 +121,12 @@ def test_scripted_policies_score_exactly_what_they_must(heldout):
 
     r = _run(tok, cases, always_read)
     assert {k: v["hit"] for k, v in r["kinds"].items()} == {
-        "request": 1.0, "after_decoy": 1.0, "after_error": 1.0, "after_first_read": 0.0, "after_second_read": 0.0}
+        "request": 1.0,
+        "after_decoy": 1.0,
+        "after_error": 1.0,
+        "after_first_read": 0.0,
+        "after_second_read": 0.0,
+    }
     assert (r["read_when_unread"], r["edit_when_read"], r["combined"]) == (1.0, 0.0, 0.0)
     assert r["n_unread"] + r["n_read"] == len(cases) and len(r["outputs"]) == len(cases)
 
@@ -127,7 +136,12 @@ def test_scripted_policies_score_exactly_what_they_must(heldout):
     # deciding from the last message alone: right everywhere except after a decoy read of another file
     m = _run(tok, cases, last_message)
     assert {k: v["hit"] for k, v in m["kinds"].items()} == {
-        "request": 1.0, "after_decoy": 0.0, "after_error": 1.0, "after_first_read": 1.0, "after_second_read": 1.0}
+        "request": 1.0,
+        "after_decoy": 0.0,
+        "after_error": 1.0,
+        "after_first_read": 1.0,
+        "after_second_read": 1.0,
+    }
     assert m["decisive_read"] == n["request"] / (n["request"] + n["after_decoy"])
     assert m["combined"] == m["decisive_read"] < 1.0
     assert {o["state"] for o in m["outputs"] if not o["hit"]} == {"after_decoy"}
@@ -145,7 +159,15 @@ def test_the_rule_itself_scores_one_and_a_wrong_path_scores_zero(heldout):
     def wrong_path(prompt):  # the right tool on a file of the same name in another directory
         a = rule(prompt)
         call = a.tool_calls[0]
-        return Action(tool_calls=(ToolCall(call.name, {**call.arguments, "file_path": call.arguments["file_path"].replace("/app/", "/app/x/")}, "c"),))
+        return Action(
+            tool_calls=(
+                ToolCall(
+                    call.name,
+                    {**call.arguments, "file_path": call.arguments["file_path"].replace("/app/", "/app/x/")},
+                    "c",
+                ),
+            )
+        )
 
     ok = _run(tok, cases, rule)
     assert ok["combined"] == ok["read_when_unread"] == ok["edit_when_read"] == 1.0

@@ -25,12 +25,22 @@ def test_rule_and_generated_sessions(tmp_path):
     # agents also err the other way (a second Read before the Edit), so pairs say "Edit, not Read" too
     assert 0 < sum(p.reread for p in plans) < len(plans)
     reread = next(p for p in plans if p.reread)
-    lines = [json.loads(x) for x in (tmp_path / "t" / "-home-dev-app" / f"{reread.session_id}.jsonl").read_text().splitlines()]
-    reads = [c for r in lines if r["type"] == "assistant" for c in r["message"]["content"]
-             if c.get("name") == "Read" and c["input"]["file_path"] == reread.path]
+    lines = [
+        json.loads(x)
+        for x in (tmp_path / "t" / "-home-dev-app" / f"{reread.session_id}.jsonl").read_text().splitlines()
+    ]
+    reads = [
+        c
+        for r in lines
+        if r["type"] == "assistant"
+        for c in r["message"]["content"]
+        if c.get("name") == "Read" and c["input"]["file_path"] == reread.path
+    ]
     assert len(reads) == 2
     # one language per directory: the extension follows the directory in every split
-    assert len({(p.path.rsplit("/", 2)[-2], p.path.rsplit(".", 1)[1]) for p in plans + held}) == len({p.path.rsplit("/", 2)[-2] for p in plans + held})
+    assert len({(p.path.rsplit("/", 2)[-2], p.path.rsplit(".", 1)[1]) for p in plans + held}) == len(
+        {p.path.rsplit("/", 2)[-2] for p in plans + held}
+    )
     assert not {p.path for p in plans} & {p.path for p in held}, "held-out files must differ from train files"
     # the base model's corpus names every (directory, name) pair, held-out ones included
     pre = write_sessions(tmp_path / "p", 400, "pretrain", seed=1)
@@ -38,18 +48,61 @@ def test_rule_and_generated_sessions(tmp_path):
     assert {pair(p.path) for p in held} <= {pair(p.path) for p in pre}
     text = next((tmp_path / "t").rglob("*.jsonl")).read_text()
     assert all(json.loads(line)["sessionId"] for line in text.splitlines())
-    assert any(NOT_READ in (tmp_path / "t" / f).read_text() for f in [p.relative_to(tmp_path / "t") for p in (tmp_path / "t").rglob("*.jsonl")])
+    assert any(
+        NOT_READ in (tmp_path / "t" / f).read_text()
+        for f in [p.relative_to(tmp_path / "t") for p in (tmp_path / "t").rglob("*.jsonl")]
+    )
     # the rule: unread target -> Read it; another file read (a decoy) does not count; read -> Edit
     req = {"role": "user", "content": "Change PORT from 3 to 9 in /w/a/b.py"}
-    decoy = [{"role": "assistant", "content": None, "tool_calls": [{"id": "t0", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "/w/a/c.py"}'}}]},
-             {"role": "tool", "tool_call_id": "t0", "content": "PORT = 3"}]
+    decoy = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "t0",
+                    "type": "function",
+                    "function": {"name": "Read", "arguments": '{"file_path": "/w/a/c.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t0", "content": "PORT = 3"},
+    ]
     assert rule_action([req, *decoy]).tool_calls[0].name == "Read"
-    read = [{"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "/w/a/b.py"}'}}]},
-            {"role": "tool", "tool_call_id": "t1", "content": "     1\tPORT = 3"}]
+    read = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "Read", "arguments": '{"file_path": "/w/a/b.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "     1\tPORT = 3"},
+    ]
     edit = rule_action([req, *read]).tool_calls[0]
-    assert edit.name == "Edit" and edit.arguments == {"file_path": "/w/a/b.py", "old_string": "PORT = 3", "new_string": "PORT = 9"}
-    failed = [{"role": "assistant", "content": None, "tool_calls": [{"id": "t2", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "/w/a/b.py"}'}}]},
-              {"role": "tool", "tool_call_id": "t2", "content": "<tool_use_error>File does not exist.</tool_use_error>"}]
+    assert edit.name == "Edit" and edit.arguments == {
+        "file_path": "/w/a/b.py",
+        "old_string": "PORT = 3",
+        "new_string": "PORT = 9",
+    }
+    failed = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "t2",
+                    "type": "function",
+                    "function": {"name": "Read", "arguments": '{"file_path": "/w/a/b.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t2", "content": "<tool_use_error>File does not exist.</tool_use_error>"},
+    ]
     assert rule_action([req, *failed]).tool_calls[0].name == "Read"
 
 
@@ -69,8 +122,12 @@ def test_no_train_session_touches_a_heldout_file_at_the_experiments_sizes(tmp_pa
     if scale == 1:
         pre = write_sessions(tmp_path / "p", cfg.pretrain_sessions, "pretrain", seed=1000)
         pre_text = "".join(f.read_text() for f in (tmp_path / "p").rglob("*.jsonl"))
-        asks = [json.loads(x)["message"]["content"] for f in (tmp_path / "h").rglob("*.jsonl") for x in f.read_text().splitlines()
-                if json.loads(x)["type"] == "user" and isinstance(json.loads(x)["message"]["content"], str)]
+        asks = [
+            json.loads(x)["message"]["content"]
+            for f in (tmp_path / "h").rglob("*.jsonl")
+            for x in f.read_text().splitlines()
+            if json.loads(x)["type"] == "user" and isinstance(json.loads(x)["message"]["content"], str)
+        ]
         assert not [a for a in asks if "/" in a and json.dumps(a)[1:-1] in pre_text]
         # the pretrain corpus does name every held-out pair (it is meant to: copying, not recalling)
         assert {t.rsplit(".", 1)[0] for t in targets} <= {p.path.rsplit(".", 1)[0] for p in pre}
@@ -89,12 +146,18 @@ def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
     t = HintTemplates()
     rng = random.Random(0)
     read = Action(tool_calls=(ToolCall("Read", {"file_path": "/w/a/b.py"}, "c"),))
-    edit = Action(tool_calls=(ToolCall("Edit", {"file_path": "/w/a/b.py", "old_string": "X = 1", "new_string": "X = 2"}, "c"),))
+    edit = Action(
+        tool_calls=(ToolCall("Edit", {"file_path": "/w/a/b.py", "old_string": "X = 1", "new_string": "X = 2"}, "c"),)
+    )
     for action, other in ((read, '"name":"Edit"'), (edit, '"name":"Read"')):
         hints = [_hint_for(action, rng, t) for _ in range(40)]
         for h in hints:
             head, better = h.split("\nA better next step: ")
-            assert head.startswith("Hint: the step `") and other in head and better == action.to_text().replace("\n", " ").strip()
+            assert (
+                head.startswith("Hint: the step `")
+                and other in head
+                and better == action.to_text().replace("\n", " ").strip()
+            )
         # the error named is drawn independently of the step: it cannot tell which step to take
         assert len({h.split("failed with: ")[1].split("\n")[0] for h in hints}) > 2
     assert _hint_for(Action(text="Done."), rng, t) is None
@@ -110,9 +173,31 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     (the nll arm's preference term is inert, the shuffled-label store swaps about half the sides, the
     shuffled GRPO order), per-state outputs for every state kind, and that the run resumes and stops."""
     out = tmp_path / "exp"
-    argv = ["experiment", "read-before-edit", "--out", str(out), "--quick", "--steps", "3", "--sft-steps", "30",
-            "--train-sessions", "16", "--heldout-sessions", "8", "--pretrain-steps", "20", "--pretrain-sessions", "24",
-            "--dpo-sft-weight", "0.5", "--eval-every", "2", "--arms", ",".join(ARMS_UNDER_TEST)]
+    argv = [
+        "experiment",
+        "read-before-edit",
+        "--out",
+        str(out),
+        "--quick",
+        "--steps",
+        "3",
+        "--sft-steps",
+        "30",
+        "--train-sessions",
+        "16",
+        "--heldout-sessions",
+        "8",
+        "--pretrain-steps",
+        "20",
+        "--pretrain-sessions",
+        "24",
+        "--dpo-sft-weight",
+        "0.5",
+        "--eval-every",
+        "2",
+        "--arms",
+        ",".join(ARMS_UNDER_TEST),
+    ]
     rc = main(argv)
     assert rc == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
@@ -122,10 +207,19 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     # no held-out request appears in its corpus; the replayed train sessions never touch a held-out file
     assert base["steps"] == 20 and base["windows"] > 24 and base["final_loss"] > 0
     pre_text = "".join(f.read_text() for f in (out / "base" / "sessions").rglob("*.jsonl"))
-    held = [json.loads(x) for f in (out / "data" / "sessions" / "heldout").rglob("*.jsonl") for x in f.read_text().splitlines()]
-    held_asks = {r["message"]["content"] for r in held if r["type"] == "user" and isinstance(r["message"]["content"], str)}
-    held_paths = {r["message"]["content"][0]["input"]["file_path"] for r in held
-                  if r["type"] == "assistant" and r["message"]["content"][0].get("name") == "Edit"}  # the targets (a decoy Read may name a train file)
+    held = [
+        json.loads(x)
+        for f in (out / "data" / "sessions" / "heldout").rglob("*.jsonl")
+        for x in f.read_text().splitlines()
+    ]
+    held_asks = {
+        r["message"]["content"] for r in held if r["type"] == "user" and isinstance(r["message"]["content"], str)
+    }
+    held_paths = {
+        r["message"]["content"][0]["input"]["file_path"]
+        for r in held
+        if r["type"] == "assistant" and r["message"]["content"][0].get("name") == "Edit"
+    }  # the targets (a decoy Read may name a train file)
     assert held_asks and not any(json.dumps(a)[1:-1] in pre_text for a in held_asks if "/" in a)
     train_text = "".join(f.read_text() for f in (out / "data" / "sessions" / "train").rglob("*.jsonl"))
     assert held_paths and not any(p in train_text for p in held_paths)
@@ -154,8 +248,13 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     for arm in ARMS_UNDER_TEST[1:]:
         losses = [json.loads(x) for x in (out / "seed0" / arm / "checkpoint" / "losses.jsonl").read_text().splitlines()]
         fired_by_arm[arm] = {ch for rec in losses for ch in ("grpo", "sdpo", "dpo") if rec[ch] is not None}
-    assert fired_by_arm == {"grpo_shuffled": {"grpo"}, "sdpo": {"sdpo"}, "nll": {"dpo"}, "dpo_shuffled": {"dpo"},
-                            "all": {"grpo", "sdpo", "dpo"}}
+    assert fired_by_arm == {
+        "grpo_shuffled": {"grpo"},
+        "sdpo": {"sdpo"},
+        "nll": {"dpo"},
+        "dpo_shuffled": {"dpo"},
+        "all": {"grpo", "sdpo", "dpo"},
+    }
     from composer_pipeline.store import Store
     from composer_pipeline.train.config import TrainRecipe
 
@@ -167,7 +266,9 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     assert TrainRecipe.load(out / "seed0" / "all" / "checkpoint" / "train.yaml").grpo.data_order == "error_sites_first"
     orig = Store(str(out / "data" / "train_store")).read_table("pairs").to_pylist()
     shuf = {r["pair_id"]: r for r in Store(str(out / "seed0" / "shuffled_label_store")).read_table("pairs").to_pylist()}
-    swapped = [p["pair_id"] for p in orig if shuf[p["pair_id"]]["chosen_text"] == p["rejected_text"] != p["chosen_text"]]
+    swapped = [
+        p["pair_id"] for p in orig if shuf[p["pair_id"]]["chosen_text"] == p["rejected_text"] != p["chosen_text"]
+    ]
     assert set(shuf) == {p["pair_id"] for p in orig} and 0 < len(swapped) < len(orig)
     # what was measured is on disk: per-state outputs of every cell (every kind), per-kind lines, the table
     states = [json.loads(x) for x in (out / "states.jsonl").read_text().splitlines()]

@@ -65,9 +65,9 @@ def _damage(line: str, mode: str, rng: random.Random) -> str | None:
         value = p.group(0)
         cut = rng.randint(value.index('"', len('"parentUuid"')) + 1, len(value) - 2)
         garbled = value[:cut] + '[REDACTED]"' + value[cut:]  # a stray quote: not JSON, the value unreadable
-        return line[: p.start()] + garbled + line[p.end():]
+        return line[: p.start()] + garbled + line[p.end() :]
     if mode == "missing_parent":
-        return (line[: p.start()] + line[p.end():].lstrip(",")).rstrip("}")
+        return (line[: p.start()] + line[p.end() :].lstrip(",")).rstrip("}")
     if mode == "garbled_body":
         mid = rng.randint(min(p.end(), u), max(p.end(), u))
         return line[:mid] + '"' + line[mid:]
@@ -82,8 +82,14 @@ class Variant:
     results: set[str] = field(default_factory=set)  # tool_use_ids whose result line was damaged
 
 
-def make_variant(src: Path, out: Path, rng: random.Random, runs_per_40: float = 1.0,
-                 chain: tuple[int, ...] = (1, 2, 3), modes: tuple[str, ...] = MODES) -> Variant:
+def make_variant(
+    src: Path,
+    out: Path,
+    rng: random.Random,
+    runs_per_40: float = 1.0,
+    chain: tuple[int, ...] = (1, 2, 3),
+    modes: tuple[str, ...] = MODES,
+) -> Variant:
     """Write ``out/damaged`` and ``out/repaired`` from the sessions under ``src``: in each file about
     ``runs_per_40`` runs per 40 lines, each of a length drawn from ``chain``, each line a random mode."""
     picks: dict[str, dict[int, str]] = {}
@@ -173,8 +179,14 @@ def prefixes(root: Path, ingest) -> dict[tuple, list[dict]]:
 
 
 def masked(prefix: list[dict], results: set[str]) -> list[dict]:
-    return [dict(m, content="<damaged result>") if m.get("role") == "tool" and m.get("tool_call_id") in results
-            and (m["content"] == INTERRUPTED or m["content"].startswith("[salvaged")) else m for m in prefix]
+    return [
+        dict(m, content="<damaged result>")
+        if m.get("role") == "tool"
+        and m.get("tool_call_id") in results
+        and (m["content"] == INTERRUPTED or m["content"].startswith("[salvaged"))
+        else m
+        for m in prefix
+    ]
 
 
 @dataclass
@@ -191,8 +203,10 @@ class Score:
     def __str__(self) -> str:
         pct = 100 * self.right / max(self.states, 1)
         pa = 100 * self.assistants_right / max(self.states, 1)
-        return (f"{self.right}/{self.states} states with the right prefix ({pct:.1f} %); "
-                f"assistant messages right in {pa:.1f} %; {self.missing} states missing")
+        return (
+            f"{self.right}/{self.states} states with the right prefix ({pct:.1f} %); "
+            f"assistant messages right in {pa:.1f} %; {self.missing} states missing"
+        )
 
 
 def score(v: Variant, ingest=None) -> Score:
@@ -207,7 +221,8 @@ def score(v: Variant, ingest=None) -> Score:
             continue
         s.right += masked(mine, v.results) == masked(prefix, v.results)
         s.assistants_right += [m for m in mine if m["role"] == "assistant"] == [
-            m for m in prefix if m["role"] == "assistant"]
+            m for m in prefix if m["role"] == "assistant"
+        ]
     return s
 
 

@@ -23,7 +23,8 @@ def assert_same(got: IngestResult, ref: IngestResult) -> None:
             assert len(rows_a) == len(rows_b), f"{key} {name}: {len(rows_a)} rows vs {len(rows_b)}"
             for i, (x, y) in enumerate(zip(rows_a, rows_b)):
                 assert x == y, f"{key} {name} row {i}: " + ", ".join(
-                    f"{k}: {x[k]!r:.200} != {y[k]!r:.200}" for k in x if x[k] != y[k])
+                    f"{k}: {x[k]!r:.200} != {y[k]!r:.200}" for k in x if x[k] != y[k]
+                )
             raise AssertionError(f"{key} {name}: tables differ in schema")  # rows equal: types differ
     assert got.file_reports == ref.file_reports, key
     assert list(got.secrets.items()) == list(ref.secrets.items()), key

@@ -29,8 +29,13 @@ def run_cli(*args):
 @pytest.fixture(scope="module")
 def cli_out(tmp_path_factory, repo_root):
     out = tmp_path_factory.mktemp("ingest-out")
-    lines = run_cli(str(repo_root / "composer_pipeline/samples/projects"), "--out", str(out),
-                    "--recipe", str(repo_root / "recipes/ingest.yaml"))
+    lines = run_cli(
+        str(repo_root / "composer_pipeline/samples/projects"),
+        "--out",
+        str(out),
+        "--recipe",
+        str(repo_root / "recipes/ingest.yaml"),
+    )
     return out, lines
 
 
@@ -45,9 +50,13 @@ def test_cli_writes_tables_and_reports(cli_out):
         assert set(f) >= {"file", "states", "bad_lines", "subagents_linked", "compactions_crossed"}
     states = pq.read_table(out / "trace_states.parquet")
     assert states.num_rows == 22 == sum(f["states"] for f in files)
-    assert all(not p.startswith("/") and p.startswith("-home-demo-calc/") for p in states.column("source_file").to_pylist())
+    assert all(
+        not p.startswith("/") and p.startswith("-home-demo-calc/") for p in states.column("source_file").to_pylist()
+    )
     q = pq.read_table(out / "quarantine.parquet").to_pylist()
-    assert [(r["source_file"], r["line_no"]) for r in q] == [("-home-demo-calc/b2e1d4c3-2222-4b4b-8b8b-000000000002.jsonl", 9)]
+    assert [(r["source_file"], r["line_no"]) for r in q] == [
+        ("-home-demo-calc/b2e1d4c3-2222-4b4b-8b8b-000000000002.jsonl", 9)
+    ]
     msgs = pq.read_table(out / "trace_messages.parquet")
     assert "sk-ant-api03-FAKE" not in str(msgs.column("raw").to_pylist())
 
@@ -58,13 +67,21 @@ def test_cli_engines_write_the_same_tables(cli_out, tmp_path, repo_root):
     from composer_pipeline.ingest import native
 
     out, lines = cli_out
-    ref = run_cli(str(repo_root / "composer_pipeline/samples/projects"), "--out", str(tmp_path),
-                  "--recipe", str(repo_root / "recipes/ingest.yaml"), "--engine", "python")
+    ref = run_cli(
+        str(repo_root / "composer_pipeline/samples/projects"),
+        "--out",
+        str(tmp_path),
+        "--recipe",
+        str(repo_root / "recipes/ingest.yaml"),
+        "--engine",
+        "python",
+    )
     assert lines[-1]["engine"] == ("native" if native.AVAILABLE else "python")
     assert lines[-1]["python_fallback_sessions"] == 0 and "python_fallback_reasons" not in lines[-1]
     assert ref[-1]["engine"] == "python"
     assert [{k: v for k, v in r.items() if k not in ("engine", "out")} for r in ref] == [
-        {k: v for k, v in r.items() if k not in ("engine", "out")} for r in lines]
+        {k: v for k, v in r.items() if k not in ("engine", "out")} for r in lines
+    ]
     for name in ("trace_states", "trace_messages", "quarantine"):
         assert pq.read_table(out / f"{name}.parquet").equals(pq.read_table(tmp_path / f"{name}.parquet")), name
 
@@ -74,7 +91,10 @@ def test_state_ids_stable_across_runs_and_single_file(cli_out, tmp_path, repo_ro
     main = repo_root / "composer_pipeline/samples/projects/-home-demo-calc/a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl"
     lines = run_cli(str(main), "--out", str(tmp_path))
     # a single main file still brings its subagents/ directory; source_file relative to its folder
-    assert [f["file"] for f in lines[:-1]] == [main.name, "a1f0c3d2-1111-4a4a-8a8a-000000000001/subagents/agent-a3c9e1f27b4d5e6f8.jsonl"]
+    assert [f["file"] for f in lines[:-1]] == [
+        main.name,
+        "a1f0c3d2-1111-4a4a-8a8a-000000000001/subagents/agent-a3c9e1f27b4d5e6f8.jsonl",
+    ]
     again = run_cli(str(repo_root / "composer_pipeline/samples/projects"), "--out", str(tmp_path / "again"))
     a = pq.read_table(out / "trace_states.parquet").column("state_id").to_pylist()
     b = pq.read_table(tmp_path / "again" / "trace_states.parquet").column("state_id").to_pylist()
@@ -96,8 +116,11 @@ def test_fingerprint_changes_with_files(tmp_path, repo_root):
 
 
 def test_cli_bad_path_is_a_clear_error(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(tmp_path / "nope"), "--out", str(tmp_path)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", "ingest", str(tmp_path / "nope"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2 and "no such trace path" in p.stderr
 
 
@@ -148,9 +171,20 @@ def test_cli_writes_to_s3(repo_root, moto_s3):
 
     from composer_pipeline.store import Store
 
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest",
-                        str(repo_root / "composer_pipeline/samples/projects"), "--out", "s3://ingest-test/run1"],
-                       capture_output=True, text=True, env=dict(os.environ))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "ingest",
+            str(repo_root / "composer_pipeline/samples/projects"),
+            "--out",
+            "s3://ingest-test/run1",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.splitlines()[-1])["out"] == "s3://ingest-test/run1"
     store = Store("s3://ingest-test/run1")
@@ -163,9 +197,13 @@ def test_agent_file_goes_to_the_session_named_by_its_id(tmp_path):
     sid = "bbbbbbbb-0000-4000-8000-000000000002"
     d = tmp_path / "proj"
     d.mkdir()
-    (d / "aaaaaaaa-0000-4000-8000-000000000001.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "uuid": "u1"}) + "\n")
+    (d / "aaaaaaaa-0000-4000-8000-000000000001.jsonl").write_text(
+        json.dumps({"type": "user", "sessionId": sid, "uuid": "u1"}) + "\n"
+    )
     (d / f"{sid}.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "uuid": "u2"}) + "\n")
-    (d / "agent-a1.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n")
+    (d / "agent-a1.jsonl").write_text(
+        json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n"
+    )
     owners = {s.main_file.name: [p.name for p in s.subagent_files] for s in discover_sessions(tmp_path)}
     assert owners == {"aaaaaaaa-0000-4000-8000-000000000001.jsonl": [], f"{sid}.jsonl": ["agent-a1.jsonl"]}
 
@@ -179,11 +217,21 @@ def test_agent_file_whose_id_names_no_file_goes_to_the_first_main_file_carrying_
     for name in ("cccccccc-0000-4000-8000-000000000003", "eeeeeeee-0000-4000-8000-000000000005"):
         (d / f"{name}.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "uuid": name[:2]}) + "\n")
     (d / "ffffffff-0000-4000-8000-000000000006.jsonl").write_text(json.dumps({"type": "user", "uuid": "f"}) + "\n")
-    (d / "agent-a1.jsonl").write_text(json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n")
-    (d / "agent-a2.jsonl").write_text(json.dumps({"type": "user", "sessionId": "0" * 8, "agentId": "a2", "uuid": "u4"}) + "\n")
-    owners = {s.key: ([p.name for p in s.subagent_files], s.main_file and s.main_file.name) for s in discover_sessions(tmp_path)}
+    (d / "agent-a1.jsonl").write_text(
+        json.dumps({"type": "user", "sessionId": sid, "agentId": "a1", "uuid": "u3"}) + "\n"
+    )
+    (d / "agent-a2.jsonl").write_text(
+        json.dumps({"type": "user", "sessionId": "0" * 8, "agentId": "a2", "uuid": "u4"}) + "\n"
+    )
+    owners = {
+        s.key: ([p.name for p in s.subagent_files], s.main_file and s.main_file.name)
+        for s in discover_sessions(tmp_path)
+    }
     assert owners == {
-        "proj__cccccccc-0000-4000-8000-000000000003": (["agent-a1.jsonl"], "cccccccc-0000-4000-8000-000000000003.jsonl"),
+        "proj__cccccccc-0000-4000-8000-000000000003": (
+            ["agent-a1.jsonl"],
+            "cccccccc-0000-4000-8000-000000000003.jsonl",
+        ),
         "proj__eeeeeeee-0000-4000-8000-000000000005": ([], "eeeeeeee-0000-4000-8000-000000000005.jsonl"),
         "proj__ffffffff-0000-4000-8000-000000000006": ([], "ffffffff-0000-4000-8000-000000000006.jsonl"),
         "proj__00000000": (["agent-a2.jsonl"], None),  # parent not here: a session of its own
@@ -205,8 +253,11 @@ def test_a_file_name_that_is_not_utf8_is_ingested_under_an_escaped_key(tmp_path,
     bad_dir = os.fsencode(calc) + b"/caf\xe9-latin1.jsonl"  # "café" in Latin-1
     shutil.copy(calc / "a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl", bad_dir)
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", os.fsencode(root), "--out", str(out),
-                        "--engine", engine], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", "ingest", os.fsencode(root), "--out", str(out), "--engine", engine],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     lines = [json.loads(line) for line in p.stdout.splitlines()]
     assert lines[-1]["files"] == 7 and lines[-1]["python_fallback_sessions"] == 0
@@ -239,16 +290,29 @@ def test_links_and_special_files_in_the_root_are_reported_not_followed(tmp_path,
     (root / "linked").symlink_to(outside / "proj", target_is_directory=True)
     os.mkfifo(root / "p" / "fifo.jsonl")
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(root), "--out", str(out),
-                        "--engine", engine], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", "ingest", str(root), "--out", str(out), "--engine", engine],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     lines = [json.loads(line) for line in p.stdout.splitlines()]
     assert sorted(r["file"] for r in lines[:-1]) == [
-        "p/a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl", "p/fifo.jsonl", "p/gone.jsonl", "p/x.jsonl", "p/y.jsonl"]
+        "p/a1f0c3d2-1111-4a4a-8a8a-000000000001.jsonl",
+        "p/fifo.jsonl",
+        "p/gone.jsonl",
+        "p/x.jsonl",
+        "p/y.jsonl",
+    ]
     q = pq.read_table(out / "quarantine.parquet").to_pylist()
     reasons = {r["source_file"]: r["reason"] for r in q if r["line_no"] == 0}
-    assert reasons == {"p/x.jsonl": NOT_FOLLOWED, "p/y.jsonl": NOT_FOLLOWED, "p/gone.jsonl": NOT_FOLLOWED,
-                       "p/fifo.jsonl": NOT_REGULAR}
+    assert reasons == {
+        "p/x.jsonl": NOT_FOLLOWED,
+        "p/y.jsonl": NOT_FOLLOWED,
+        "p/gone.jsonl": NOT_FOLLOWED,
+        "p/fifo.jsonl": NOT_REGULAR,
+    }
     assert not any("root:" in r["text"] for r in q)
     keys = set(pq.read_table(out / "trace_states.parquet").column("session_key").to_pylist())
     assert keys == {"p__a1f0c3d2-1111-4a4a-8a8a-000000000001"}  # nothing from outside the root
@@ -268,8 +332,12 @@ def test_a_failed_write_leaves_the_previous_output_whole_and_names_the_file(tmp_
     run_cli(samples, "--out", str(out))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     limit = len(before["trace_messages.parquet"]) // 2
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", samples, "--out", str(out)],
-                       capture_output=True, text=True, preexec_fn=_file_size_limit(limit))
+    p = subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", "ingest", samples, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_file_size_limit(limit),
+    )
     assert p.returncode == 1, p.stderr
     assert f"error: {out / 'trace_messages.parquet'}: " in p.stderr and "File too large" in p.stderr, p.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # whole, and no temporary file left

@@ -100,7 +100,8 @@ def test_every_state_keeps_its_prefix_through_cut_lines(tmp_path):
     # the bridge is a pass-through message row at the damaged line, under the uuid its child names
     bridges = [r for r in damaged.messages.to_pylist() if r["record_type"] == "damaged"]
     assert {(r["source_file"].rsplit("/", 1)[-1], r["line_no"]) for r in bridges} == {
-        (name, n) for name, lines in cut_lines.items() for n in lines}
+        (name, n) for name, lines in cut_lines.items() for n in lines
+    }
     intact_rows = {(r["source_file"], r["line_no"]): r for r in intact.messages.to_pylist()}
     for b in bridges:
         orig = intact_rows[(b["source_file"], b["line_no"])]
@@ -122,11 +123,18 @@ def test_an_unknown_parent_with_no_damaged_line_before_it_is_left_alone(tmp_path
 
 # ---- chains of damaged lines in a row (issue #25) ---------------------------------------------------------
 CHAINS = [
-    ("cut_late", "cut_late"), ("cut_early", "cut_late"), ("garbled_parent", "cut_late"),
-    ("missing_parent", "cut_early"), ("cut_late", "garbled_parent"), ("garbled_body", "missing_parent"),
-    ("cut_late", "cut_late", "cut_late"), ("cut_early", "cut_late", "cut_late"),
-    ("garbled_parent", "cut_late", "missing_parent"), ("missing_parent", "garbled_parent", "cut_early"),
-    ("cut_late", "garbled_body", "garbled_parent"), ("garbled_body", "garbled_body", "garbled_body"),
+    ("cut_late", "cut_late"),
+    ("cut_early", "cut_late"),
+    ("garbled_parent", "cut_late"),
+    ("missing_parent", "cut_early"),
+    ("cut_late", "garbled_parent"),
+    ("garbled_body", "missing_parent"),
+    ("cut_late", "cut_late", "cut_late"),
+    ("cut_early", "cut_late", "cut_late"),
+    ("garbled_parent", "cut_late", "missing_parent"),
+    ("missing_parent", "garbled_parent", "cut_early"),
+    ("cut_late", "garbled_body", "garbled_parent"),
+    ("garbled_body", "garbled_body", "garbled_body"),
 ]
 
 
@@ -139,8 +147,10 @@ def _chain_corpus(src: Path) -> dict[str, list[int]]:
     m.result("r1", "file text")
     m.assistant(tool("Task", "t1", prompt="one", description="d"), tool("Task", "t2", prompt="two", description="d"))
     ids = iter(range(1, 10**6))
-    s1, s2 = (Session(SID, "1.0.98", sidechain=True, new_uuid=lambda: "%08x-0000-4000-8000-000000000000" % next(ids))
-              for _ in range(2))  # (distinct first 8 characters: a sidechain's stream id is side-<root[:8]>)
+    s1, s2 = (
+        Session(SID, "1.0.98", sidechain=True, new_uuid=lambda: "%08x-0000-4000-8000-000000000000" % next(ids))
+        for _ in range(2)
+    )  # (distinct first 8 characters: a sidechain's stream id is side-<root[:8]>)
     s1.user("one", parent=None)
     s2.user("two", parent=None)
     for k in range(4):
@@ -178,7 +188,8 @@ def test_chains_of_damaged_lines_keep_every_prefix(tmp_path, modes):
     picks = {rel: {i + k: mode for i in at for k, mode in enumerate(modes)} for rel, at in starts.items()}
     v = damage_files(tmp_path / "src", tmp_path / "out", picks, random.Random(len(modes) * 31 + len(modes[0])))
     assert {rel: len(lines) for rel, lines in v.lines.items()} == {
-        rel: len(modes) * len(at) for rel, at in starts.items()}  # every line of every run damaged
+        rel: len(modes) * len(at) for rel, at in starts.items()
+    }  # every line of every run damaged
     want, got = prefixes(v.repaired, _checked), prefixes(v.damaged, _checked)
     assert len(want) >= 14 and set(got) == set(want)
     wrong = [k for k in want if masked(got[k], v.results) != masked(want[k], v.results)]
@@ -212,7 +223,7 @@ def test_tool_results_are_salvaged_from_damaged_lines(tmp_path):
     """A result line cut mid-content (uuid lost: bridged), one cut inside a block list, and one garbled
     at its end (uuid readable) answer their calls with what they still hold, marked salvaged; a call
     whose result is truly absent stays ``[interrupted: no result]``. Both engines."""
-    long_out = "line one\n\tline \"two\" \u00e9\n" + "x" * 300
+    long_out = 'line one\n\tline "two" \u00e9\n' + "x" * 300
     m = Session(SID)
     m.user("go")
     m.assistant(text("reading"), tool("Read", "r1", file_path="a.py"), tool("Bash", "b1", command="ls"))
@@ -228,7 +239,7 @@ def test_tool_results_are_salvaged_from_damaged_lines(tmp_path):
     m.assistant(text("done"))
     lines = m.lines
     at = lines[cut_string].index("x" * 50)
-    lines[cut_string] = lines[cut_string][:at + 10]  # cut inside the content string (uuid lost)
+    lines[cut_string] = lines[cut_string][: at + 10]  # cut inside the content string (uuid lost)
     lines[cut_list] = lines[cut_list][: lines[cut_list].index("is long")]  # cut inside the second block
     lines[garbled] = lines[garbled].rstrip("}")  # not JSON any more; uuid and parent readable
     m.write(tmp_path / "proj" / f"{SID}.jsonl")
@@ -260,8 +271,10 @@ def test_salvaged_text_reading():
     assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab\\qcd"}') == [("t1", "ab")]  # garbled escape
     assert salvaged_tool_results('{"tool_use_id":"t1","content":"ab"[REDACTED cd"}') == [("t1", "ab")]
     assert salvaged_tool_results('{"tool_use_id":"t1","content":"a\x01\\u00e9') == [("t1", "a\x01\u00e9")]
-    assert salvaged_tool_results('{"tool_use_id":"t1","content":"done"},{"tool_use_id":"t2","content":[{"type":"text"'
-                                 ',"text":"p1"},{"type":"image"},{"type":"text","text":"p2') == [("t1", "done"), ("t2", "p1\np2")]
+    assert salvaged_tool_results(
+        '{"tool_use_id":"t1","content":"done"},{"tool_use_id":"t2","content":[{"type":"text"'
+        ',"text":"p1"},{"type":"image"},{"type":"text","text":"p2'
+    ) == [("t1", "done"), ("t2", "p1\np2")]
     assert salvaged_tool_results('{"tool_use_id":"t1","is_error":tr') == []  # no content: nothing to salvage
     assert salvaged_tool_results('{"tool_use_id":"t') == []  # the id itself cut
     assert salvaged_tool_results('{"content":"\\"tool_use_id\\": \\"t9\\", \\"content\\": \\"x') == []  # quoted text

@@ -9,9 +9,18 @@ from composer_pipeline.ingest.states import _has_user_parts
 from composer_pipeline.render import user_parts
 
 BLOCKS = [
-    {"type": "text", "text": "hi"}, {"type": "text", "text": ""}, {"type": "text"}, {"type": "image", "source": {}},
-    {"type": "tool_result", "tool_use_id": "known", "content": "ok"}, {"type": "tool_result", "tool_use_id": "orphan"},
-    {"type": "tool_result"}, {"type": "document"}, {"no_type": 1}, "a bare string", None, 7,
+    {"type": "text", "text": "hi"},
+    {"type": "text", "text": ""},
+    {"type": "text"},
+    {"type": "image", "source": {}},
+    {"type": "tool_result", "tool_use_id": "known", "content": "ok"},
+    {"type": "tool_result", "tool_use_id": "orphan"},
+    {"type": "tool_result"},
+    {"type": "document"},
+    {"no_type": 1},
+    "a bare string",
+    None,
+    7,
 ]
 
 
@@ -30,10 +39,14 @@ def test_action_json_of_equals_action_from_blocks(corpus):
     from composer_pipeline.render import action_from_blocks
 
     odd = [
-        [], [{"type": "text", "text": "  "}, {"type": "text", "text": " a "}, {"type": "text"}],
+        [],
+        [{"type": "text", "text": "  "}, {"type": "text", "text": " a "}, {"type": "text"}],
         [{"type": "thinking", "thinking": " t1 "}, {"type": "thinking"}, {"type": "redacted_thinking", "data": "x"}],
-        [{"type": "tool_use", "id": None, "name": None, "input": "raw"}, {"type": "tool_use", "input": [1, 2]},
-         {"type": "tool_use", "id": "t", "name": "Bash", "input": {"command": "ls", "é": "ü"}}],
+        [
+            {"type": "tool_use", "id": None, "name": None, "input": "raw"},
+            {"type": "tool_use", "input": [1, 2]},
+            {"type": "tool_use", "id": "t", "name": "Bash", "input": {"command": "ls", "é": "ü"}},
+        ],
         [{"type": "text", "text": 5}, {"type": "image"}, {"no": "type"}],
     ]
     n = 0
@@ -43,7 +56,11 @@ def test_action_json_of_equals_action_from_blocks(corpus):
                 o = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-            c = (o.get("message") or {}).get("content") if isinstance(o, dict) and isinstance(o.get("message"), dict) else None
+            c = (
+                (o.get("message") or {}).get("content")
+                if isinstance(o, dict) and isinstance(o.get("message"), dict)
+                else None
+            )
             if o.get("type") == "assistant" and isinstance(c, list):
                 odd.append([b for b in c if isinstance(b, dict)])
                 n += 1

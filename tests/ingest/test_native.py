@@ -30,7 +30,7 @@ from composer_pipeline.ingest.recipe import IngestRecipe
 
 from tests.support.sessions import Session, text, thinking, tool, uid
 from .damage import MODES, damage_line
-from .engines import assert_same, ingest_checked
+from .engines import ingest_checked
 from .test_secret_corpus import KEYS
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason=f"native engine not built: {native.IMPORT_ERROR}")
@@ -53,10 +53,10 @@ def test_strip_and_isspace_match_python_on_every_code_point():
     for ch in spaces:
         assert native.py_strip(f"{ch}a{ch}b{ch}{ch}") == f"a{ch}b"
     others = [chr(c) for c in range(0, 0x3100) if not chr(c).isspace() and not 0xD800 <= c < 0xE000]
-    for ch in others + ["\U0001F600", "\u200b", "\ufeff"]:
+    for ch in others + ["\U0001f600", "\u200b", "\ufeff"]:
         assert native.py_strip(f" {ch} ") == ch
     rng = random.Random(3)
-    pool = spaces + ["a", "é", "\u4e2d", "\U0001F600", "\x00"]
+    pool = spaces + ["a", "é", "\u4e2d", "\U0001f600", "\x00"]
     for _ in range(2000):
         s = "".join(rng.choice(pool) for _ in range(rng.randint(0, 8)))
         assert native.py_strip(s) == s.strip(), repr(s)
@@ -74,8 +74,26 @@ def test_no_non_ascii_code_point_lowers_to_e_r_or_o():
 @needs_native
 def test_canonical_json_equals_orjson_of_msgspec():
     values = [
-        None, True, False, 0, -0, 1, -1, 2**63 - 1, -(2**63), 2**64 - 1, "", "plain", 'q"uo\\te', "\x00\x01\x1f\x7f",
-        "\b\f\n\r\t", "é\u2028\U0001F600", [], {}, [1, [2, [3, {"a": [None]}]]], {"k": "v", "n": {"m": []}},
+        None,
+        True,
+        False,
+        0,
+        -0,
+        1,
+        -1,
+        2**63 - 1,
+        -(2**63),
+        2**64 - 1,
+        "",
+        "plain",
+        'q"uo\\te',
+        "\x00\x01\x1f\x7f",
+        "\b\f\n\r\t",
+        "é\u2028\U0001f600",
+        [],
+        {},
+        [1, [2, [3, {"a": [None]}]]],
+        {"k": "v", "n": {"m": []}},
         {"input_tokens": 5, "cache_creation": {"ephemeral_5m_input_tokens": 0}, "service_tier": "standard"},
     ]
     texts = [orjson.dumps(v) for v in values] + [json.dumps(v).encode() for v in values]
@@ -85,8 +103,15 @@ def test_canonical_json_equals_orjson_of_msgspec():
         got = native.canonical_json(t)
         assert got == orjson.dumps(msgspec.json.decode(t)), t
     # where only Python can say, the native side declines (the session is handed back)
-    for t in (b"1.5", b"1e3", b"[0.0]", b"18446744073709551616", b"-9223372036854775809", b'{"a":1,"a":2}',
-              b'{"\\u0061":1,"a":2}'):
+    for t in (
+        b"1.5",
+        b"1e3",
+        b"[0.0]",
+        b"18446744073709551616",
+        b"-9223372036854775809",
+        b'{"a":1,"a":2}',
+        b'{"\\u0061":1,"a":2}',
+    ):
         assert native.canonical_json(t) is None, t
     rng = random.Random(5)
     for _ in range(300):
@@ -113,8 +138,18 @@ def test_sha256_and_utf8_validation_match_python():
         data = bytes(rng.getrandbits(8) for _ in range(n))
         for portable in (False, True):  # SHA-NI where the CPU has it, and the portable rounds
             assert native.sha256_hex(data, portable) == hashlib.sha256(data).hexdigest()
-    samples = [b"", b"ascii", "é😀中".encode(), b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82",
-               "x".encode() * 40 + b"\xe2\x82\xac" + b"y" * 40, b"a" * 33 + b"\x80"]
+    samples = [
+        b"",
+        b"ascii",
+        "é😀中".encode(),
+        b"\xff",
+        b"\xc0\x80",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xe2\x82",
+        "x".encode() * 40 + b"\xe2\x82\xac" + b"y" * 40,
+        b"a" * 33 + b"\x80",
+    ]
     samples += [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
     for s in samples:
         try:
@@ -129,11 +164,28 @@ def test_sha256_and_utf8_validation_match_python():
 def test_native_reader_never_accepts_a_line_the_reference_rejects():
     """Lines orjson refuses (and msgspec too, or the reference would keep a record) must not be read
     natively; the reverse (native stricter) is allowed: Python then decides."""
-    lines = [b'{"type":"user","x":1e400}', b'{"type":"user","x":-1e400}', b'{"type":"user","x":"\\ud800"}',
-             b'{"type":"user","x":"\\udc00"}', b'{"type":"user","x":"\\q"}', b'{"type":"user","x":"a\x01"}',
-             b'{"type":"user","x":[1,]}', b'{"type":"user","x":01}', b'{"type":"user","x":1.}', b'{"type":"user",}',
-             b'{"type":"user"} x', b'[1]', b'"s"', b"", b"   ", b'{"type":"user","x":' + b"[" * 300 + b"]" * 300 + b"}",
-             b'{"type":"user","x":1e308}', b'{"type":"user","x":1e-400}', b'{"type":"user"}\r', b' {"a":1} ']
+    lines = [
+        b'{"type":"user","x":1e400}',
+        b'{"type":"user","x":-1e400}',
+        b'{"type":"user","x":"\\ud800"}',
+        b'{"type":"user","x":"\\udc00"}',
+        b'{"type":"user","x":"\\q"}',
+        b'{"type":"user","x":"a\x01"}',
+        b'{"type":"user","x":[1,]}',
+        b'{"type":"user","x":01}',
+        b'{"type":"user","x":1.}',
+        b'{"type":"user",}',
+        b'{"type":"user"} x',
+        b"[1]",
+        b'"s"',
+        b"",
+        b"   ",
+        b'{"type":"user","x":' + b"[" * 300 + b"]" * 300 + b"}",
+        b'{"type":"user","x":1e308}',
+        b'{"type":"user","x":1e-400}',
+        b'{"type":"user"}\r',
+        b' {"a":1} ',
+    ]
     for line in lines:
         try:
             orjson.loads(line)
@@ -229,12 +281,20 @@ def test_scrubbed_lines_are_read_in_place_and_a_splice_must_be_a_whole_line(tmp_
 
     def add(sp):
         spec = ("p/s.jsonl", data, sp, True, None, None, None, None)
-        return native.Builder().add_session(sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False, False, None), False, True)
+        return native.Builder().add_session(
+            sf.key, "s", [spec], lambda *a: ("damaged", "", None, None, False, False, None), False, True
+        )
 
     start, end, line = splices[0]
-    for bad in ([(start + 1, end, line)], [(start, end - 1, line)], [(start, end, line + b"\n")],
-                [splices[1], splices[0]], [(start, end, line), (start, end, line)], [(-1, end, line)],
-                [(start, len(data) + 1, line)]):
+    for bad in (
+        [(start + 1, end, line)],
+        [(start, end - 1, line)],
+        [(start, end, line + b"\n")],
+        [splices[1], splices[0]],
+        [(start, end, line), (start, end, line)],
+        [(-1, end, line)],
+        [(start, len(data) + 1, line)],
+    ):
         with pytest.raises(ValueError, match="whole line"):
             add(bad)
     assert add(splices)[0] is True
@@ -242,20 +302,68 @@ def test_scrubbed_lines_are_read_in_place_and_a_splice_must_be_a_whole_line(tmp_
 
 # ---- fuzz: mutated sessions -------------------------------------------------------------------------------
 ODD = [None, 0, 1, -0.0, 1.5, "", "x", "Task", [], {}, [1], {"a": 1}, True, False, 2**70, "\u2028 \x00"]
-TOP_KEYS = ["type", "uuid", "parentUuid", "logicalParentUuid", "isSidechain", "isMeta", "isCompactSummary", "subtype",
-            "sessionId", "timestamp", "version", "requestId", "isApiErrorMessage", "parentToolUseID", "message",
-            "toolUseResult", "data", "attachment", "@damaged"]
+TOP_KEYS = [
+    "type",
+    "uuid",
+    "parentUuid",
+    "logicalParentUuid",
+    "isSidechain",
+    "isMeta",
+    "isCompactSummary",
+    "subtype",
+    "sessionId",
+    "timestamp",
+    "version",
+    "requestId",
+    "isApiErrorMessage",
+    "parentToolUseID",
+    "message",
+    "toolUseResult",
+    "data",
+    "attachment",
+    "@damaged",
+]
 MSG_KEYS = ["id", "role", "model", "content", "usage"]
 BLOCK_KEYS = ["type", "text", "thinking", "id", "name", "input", "tool_use_id", "is_error", "content"]
-RAW_VALUES = ["1e400", "-1e400", "1e-400", "123456789012345678901234567890", "-0", "1E2", '"\\ud83d\\ude00"',
-              '"\\u00e9\\/x"', '"\\u0041"', '"Warmup"', '" Warmup\\n"', '"ERROR: failed"', '{"agentId":"ag1"}']
+RAW_VALUES = [
+    "1e400",
+    "-1e400",
+    "1e-400",
+    "123456789012345678901234567890",
+    "-0",
+    "1E2",
+    '"\\ud83d\\ude00"',
+    '"\\u00e9\\/x"',
+    '"\\u0041"',
+    '"Warmup"',
+    '" Warmup\\n"',
+    '"ERROR: failed"',
+    '{"agentId":"ag1"}',
+]
 
 
 # keys planted into string values behind each boundary a decoded string has (JSON escapes once written);
 # the whole key is the fragment looked for (a line cut inside a key leaves an incomplete one, which no
 # pattern can tell from text), for a private key its last body line (its header is redacted with the rest)
-BOUNDARIES = ["", "\n", "\t", "\r\n", "\r", "\b", "\f", "\u00e9", "\u2192", "\x00", "\\", '"', "=", ": ", "Bearer ",
-              "export X=", "\\n"]
+BOUNDARIES = [
+    "",
+    "\n",
+    "\t",
+    "\r\n",
+    "\r",
+    "\b",
+    "\f",
+    "\u00e9",
+    "\u2192",
+    "\x00",
+    "\\",
+    '"',
+    "=",
+    ": ",
+    "Bearer ",
+    "export X=",
+    "\\n",
+]
 PLANT_FRAGMENTS = [k if kind != "private_key" else "QkLmNoPq==" for kind, (k, _) in KEYS.items()]
 
 
@@ -274,8 +382,11 @@ def _synthetic_sessions(root: Path, rng: random.Random) -> None:
     m.user("fix the bug  ")
     m.assistant(thinking(" plan "), text("looking\n"), tool("Read", "r1", file_path="a.py"))
     m.result("r1", "file text", tur="Error: File has not been read yet")
-    m.assistant(text("   "), tool("Task", "task1", prompt="  explore the repo  ", description="d"),
-                tool("Task", "task2", prompt="second", description="d"))
+    m.assistant(
+        text("   "),
+        tool("Task", "task1", prompt="  explore the repo  ", description="d"),
+        tool("Task", "task2", prompt="second", description="d"),
+    )
     m.result("task1", [{"type": "text", "text": "done"}], tur={"agentId": "ab1", "status": "completed"})
     m.rec("progress", data={"type": "agent_progress", "agentId": "cd2"}, parentToolUseID="task2")
     m.rec("attachment", attachment={"type": "file"})
@@ -316,8 +427,16 @@ def _mutate_line(line: str, rng: random.Random, uuids: list[str]) -> str:
     if r < 0.08:
         return line[: rng.randint(0, len(line))]
     if r < 0.11:
-        return rng.choice(["", "   ", "[1,2]", "null", "garbage {", '{"uuid":"%s","parentUuid":"%s"' % (
-            rng.choice(uuids), rng.choice(uuids))])
+        return rng.choice(
+            [
+                "",
+                "   ",
+                "[1,2]",
+                "null",
+                "garbage {",
+                '{"uuid":"%s","parentUuid":"%s"' % (rng.choice(uuids), rng.choice(uuids)),
+            ]
+        )
     try:
         obj = json.loads(line)
     except json.JSONDecodeError:
@@ -368,7 +487,7 @@ def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
         for line in f.read_text().splitlines():
             u = line.find('"uuid":"')
             if u != -1:
-                uuids.append(line[u + 8: u + 44])
+                uuids.append(line[u + 8 : u + 44])
     uuids = uuids or ["none"]
     for f in rng.sample(files, k=min(len(files), rng.randint(1, 4))):
         lines = f.read_text().splitlines()
@@ -391,8 +510,9 @@ def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
                 lines.insert(i, lines[i])
         body = "\n".join(lines) + ("\n" if rng.random() < 0.8 else "")
         f.write_text(body)
-    recipe = IngestRecipe.from_dict({"render": {"compaction": rng.choice(["after", "full"])},
-                                     "drop_warmup": rng.random() < 0.8})
+    recipe = IngestRecipe.from_dict(
+        {"render": {"compaction": rng.choice(["after", "full"])}, "drop_warmup": rng.random() < 0.8}
+    )
     out = []
     for sf in discover_sessions(base):
         res = ingest_checked(sf, recipe)

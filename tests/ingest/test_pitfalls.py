@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import orjson
-import pytest
 
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.recipe import IngestRecipe
@@ -32,7 +31,10 @@ def test_1_invalid_lines_quarantined_and_chain_salvaged(tmp_path):
     res_uuid = s.result("t1", "content of a.py")  # line 4
     damaged_uuid = uid()
     # a truncated line that still holds its uuid and parentUuid
-    s.raw('{"parentUuid":"%s","isSidechain":false,"type":"user","uuid":"%s","message":{"role":"user","content":"and also fix' % (s.last, damaged_uuid))
+    s.raw(
+        '{"parentUuid":"%s","isSidechain":false,"type":"user","uuid":"%s","message":{"role":"user","content":"and also fix'
+        % (s.last, damaged_uuid)
+    )
     s.last = damaged_uuid
     s.assistant(text("done"))
     s.raw("")  # blank line in the middle
@@ -46,7 +48,11 @@ def test_1_invalid_lines_quarantined_and_chain_salvaged(tmp_path):
     res = next(r for r in results if r.session_key == "p__sess")
     q = res.quarantine.to_pylist()
     assert [(r["line_no"], r["reason"].split(":")[0].split(" (")[0]) for r in q] == [
-        (5, "invalid JSON"), (7, "empty line"), (8, "not a JSON object"), (9, "invalid JSON")]
+        (5, "invalid JSON"),
+        (7, "empty line"),
+        (8, "not a JSON object"),
+        (9, "invalid JSON"),
+    ]
     assert q[0]["source_file"] == "p/sess.jsonl" and q[0]["salvaged_uuid"] == damaged_uuid
     assert q[0]["salvaged_parent_uuid"] == res_uuid
     assert q[3]["text"] == "not json at all" and q[3]["salvaged_uuid"] is None
@@ -80,7 +86,9 @@ def test_2_unknown_types_pass_through(tmp_path):
 def test_3_streaming_split_is_one_state_with_last_usage(tmp_path):
     s = Session()
     s.user("go")
-    s.assistant(thinking("plan"), text("I'll read both"), tool("Read", "t1", file_path="a"), tool("Read", "t2", file_path="b"))
+    s.assistant(
+        thinking("plan"), text("I'll read both"), tool("Read", "t1", file_path="a"), tool("Read", "t2", file_path="b")
+    )
     res = ingest_dir(s.write(tmp_path / "p" / "s.jsonl").parent.parent)
     (st,) = res.states.to_pylist()
     assert st["source_lines"] == [2, 3, 4, 5] and len(st["record_uuids"]) == 4
@@ -105,7 +113,9 @@ def test_4_tool_results_and_meta_are_not_human_turns(tmp_path):
 def test_5_results_by_id_not_position_interrupted_and_orphans(tmp_path):
     s = Session()
     s.user("go")
-    first = s.assistant(tool("Read", "t1", file_path="a"), tool("Read", "t2", file_path="b"), tool("Bash", "t3", command="x"))
+    first = s.assistant(
+        tool("Read", "t1", file_path="a"), tool("Read", "t2", file_path="b"), tool("Bash", "t3", command="x")
+    )
     s.result("t2", "B", parent=first[1])  # results out of order, on side branches
     s.result("t1", "A", parent=first[0])
     # t3 never answered (interrupted); a result whose tool_use line was lost:
@@ -122,7 +132,12 @@ def test_5_results_by_id_not_position_interrupted_and_orphans(tmp_path):
 
 def test_6_content_shapes_and_error_strings(tmp_path):
     s = Session()
-    s.user([text("look at this"), {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}])
+    s.user(
+        [
+            text("look at this"),
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+        ]
+    )
     s.assistant(tool("Read", "t1", file_path="a"), tool("Edit", "t2", file_path="a"), tool("Bash", "t3", command="y"))
     s.result("t1", [text("line 1"), {"type": "image", "source": {}}])  # list content, no is_error key
     s.result("t2", "File has not been read yet", tur="Error: File has not been read yet. Read it first.")
@@ -161,15 +176,26 @@ def test_8_three_subagent_layouts_warmup_and_no_double_count(tmp_path):
     sid = "aaaaaaaa-0000-4000-8000-000000000001"
     m = Session(sid, "1.0.98")
     m.user("orchestrate")
-    m.assistant(tool("Task", "tk_inline", prompt="inline job", description="d"), tool("Task", "tk_sib", prompt="sib job"),
-                tool("Task", "tk_dir", prompt="dir job"))
+    m.assistant(
+        tool("Task", "tk_inline", prompt="inline job", description="d"),
+        tool("Task", "tk_sib", prompt="sib job"),
+        tool("Task", "tk_dir", prompt="dir job"),
+    )
     side = Session(sid, "1.0.98", sidechain=True)
     side.lines = m.lines  # inline sidechain records inside the main file
     side.user("inline job", parent=None)
     side.assistant(text("inline done"))
     m.last = None
-    m.rec("progress", parent=None, data={"type": "agent_progress", "agentId": "a2c", "message": {"type": "assistant",
-          "message": {"id": "copy", "content": [text("dir done")]}}}, parentToolUseID="tk_dir")
+    m.rec(
+        "progress",
+        parent=None,
+        data={
+            "type": "agent_progress",
+            "agentId": "a2c",
+            "message": {"type": "assistant", "message": {"id": "copy", "content": [text("dir done")]}},
+        },
+        parentToolUseID="tk_dir",
+    )
     m.result("tk_sib", "sib done", tur={"status": "completed", "agentId": "b1"})
     m.write(proj / f"{sid}.jsonl")
     sib = Session(sid, "2.0.74", agent_id="b1", sidechain=True)
@@ -189,7 +215,10 @@ def test_8_three_subagent_layouts_warmup_and_no_double_count(tmp_path):
     res = ingest_checked(sf, IngestRecipe())
     st = {s["stream_kind"]: s for s in res.states.to_pylist() if s["stream_kind"] != "main"}
     assert {k: (v["parent_tool_use_id"], v["session_id"]) for k, v in st.items()} == {
-        "inline_sidechain": ("tk_inline", sid), "sibling_agent_file": ("tk_sib", sid), "subagents_dir": ("tk_dir", sid)}
+        "inline_sidechain": ("tk_inline", sid),
+        "sibling_agent_file": ("tk_sib", sid),
+        "subagents_dir": ("tk_dir", sid),
+    }
     assert res.stats["warmup_dropped"] == 1 and res.stats["subagents_linked"] == 3
     assert res.states.num_rows == 4  # main + 3 subagents; the agent_progress copy is not a state
     for s_ in st.values():  # subagent prefixes start at their own prompt
@@ -202,8 +231,14 @@ def test_9_compaction_after_and_full(tmp_path):
     s.user("old request")
     s.assistant(text("old answer"))
     pre = s.last
-    s.rec("system", parent=None, subtype="compact_boundary", content="Conversation compacted", logicalParentUuid=pre,
-          compactMetadata={"trigger": "auto", "preTokens": 9000})
+    s.rec(
+        "system",
+        parent=None,
+        subtype="compact_boundary",
+        content="Conversation compacted",
+        logicalParentUuid=pre,
+        compactMetadata={"trigger": "auto", "preTokens": 9000},
+    )
     s.user("Summary: old request was answered.", isCompactSummary=True, isVisibleInTranscriptOnly=True)
     s.user("new request")
     s.assistant(text("new answer"))
@@ -279,11 +314,15 @@ def test_odd_values_never_abort_the_ingest(tmp_path):
     s.user([{"type": "tool_result", "tool_use_id": {"not": "hashable"}, "content": "x"}])
     s.assistant(text("after"), tool("Read", "t2", file_path="a.py"))
     u = uid()
-    s.raw('{"type":"user","uuid":"%s","parentUuid":"%s","message":{"role":"user","content":[{"type":"tool_result",'
-          '"tool_use_id":"t2","is_error":true,"content":[1e400]}]}}' % (u, s.last))
+    s.raw(
+        '{"type":"user","uuid":"%s","parentUuid":"%s","message":{"role":"user","content":[{"type":"tool_result",'
+        '"tool_use_id":"t2","is_error":true,"content":[1e400]}]}}' % (u, s.last)
+    )
     forged = uid()
-    s.raw('{"type":"user","uuid":"%s","parentUuid":"%s","@damaged":true,"message":{"role":"user","content":"hi"}}'
-          % (forged, u))
+    s.raw(
+        '{"type":"user","uuid":"%s","parentUuid":"%s","@damaged":true,"message":{"role":"user","content":"hi"}}'
+        % (forged, u)
+    )
     s.last = forged
     s.raw('{"type":"user","uuid":"%s","x":%s}' % (uid(), "[" * 3000 + "]" * 3000))
     s.assistant(text("end"))

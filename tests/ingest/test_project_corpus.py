@@ -74,24 +74,32 @@ def test_parallel_calls_progress_chain_and_compaction(ours):
     assert not any("hook_progress" in str(m.get("content")) for m in msgs)  # progress links never render
     after = render_state(conv, _state(ours, key, "msg_T1_07"), RenderOptions()).messages
     full = render_state(conv, _state(ours, key, "msg_T1_07"), RenderOptions(compaction="full")).messages
-    assert _users(after)[0].startswith("This session is being continued") and _users(after)[-1] == "also update the README"
+    assert (
+        _users(after)[0].startswith("This session is being continued") and _users(after)[-1] == "also update the README"
+    )
     assert _users(full)[0] == "add a --verbose flag to the CLI" and "now run the tests" in _users(full)
     worker = next(s for s in ours.states(key) if s["agent_id"] and s["agent_id"].startswith("acompact-"))
     assert _users(render_state(conv, worker, RenderOptions()).messages) == [
-        "Your task is to create a detailed summary of the conversation so far."]
+        "Your task is to create a detailed summary of the conversation so far."
+    ]
 
 
 def test_rewind_and_subagent_prompts(ours):
     e = EXPECTED["rewind"]
-    users = _users(render_state(ours.conv(e["session_key"]), _state(ours, e["session_key"], e["message_id"]),
-                                RenderOptions()).messages)
+    users = _users(
+        render_state(
+            ours.conv(e["session_key"]), _state(ours, e["session_key"], e["message_id"]), RenderOptions()
+        ).messages
+    )
     assert users[-1] == e["last_user"] and e["dropped_user"] not in users
     key = f"{LEGACY}__{L1}"
     conv = ours.conv(key)
     main = [s for s in ours.states(key) if s["stream_kind"] == "main"]
     msgs = render_state(conv, main[-1], RenderOptions()).messages
     assert [m["content"] for m in msgs if m["role"] == "tool"][:2] == [
-        "## Models\n- User\n- Order", "## Raw SQL\n- app/db.py:10\n- app/report.py:3"]  # Task results (lists)
+        "## Models\n- User\n- Order",
+        "## Raw SQL\n- app/db.py:10\n- app/report.py:3",
+    ]  # Task results (lists)
     assert "[Request interrupted by user]" in _users(msgs)
     for side in (s for s in ours.states(key) if s["stream_kind"] == "inline_sidechain"):
         first = _users(render_state(conv, side, RenderOptions()).messages)[0]

@@ -89,7 +89,12 @@ def test_render_parallel_calls_and_chain_order(real):
     msgs = render_state(conv, st, RenderOptions()).messages
     asst = [m for m in msgs if m["role"] == "assistant"]
     # one assistant message for the 4-record response with 4 parallel calls, results by id
-    assert [c["function"]["name"] for c in asst[-1]["tool_calls"]] == ["WebFetch", "WebSearch", "WebSearch", "WebSearch"]
+    assert [c["function"]["name"] for c in asst[-1]["tool_calls"]] == [
+        "WebFetch",
+        "WebSearch",
+        "WebSearch",
+        "WebSearch",
+    ]
     assert [m["role"] for m in msgs[-4:]] == ["tool"] * 4
     assert msgs[-4]["tool_call_id"] == asst[-1]["tool_calls"][0]["id"]
     # 2.1.x progress records sit in the chain (hook_progress between Write and its result) but never render

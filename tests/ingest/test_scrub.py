@@ -29,8 +29,18 @@ SECRETS = {
     "private_key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA1234\nabcd==\n-----END RSA PRIVATE KEY-----",
     "password_assignment": 'DB_PASSWORD="hunter2hunter2"',
 }
-SECRET_VALUES = ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG", "A1b2C3d4A1b2", "x9Y8z7W6x9Y8", "Q1w2E3r4Q1w2",
-                 "98765432101-AbCd", "SyD4e5F6g7H8", "eyJzdWIiOiIxMjM0NTY3ODkwIn0", "MIIEowIBAAKCAQEA1234", "hunter2hunter2"]
+SECRET_VALUES = [
+    "AKIAIOSFODNN7EXAMPLE",
+    "wJalrXUtnFEMI/K7MDENG",
+    "A1b2C3d4A1b2",
+    "x9Y8z7W6x9Y8",
+    "Q1w2E3r4Q1w2",
+    "98765432101-AbCd",
+    "SyD4e5F6g7H8",
+    "eyJzdWIiOiIxMjM0NTY3ODkwIn0",
+    "MIIEowIBAAKCAQEA1234",
+    "hunter2hunter2",
+]
 
 
 @pytest.mark.parametrize("kind", sorted(SECRETS))
@@ -57,8 +67,10 @@ def test_fine_grained_github_token_scrubbed_at_every_boundary():
 
 
 def test_near_misses_untouched():
-    benign = ("task-abcdefghijklmnopqrstuvwxyz0123 disk-usage ASIAN food pwd: str password: x "
-              "output_tokens input_tokens eyJ alone AKIA short sk-short")
+    benign = (
+        "task-abcdefghijklmnopqrstuvwxyz0123 disk-usage ASIAN food pwd: str password: x "
+        "output_tokens input_tokens eyJ alone AKIA short sk-short"
+    )
     s = Scrubber()
     assert s.scrub(benign) == benign and not s.counts
 
@@ -71,7 +83,9 @@ def test_bytes_fast_path_equals_regex_on_json_lines():
     for i in range(400):
         parts = [rng.choice(filler) for _ in range(rng.randint(1, 5))]
         if rng.random() < 0.3:
-            parts.insert(rng.randint(0, len(parts)), rng.choice(["", "\n", "\t", "\u00e9"]) + rng.choice(list(SECRETS.values())))
+            parts.insert(
+                rng.randint(0, len(parts)), rng.choice(["", "\n", "\t", "\u00e9"]) + rng.choice(list(SECRETS.values()))
+            )
         # half the lines escape non-ASCII (json.dumps), half keep UTF-8 (orjson): both boundary forms
         dump = orjson.dumps if i % 2 else (lambda o: json.dumps(o).encode())
         lines.append(dump({"i": i, "message": {"content": " ".join(parts)}, "tur": {"k": json.dumps(" ".join(parts))}}))
@@ -94,8 +108,13 @@ def test_a_redaction_keeps_every_line_valid_json_at_any_nesting_depth():
     """Only the key (or the value of a name = value pair) is replaced: quotes and backslashes around it
     stay, so a line stays valid JSON and a JSON document nested in it (at any depth) stays one too."""
     for kind, secret in SECRETS.items():
-        for inner in ({"k": "\n" + secret + "\t"}, {"k": SECRETS["private_key"].split("-----END")[0]}, {"aws_secret_access_key": "w" * 40}, {"password\\": "hunter22"},
-                      {"api_key": secret}):
+        for inner in (
+            {"k": "\n" + secret + "\t"},
+            {"k": SECRETS["private_key"].split("-----END")[0]},
+            {"aws_secret_access_key": "w" * 40},
+            {"password\\": "hunter22"},
+            {"api_key": secret},
+        ):
             for depth in range(3):
                 doc = inner
                 for _ in range(depth + 1):
@@ -121,7 +140,10 @@ def test_extra_patterns_and_scan():
 def test_no_secret_reaches_any_table(tmp_path):
     s = Session()
     s.user(f"use {SECRETS['anthropic_key']} and {SECRETS['password_assignment']}")
-    s.assistant(text(f"export GITHUB_TOKEN={SECRETS['github_token']}"), tool("Bash", "t1", command=f"curl -H 'x-api-key: {SECRETS['openai_key']}'"))
+    s.assistant(
+        text(f"export GITHUB_TOKEN={SECRETS['github_token']}"),
+        tool("Bash", "t1", command=f"curl -H 'x-api-key: {SECRETS['openai_key']}'"),
+    )
     s.result("t1", SECRETS["private_key"], tur={"stdout": SECRETS["aws_access_key"], "stderr": SECRETS["jwt"]})
     s.raw('{"uuid":"00000000-0000-4000-8000-0000000000ff","broken": "%s' % SECRETS["slack_token"])  # damaged line
     s.user("ticket TKT-0123456789abcdef0123456789abcdef")
@@ -155,7 +177,9 @@ def test_hyperscan_database_cache_round_trip(tmp_path, monkeypatch):
     from composer_pipeline import scrub
 
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path))
-    data = b"\n".join(orjson.dumps({"c": c}) for c in (*SECRETS.values(), "task-sk-" + "a" * 30, "plain", "\n" + SECRETS["jwt"]))
+    data = b"\n".join(
+        orjson.dumps({"c": c}) for c in (*SECRETS.values(), "task-sk-" + "a" * 30, "plain", "\n" + SECRETS["jwt"])
+    )
     path = scrub._hyperscan_cache_path()
     assert path.is_relative_to(tmp_path) and not path.exists()
     monkeypatch.setattr(scrub, "_HS_DB", None)
@@ -181,19 +205,56 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
     (auto, where installed) and the RE2 fallback."""
     rng = random.Random(11)
     pieces = list(SECRETS.values()) + [
-        "PassWord: 'Tr0ub4dor&3'", "API-KEY=abcdefgh", 'api_key\\": \\"zzzzzzzz', "Client_Secret = qwertyuiop",
-        "SECRET\t:\tvalue1234", "pwd=short", "AKIAIOSFODNN7EXAMPL", "xoxp-1", "sk-ant-short", "ghs_" + "z" * 36,
-        "ſecret: 12345678", "paſsword=abcdefgh", "Kelvin\u212a", "ünïcödé text", "eyJonly.eyJtwo", "task-sk-" + "a" * 30,
+        "PassWord: 'Tr0ub4dor&3'",
+        "API-KEY=abcdefgh",
+        'api_key\\": \\"zzzzzzzz',
+        "Client_Secret = qwertyuiop",
+        "SECRET\t:\tvalue1234",
+        "pwd=short",
+        "AKIAIOSFODNN7EXAMPL",
+        "xoxp-1",
+        "sk-ant-short",
+        "ghs_" + "z" * 36,
+        "ſecret: 12345678",
+        "paſsword=abcdefgh",
+        "Kelvin\u212a",
+        "ünïcödé text",
+        "eyJonly.eyJtwo",
+        "task-sk-" + "a" * 30,
         # each kind at its length threshold and one short of it (the prefilter cuts ``{n,}`` to ``{n}``)
-        "sk-" + "b" * 20, "sk-" + "b" * 19, "sk-ant-" + "c" * 20, "sk-proj-" + "d" * 19, "xoxb-" + "1" * 10, "xoxb-" + "1" * 9,
-        "AKIA" + "Z" * 16, "ASIA" + "Z" * 15, "AIza" + "k" * 35, "AIza" + "k" * 34, "gho_" + "m" * 30, "ghr_" + "m" * 29,
-        "github_pat_" + "n" * 22, "github_pat_" + "n" * 21, "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 8,
-        "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 7, "passwd:abcdef", "passwd:abcde", 'secret_key \\"= 123456',
-        "https://hooks.slack.com/services/T0/B1/xyz", "hooks.slack.com/services/", "AWS_SECRET_ACCESS_KEY: " + "w" * 40,
+        "sk-" + "b" * 20,
+        "sk-" + "b" * 19,
+        "sk-ant-" + "c" * 20,
+        "sk-proj-" + "d" * 19,
+        "xoxb-" + "1" * 10,
+        "xoxb-" + "1" * 9,
+        "AKIA" + "Z" * 16,
+        "ASIA" + "Z" * 15,
+        "AIza" + "k" * 35,
+        "AIza" + "k" * 34,
+        "gho_" + "m" * 30,
+        "ghr_" + "m" * 29,
+        "github_pat_" + "n" * 22,
+        "github_pat_" + "n" * 21,
+        "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 8,
+        "eyJ" + "p" * 8 + ".eyJ" + "q" * 8 + "." + "r" * 7,
+        "passwd:abcdef",
+        "passwd:abcde",
+        'secret_key \\"= 123456',
+        "https://hooks.slack.com/services/T0/B1/xyz",
+        "hooks.slack.com/services/",
+        "AWS_SECRET_ACCESS_KEY: " + "w" * 40,
         # behind the escapes a decoded line start, tab, CR or non-ASCII character becomes; nested JSON
-        "\n" + SECRETS["jwt"], "\t" + SECRETS["github_token"], "\r" + SECRETS["aws_access_key"], "\u00e9" + SECRETS["openai_key"],
-        json.dumps({"in": "\n" + SECRETS["slack_token"]}), json.dumps(json.dumps({"pwd": "\tletmein99"})),
-        "password\t:\tabcdefgh", "\nAKIA" + "Q" * 15, "\ntask-sk-" + "a" * 30, "\n" + SECRETS["password_assignment"],
+        "\n" + SECRETS["jwt"],
+        "\t" + SECRETS["github_token"],
+        "\r" + SECRETS["aws_access_key"],
+        "\u00e9" + SECRETS["openai_key"],
+        json.dumps({"in": "\n" + SECRETS["slack_token"]}),
+        json.dumps(json.dumps({"pwd": "\tletmein99"})),
+        "password\t:\tabcdefgh",
+        "\nAKIA" + "Q" * 15,
+        "\ntask-sk-" + "a" * 30,
+        "\n" + SECRETS["password_assignment"],
     ]
     lines = []
     for i in range(600):
@@ -203,7 +264,7 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
         c = ("" if i % 3 == 0 else " ").join(parts)
         line = orjson.dumps({"i": i, "c": c}) if i % 2 else json.dumps({"i": i, "c": c}).encode()
         if rng.random() < 0.05:
-            line = line[: rng.randint(1, len(line))] + b"\xff\xfe" + line[rng.randint(0, len(line)):]
+            line = line[: rng.randint(1, len(line))] + b"\xff\xfe" + line[rng.randint(0, len(line)) :]
         lines.append(line)
     for data in (b"\n".join(lines), b"\n".join(lines) + b"\n", b"\n\n" + b"\r\n".join(lines[:50])):
         fast, exact = Scrubber(), Scrubber()

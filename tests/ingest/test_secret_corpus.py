@@ -40,8 +40,10 @@ KEYS = {
     "slack_token": ("xoxb-1234567890-0987654321-Sl4ckT0k3nVal", "0987654321-Sl4ckT0k3n"),
     "google_api_key": ("AIza" + "Go0gL3kEy9Xw7Vu5Ts3Rq1Po9Nm7Lk5Jh3G", "Go0gL3kEy9Xw7Vu5Ts3R"),
     "jwt": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjb3JwdXMtdXNlciJ9.Jw7Sig9Nat8Ure6Val", "eyJzdWIiOiJjb3JwdXMtdXNlciJ9"),
-    "private_key": ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpPr1vAt3K3yB0dy\nQkLmNoPq==\n-----END RSA PRIVATE KEY-----",
-                    "MIIEpPr1vAt3K3yB0dy"),
+    "private_key": (
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEpPr1vAt3K3yB0dy\nQkLmNoPq==\n-----END RSA PRIVATE KEY-----",
+        "MIIEpPr1vAt3K3yB0dy",
+    ),
     "password_assignment": ("DB_PASSWORD=Pw9Corpus7Hunter", "Pw9Corpus7Hunter"),
 }
 # every other form a built-in pattern accepts (an alternation or optional prefix), each at every position
@@ -58,8 +60,11 @@ VARIANTS = [
     ("password_assignment", "client_secret: Cs8Assign3Value", "Cs8Assign3Value"),
     # URL-encoded keys: the token formats are made of characters URL encoders keep (letters, digits,
     # ``-_.``), so only these forms change under encoding
-    ("slack_token", "https%3A%2F%2Fhooks.slack.com%2Fservices%2FT0AB12CD3%2FB0EF45GH6%2FUr1Enc0dedHo0k9",
-     "Ur1Enc0dedHo0k9"),
+    (
+        "slack_token",
+        "https%3A%2F%2Fhooks.slack.com%2Fservices%2FT0AB12CD3%2FB0EF45GH6%2FUr1Enc0dedHo0k9",
+        "Ur1Enc0dedHo0k9",
+    ),
     ("password_assignment", "DB_PASSWORD%3DPw9UrlEnc0ded7", "Pw9UrlEnc0ded7"),
     ("password_assignment", "%22api_key%22%3A%22Ak9UrlEnc0ded3%22", "Ak9UrlEnc0ded3"),
 ]
@@ -92,10 +97,23 @@ POSITIONS = {
 
 # must come through unchanged (decoded), wherever they stand
 NEAR_MISSES = [
-    "task-id", "task-abcdefghijklmnopqrstuvwxyz0123", "msg_01Kxoxb-98765432109876", "toolu_01xoxp-ABCDEFGHIJKL",
-    "3f786850e387550fdab836ed7e6dc881de23001b", "disk-usage", "ASIAN food", "pwd: str", "password: x",
-    "output_tokens", "eyJ alone", "AKIA short", "sk-short", "\ntask-sk-abcdefghijklmnopqrstuvwx",
-    "\npassword: short", "\tnot_a_key", "\u2192AKIA1234",
+    "task-id",
+    "task-abcdefghijklmnopqrstuvwxyz0123",
+    "msg_01Kxoxb-98765432109876",
+    "toolu_01xoxp-ABCDEFGHIJKL",
+    "3f786850e387550fdab836ed7e6dc881de23001b",
+    "disk-usage",
+    "ASIAN food",
+    "pwd: str",
+    "password: x",
+    "output_tokens",
+    "eyJ alone",
+    "AKIA short",
+    "sk-short",
+    "\ntask-sk-abcdefghijklmnopqrstuvwx",
+    "\npassword: short",
+    "\tnot_a_key",
+    "\u2192AKIA1234",
 ]
 
 
@@ -110,13 +128,21 @@ def _session(tmp: Path, raw_utf8: bool) -> None:
             s.user(tmpl.format(k=key))
         nested = json.dumps({"env": {"TOKEN": key}, "note": "line\n" + key, "cmd": "\t" + key})
         tid = f"tu_{i}_{kind}"
-        s.assistant(thinking(f"the user pasted\n{key}\ninto the chat"),
-                    text(f"I will write the config.\n{key}"),
-                    tool("Write", tid, file_path="/tmp/cfg.json", content=nested, deeper=json.dumps({"inner": nested})))
+        s.assistant(
+            thinking(f"the user pasted\n{key}\ninto the chat"),
+            text(f"I will write the config.\n{key}"),
+            tool("Write", tid, file_path="/tmp/cfg.json", content=nested, deeper=json.dumps({"inner": nested})),
+        )
         s.result(tid, f"$ cat .env\nA=1\n{key}\nB=2\n", tur={"stdout": f"A=1\n{key}", "stderr": f"\t{key}"})
     # a damaged line: the record is cut off after the key (a crash mid-write), before its uuid
-    cut = json.dumps({"parentUuid": s.last, "type": "user", "message": {"role": "user", "content":
-                      "pasted:\n" + "\n".join(k for _, k, _ in SAMPLES) + "\nend"}, "uuid": "x"})
+    cut = json.dumps(
+        {
+            "parentUuid": s.last,
+            "type": "user",
+            "message": {"role": "user", "content": "pasted:\n" + "\n".join(k for _, k, _ in SAMPLES) + "\nend"},
+            "uuid": "x",
+        }
+    )
     s.raw(cut[: cut.index("\\nend")])
     s.assistant(text("done " + " ".join(NEAR_MISSES)))
     agent = Session(sid=sid, agent_id="a5ec0e7", sidechain=True)
@@ -127,8 +153,10 @@ def _session(tmp: Path, raw_utf8: bool) -> None:
         agent.result(f"ag_{i}_{kind}", f"{key}\n", tur={"stdout": key})
     for sess, path in ((s, proj / f"{sid}.jsonl"), (agent, proj / sid / "subagents" / "agent-a5ec0e7.jsonl")):
         if raw_utf8:  # as Claude Code writes: non-ASCII as UTF-8, not \\u escapes
-            sess.lines = [line if not line.startswith("{") or not line.endswith("}")
-                          else orjson.dumps(json.loads(line)).decode() for line in sess.lines]
+            sess.lines = [
+                line if not line.startswith("{") or not line.endswith("}") else orjson.dumps(json.loads(line)).decode()
+                for line in sess.lines
+            ]
         sess.write(path)
 
 
@@ -137,7 +165,7 @@ def _strings(v, out: list[str]) -> None:
     if isinstance(v, str):
         out.append(v)
         t = v.strip()
-        if t[:1] in "{[\"":
+        if t[:1] in '{["':
             try:
                 _strings(json.loads(t), out)
             except ValueError:
@@ -318,8 +346,10 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
     keys = KeyMap(session_keys).assign()
     assert len(set(keys.values())) == len(folders)
     io_manager = ParquetUPathIOManager(base_path=UPath(str(tmp_path / "store")))
-    paths = [str(io_manager.make_safe_partition_path(UPath(str(tmp_path / "store" / "trace_states")), pk))
-             for pk in keys.values()]
+    paths = [
+        str(io_manager.make_safe_partition_path(UPath(str(tmp_path / "store" / "trace_states")), pk))
+        for pk in keys.values()
+    ]
     strings += list(keys.values()) + paths
     bad = [f"{f!r} in {s[:160]!r}" for s in strings for f in frags if f in s]
     assert not bad, bad[:5]
@@ -339,16 +369,22 @@ def test_a_key_split_across_two_blocks_or_two_arguments_reaches_no_prefix(tmp_pa
         if kind == "private_key":
             continue
         probe = Scrubber()  # the cut nearest the middle where neither half matches alone
-        cut = min((c for c in range(4, len(key) - 3)
-                   if probe.scrub(key[:c]) == key[:c] and probe.scrub(key[c:]) == key[c:]),
-                  key=lambda c: abs(c - len(key) // 2))
+        cut = min(
+            (c for c in range(4, len(key) - 3) if probe.scrub(key[:c]) == key[:c] and probe.scrub(key[c:]) == key[c:]),
+            key=lambda c: abs(c - len(key) // 2),
+        )
         h1, h2 = key[:cut], key[cut:]
         # what must not be sent: the key's characters, not a name=/separator a redaction keeps
         value = next((m.end(1) for p in probe.patterns if p.kind == kind and p.keep for m in [p.rs.search(key)]), 0)
-        halves += [x for x in (key[value:cut], key[max(cut, value):]) if len(x) >= 4]
+        halves += [x for x in (key[value:cut], key[max(cut, value) :]) if len(x) >= 4]
         s.user([text("the token is " + h1), text(h2 + " please use it")])
-        s.assistant(thinking("they pasted " + h1), thinking(h2), text("I will set " + h1), text(h2 + " now"),
-                    tool("Bash", f"t{i}", command="export TOKEN=" + h1, description=h2))
+        s.assistant(
+            thinking("they pasted " + h1),
+            thinking(h2),
+            text("I will set " + h1),
+            text(h2 + " now"),
+            tool("Bash", f"t{i}", command="export TOKEN=" + h1, description=h2),
+        )
         s.result(f"t{i}", "ok")
     s.user("thanks")
     s.assistant(text("done"))

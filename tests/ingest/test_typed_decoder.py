@@ -7,7 +7,13 @@ import orjson
 import pytest
 
 from composer_pipeline.ingest.parser import (
-    NO_RAW, Block, Message, Record, _decode, parse_file, record_from_obj,
+    NO_RAW,
+    Block,
+    Message,
+    Record,
+    _decode,
+    parse_file,
+    record_from_obj,
 )
 from composer_pipeline.scrub import Scrubber
 from composer_pipeline.render import record_payload
@@ -15,16 +21,32 @@ from composer_pipeline.render import record_payload
 
 def _normalized(r: Record) -> tuple:
     """A record with its undecoded payloads decoded (their bytes may differ in whitespace only)."""
+
     def blocks(c):
         if type(c) is not list:
             return c
-        return [(b.type, b.text, b.thinking, b.id, b.name, b.input, b.tool_use_id, b.is_error,
-                 orjson.loads(bytes(b.content)) if b.content else "<absent>") for b in c]
+        return [
+            (
+                b.type,
+                b.text,
+                b.thinking,
+                b.id,
+                b.name,
+                b.input,
+                b.tool_use_id,
+                b.is_error,
+                orjson.loads(bytes(b.content)) if b.content else "<absent>",
+            )
+            for b in c
+        ]
 
     m = r.message
     msg = None if m is None else (m.id, m.role, m.model, blocks(m.content), m.usage)
-    fields = [getattr(r, f) for f in Record.__struct_fields__
-              if f not in ("message", "tool_use_result", "raw", "line_no", "file")]
+    fields = [
+        getattr(r, f)
+        for f in Record.__struct_fields__
+        if f not in ("message", "tool_use_result", "raw", "line_no", "file")
+    ]
     return (*fields, msg, orjson.loads(bytes(r.tool_use_result)) if r.tool_use_result else "<absent>")
 
 
@@ -49,19 +71,26 @@ def test_fast_and_general_paths_agree_on_every_line(corpus):
     assert n > corpus.expect["min_typed_lines"] and general < n / 100
 
 
-@pytest.mark.parametrize("line, expect", [
-    # a wrong-typed value reads as absent; the rest of the record is kept
-    (b'{"type":"user","uuid":7,"parentUuid":"p","message":{"role":"user","content":"hi"}}',
-     dict(uuid=None, parent="p", content="hi")),
-    (b'{"type":null,"uuid":"u"}', dict(type="<none>", uuid="u")),
-    (b'{"type":"user","uuid":"u","timestamp":12}', dict(uuid="u", timestamp=None)),
-    # content that is neither a string nor a list; non-object blocks are skipped
-    (b'{"type":"user","uuid":"u","message":{"role":"user","content":{"a":1}}}', dict(content=None)),
-    (b'{"type":"assistant","uuid":"u","message":{"content":["x",{"type":"text","text":"t"},3]}}',
-     dict(texts=["t"])),
-    (b'{"type":"progress","uuid":"u","data":"not an object"}', dict(data=None)),
-    (b'{"type":"user","uuid":"u","message":"not an object"}', dict(message=None)),
-])
+@pytest.mark.parametrize(
+    "line, expect",
+    [
+        # a wrong-typed value reads as absent; the rest of the record is kept
+        (
+            b'{"type":"user","uuid":7,"parentUuid":"p","message":{"role":"user","content":"hi"}}',
+            dict(uuid=None, parent="p", content="hi"),
+        ),
+        (b'{"type":null,"uuid":"u"}', dict(type="<none>", uuid="u")),
+        (b'{"type":"user","uuid":"u","timestamp":12}', dict(uuid="u", timestamp=None)),
+        # content that is neither a string nor a list; non-object blocks are skipped
+        (b'{"type":"user","uuid":"u","message":{"role":"user","content":{"a":1}}}', dict(content=None)),
+        (
+            b'{"type":"assistant","uuid":"u","message":{"content":["x",{"type":"text","text":"t"},3]}}',
+            dict(texts=["t"]),
+        ),
+        (b'{"type":"progress","uuid":"u","data":"not an object"}', dict(data=None)),
+        (b'{"type":"user","uuid":"u","message":"not an object"}', dict(message=None)),
+    ],
+)
 def test_odd_values_take_the_general_path(tmp_path, line, expect):
     f = tmp_path / "s.jsonl"
     f.write_bytes(b'{"type":"user","uuid":"first","message":{"role":"user","content":"ok"}}\n' + line + b"\n")
@@ -83,7 +112,10 @@ def test_blank_lines_and_bad_lines_keep_their_numbers(tmp_path):
     f.write_bytes(b'{"type":"user","uuid":"a"}\n\n{"type":"user","uuid":"b"}\n{broken\n{"type":"user","uuid":"c"}')
     out = parse_file(f, "s.jsonl", Scrubber(), "k")
     assert [(r.uuid, r.line_no) for r in out.records] == [("a", 1), ("b", 3), ("c", 5)]
-    assert [(q["line_no"], q["reason"].split(":")[0]) for q in out.quarantine] == [(2, "empty line"), (4, "invalid JSON")]
+    assert [(q["line_no"], q["reason"].split(":")[0]) for q in out.quarantine] == [
+        (2, "empty line"),
+        (4, "invalid JSON"),
+    ]
 
 
 def test_invalid_utf8_file_is_repaired_line_by_line(tmp_path):
@@ -97,8 +129,10 @@ def test_invalid_utf8_file_is_repaired_line_by_line(tmp_path):
 
 
 def test_payload_is_stored_once_and_recoverable():
-    line = (b'{"type":"user","uuid":"u","message":{"role":"user","content":[{"type":"tool_result",'
-            b'"tool_use_id":"t","content":[{"type":"text","text":"big output"}]}]},"toolUseResult":{"stdout":"x"}}')
+    line = (
+        b'{"type":"user","uuid":"u","message":{"role":"user","content":[{"type":"tool_result",'
+        b'"tool_use_id":"t","content":[{"type":"text","text":"big output"}]}]},"toolUseResult":{"stdout":"x"}}'
+    )
     r = _decode(line)
     assert r.tool_use_result != NO_RAW and orjson.loads(bytes(r.tool_use_result)) == {"stdout": "x"}
     assert orjson.loads(bytes(r.message.content[0].content)) == [{"type": "text", "text": "big output"}]

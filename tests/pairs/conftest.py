@@ -17,7 +17,9 @@ SRC = "proj/s1.jsonl"
 READ = Action(tool_calls=(ToolCall("Read", {"file_path": "/repo/src/app.py"}, id="toolu_1"),))
 BASH = Action(tool_calls=(ToolCall("Bash", {"command": "pytest -q"}, id="toolu_2"),))
 EDIT = Action(
-    tool_calls=(ToolCall("Edit", {"file_path": "/repo/src/app.py", "old_string": "x = 1", "new_string": "x = 2"}, id="c"),)
+    tool_calls=(
+        ToolCall("Edit", {"file_path": "/repo/src/app.py", "old_string": "x = 1", "new_string": "x = 2"}, id="c"),
+    )
 )
 DONE = Action(text="All tests pass now.")
 
@@ -29,34 +31,77 @@ def _blocks(action: Action) -> list[dict]:
 
 
 def _msg(line, uuid, parent, rtype, content, message_key=None):
-    record = {"type": rtype, "uuid": uuid, "parentUuid": parent, "sessionId": "sess-1",
-              "message": {"role": rtype, "content": content}}
+    record = {
+        "type": rtype,
+        "uuid": uuid,
+        "parentUuid": parent,
+        "sessionId": "sess-1",
+        "message": {"role": rtype, "content": content},
+    }
     return {
-        "stream_id": STREAM, "session_key": KEY, "uuid": uuid, "parent_uuid": parent, "logical_parent_uuid": None,
-        "record_type": rtype, "subtype": None, "message_key": message_key or uuid, "role": rtype,
+        "stream_id": STREAM,
+        "session_key": KEY,
+        "uuid": uuid,
+        "parent_uuid": parent,
+        "logical_parent_uuid": None,
+        "record_type": rtype,
+        "subtype": None,
+        "message_key": message_key or uuid,
+        "role": rtype,
         "is_meta": False,
-        "is_compact_summary": False, "is_sidechain": False, "source_file": SRC, "line_no": line,
-        "timestamp": f"2026-01-01T00:00:0{line}Z", "raw": orjson.dumps(record).decode(),
+        "is_compact_summary": False,
+        "is_sidechain": False,
+        "source_file": SRC,
+        "line_no": line,
+        "timestamp": f"2026-01-01T00:00:0{line}Z",
+        "raw": orjson.dumps(record).decode(),
     }
 
 
 def _state(state_id, action, leaf, line, uuid, msg_id, has_error=False):
     return {
-        "state_id": state_id, "session_id": "sess-1", "session_key": KEY, "stream_id": STREAM, "stream_kind": "main",
-        "agent_id": None, "parent_tool_use_id": None, "source_file": SRC, "source_lines": [line],
-        "record_uuids": [uuid], "message_id": msg_id, "request_id": None, "prefix_leaf_uuid": leaf,
-        "n_prefix_messages": line - 1, "action": action.to_json(), "error_after": None, "has_error": has_error,
-        "model": "claude-x", "version": "2.1.0", "timestamp": "2026-01-01T00:00:00Z", "usage": None,
+        "state_id": state_id,
+        "session_id": "sess-1",
+        "session_key": KEY,
+        "stream_id": STREAM,
+        "stream_kind": "main",
+        "agent_id": None,
+        "parent_tool_use_id": None,
+        "source_file": SRC,
+        "source_lines": [line],
+        "record_uuids": [uuid],
+        "message_id": msg_id,
+        "request_id": None,
+        "prefix_leaf_uuid": leaf,
+        "n_prefix_messages": line - 1,
+        "action": action.to_json(),
+        "error_after": None,
+        "has_error": has_error,
+        "model": "claude-x",
+        "version": "2.1.0",
+        "timestamp": "2026-01-01T00:00:00Z",
+        "usage": None,
     }
 
 
 def replay(state_id, teacher, action, status="answered", cost=0.001, created="2026-01-02T00:00:00Z", n=0):
     return {
-        "call_id": f"{state_id}-{teacher}-{n}", "state_id": state_id, "session_key": KEY, "teacher": teacher,
-        "model": f"{teacher}-model", "status": status, "reason": None if status == "answered" else "http 500",
+        "call_id": f"{state_id}-{teacher}-{n}",
+        "state_id": state_id,
+        "session_key": KEY,
+        "teacher": teacher,
+        "model": f"{teacher}-model",
+        "status": status,
+        "reason": None if status == "answered" else "http 500",
         "action": action.to_json() if (action is not None and status == "answered") else None,
-        "raw_answer": action.to_text() if action is not None else None, "cost_usd": cost, "reserved_usd": cost,
-        "prompt_tokens": 100, "completion_tokens": 10, "latency_s": 0.1, "attempts": 1, "cache_hit": False,
+        "raw_answer": action.to_text() if action is not None else None,
+        "cost_usd": cost,
+        "reserved_usd": cost,
+        "prompt_tokens": 100,
+        "completion_tokens": 10,
+        "latency_s": 0.1,
+        "attempts": 1,
+        "cache_hit": False,
         "created_at": created,
     }
 

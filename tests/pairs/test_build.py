@@ -10,7 +10,9 @@ from .conftest import BASH, EDIT, READ
 
 
 def _build(t, recipe=None):
-    return build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], recipe or PairRecipe.load(None), RenderOptions())
+    return build_pairs(
+        t["trace_states"], t["trace_messages"], t["teacher_replays"], recipe or PairRecipe.load(None), RenderOptions()
+    )
 
 
 def test_pair_when_teachers_agree_against_the_agent(session_tables):
@@ -19,7 +21,7 @@ def test_pair_when_teachers_agree_against_the_agent(session_tables):
     assert res.pairs.num_rows == 1
     p = res.pairs.to_pylist()[0]
     assert p["state_id"] == "s_bash_000000000002" and p["kind"] == "pair"
-    assert Action.from_json(p["chosen"]) .tool_calls[0].name == "Edit"
+    assert Action.from_json(p["chosen"]).tool_calls[0].name == "Edit"
     assert Action.from_json(p["rejected"]) == BASH
     assert p["chosen_text"] == Action.from_json(p["chosen"]).to_text() and p["rejected_text"] == BASH.to_text()
     # alpha's latest answer (EDIT) superseded its older BASH one; gamma (with the agent) and delta (failed) are out
@@ -72,8 +74,15 @@ def test_thresholds_come_from_the_recipe(session_tables):
     # with self-consistency allowed (2 samples suffice) the 2-teacher text state is looked at too
     res = _build(session_tables, PairRecipe.from_dict({"agreement_threshold": 3}))
     assert res.stats["states_no_consensus"] == 3 and res.stats["states_too_few_teachers"] == 0
-    loose_text = PairRecipe.from_dict({"agreement_threshold": 1, "min_agreement_score": 0.0, "allow_ties": True,
-                                       "min_teachers": 1, "teacher_preference": ["beta"]})
+    loose_text = PairRecipe.from_dict(
+        {
+            "agreement_threshold": 1,
+            "min_agreement_score": 0.0,
+            "allow_ties": True,
+            "min_teachers": 1,
+            "teacher_preference": ["beta"],
+        }
+    )
     res = _build(session_tables, loose_text)
     # the text state now has a (tied) consensus; the agent said almost the same as alpha -> positive
     from composer_pipeline.pairs.signature import text_signature
@@ -118,14 +127,15 @@ def test_state_without_messages_is_counted_not_paired(session_tables):
     msgs = session_tables["trace_messages"]
     t = dict(session_tables, trace_messages=msgs.filter(pc.equal(msgs["stream_id"], "other:main")))
     res = _build(t)
-    assert res.pairs.num_rows == 0 and res.positives.num_rows == 0 and res.stats["states_no_messages"] == 3  # rendered before votes are counted
+    assert (
+        res.pairs.num_rows == 0 and res.positives.num_rows == 0 and res.stats["states_no_messages"] == 3
+    )  # rendered before votes are counted
 
 
 def test_empty_inputs_give_empty_tables(session_tables):
     e = {k: v.slice(0, 0) for k, v in session_tables.items()}
     res = _build(e)
     assert res.pairs.num_rows == 0 and res.pairs.schema == tables.DPO_PAIRS and res.stats["states"] == 0
-
 
 
 # --- votes are models, not teacher names -------------------------------------------------------------
@@ -139,9 +149,25 @@ GREP = Action(tool_calls=(ToolCall("Grep", {"pattern": "x = 1", "path": "/repo"}
 
 def _teachers(*entries):
     """(name, base_url, model, temperature) -> TeachersConfig."""
-    return parse_teachers({"ceiling_usd": 1.0, "teachers": [
-        {"name": n, "base_url": u, "model": m, "temperature": t, "api_key_env": None, "input_usd_per_mtok": 0.1,
-         "output_usd_per_mtok": 0.1, "budget_usd": 1.0, "max_concurrency": 1} for n, u, m, t in entries]})
+    return parse_teachers(
+        {
+            "ceiling_usd": 1.0,
+            "teachers": [
+                {
+                    "name": n,
+                    "base_url": u,
+                    "model": m,
+                    "temperature": t,
+                    "api_key_env": None,
+                    "input_usd_per_mtok": 0.1,
+                    "output_usd_per_mtok": 0.1,
+                    "budget_usd": 1.0,
+                    "max_concurrency": 1,
+                }
+                for n, u, m, t in entries
+            ],
+        }
+    )
 
 
 def _with_replays(session_tables, rows):
@@ -157,18 +183,32 @@ def _bash_state(*answers):
 
 def test_one_model_under_two_greedy_names_is_one_vote(session_tables):
     # the old demo: the same weights behind one server under two names, both greedy, "agree" by construction
-    cfg = _teachers(("smol-a", "http://127.0.0.1:8765/v1", "smollm2", 0.0),
-                    ("smol-b", "http://127.0.0.1:8765/v1/", "smollm2", 0.0),
-                    ("other", "http://127.0.0.1:9000/v1", "qwen", 0.0))
+    cfg = _teachers(
+        ("smol-a", "http://127.0.0.1:8765/v1", "smollm2", 0.0),
+        ("smol-b", "http://127.0.0.1:8765/v1/", "smollm2", 0.0),
+        ("other", "http://127.0.0.1:9000/v1", "qwen", 0.0),
+    )
     t = _with_replays(session_tables, _bash_state(("smol-a", EDIT), ("smol-b", EDIT), ("other", GREP)))
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
-                      RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
     assert res.stats["answers_greedy_duplicates"] == 1 and res.stats["states_no_consensus"] == 1
     # ... while two distinct models that agree make a cross-model pair (n_agreeing counts models)
     t = _with_replays(session_tables, _bash_state(("smol-a", EDIT), ("smol-b", EDIT), ("other", EDIT)))
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
-                      RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     p = res.pairs.to_pylist()[0]
     assert p["agreement_kind"] == "cross_model"
     assert (p["n_teachers"], p["n_models"], p["n_models_agreeing"], p["n_agreeing"]) == (3, 2, 2, 2)
@@ -181,17 +221,29 @@ def test_same_model_field_without_a_config_is_one_vote(session_tables):
     for r in rows:
         r["model"] = "smollm2"  # what the replay table says each entry sent
     t = _with_replays(session_tables, rows)
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions())
+    res = build_pairs(
+        t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions()
+    )
     assert res.pairs.num_rows == 0 and res.stats["states_no_consensus"] == 1
 
 
 def test_samples_of_one_model_are_self_consistency(session_tables):
     url = "http://127.0.0.1:8765/v1"
-    cfg = _teachers(("s1", url, "smollm2", 0.7), ("s2", url, "smollm2", 0.7), ("s3", url, "smollm2", 0.7),
-                    ("tiny", url, "tiny", 1.0))
+    cfg = _teachers(
+        ("s1", url, "smollm2", 0.7),
+        ("s2", url, "smollm2", 0.7),
+        ("s3", url, "smollm2", 0.7),
+        ("tiny", url, "tiny", 1.0),
+    )
     t = _with_replays(session_tables, _bash_state(("s1", EDIT), ("s2", GREP), ("s3", EDIT), ("tiny", GREP)))
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
-                      RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     p = res.pairs.to_pylist()[0]
     assert p["agreement_kind"] == "self_consistency" and p["consensus_signature"].startswith("tool:Edit")
     # 2 of smollm2's 3 samples; 2 models answered and only smollm2 holds this decision
@@ -199,19 +251,35 @@ def test_samples_of_one_model_are_self_consistency(session_tables):
     assert p["agreeing_teachers"] == ["s1", "s3"] and p["agreement_score"] == pytest.approx(2 / 3)
     assert res.stats["states_self_consistency"] == 1
     # the recipe can refuse this weaker kind of agreement
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"],
-                      PairRecipe.from_dict({"allow_self_consistency": False}), RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.from_dict({"allow_self_consistency": False}),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and res.stats["states_no_consensus"] == 1
 
 
 def test_distinct_models_outrank_samples(session_tables):
     # smollm2's samples all say GREP, but two other models agree on EDIT: the cross-model consensus wins
     url = "http://127.0.0.1:8765/v1"
-    cfg = _teachers(("s1", url, "smollm2", 0.7), ("s2", url, "smollm2", 0.7), ("m1", url, "qwen", 0.0),
-                    ("m2", "https://api.example/v1", "gpt", 0.0))
+    cfg = _teachers(
+        ("s1", url, "smollm2", 0.7),
+        ("s2", url, "smollm2", 0.7),
+        ("m1", url, "qwen", 0.0),
+        ("m2", "https://api.example/v1", "gpt", 0.0),
+    )
     t = _with_replays(session_tables, _bash_state(("s1", GREP), ("s2", GREP), ("m1", EDIT), ("m2", EDIT)))
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
-                      RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     p = res.pairs.to_pylist()[0]
     assert p["agreement_kind"] == "cross_model" and p["agreeing_teachers"] == ["m1", "m2"]
     assert (p["n_models"], p["n_agreeing"]) == (3, 2) and p["agreement_score"] == pytest.approx(2 / 3)
@@ -220,31 +288,66 @@ def test_distinct_models_outrank_samples(session_tables):
 def test_answers_that_decide_nothing_are_not_votes(session_tables):
     # a hallucinated tool, a Bash call without its command, texts that parrot the user's message / a tool result
     url = "http://127.0.0.1:8765/v1"
-    cfg = _teachers(("m1", url, "a", 0.0), ("m2", url, "b", 0.0), ("m3", url, "c", 0.0), ("m4", url, "d", 0.0),
-                    ("m5", url, "e", 0.0), ("m6", url, "f", 0.0))
+    cfg = _teachers(
+        ("m1", url, "a", 0.0),
+        ("m2", url, "b", 0.0),
+        ("m3", url, "c", 0.0),
+        ("m4", url, "d", 0.0),
+        ("m5", url, "e", 0.0),
+        ("m6", url, "f", 0.0),
+    )
     mean = Action(tool_calls=(ToolCall("Mean", {"file_path": "/repo/src/app.py"}),))
     bare_bash = Action(tool_calls=(ToolCall("Bash", {}),))
     echo = Action(text="Please fix the failing test in src/app.py")
     echo_tool = Action(text="1 failed")  # the tool result the BASH state's prefix ends with
-    rows = [replay("s_read_000000000001", t, a) for t, a in
-            (("m1", mean), ("m2", mean), ("m3", bare_bash), ("m4", bare_bash), ("m5", echo), ("m6", echo))]
+    rows = [
+        replay("s_read_000000000001", t, a)
+        for t, a in (("m1", mean), ("m2", mean), ("m3", bare_bash), ("m4", bare_bash), ("m5", echo), ("m6", echo))
+    ]
     rows += [replay("s_done_000000000003", t, echo_tool) for t in ("m1", "m2")]
     t = _with_replays(session_tables, rows)
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None),
-                      RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and res.positives.num_rows == 0
     s = res.stats
     assert (s["answers_unknown_tool"], s["answers_missing_key_arguments"], s["answers_echo_prompt"]) == (2, 2, 4)
-    loose = PairRecipe.from_dict({"require_offered_tools": False, "require_key_arguments": False,
-                                  "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0,
-                                  "drop_parroting_chosen": False})
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], loose, RenderOptions(), teachers=cfg)
+    loose = PairRecipe.from_dict(
+        {
+            "require_offered_tools": False,
+            "require_key_arguments": False,
+            "reject_prompt_echo": False,
+            "allow_ties": True,
+            "min_agreement_score": 0.0,
+            "drop_parroting_chosen": False,
+        }
+    )
+    res = build_pairs(
+        t["trace_states"], t["trace_messages"], t["teacher_replays"], loose, RenderOptions(), teachers=cfg
+    )
     assert res.pairs.num_rows + res.positives.num_rows == 2  # the same answers count when the recipe says so
     # ... but a pair whose chosen side parrots its prompt is still no pair unless that is switched off too
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"],
-                      PairRecipe.from_dict({"require_offered_tools": False, "require_key_arguments": False,
-                                            "reject_prompt_echo": False, "allow_ties": True, "min_agreement_score": 0.0}),
-                      RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.from_dict(
+            {
+                "require_offered_tools": False,
+                "require_key_arguments": False,
+                "reject_prompt_echo": False,
+                "allow_ties": True,
+                "min_agreement_score": 0.0,
+            }
+        ),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and res.dropped.num_rows == 2 - res.positives.num_rows
     assert set(res.dropped.column("drop_reason").to_pylist()) == {"chosen_parrots_prompt"}
 
@@ -264,15 +367,20 @@ def _slash_command_session(answers):
         _msg(4, "a2", "u2", "assistant", [{"type": "text", "text": plan.text}], "m2"),
     ]
     states = [_state("s_init_000000000001", plan, "u2", 4, "a2", "m2")]
-    return {"trace_states": pa.Table.from_pylist(states, schema=tables.TRACE_STATES),
-            "trace_messages": pa.Table.from_pylist(messages, schema=tables.TRACE_MESSAGES),
-            "teacher_replays": pa.Table.from_pylist([replay("s_init_000000000001", t, a) for t, a in answers],
-                                                    schema=tables.TEACHER_REPLAYS)}
+    return {
+        "trace_states": pa.Table.from_pylist(states, schema=tables.TRACE_STATES),
+        "trace_messages": pa.Table.from_pylist(messages, schema=tables.TRACE_MESSAGES),
+        "teacher_replays": pa.Table.from_pylist(
+            [replay("s_init_000000000001", t, a) for t, a in answers], schema=tables.TEACHER_REPLAYS
+        ),
+    }
 
 
-INIT_PROMPT = ("<command-message>init is analyzing your codebase…</command-message>\n<command-name>/init</command-name>\n"
-               "Please analyze this codebase and create a CLAUDE.md file, which will be given to future instances of "
-               "Claude Code to operate in this repository. Include the commands used to build, lint and test.")
+INIT_PROMPT = (
+    "<command-message>init is analyzing your codebase…</command-message>\n<command-name>/init</command-name>\n"
+    "Please analyze this codebase and create a CLAUDE.md file, which will be given to future instances of "
+    "Claude Code to operate in this repository. Include the commands used to build, lint and test."
+)
 ECHO = "<command-name>/init</command-name>\n<command-message>init</command-message>\n<command-args>{}</command-args>"
 
 
@@ -280,13 +388,32 @@ def test_teachers_echoing_slash_command_markup_do_not_agree_and_never_become_cho
     url = "http://127.0.0.1:8765/v1"
     cfg = _teachers(("s1", url, "smollm2", 0.7), ("s2", url, "smollm2", 0.7), ("tiny", url, "tiny", 0.7))
     # the demo: two samples echo the markup and then say different things (/run vs /read-file)
-    t = _slash_command_session([("s1", Action(text=ECHO.format("/run"))), ("s2", Action(text=ECHO.format("/read-file"))),
-                                ("tiny", Action(text="zq zq zq"))])
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    t = _slash_command_session(
+        [
+            ("s1", Action(text=ECHO.format("/run"))),
+            ("s2", Action(text=ECHO.format("/read-file"))),
+            ("tiny", Action(text="zq zq zq")),
+        ]
+    )
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and res.dropped.num_rows == 0 and res.stats["states_no_consensus"] == 1
     # two samples that echo the same markup do agree (same content): the pair is dropped, with the reason
     t = _slash_command_session([("s1", Action(text=ECHO.format("/run"))), ("s2", Action(text=ECHO.format("/run")))])
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and res.stats["pairs_dropped_parrot"] == 1
     (d,) = res.dropped.to_pylist()
     assert res.dropped.schema == tables.DROPPED_PAIRS and d["drop_op"] == "pairs.build"
@@ -299,14 +426,34 @@ def test_a_chosen_side_that_parrots_an_earlier_prompt_message_is_dropped_with_th
     cfg = _teachers(("a", url, "m-a", 0.0), ("b", url, "m-b", 0.0))
     parrot = Action(text="Earlier: please keep the README short!")  # the first user message, not the last one
     t = _slash_command_session([("a", parrot), ("b", parrot)])
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 0 and [d["drop_reason"] for d in res.dropped.to_pylist()] == ["chosen_parrots_prompt"]
     # a real answer of its own is a pair; the recipe can switch the drop off
     own = Action(text="I will list the build, lint and test commands in CLAUDE.md after reading pyproject.toml.")
     t = _slash_command_session([("a", own), ("b", own)])
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.load(None),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 1 and res.dropped.num_rows == 0
     t = _slash_command_session([("a", parrot), ("b", parrot)])
-    res = build_pairs(t["trace_states"], t["trace_messages"], t["teacher_replays"],
-                      PairRecipe.from_dict({"drop_parroting_chosen": False}), RenderOptions(), teachers=cfg)
+    res = build_pairs(
+        t["trace_states"],
+        t["trace_messages"],
+        t["teacher_replays"],
+        PairRecipe.from_dict({"drop_parroting_chosen": False}),
+        RenderOptions(),
+        teachers=cfg,
+    )
     assert res.pairs.num_rows == 1

@@ -29,7 +29,9 @@ def _run(capsys, *argv) -> str:
 
 def _pairs_then_lineage_and_sql(root: str, t, capsys):
     store = _seed(root, t)
-    summary = orjson.loads(_run(capsys, "pairs", "--replays", root, "--states", root, "--out", root).strip().splitlines()[-1])
+    summary = orjson.loads(
+        _run(capsys, "pairs", "--replays", root, "--states", root, "--out", root).strip().splitlines()[-1]
+    )
     assert summary["pairs"] == 1 and summary["positives"] == 1 and summary["dropped"] == 0
     assert summary["dropped_by_op"] == {} and summary["build"]["states"] == 3
     for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives", "dropped_pairs"):
@@ -38,7 +40,10 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
 
     # lineage by an 8-char prefix, machine-readable
     chain = orjson.loads(_run(capsys, "lineage", pid[:8], "--store", root, "--json"))
-    assert chain["pair"]["pair_id"] == pid and chain["pair"]["tables"][0] == {"table": "normalized_dpo_pairs", "status": "kept"}
+    assert chain["pair"]["pair_id"] == pid and chain["pair"]["tables"][0] == {
+        "table": "normalized_dpo_pairs",
+        "status": "kept",
+    }
     assert sorted(r["teacher"] for r in chain["replays"]) == ["alpha", "alpha", "beta", "delta", "gamma"]
     assert chain["state"]["state_id"] == "s_bash_000000000002" and chain["state"]["stream_id"] == "proj__s1:main"
     assert chain["session"] == {"session_key": "proj__s1", "session_id": "sess-1", "source_file": "proj/s1.jsonl"}
@@ -57,7 +62,20 @@ def _pairs_then_lineage_and_sql(root: str, t, capsys):
     q = "select pair_id, n_agreeing, agreeing_teachers from normalized_dpo_pairs"
     rows = orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))
     assert rows == [{"pair_id": pid, "n_agreeing": 2, "agreeing_teachers": ["alpha", "beta"]}]
-    got = list(csv.reader(io.StringIO(_run(capsys, "sql", "select state_id, teacher from teacher_replays order by 1, 2", "--store", root, "--csv"))))
+    got = list(
+        csv.reader(
+            io.StringIO(
+                _run(
+                    capsys,
+                    "sql",
+                    "select state_id, teacher from teacher_replays order by 1, 2",
+                    "--store",
+                    root,
+                    "--csv",
+                )
+            )
+        )
+    )
     assert got[0] == ["state_id", "teacher"] and len(got) == 12
     table = _run(capsys, "sql", "select kind, count(*) as n from agreement_positives group by kind", "--store", root)
     assert "positive" in table and "(1 row)" in table
@@ -114,7 +132,9 @@ def test_dropped_pair_traces_to_its_drop_reason(tmp_path, session_tables, capsys
     _seed(root, session_tables)
     recipe = tmp_path / "strict.yaml"
     recipe.write_text("process:\n  - text_length_filter:\n      text_key: rejected_text\n      min_len: 1000\n")
-    summary = orjson.loads(_run(capsys, "pairs", "--replays", root, "--states", root, "--out", root, "--normalize-recipe", str(recipe)))
+    summary = orjson.loads(
+        _run(capsys, "pairs", "--replays", root, "--states", root, "--out", root, "--normalize-recipe", str(recipe))
+    )
     assert summary["pairs"] == 0 and summary["dropped_by_op"] == {"text_length_filter": 1}
     pid = Store(root).read_table("dropped_pairs").column("pair_id")[0].as_py()
     chain = trace_pair(Store(root), pid[:6])
@@ -189,7 +209,11 @@ def test_the_short_partition_key_in_the_pair_tables_lineage_and_sql(tmp_path, se
         names = t.column_names
         assert names[names.index("session_key") + 1] == "partition_key", name  # beside the long key
         assert set(t.column("partition_key").to_pylist()) == {"proj/s1"}, name
-    pairs = [p for name in ("normalized_dpo_pairs", "agreement_positives") for p in store.read_table(name).column("pair_id").to_pylist()]
+    pairs = [
+        p
+        for name in ("normalized_dpo_pairs", "agreement_positives")
+        for p in store.read_table(name).column("pair_id").to_pylist()
+    ]
     assert len(pairs) == 2
 
     chains = orjson.loads(_run(capsys, "lineage", "proj/s1", "--store", root, "--json"))
@@ -211,7 +235,9 @@ def test_the_short_partition_key_in_the_pair_tables_lineage_and_sql(tmp_path, se
     q = "select distinct partition_of(session_key) as k from teacher_replays"
     assert orjson.loads(_run(capsys, "sql", q, "--store", root, "--json")) == [{"k": "proj/s1"}]
     q = "select pair_id from dpo_pairs where partition_key = 'proj/s1'"
-    assert len(orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))) == store.read_table("dpo_pairs").num_rows
+    assert (
+        len(orjson.loads(_run(capsys, "sql", q, "--store", root, "--json"))) == store.read_table("dpo_pairs").num_rows
+    )
     assert main(["sql", "select session_of('proj/zz')", "--store", root]) == 2
     assert "no session with partition key or session key proj/zz" in capsys.readouterr().err
 

@@ -45,7 +45,11 @@ def test_rejected_side_alone_violating_a_filter_is_dropped(base):
     d = {r["pair_id"]: r for r in res.dropped.to_pylist()}
     r3 = d[base["pair_id"][3].as_py()]
     assert r3["drop_op"] == "text_length_filter" and r3["drop_reason"].startswith("rejected_text: text_len=2")
-    assert orjson.loads(r3["drop_stats"]) == {"text_key": "rejected_text", "text_len": 2, "bounds": {"min_len": 5, "max_len": None}}
+    assert orjson.loads(r3["drop_stats"]) == {
+        "text_key": "rejected_text",
+        "text_len": 2,
+        "bounds": {"min_len": 5, "max_len": None},
+    }
     assert d[base["pair_id"][5].as_py()]["drop_reason"].startswith("chosen_text: text_len=2")
     assert res.kept.num_rows == 38 and res.stats["dropped_by_op"] == {"text_length_filter": 2}
 
@@ -86,7 +90,9 @@ def boom_op():
 
 def test_op_error_on_one_row_drops_only_that_row_with_reason(base, boom_op):
     t = _with(base, 11, rejected_text="this row goes BOOM")
-    recipe = _recipe({boom_op: {"text_key": "rejected_text"}}, {"text_length_filter": {"text_key": "rejected_text", "min_len": 1}})
+    recipe = _recipe(
+        {boom_op: {"text_key": "rejected_text"}}, {"text_length_filter": {"text_key": "rejected_text", "min_len": 1}}
+    )
     res = normalize_pairs(t, recipe)
     assert res.kept.num_rows == 39
     row = res.dropped.to_pylist()[0]
@@ -97,8 +103,15 @@ def test_op_error_on_one_row_drops_only_that_row_with_reason(base, boom_op):
 def test_untouched_columns_round_trip_unchanged(base):
     rows = base.to_pylist()
     rows[0]["prompt"] = orjson.dumps(
-        [{"role": "assistant", "content": None, "tool_calls": [{"id": "x", "function": {"name": "Read", "arguments": "{}"}}]},
-         {"role": "tool", "tool_call_id": "x", "content": "ünïcode \u0000 \n"}, {"role": "user", "content": [{"type": "image"}]}]
+        [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "x", "function": {"name": "Read", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "x", "content": "ünïcode \u0000 \n"},
+            {"role": "user", "content": [{"type": "image"}]},
+        ]
     ).decode()
     rows[1]["error_after"] = orjson.dumps([{"tool_use_id": "t", "tool_name": "Bash", "content": "exit 1"}]).decode()
     rows[2]["source_lines"] = []
@@ -157,7 +170,10 @@ def test_same_survivors_as_default_executor(tmp_path, repo_root):
     res = normalize_pairs(t, NormalizeRecipe.load(None))
     ref = default_executor_survivors(t, repo_root / "recipes" / "normalize.yaml", tmp_path)
     assert res.kept.column("pair_id").to_pylist() == ref
-    assert 0 < res.dropped.num_rows < 300 and set(res.stats["dropped_by_op"]) >= {"text_length_filter", "document_deduplicator"}
+    assert 0 < res.dropped.num_rows < 300 and set(res.stats["dropped_by_op"]) >= {
+        "text_length_filter",
+        "document_deduplicator",
+    }
 
 
 def test_empty_table_normalizes_to_empty_tables():
@@ -184,18 +200,34 @@ def test_plain_single_pass_default_executor_has_the_trap_we_avoid(base, tmp_path
 
     t = _with(base, 3, rejected_text="no")
     data = tmp_path / "in.jsonl"
-    data.write_bytes(b"".join(orjson.dumps({"pair_id": p, "chosen_text": c, "rejected_text": r}) + b"\n"
-                              for p, c, r in zip(t["pair_id"].to_pylist(), t["chosen_text"].to_pylist(), t["rejected_text"].to_pylist())))
-    ops = [{"text_length_filter": {"text_key": "chosen_text", "min_len": 5}},
-           {"text_length_filter": {"text_key": "rejected_text", "min_len": 5}}]
+    data.write_bytes(
+        b"".join(
+            orjson.dumps({"pair_id": p, "chosen_text": c, "rejected_text": r}) + b"\n"
+            for p, c, r in zip(t["pair_id"].to_pylist(), t["chosen_text"].to_pylist(), t["rejected_text"].to_pylist())
+        )
+    )
+    ops = [
+        {"text_length_filter": {"text_key": "chosen_text", "min_len": 5}},
+        {"text_length_filter": {"text_key": "rejected_text", "min_len": 5}},
+    ]
     cfg_path = tmp_path / "recipe.yaml"
     cfg_path.write_text(yaml.safe_dump({"text_keys": "chosen_text", "skip_op_error": False, "process": ops}))
     with data_juicer_guard():
         from data_juicer.config import init_configs
         from data_juicer.core import DefaultExecutor
 
-        cfg = init_configs(args=["--config", str(cfg_path), "--dataset_path", str(data),
-                                 "--export_path", str(tmp_path / "out.jsonl"), "--work_dir", str(tmp_path / "w")])
+        cfg = init_configs(
+            args=[
+                "--config",
+                str(cfg_path),
+                "--dataset_path",
+                str(data),
+                "--export_path",
+                str(tmp_path / "out.jsonl"),
+                "--work_dir",
+                str(tmp_path / "w"),
+            ]
+        )
         DefaultExecutor(cfg).run()
     plain = [orjson.loads(x)["pair_id"] for x in (tmp_path / "out.jsonl").read_bytes().splitlines() if x.strip()]
     ours = normalize_pairs(t, _recipe(*ops)).kept.column("pair_id").to_pylist()

@@ -88,7 +88,10 @@ def test_bad_rules_are_refused():
 # the demo's real failure (bench/RESULTS.md, issue 24): two samples echo the /init slash-command markup of
 # the prompt and then say different things; word-bag similarity over the markup made them "agree"
 INIT = "<command-message>init is analyzing your codebase</command-message>\n<command-name>/init</command-name>\n"
-RUN, READ_FILE = Action(text=INIT + "<command-args>/run</command-args>"), Action(text=INIT + "<command-args>/read-file</command-args>")
+RUN, READ_FILE = (
+    Action(text=INIT + "<command-args>/run</command-args>"),
+    Action(text=INIT + "<command-args>/read-file</command-args>"),
+)
 
 
 def test_echoed_markup_is_no_agreement():
@@ -97,7 +100,11 @@ def test_echoed_markup_is_no_agreement():
     assert [len(g.members) for g in group_actions([("s1", RUN), ("s2", READ_FILE)], R)] == [1, 1]
     assert same_decision(RUN, Action(text=RUN.text), R)  # the same text still agrees with itself
     assert markup_tags(RUN.text, R.echo_markup_tags) == ["command-args", "command-message", "command-name"]
-    assert strip_markup("<command-name>/init</command-name> ok <b>x</b>", R.echo_markup_tags).split() == ["/init", "ok", "<b>x</b>"]
+    assert strip_markup("<command-name>/init</command-name> ok <b>x</b>", R.echo_markup_tags).split() == [
+        "/init",
+        "ok",
+        "<b>x</b>",
+    ]
 
 
 def test_text_answers_agree_only_when_they_name_the_same_things():

@@ -18,9 +18,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def teacher_dict(url: str, name: str = "t1", **over) -> dict:
-    d = dict(name=name, base_url=url, model="scripted", api_key_env=None, input_usd_per_mtok=1.0,
-             output_usd_per_mtok=2.0, budget_usd=10.0, max_concurrency=4, max_tokens=50, temperature=0.0,
-             timeout_s=2.0, max_retries=2, backoff_s=0.02, backoff_max_s=0.1)
+    d = dict(
+        name=name,
+        base_url=url,
+        model="scripted",
+        api_key_env=None,
+        input_usd_per_mtok=1.0,
+        output_usd_per_mtok=2.0,
+        budget_usd=10.0,
+        max_concurrency=4,
+        max_tokens=50,
+        temperature=0.0,
+        timeout_s=2.0,
+        max_retries=2,
+        backoff_s=0.02,
+        backoff_max_s=0.1,
+    )
     d.update(over)
     return d
 
@@ -29,11 +42,22 @@ def make_config(url: str, *, ceiling_usd: float = 10.0, teachers: list[dict] | N
     return parse_teachers({"ceiling_usd": ceiling_usd, "teachers": teachers or [teacher_dict(url, **over)]}, "test")
 
 
-def scripted_request(cfg: TeachersConfig, i: int, script: str = "answer", teacher: int = 0, pad: int = 0) -> ReplayRequest:
-    msgs = [{"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": f"task {i} {'x' * pad} [[script: {script}]]"}]
-    tools = [{"type": "function", "function": {"name": "Read", "parameters": {
-        "type": "object", "properties": {"file_path": {"type": "string"}}}}}]
+def scripted_request(
+    cfg: TeachersConfig, i: int, script: str = "answer", teacher: int = 0, pad: int = 0
+) -> ReplayRequest:
+    msgs = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"task {i} {'x' * pad} [[script: {script}]]"},
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "Read",
+                "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+            },
+        }
+    ]
     return make_request(f"state{i:04d}", "sess", cfg.teachers[teacher], msgs, tools)
 
 
@@ -58,8 +82,20 @@ def server():
 def samples_dir(tmp_path_factory) -> Path:
     """The 3 synthetic demo sessions shipped in the package (22 states), ingested by the real CLI."""
     out = tmp_path_factory.mktemp("samples-ingested")
-    subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(REPO / "composer_pipeline/samples/projects"),
-                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "ingest",
+            str(REPO / "composer_pipeline/samples/projects"),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert (out / "trace_states.parquet").is_file()
     return out
 

@@ -29,13 +29,28 @@ KEY = "gwQ7f9Lm2Rx4Tz8Vb1Nc6Hd3Jk5Pw0Sa"
 
 def _yaml(tmp_path: Path, url: str, **over) -> str:
     p = tmp_path / "teachers.yaml"
-    p.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(url, "t1", api_key_env="GW_KEY", **over)]}))
+    p.write_text(
+        yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(url, "t1", api_key_env="GW_KEY", **over)]})
+    )
     return str(p)
 
 
 def _run(tmp_path, samples_dir, teachers, ledger_url, out="out") -> int:
-    return main(["replay", "--states", str(samples_dir), "--teachers", teachers, "--out", str(tmp_path / out),
-                 "--ledger", ledger_url, "--cache", str(tmp_path / "cache")])
+    return main(
+        [
+            "replay",
+            "--states",
+            str(samples_dir),
+            "--teachers",
+            teachers,
+            "--out",
+            str(tmp_path / out),
+            "--ledger",
+            ledger_url,
+            "--cache",
+            str(tmp_path / "cache"),
+        ]
+    )
 
 
 def _ledger_text(ledger: Ledger) -> str:
@@ -43,7 +58,9 @@ def _ledger_text(ledger: Ledger) -> str:
 
 
 @pytest.mark.parametrize("pasted", [KEY + "\n", KEY + "\r\n", KEY + "\t", "  " + KEY + " "])
-def test_a_pasted_key_with_surrounding_whitespace_is_stripped(pasted, tmp_path, server, samples_dir, ledger_url, monkeypatch):
+def test_a_pasted_key_with_surrounding_whitespace_is_stripped(
+    pasted, tmp_path, server, samples_dir, ledger_url, monkeypatch
+):
     monkeypatch.setenv("GW_KEY", pasted)
     assert _run(tmp_path, samples_dir, _yaml(tmp_path, server.url), ledger_url) == 0
     rows = pq.read_table(tmp_path / "out" / "replays.parquet").to_pylist()
@@ -53,8 +70,9 @@ def test_a_pasted_key_with_surrounding_whitespace_is_stripped(pasted, tmp_path, 
     assert {r["state"] for r in ledger_rows(ledger, "reservations")} == {"settled"}
 
 
-def test_a_key_with_a_control_character_inside_is_refused_before_any_reservation(tmp_path, server, samples_dir, ledger_url,
-                                                                                 monkeypatch, capsys):
+def test_a_key_with_a_control_character_inside_is_refused_before_any_reservation(
+    tmp_path, server, samples_dir, ledger_url, monkeypatch, capsys
+):
     monkeypatch.setenv("GW_KEY", KEY[:10] + "\n" + KEY[10:])
     assert _run(tmp_path, samples_dir, _yaml(tmp_path, server.url), ledger_url) == 2
     err = capsys.readouterr().err
@@ -74,8 +92,18 @@ def test_a_request_httpx_refuses_to_form_is_released_not_kept(tmp_path, server, 
         await al.start()
         http = make_http_client(t)
         try:
-            return await call_teacher(http, t, KEY + "\n", req.body, req.call_id, ledger=al, cache=ResponseCache(tmp_path / "c"),
-                                      run_id="r", ceiling_usd=5.0, semaphore=asyncio.Semaphore(1))
+            return await call_teacher(
+                http,
+                t,
+                KEY + "\n",
+                req.body,
+                req.call_id,
+                ledger=al,
+                cache=ResponseCache(tmp_path / "c"),
+                run_id="r",
+                ceiling_usd=5.0,
+                semaphore=asyncio.Semaphore(1),
+            )
         finally:
             await http.aclose()
             await al.finish()
@@ -88,7 +116,9 @@ def test_a_request_httpx_refuses_to_form_is_released_not_kept(tmp_path, server, 
     assert KEY not in _ledger_text(ledger)
 
 
-def test_a_teacher_echoing_its_own_key_is_stored_nowhere(tmp_path, server, samples_dir, ledger_url, monkeypatch, capsys):
+def test_a_teacher_echoing_its_own_key_is_stored_nowhere(
+    tmp_path, server, samples_dir, ledger_url, monkeypatch, capsys
+):
     """The loopback teacher repeats the key it received in the answer text (also URL-encoded), in a tool
     call's arguments and in ``system_fingerprint``; a trailing newline on the pasted key changes nothing."""
     monkeypatch.setenv("GW_KEY", KEY + "\n")
@@ -105,7 +135,10 @@ def test_a_teacher_echoing_its_own_key_is_stored_nowhere(tmp_path, server, sampl
         if p.is_file():
             texts[str(p)] = p.read_bytes().decode("latin-1")
     # show prints the replays of a state from the store, answers included
-    assert main(["show", rows[0]["state_id"], "--store", str(samples_dir), "--store", str(tmp_path / "out"), "--json"]) == 0
+    assert (
+        main(["show", rows[0]["state_id"], "--store", str(samples_dir), "--store", str(tmp_path / "out"), "--json"])
+        == 0
+    )
     out, err = capsys.readouterr()
     texts["stdout"], texts["stderr"] = out, err
     assert rows[0]["call_id"][:8] in out or rows[0]["state_id"] in out
@@ -116,7 +149,9 @@ def test_a_teacher_echoing_its_own_key_is_stored_nowhere(tmp_path, server, sampl
 def test_echoed_key_in_the_library_path_too(tmp_path, server, ledger_url):
     cfg = make_config(server.url, api_key_env="GW_KEY")
     cache = ResponseCache(tmp_path / "c")
-    res = replay_requests([scripted_request(cfg, 0, "echokey")], cfg, {"t1": KEY}, cache=cache, ledger=Ledger(ledger_url), run_id="r")
+    res = replay_requests(
+        [scripted_request(cfg, 0, "echokey")], cfg, {"t1": KEY}, cache=cache, ledger=Ledger(ledger_url), run_id="r"
+    )
     row = res.table.to_pylist()[0]
     assert row["status"] == "answered" and KEY not in json.dumps(row, default=str)
     rec = cache.get(row["call_id"])

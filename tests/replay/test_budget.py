@@ -99,9 +99,18 @@ def test_budget_race_across_processes(tmp_path, server, repo_root):
     ledger_path = tmp_path / "shared-ledger.sqlite"
     procs = []
     for k in range(2):  # different bodies per process (pad), separate caches: both really spend
-        code = _WORKER.format(tests=str(repo_root / "tests"), url=server.url, budget=budget, pad=k,
-                              cache=str(tmp_path / f"cache{k}"), ledger=str(ledger_path), run=f"p{k}")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        code = _WORKER.format(
+            tests=str(repo_root / "tests"),
+            url=server.url,
+            budget=budget,
+            pad=k,
+            cache=str(tmp_path / f"cache{k}"),
+            ledger=str(ledger_path),
+            run=f"p{k}",
+        )
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     summaries = []
     for p in procs:
         out, err = p.communicate(timeout=120)

@@ -29,15 +29,31 @@ def _yaml(tmp_path, url, **over) -> str:
 
 
 def _cmd(samples_dir, teachers, out, home):
-    return [sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers", teachers,
-            "--out", str(out), "--ledger", str(home / "ledger.sqlite"), "--cache", str(home / "cache")]
+    return [
+        sys.executable,
+        "-m",
+        "composer_pipeline",
+        "replay",
+        "--states",
+        str(samples_dir),
+        "--teachers",
+        teachers,
+        "--out",
+        str(out),
+        "--ledger",
+        str(home / "ledger.sqlite"),
+        "--cache",
+        str(home / "cache"),
+    ]
 
 
 def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
     states, _ = samples_tables
     teachers = _yaml(tmp_path, server.url)
     env = {**os.environ, "COMPOSER_PIPELINE_HOME": str(tmp_path / "home")}
-    p = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out1", tmp_path), capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        _cmd(samples_dir, teachers, tmp_path / "out1", tmp_path), capture_output=True, text=True, env=env, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     s1 = json.loads(p.stdout.strip().splitlines()[-1])
     rows = pq.read_table(tmp_path / "out1" / "replays.parquet").to_pylist()
@@ -47,7 +63,9 @@ def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
     plan = pq.read_table(tmp_path / "out1" / "cost_plan.parquet")
     assert plan.num_rows == len(rows) and set(plan.column("call_id").to_pylist()) == {r["call_id"] for r in rows}
     n = len(server.requests)
-    p2 = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, env=env, timeout=120)
+    p2 = subprocess.run(
+        _cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, env=env, timeout=120
+    )
     s2 = json.loads(p2.stdout.strip().splitlines()[-1])
     assert s2["calls"] == 0 and s2["cache_hits"] == len(rows) and s2["total_spend"] == 0
     assert len(server.requests) == n
@@ -58,23 +76,68 @@ def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
     from composer_pipeline.lineage import format_lineage
 
     r0 = next(iter(rows2.values()))
-    chain = {"pair": {"pair_id": "p", "kind": "dpo", "tables": [], "n_agreeing": 2, "n_teachers": 2, "agreement_score": 1.0,
-                      "agreeing_teachers": ["t1", "t2"], "cost_usd": 0.0, "consensus_signature": "", "agent_signature": ""},
-             "replays": [r0], "state": None, "session": {"session_key": "k", "session_id": "s", "source_file": "f"},
-             "records": [], "missing": []}
+    chain = {
+        "pair": {
+            "pair_id": "p",
+            "kind": "dpo",
+            "tables": [],
+            "n_agreeing": 2,
+            "n_teachers": 2,
+            "agreement_score": 1.0,
+            "agreeing_teachers": ["t1", "t2"],
+            "cost_usd": 0.0,
+            "consensus_signature": "",
+            "agent_signature": "",
+        },
+        "replays": [r0],
+        "state": None,
+        "session": {"session_key": "k", "session_id": "s", "source_file": "f"},
+        "records": [],
+        "missing": [],
+    }
     line = next(x for x in format_lineage(chain).splitlines() if r0["call_id"][:16] in x)
     assert f"cost ${r0['cost_usd']:.6f}  paid $0.000000 (cache)" in line
 
 
 def test_cli_errors_are_clear(tmp_path, server):
     teachers = _yaml(tmp_path, server.url)
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "replay", "--states", str(tmp_path / "empty"),
-                        "--teachers", teachers, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "replay",
+            "--states",
+            str(tmp_path / "empty"),
+            "--teachers",
+            teachers,
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "no trace_states" in p.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("ceiling_usd: 1\nteachers: [{name: a}]\n")
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "replay", "--states", str(tmp_path), "--teachers", str(bad),
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "replay",
+            "--states",
+            str(tmp_path),
+            "--teachers",
+            str(bad),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "missing required key(s)" in p.stderr
 
 
@@ -84,8 +147,12 @@ def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_di
     server.latency_s = 0.25
     teachers = _yaml(tmp_path, server.url, max_concurrency=2)
     cache = ResponseCache(tmp_path / "cache")
-    proc = subprocess.Popen(_cmd(samples_dir, teachers, tmp_path / "out1", tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(samples_dir, teachers, tmp_path / "out1", tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while len(cache) < 6 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -94,13 +161,17 @@ def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_di
     assert proc.returncode == -signal.SIGKILL
     cached = {p.stem for p in cache.dir.glob("*/*.json")}
     # every paid answer is in the ledger before the cache: some may have missed only the cache at the kill
-    received = cached | {c["call_id"] for c in ledger_rows(Ledger(tmp_path / "ledger.sqlite"), "claims") if c["state"] == "answered"}
+    received = cached | {
+        c["call_id"] for c in ledger_rows(Ledger(tmp_path / "ledger.sqlite"), "claims") if c["state"] == "answered"
+    }
     assert 6 <= len(received) < 2 * states.num_rows, "kill landed too late to test anything"
     assert not (tmp_path / "out1" / "replays.parquet").exists()
     first_run_requests = len(server.requests)
 
     t0 = time.monotonic()
-    p = subprocess.run(_cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        _cmd(samples_dir, teachers, tmp_path / "out2", tmp_path), capture_output=True, text=True, timeout=180
+    )
     assert p.returncode == 0, p.stderr
     assert time.monotonic() - t0 < 25, "the re-run waited for the dead run's lease (its process is gone: it must not)"
     summary = json.loads(p.stdout.strip().splitlines()[-1])

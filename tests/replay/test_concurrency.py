@@ -32,8 +32,13 @@ def _billed_usd(server) -> float:
 
 
 def _start(args: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _result(p: subprocess.Popen, timeout: float = 120) -> tuple[int, dict]:
@@ -70,8 +75,20 @@ def test_overlapping_runs_buy_each_request_once(tmp_path, server, ledger_url):
         audit.execute("BEGIN")
         audit.execute("SELECT COUNT(*) FROM reservations").fetchone()
     start = tmp_path / "go"
-    procs = [_start({"url": server.url, "ledger": ledger_url, "cache": str(tmp_path / f"cache{k}"), "run": f"p{k}",
-                     "states": list(range(12)), "teachers": 2, "start_file": str(start)}) for k in range(4)]
+    procs = [
+        _start(
+            {
+                "url": server.url,
+                "ledger": ledger_url,
+                "cache": str(tmp_path / f"cache{k}"),
+                "run": f"p{k}",
+                "states": list(range(12)),
+                "teachers": 2,
+                "start_file": str(start),
+            }
+        )
+        for k in range(4)
+    ]
     _go(start, [f"p{k}" for k in range(4)])
     results = [_result(p) for p in procs]
     assert all(rc == 0 for rc, _ in results), results
@@ -84,7 +101,11 @@ def test_overlapping_runs_buy_each_request_once(tmp_path, server, ledger_url):
         rows = res["rows"]
         assert len(rows) == 24 and {r["status"] for r in rows} == {"answered"}
         paid += sum(r["paid_usd"] for r in rows)
-    assert sum(res["summary"]["shared_answers"] for _, res in results) + sum(res["summary"]["http_requests"] for _, res in results) == 4 * 24
+    assert (
+        sum(res["summary"]["shared_answers"] for _, res in results)
+        + sum(res["summary"]["http_requests"] for _, res in results)
+        == 4 * 24
+    )
     billed = _billed_usd(server)
     assert paid == pytest.approx(billed) and ledger.spent("t1") + ledger.spent("t2") == pytest.approx(billed)
     assert ledger.open_reservations() == 0 and {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed"}
@@ -95,8 +116,21 @@ def test_binding_budget_is_shared_and_fully_used(tmp_path, server, ledger_url):
     worst = scripted_request(make_config(server.url), 0, pad=3).worst_case_usd
     budget = 8 * worst  # about 28 of the 60 calls at their actual cost
     start = tmp_path / "go"
-    procs = [_start({"url": server.url, "ledger": ledger_url, "cache": str(tmp_path / f"cache{k}"), "run": f"b{k}",
-                     "states": list(range(15)), "pad": k, "budget_usd": budget, "start_file": str(start)}) for k in range(4)]
+    procs = [
+        _start(
+            {
+                "url": server.url,
+                "ledger": ledger_url,
+                "cache": str(tmp_path / f"cache{k}"),
+                "run": f"b{k}",
+                "states": list(range(15)),
+                "pad": k,
+                "budget_usd": budget,
+                "start_file": str(start),
+            }
+        )
+        for k in range(4)
+    ]
     _go(start, [f"b{k}" for k in range(4)])
     results = [_result(p) for p in procs]
     assert all(rc == 0 for rc, _ in results), results
@@ -105,7 +139,9 @@ def test_binding_budget_is_shared_and_fully_used(tmp_path, server, ledger_url):
     assert billed <= budget + 1e-12 and ledger.spent("t1") == pytest.approx(billed)
     answered = [res["summary"]["answered"] for _, res in results]
     exhausted = sum(res["summary"]["budget_exhausted"] for _, res in results)
-    assert all(n >= 1 for n in answered), f"a run was starved: {answered} {[Counter(r['reason'] for r in res['rows']) for _, res in results]}"
+    assert all(n >= 1 for n in answered), (
+        f"a run was starved: {answered} {[Counter(r['reason'] for r in res['rows']) for _, res in results]}"
+    )
     assert exhausted > 0 and sum(answered) + exhausted == 60
     # refused only when settled spend truly left no room for one more worst case
     assert budget - ledger.spent("t1") < 1.1 * worst
@@ -131,8 +167,9 @@ def test_kill_9_and_sigterm_at_random_points(tmp_path, server, ledger_url):
     assert rc1 in (0, 128 + signal.SIGTERM, -signal.SIGTERM), f"seed {seed}: {rc1}"  # -15: it had finished already
     survivors = [_result(procs[k]) for k in (2, 3)]
     for rc, res in survivors:
-        assert rc == 0 and len(res["rows"]) == 40 and {r["status"] for r in res["rows"]} == {"answered"}, \
+        assert rc == 0 and len(res["rows"]) == 40 and {r["status"] for r in res["rows"]} == {"answered"}, (
             f"seed {seed}: {[r['reason'] for r in res['rows'] if r['status'] != 'answered']}"
+        )
     runs = {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")}
     assert runs["k1"] == "closed", f"seed {seed}: SIGTERM must close the run"
     time.sleep(1.2)
@@ -149,25 +186,61 @@ def test_kill_9_and_sigterm_at_random_points(tmp_path, server, ledger_url):
 def test_cli_budget_and_reconcile(tmp_path, ledger_url, server):
     import yaml
 
-    from composer_pipeline.cli import main
-
     teachers = tmp_path / "t.yaml"
-    teachers.write_text(yaml.safe_dump({"ceiling_usd": 1.0, "teachers": [
-        {**make_config(server.url).teachers[0].__dict__, "budget_usd": 1.0}]}))
+    teachers.write_text(
+        yaml.safe_dump(
+            {"ceiling_usd": 1.0, "teachers": [{**make_config(server.url).teachers[0].__dict__, "budget_usd": 1.0}]}
+        )
+    )
     led = Ledger(ledger_url)
     led.start_run("gone", lease_s=0.2)
     r = reserve(led, "t1", 0.25, budget_usd=1.0, run_id="gone", ceiling_usd=1.0)
     led.mark_sent(r.id)
-    out = subprocess.run([sys.executable, "-m", "composer_pipeline", "teachers", "budget", "--teachers", str(teachers),
-                          "--ledger", ledger_url, "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "teachers",
+            "budget",
+            "--teachers",
+            str(teachers),
+            "--ledger",
+            ledger_url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    assert row["teacher"] == "t1" and row["reserved_usd"] == pytest.approx(0.25) and row["remaining_usd"] == pytest.approx(0.75)
+    assert (
+        row["teacher"] == "t1"
+        and row["reserved_usd"] == pytest.approx(0.25)
+        and row["remaining_usd"] == pytest.approx(0.75)
+    )
     assert {"budget_usd", "spent_usd", "kept_calls"} <= set(row)
     time.sleep(0.3)
-    out = subprocess.run([sys.executable, "-m", "composer_pipeline", "teachers", "reconcile", "--teachers", str(teachers),
-                          "--ledger", ledger_url], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "teachers",
+            "reconcile",
+            "--teachers",
+            str(teachers),
+            "--ledger",
+            ledger_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in out.stdout.strip().splitlines()]
     assert lines[0]["reconciled"]["expired_runs"] == ["gone"] and lines[0]["open_reservations"] == 0
-    assert lines[1]["reserved_usd"] == 0 and lines[1]["kept_calls"] == 1 and lines[1]["spent_usd"] == pytest.approx(0.25)
+    assert (
+        lines[1]["reserved_usd"] == 0 and lines[1]["kept_calls"] == 1 and lines[1]["spent_usd"] == pytest.approx(0.25)
+    )

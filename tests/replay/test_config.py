@@ -9,9 +9,21 @@ from composer_pipeline.teachers.config import load_teachers
 
 GOOD = {
     "ceiling_usd": 1.0,
-    "teachers": [{"name": "a", "base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": "A_KEY",
-                  "input_usd_per_mtok": 1, "output_usd_per_mtok": 2, "budget_usd": 3, "max_concurrency": 2,
-                  "max_tokens": 64, "temperature": 0.2, "timeout_s": 5}],
+    "teachers": [
+        {
+            "name": "a",
+            "base_url": "http://127.0.0.1:1/v1",
+            "model": "m",
+            "api_key_env": "A_KEY",
+            "input_usd_per_mtok": 1,
+            "output_usd_per_mtok": 2,
+            "budget_usd": 3,
+            "max_concurrency": 2,
+            "max_tokens": 64,
+            "temperature": 0.2,
+            "timeout_s": 5,
+        }
+    ],
 }
 
 
@@ -57,7 +69,10 @@ def test_good_config_values(tmp_path):
         (lambda d: d["teachers"][0].update(budget_usd=-1), r"budget_usd must be >= 0"),
         (lambda d: d["teachers"][0].update(max_concurrency=0), r"max_concurrency must be > 0"),
         (lambda d: d["teachers"][0].update(base_url="127.0.0.1:8000"), r"base_url must start with http"),
-        (lambda d: d.pop("ceiling_usd"), r"missing required key\(s\) \['ceiling_usd'\] \(ceiling_usd: worst-case spend allowed in one replay run"),
+        (
+            lambda d: d.pop("ceiling_usd"),
+            r"missing required key\(s\) \['ceiling_usd'\] \(ceiling_usd: worst-case spend allowed in one replay run",
+        ),
         (lambda d: d.update(retries=3), r"t\.yaml: unknown keys \['retries'\] \(allowed: \['ceiling_usd', "),
         (lambda d: d["teachers"].append(dict(d["teachers"][0])), r"duplicate teacher name\(s\) \['a'\]"),
         (lambda d: d.update(teachers=[]), r"'teachers' must be a non-empty list"),
@@ -94,8 +109,11 @@ def test_lease_and_cut_off_settings(tmp_path):
     data.update(lease_s=5, max_invalid_responses=1)
     cfg = load_teachers(_write(tmp_path, data))
     assert cfg.lease_s == 5.0 and cfg.max_invalid_responses == 1
-    for key, value, message in (("lease_s", 0, "lease_s must be > 0"), ("lease_s", 3600, "lease_s must be <= 600"),
-                                ("max_invalid_responses", 1.5, "must be an integer")):
+    for key, value, message in (
+        ("lease_s", 0, "lease_s must be > 0"),
+        ("lease_s", 3600, "lease_s must be <= 600"),
+        ("max_invalid_responses", 1.5, "must be an integer"),
+    ):
         bad = {**data, key: value}
         with pytest.raises(ValueError, match=message):
             load_teachers(_write(tmp_path, bad))

@@ -25,8 +25,12 @@ SECRET_RE = re.compile(rb"(sk-ant-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{30,}|AKIA[0
 @pytest.fixture(scope="module")
 def corpus_tables(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"{corpus.name}-ingested")
-    subprocess.run([sys.executable, "-m", "composer_pipeline", "ingest", str(corpus.root), "--out", str(out)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", "ingest", str(corpus.root), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return pq.read_table(out / "trace_states.parquet"), pq.read_table(out / "trace_messages.parquet")
 
 
@@ -34,7 +38,9 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     states, messages = corpus_tables
     assert states.num_rows > 40
     states = states.slice(0, 40)
-    cfg = make_config(server.url, teachers=[teacher_dict(server.url, "a"), teacher_dict(server.url, "b", model="other")])
+    cfg = make_config(
+        server.url, teachers=[teacher_dict(server.url, "a"), teacher_dict(server.url, "b", model="other")]
+    )
     cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
     run = ReplayRun.prepare(states, messages, cfg, RenderOptions())
     plan = run.plan(cache, ledger)
@@ -42,7 +48,8 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     res = run.replay({}, cache=cache, ledger=ledger, run_id="corpus")
     rows = res.table.to_pylist()
     assert len(rows) == 80 and {(r["state_id"], r["teacher"]) for r in rows} == {
-        (s, t) for s in states.column("state_id").to_pylist() for t in ("a", "b")}
+        (s, t) for s in states.column("state_id").to_pylist() for t in ("a", "b")
+    }
     assert {r["status"] for r in rows} == {"answered"}
     assert len(server.requests) == 80
     for req in server.requests:

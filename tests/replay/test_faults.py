@@ -55,7 +55,9 @@ def test_each_fault_ends_with_its_reason(tmp_path, server):
         assert by[k]["cost_usd"] == pytest.approx(ok["cost_usd"], rel=0.2)
 
     a5 = by["always500"]
-    assert a5["status"] == "failed" and a5["reason"].startswith("http_500") and a5["attempts"] == 3 and a5["cost_usd"] == 0
+    assert (
+        a5["status"] == "failed" and a5["reason"].startswith("http_500") and a5["attempts"] == 3 and a5["cost_usd"] == 0
+    )
     bad = by["bad400"]
     assert bad["status"] == "failed" and bad["reason"].startswith("http_400") and bad["attempts"] == 1
 
@@ -63,7 +65,11 @@ def test_each_fault_ends_with_its_reason(tmp_path, server):
     assert hang["status"] == "failed" and hang["reason"].startswith("timeout") and hang["attempts"] == 3
     assert hang["cost_usd"] == pytest.approx(3 * worst[hang["state_id"]])
     tj = by["truncjson"]
-    assert tj["status"] == "failed" and tj["reason"].startswith("invalid_json") and tj["cost_usd"] == pytest.approx(worst[tj["state_id"]])
+    assert (
+        tj["status"] == "failed"
+        and tj["reason"].startswith("invalid_json")
+        and tj["cost_usd"] == pytest.approx(worst[tj["state_id"]])
+    )
     cb = by["cutbody"]
     assert cb["status"] == "failed" and cb["reason"].startswith("truncated_body") and cb["attempts"] == 3
     rs = by["reset"]
@@ -73,13 +79,23 @@ def test_each_fault_ends_with_its_reason(tmp_path, server):
     assert g["status"] == "answered" and g["action"] is None and g["reason"].startswith("unparseable")
     assert "not json at all" in g["raw_answer"]
     nu = by["nousage"]
-    assert nu["status"] == "answered" and nu["reason"].startswith("no_usage") and nu["cost_usd"] == pytest.approx(worst[nu["state_id"]])
+    assert (
+        nu["status"] == "answered"
+        and nu["reason"].startswith("no_usage")
+        and nu["cost_usd"] == pytest.approx(worst[nu["state_id"]])
+    )
 
     # the ledger agrees with the rows, and the server saw exactly the attempts the rows report
     assert ledger.spent("t1") == pytest.approx(sum(r["cost_usd"] for r in rows.values()))
     assert len(server.requests) == sum(r["attempts"] for r in rows.values())
-    assert res.summary["failures_by_reason"] == {"connection_dropped": 1, "http_400": 1, "http_500": 1, "invalid_json": 1,
-                                                 "timeout": 1, "truncated_body": 1}
+    assert res.summary["failures_by_reason"] == {
+        "connection_dropped": 1,
+        "http_400": 1,
+        "http_500": 1,
+        "invalid_json": 1,
+        "timeout": 1,
+        "truncated_body": 1,
+    }
     assert res.summary["answered"] == 5 and res.summary["unparsed"] == 1
 
 

@@ -10,19 +10,21 @@ from composer_pipeline.render import ELIDED_MARKER, count_tokens, fit_messages, 
 def _prefix(turns: int, result: int = 2000, first_user: int = 500) -> list[dict]:
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task " + "t" * first_user}]
     for t in range(turns):
-        calls = [{"id": f"c{t}_{j}", "type": "function", "function": {"name": "Read", "arguments": "{}"}} for j in range(2)]
+        calls = [
+            {"id": f"c{t}_{j}", "type": "function", "function": {"name": "Read", "arguments": "{}"}} for j in range(2)
+        ]
         msgs.append({"role": "assistant", "content": f"step {t}", "tool_calls": calls})
         msgs += [{"role": "tool", "tool_call_id": c["id"], "content": f"r{t} " + "x" * result} for c in calls]
     return msgs
 
 
 def _tokens(msgs, tools=None) -> int:
-    return fit_messages(msgs, tools, 10 ** 9).tokens
+    return fit_messages(msgs, tools, 10**9).tokens
 
 
 def test_fits_untouched_when_small():
     msgs = _prefix(3)
-    f = fit_messages(msgs, None, 10 ** 6)
+    f = fit_messages(msgs, None, 10**6)
     assert f.messages == msgs and not f.changed
 
 
@@ -34,7 +36,7 @@ def test_keeps_system_first_user_recent_turns_and_one_marker():
     assert f.messages[:2] == msgs[:2]
     assert f.messages[2] == {"role": "user", "content": ELIDED_MARKER.format(n=f.elided)}
     assert sum("elided" in str(m.get("content")) for m in f.messages) == 1
-    assert f.messages[3:] == msgs[len(msgs) - len(f.messages) + 3:]  # the most recent turns, unchanged
+    assert f.messages[3:] == msgs[len(msgs) - len(f.messages) + 3 :]  # the most recent turns, unchanged
     assert len(msgs) - f.elided + 1 == len(f.messages)
     # as many recent turns as fit: one more turn (3 messages) would not
     assert f.tokens + 3 * count_tokens(msgs[-1]) > budget - 200
@@ -75,7 +77,9 @@ def test_oversized_first_user_message_is_cut():
 
 
 def test_tools_count_and_min_window():
-    tools = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object", "properties": {"p": {}}}}}]
+    tools = [
+        {"type": "function", "function": {"name": "Read", "parameters": {"type": "object", "properties": {"p": {}}}}}
+    ]
     msgs = _prefix(30)
     f = fit_messages(msgs, tools, 6_000)
     assert f.tokens <= 6_000 and f.tokens >= count_tokens(tools) + sum(count_tokens(m) for m in f.messages)
@@ -94,11 +98,39 @@ def test_local_teacher_fits_with_its_own_tokenizer(tmp_path, monkeypatch):
     from composer_pipeline.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "tiny")
-    cfg = parse_teachers({"ceiling_usd": 1.0, "serve": {"tiny": str(model_dir)}, "teachers": [
-        dict(name="local", base_url="http://127.0.0.1:1/v1", model="tiny", api_key_env=None, input_usd_per_mtok=0.1,
-             output_usd_per_mtok=0.1, budget_usd=1.0, max_concurrency=1, max_tokens=64, context_window=3_000),
-        dict(name="api", base_url="http://127.0.0.1:1/v1", model="other", api_key_env=None, input_usd_per_mtok=0.1,
-             output_usd_per_mtok=0.1, budget_usd=1.0, max_concurrency=1, max_tokens=64, context_window=3_000)]}, "t")
+    cfg = parse_teachers(
+        {
+            "ceiling_usd": 1.0,
+            "serve": {"tiny": str(model_dir)},
+            "teachers": [
+                dict(
+                    name="local",
+                    base_url="http://127.0.0.1:1/v1",
+                    model="tiny",
+                    api_key_env=None,
+                    input_usd_per_mtok=0.1,
+                    output_usd_per_mtok=0.1,
+                    budget_usd=1.0,
+                    max_concurrency=1,
+                    max_tokens=64,
+                    context_window=3_000,
+                ),
+                dict(
+                    name="api",
+                    base_url="http://127.0.0.1:1/v1",
+                    model="other",
+                    api_key_env=None,
+                    input_usd_per_mtok=0.1,
+                    output_usd_per_mtok=0.1,
+                    budget_usd=1.0,
+                    max_concurrency=1,
+                    max_tokens=64,
+                    context_window=3_000,
+                ),
+            ],
+        },
+        "t",
+    )
     local, api = cfg.teachers
     assert tokenizer_file(cfg, local) == model_dir / "tokenizer.json" and counter_for(cfg, api) is None
     count = counter_for(cfg, local)

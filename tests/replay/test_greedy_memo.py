@@ -11,8 +11,16 @@ import pytest
 
 from composer_pipeline.teachers.server import load_models, start_server_thread
 
-MSGS = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Run the tests in calc/."}]
-TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+MSGS = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Run the tests in calc/."},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "Bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +56,9 @@ def test_two_names_one_greedy_generation(twin_server):
 
 def test_memo_key_and_sampling(twin_server):
     _post(twin_server, model="a", max_tokens=5, temperature=0)
-    assert _post(twin_server, model="a", max_tokens=6, temperature=0).headers["X-Composer-Memo"] == "miss"  # max_tokens in key
+    assert (
+        _post(twin_server, model="a", max_tokens=6, temperature=0).headers["X-Composer-Memo"] == "miss"
+    )  # max_tokens in key
     assert _post(twin_server, model="b", max_tokens=5, temperature=0, stop=["\n"]).headers["X-Composer-Memo"] == "miss"
     assert _post(twin_server, model="a", max_tokens=5, temperature=0).headers["X-Composer-Memo"] == "hit"
     before = _memo(twin_server)
@@ -61,8 +71,13 @@ def test_concurrent_identical_requests_generate_once(twin_server):
     results: dict[str, httpx.Response] = {}
 
     def go(name: str) -> None:
-        results[name] = _post(twin_server, model=name, max_tokens=7, temperature=0,
-                              messages=[{"role": "user", "content": "concurrent twin request"}])
+        results[name] = _post(
+            twin_server,
+            model=name,
+            max_tokens=7,
+            temperature=0,
+            messages=[{"role": "user", "content": "concurrent twin request"}],
+        )
 
     threads = [threading.Thread(target=go, args=(n,)) for n in ("a", "b")]
     for t in threads:

@@ -35,11 +35,18 @@ def test_reserve_settle_keep_release(ledger_url):
     assert led.spent("t") == pytest.approx(0.25)
     f = reserve(led, "t", 0.8, budget_usd=1.0, run_id="r3", ceiling_usd=10.0)
     assert not f.ok and not f.wait and "teacher budget" in f.reason  # 0.25 settled+kept + 0.8 > 1.0: truly exhausted
-    assert spend_by_run(led, "r1") == {"t": pytest.approx(0.05)} and spend_by_run(led, "r2") == {"t": pytest.approx(0.2)}
+    assert spend_by_run(led, "r1") == {"t": pytest.approx(0.05)} and spend_by_run(led, "r2") == {
+        "t": pytest.approx(0.2)
+    }
     again = Ledger(ledger_url)  # another day, another process
     assert again.balance("t", 1.0).remaining_usd == pytest.approx(0.75) and again.spent("other") == 0
     bal = again.balance("t", 1.0)
-    assert (bal.settled_usd, bal.kept_usd, bal.reserved_usd, bal.kept_calls) == (pytest.approx(0.05), pytest.approx(0.2), 0.0, 1)
+    assert (bal.settled_usd, bal.kept_usd, bal.reserved_usd, bal.kept_calls) == (
+        pytest.approx(0.05),
+        pytest.approx(0.2),
+        0.0,
+        1,
+    )
     assert sorted(r["state"] for r in ledger_rows(again)) == ["kept", "released", "settled"]
     assert schema_version(again) == MIGRATIONS[-1][0]
 
@@ -153,18 +160,30 @@ def test_an_earlier_duckdb_ledger_is_imported_once(tmp_path):
     from composer_pipeline.teachers.ledger import LedgerError
 
     old = duckdb.connect(str(tmp_path / "ledger.duckdb"))
-    old.execute("CREATE TABLE reservations (id VARCHAR PRIMARY KEY, teacher VARCHAR NOT NULL, run_id VARCHAR NOT NULL, "
-                "call_id VARCHAR, state VARCHAR NOT NULL, reserved_usd DOUBLE NOT NULL, cost_usd DOUBLE, note VARCHAR, "
-                "created_at TIMESTAMP NOT NULL, closed_at TIMESTAMP)")
-    old.executemany("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, now(), NULL)", [
-        ("a", "t", "r1", "c1", "settled", 0.4, 0.1, None), ("b", "t", "r1", "c2", "kept", 0.2, 0.2, "timeout"),
-        ("c", "t", "r1", "c3", "released", 0.3, 0.0, None), ("d", "t", "r2", None, "reserved", 0.25, None, "credit")])
+    old.execute(
+        "CREATE TABLE reservations (id VARCHAR PRIMARY KEY, teacher VARCHAR NOT NULL, run_id VARCHAR NOT NULL, "
+        "call_id VARCHAR, state VARCHAR NOT NULL, reserved_usd DOUBLE NOT NULL, cost_usd DOUBLE, note VARCHAR, "
+        "created_at TIMESTAMP NOT NULL, closed_at TIMESTAMP)"
+    )
+    old.executemany(
+        "INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, now(), NULL)",
+        [
+            ("a", "t", "r1", "c1", "settled", 0.4, 0.1, None),
+            ("b", "t", "r1", "c2", "kept", 0.2, 0.2, "timeout"),
+            ("c", "t", "r1", "c3", "released", 0.3, 0.0, None),
+            ("d", "t", "r2", None, "reserved", 0.25, None, "credit"),
+        ],
+    )
     old.close()
     with pytest.raises(LedgerError, match="DuckDB ledger of an earlier version"):
         Ledger(tmp_path / "ledger.duckdb")
     led = Ledger(tmp_path / "ledger.sqlite")
     bal = led.balance("t", 1.0)
-    assert bal.spent_usd == pytest.approx(0.55) and bal.settled_usd == pytest.approx(0.1) and bal.kept_usd == pytest.approx(0.45)
+    assert (
+        bal.spent_usd == pytest.approx(0.55)
+        and bal.settled_usd == pytest.approx(0.1)
+        and bal.kept_usd == pytest.approx(0.45)
+    )
     assert bal.reserved_usd == 0 and bal.kept_calls == 1
     assert Ledger(tmp_path / "ledger.sqlite").spent("t") == pytest.approx(0.55)  # imported once, not on every open
 
@@ -183,18 +202,24 @@ def test_writes_survive_other_processes_closing_while_this_one_opens_more_connec
     led.start_run("r1", lease_s=600)
     ledger_rows(Ledger(path), "runs")  # a second connection in the same process
     tests = str(Path(__file__).resolve().parents[1])  # tests/ledger_helpers.py
-    other = ("import sys; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
-             "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
-             "print(len(ledger_rows(l, 'runs'))); l.disconnect()")
+    other = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
+        "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+        "print(len(ledger_rows(l, 'runs'))); l.disconnect()"
+    )
     for _ in range(2):  # another process comes and goes, closing its last connection
-        out = subprocess.run([sys.executable, "-c", other, str(path), tests], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", other, str(path), tests], capture_output=True, text=True, check=True
+        )
         assert out.stdout.strip() == "1"
     led.claim("c1", "t", "r1")
     led.fail_claim("c1", "r1", "no answer")
     led.close_run("r1")
-    check = ("import sys, json; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
-             "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
-             "print(json.dumps([[r['run_id'], r['state']] for r in ledger_rows(l, 'runs')] + [[c['call_id'], c['state']] for c in ledger_rows(l, 'claims')]))")
+    check = (
+        "import sys, json; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
+        "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+        "print(json.dumps([[r['run_id'], r['state']] for r in ledger_rows(l, 'runs')] + [[c['call_id'], c['state']] for c in ledger_rows(l, 'claims')]))"
+    )
     out = subprocess.run([sys.executable, "-c", check, str(path), tests], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [["r1", "closed"], ["c1", "failed"]]
     assert (tmp_path / "ledger.sqlite-wal").exists()  # the WAL this process writes to was never deleted under it

@@ -24,11 +24,15 @@ from .conftest import make_config, scripted_request, teacher_dict
 
 def _yaml(tmp_path, url, **over) -> str:
     p = tmp_path / "teachers.yaml"
-    p.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(url, "t1", api_key_env="T1_KEY", **over)]}))
+    p.write_text(
+        yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(url, "t1", api_key_env="T1_KEY", **over)]})
+    )
     return str(p)
 
 
-def test_paid_answers_are_served_without_the_key_and_without_the_cache(tmp_path, server, samples_dir, ledger_url, monkeypatch):
+def test_paid_answers_are_served_without_the_key_and_without_the_cache(
+    tmp_path, server, samples_dir, ledger_url, monkeypatch
+):
     teachers = _yaml(tmp_path, server.url)
     monkeypatch.setenv("T1_KEY", "sk-test-0123456789abcdef")
     args = ["replay", "--states", str(samples_dir), "--teachers", teachers, "--ledger", ledger_url]
@@ -49,7 +53,9 @@ def test_the_next_replay_finalizes_a_dead_run_at_its_start(tmp_path, server, led
     cache = ResponseCache(tmp_path / "c")
     ledger = Ledger(ledger_url)
     replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=cache, ledger=ledger, run_id="first")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     ledger.start_run("killed", 600.0)  # a long lease: only the missing process tells it is dead
     ledger._tx(lambda c: c.execute("UPDATE runs SET pid = ? WHERE run_id = 'killed'", [int(dead)]))
     res = ledger.try_reserve(Reserve("t1", 10.0, "killed", 10.0, 0.25, "x" * 64))
@@ -63,13 +69,16 @@ def test_the_next_replay_finalizes_a_dead_run_at_its_start(tmp_path, server, led
     assert {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")}["killed"] == "expired"
 
 
-@pytest.mark.parametrize("url, secret", [
-    ("postgresql://u@127.0.0.1:1/db?password=s3cretQP&sslmode=disable", "s3cretQP"),
-    ("postgresql://u:pa%zzW0rd@127.0.0.1:1/db", "pa%zzW0rd"),
-    ("postgresql://u:pa%zzW0rd@127.0.0.1:1/db", "pa%zz"),
-    ("postgresql://u:p%40ssW0rd@127.0.0.1:1/db", "p@ssW0rd"),
-    ("postgresql://u@127.0.0.1:1/db?sslmode=disable&password=s3cretQP", "s3cretQP"),
-])
+@pytest.mark.parametrize(
+    "url, secret",
+    [
+        ("postgresql://u@127.0.0.1:1/db?password=s3cretQP&sslmode=disable", "s3cretQP"),
+        ("postgresql://u:pa%zzW0rd@127.0.0.1:1/db", "pa%zzW0rd"),
+        ("postgresql://u:pa%zzW0rd@127.0.0.1:1/db", "pa%zz"),
+        ("postgresql://u:p%40ssW0rd@127.0.0.1:1/db", "p@ssW0rd"),
+        ("postgresql://u@127.0.0.1:1/db?sslmode=disable&password=s3cretQP", "s3cretQP"),
+    ],
+)
 def test_a_postgres_password_is_never_echoed(url, secret, tmp_path, capsys):
     assert secret not in redact_url(url) and "***" in redact_url(url)
     with pytest.raises(LedgerError) as e:
@@ -88,7 +97,9 @@ def test_a_read_only_postgres_role_reads_budgets(tmp_path, postgres_server, serv
     db = f"ro_{uuid.uuid4().hex[:10]}"
     url = postgres_server.create_database(db)
     cfg = make_config(server.url)
-    replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=Ledger(url), run_id="r")
+    replay_requests(
+        [scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=Ledger(url), run_id="r"
+    )
     con = psycopg2.connect(url)
     con.autocommit = True
     role = f"reader_{uuid.uuid4().hex[:8]}"
@@ -99,8 +110,23 @@ def test_a_read_only_postgres_role_reads_budgets(tmp_path, postgres_server, serv
     ro_url = url.replace("postgresql://postgres@", f"postgresql://{role}@")
     teachers = tmp_path / "t.yaml"
     teachers.write_text(yaml.safe_dump({"ceiling_usd": 1.0, "teachers": [teacher_dict(server.url)]}))
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", "teachers", "budget", "--teachers", str(teachers),
-                        "--ledger", ro_url], capture_output=True, text=True, timeout=60, env={**os.environ})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "teachers",
+            "budget",
+            "--teachers",
+            str(teachers),
+            "--ledger",
+            ro_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
     assert p.returncode == 0, p.stderr
     line = __import__("json").loads(p.stdout.strip().splitlines()[0])
     assert line["teacher"] == "t1" and line["settled_usd"] > 0
@@ -117,12 +143,16 @@ def test_a_dropped_connection_is_reopened(postgres_server, tmp_path, server):
     con = psycopg2.connect(url)
     con.autocommit = True
     with con.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database()")
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database()"
+        )
     con.close()
     for _ in range(3):
         assert ledger.spent("t1") == 0.0
     cfg = make_config(server.url)
-    res = replay_requests([scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="r")
+    res = replay_requests(
+        [scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="r"
+    )
     assert res.summary["answered"] == 1
 
 
@@ -141,8 +171,14 @@ def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_pat
 
     server.latency_s = 1.5
     states = [0, 1, 2, 3]
-    args = {"url": server.url, "ledger": str(tmp_path / "ledger.sqlite"), "cache": str(tmp_path / "cache"), "states": states,
-            "max_concurrency": 4, "ignore_sigxfsz": True}
+    args = {
+        "url": server.url,
+        "ledger": str(tmp_path / "ledger.sqlite"),
+        "cache": str(tmp_path / "cache"),
+        "states": states,
+        "max_concurrency": 4,
+        "ignore_sigxfsz": True,
+    }
     p = _start({**args, "run": "full"})
     deadline = time.monotonic() + 90
     while len(server.requests) < len(states):

@@ -36,24 +36,46 @@ def pg():
 
 def _yaml(tmp_path: Path, url: str, name: str = "teachers.yaml", **top) -> str:
     p = tmp_path / name
-    teachers = [teacher_dict(url, "t1", max_concurrency=2, timeout_s=20.0),
-                teacher_dict(url, "t2", model="scripted-b", max_concurrency=2, timeout_s=20.0)]
+    teachers = [
+        teacher_dict(url, "t1", max_concurrency=2, timeout_s=20.0),
+        teacher_dict(url, "t2", model="scripted-b", max_concurrency=2, timeout_s=20.0),
+    ]
     p.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": teachers, **top}))
     return str(p)
 
 
 def _replay(samples_dir, teachers: str, out: Path, ledger: str, cache: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "composer_pipeline", "replay", "--states", str(samples_dir), "--teachers",
-                             teachers, "--out", str(out), "--ledger", ledger, "--cache", str(cache)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "replay",
+            "--states",
+            str(samples_dir),
+            "--teachers",
+            teachers,
+            "--out",
+            str(out),
+            "--ledger",
+            ledger,
+            "--cache",
+            str(cache),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _wait_requests(server, n: int, procs, url: str, timeout: float = 90) -> None:
     """Until every replay has registered its run (so all are past opening the ledger) and ``n`` requests went out."""
     deadline = time.monotonic() + timeout
     ledger = Ledger(url)
-    while len(server.requests) < n or len({r["pid"] for r in ledger_rows(ledger, "runs")} & {p.pid for p in procs}) < len(procs):
+    while len(server.requests) < n or len(
+        {r["pid"] for r in ledger_rows(ledger, "runs")} & {p.pid for p in procs}
+    ) < len(procs):
         assert time.monotonic() < deadline, "the replays never got going"
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
         time.sleep(0.01)
@@ -71,7 +93,9 @@ def _finish(p: subprocess.Popen, timeout: float = 150) -> tuple[int, str, str]:
 
 
 def _bought_twice(server) -> int:
-    return sum(n - 1 for n in Counter(r.body_hash for r in server.requests if r.behaviour == "answer").values() if n > 1)
+    return sum(
+        n - 1 for n in Counter(r.body_hash for r in server.requests if r.behaviour == "answer").values() if n > 1
+    )
 
 
 def _settled_usd(ledger: Ledger) -> float:
@@ -107,8 +131,9 @@ def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server
         assert "Traceback" not in err
     for i in (1, 2):
         rows = pq.read_table(tmp_path / f"out{i}" / "replays.parquet").to_pylist()
-        assert len(rows) == 2 * states.num_rows and {r["status"] for r in rows} == {"answered"}, \
-            Counter(r["reason"] for r in rows)
+        assert len(rows) == 2 * states.num_rows and {r["status"] for r in rows} == {"answered"}, Counter(
+            r["reason"] for r in rows
+        )
     # every distinct request bought once: the calls in flight at the outage settled once the server was back
     assert len({r.body_hash for r in server.requests}) == 2 * states.num_rows
     assert _bought_twice(server) == 0, f"bought twice after a {outage_s:.1f}s {outage}"
@@ -121,7 +146,9 @@ def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_path, pg, server, samples_dir, samples_tables):
+def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
+    sig, tmp_path, pg, server, samples_dir, samples_tables
+):
     """While the server is stopped: SIGTERM/SIGINT to one run exits 143/130 once the run could be closed (no traceback);
     the other run, with ``ledger_outage_s: 4``, stops with a clear error when the server stays down; after the
     server is back the next replay finalizes that run at its start and buys only what was never answered."""
@@ -130,7 +157,13 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_pat
     url = pg.create_database("ledger")
     teachers = _yaml(tmp_path, server.url)
     p1 = _replay(samples_dir, teachers, tmp_path / "out1", url, tmp_path / "cache1")
-    p2 = _replay(samples_dir, _yaml(tmp_path, server.url, "short.yaml", ledger_outage_s=4), tmp_path / "out2", url, tmp_path / "cache2")
+    p2 = _replay(
+        samples_dir,
+        _yaml(tmp_path, server.url, "short.yaml", ledger_outage_s=4),
+        tmp_path / "out2",
+        url,
+        tmp_path / "cache2",
+    )
     _wait_requests(server, 8, [p1, p2], url)
     pg.halt()
     p1.send_signal(sig)
@@ -152,7 +185,9 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(sig, tmp_pat
     rc3, out3, err3 = _finish(p3)
     assert rc3 == 0, err3[-3000:]
     s3 = json.loads(out3.strip().splitlines()[-1])
-    assert s3["shared_answers"] == len(answered & {r["call_id"] for r in pq.read_table(tmp_path / "out3" / "replays.parquet").to_pylist()})
+    assert s3["shared_answers"] == len(
+        answered & {r["call_id"] for r in pq.read_table(tmp_path / "out3" / "replays.parquet").to_pylist()}
+    )
     assert len(server.requests) - n == 2 * states.num_rows - s3["shared_answers"]  # only what was never answered
     assert {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed", "expired"}
     assert ledger.open_reservations() == 0
@@ -166,7 +201,9 @@ def test_a_server_restart_expires_no_lease(pg):
     ledger = Ledger(url)
     ledger.start_run("quiet", 30.0)
     assert ledger.claim("c" * 64, "t1", "quiet").state == "mine"
-    ledger._tx(lambda c: c.execute("UPDATE runs SET heartbeat_at = heartbeat_at - 60, lease_s = 30 WHERE run_id = 'quiet'"))
+    ledger._tx(
+        lambda c: c.execute("UPDATE runs SET heartbeat_at = heartbeat_at - 60, lease_s = 30 WHERE run_id = 'quiet'")
+    )
     pg.restart()
     assert ledger.claims_status(["c" * 64]) == {"c" * 64: "inflight"}
     assert ledger.reconcile()["expired_runs"] == []

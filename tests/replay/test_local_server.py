@@ -22,9 +22,23 @@ from composer_pipeline.teachers.replay import ReplayRun
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "composer_pipeline", "teachers", "serve", "--model", f"tiny={tiny_model_dir}",
-         "--model", f"tiny-b={tiny_model_dir}", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "teachers",
+            "serve",
+            "--model",
+            f"tiny={tiny_model_dir}",
+            "--model",
+            f"tiny-b={tiny_model_dir}",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     line = proc.stdout.readline()  # "serving [...] at http://127.0.0.1:PORT/v1 (...)"
     if not line:
@@ -43,7 +57,11 @@ def test_openai_surface(tiny_server, tiny_model_dir):
     assert httpx.get(base + "/health").json()["status"] == "ok"
     assert {m["id"] for m in httpx.get(tiny_server + "/models").json()["data"]} == {"tiny", "tiny-b"}
     msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Run the tests."}]
-    r = httpx.post(tiny_server + "/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8, "temperature": 0}, timeout=60)
+    r = httpx.post(
+        tiny_server + "/chat/completions",
+        json={"model": "tiny", "messages": msgs, "max_tokens": 8, "temperature": 0},
+        timeout=60,
+    )
     assert r.status_code == 200
     data = r.json()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -51,7 +69,11 @@ def test_openai_surface(tiny_server, tiny_model_dir):
     assert data["usage"]["prompt_tokens"] == len(expected)
     assert 1 <= data["usage"]["completion_tokens"] <= 8
     assert data["choices"][0]["message"]["role"] == "assistant"
-    again = httpx.post(tiny_server + "/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8, "temperature": 0}, timeout=60)
+    again = httpx.post(
+        tiny_server + "/chat/completions",
+        json={"model": "tiny", "messages": msgs, "max_tokens": 8, "temperature": 0},
+        timeout=60,
+    )
     assert again.json()["choices"][0]["message"]["content"] == data["choices"][0]["message"]["content"]  # greedy
     bad = httpx.post(tiny_server + "/chat/completions", json={"model": "nope", "messages": msgs}, timeout=30)
     assert bad.status_code == 404 and "not served" in bad.json()["error"]["message"]
@@ -64,9 +86,22 @@ def test_replay_through_local_server(tiny_server, samples_tables, tmp_path):
 
     states, messages = samples_tables
     states = states.slice(0, 6)
-    teachers = [dict(name=n, base_url=tiny_server, model=m, api_key_env=None, input_usd_per_mtok=0.2,
-                     output_usd_per_mtok=0.8, budget_usd=1.0, max_concurrency=2, max_tokens=12, temperature=0.0, timeout_s=60)
-                for n, m in (("a", "tiny"), ("b", "tiny-b"))]
+    teachers = [
+        dict(
+            name=n,
+            base_url=tiny_server,
+            model=m,
+            api_key_env=None,
+            input_usd_per_mtok=0.2,
+            output_usd_per_mtok=0.8,
+            budget_usd=1.0,
+            max_concurrency=2,
+            max_tokens=12,
+            temperature=0.0,
+            timeout_s=60,
+        )
+        for n, m in (("a", "tiny"), ("b", "tiny-b"))
+    ]
     cfg = parse_teachers({"ceiling_usd": 1.0, "teachers": teachers})
     cache, ledger = ResponseCache(tmp_path / "c"), Ledger(tmp_path / "l.sqlite")
     run = ReplayRun.prepare(states, messages, cfg, RenderOptions())

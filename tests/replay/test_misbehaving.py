@@ -29,8 +29,19 @@ def _yaml(tmp_path, teachers: list[dict], name: str = "teachers.yaml") -> str:
 
 
 def _args(samples_dir, teachers, tmp_path, out="out", cache="cache") -> list[str]:
-    return ["replay", "--states", str(samples_dir), "--teachers", teachers, "--out", str(tmp_path / out),
-            "--ledger", str(tmp_path / "ledger.sqlite"), "--cache", str(tmp_path / cache)]
+    return [
+        "replay",
+        "--states",
+        str(samples_dir),
+        "--teachers",
+        teachers,
+        "--out",
+        str(tmp_path / out),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite"),
+        "--cache",
+        str(tmp_path / cache),
+    ]
 
 
 @pytest.fixture
@@ -43,7 +54,9 @@ def html_server():
 
 def test_teacher_answering_html_is_cut_off(tmp_path, server, html_server, samples_dir, samples_tables, capsys):
     states, _ = samples_tables
-    teachers = _yaml(tmp_path, [teacher_dict(html_server.url, "broken", max_concurrency=1), teacher_dict(server.url, "good")])
+    teachers = _yaml(
+        tmp_path, [teacher_dict(html_server.url, "broken", max_concurrency=1), teacher_dict(server.url, "good")]
+    )
     rc = main(_args(samples_dir, teachers, tmp_path))
     _, err = capsys.readouterr()
     assert rc == 1 and "teacher broken was cut off" in err
@@ -52,7 +65,10 @@ def test_teacher_answering_html_is_cut_off(tmp_path, server, html_server, sample
     broken = [r for r in rows if r["teacher"] == "broken"]
     assert len(broken) == states.num_rows and all(r["status"] == "failed" for r in broken)
     assert sum(r["reason"].startswith("invalid_json") and "<!DOCTYPE html>" in r["reason"] for r in broken) == 3
-    assert sum(r["reason"].startswith("teacher_disabled: 3 consecutive invalid responses") for r in broken) == states.num_rows - 3
+    assert (
+        sum(r["reason"].startswith("teacher_disabled: 3 consecutive invalid responses") for r in broken)
+        == states.num_rows - 3
+    )
     assert {r["status"] for r in rows if r["teacher"] == "good"} == {"answered"}
     bal = Ledger(tmp_path / "ledger.sqlite").balance("broken", 10.0)
     assert bal.kept_calls == 3 and bal.reserved_usd == 0  # each HTML answer may have been billed: kept at worst case
@@ -101,19 +117,33 @@ def test_readonly_or_full_cache_mount(tmp_path, server, samples_dir, samples_tab
     teachers = _yaml(tmp_path, [teacher_dict(server.url, "t1")])
     cmd = shlex.join([sys.executable, "-m", "composer_pipeline", *_args(samples_dir, teachers, tmp_path)])
     c = shlex.quote(str(cache))
-    setup = (f"mount --bind {c} {c} && mount -o remount,ro,bind {c} {c}" if kind == "readonly" else
-             f"mount -t tmpfs -o size=64k tmpfs {c} && (dd if=/dev/zero of={c}/fill bs=4k 2>/dev/null || true)")
-    p = subprocess.run(["unshare", "-m", "bash", "-c", f"{setup} && exec {cmd}"], capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    setup = (
+        f"mount --bind {c} {c} && mount -o remount,ro,bind {c} {c}"
+        if kind == "readonly"
+        else f"mount -t tmpfs -o size=64k tmpfs {c} && (dd if=/dev/zero of={c}/fill bs=4k 2>/dev/null || true)"
+    )
+    p = subprocess.run(
+        ["unshare", "-m", "bash", "-c", f"{setup} && exec {cmd}"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "warning: response cache" in p.stderr
     s1 = json.loads(p.stdout.strip().splitlines()[-1])
     assert s1["answered"] == states.num_rows and s1["total_spend"] > 0
     n = len(server.requests)
-    p = subprocess.run([sys.executable, "-m", "composer_pipeline", *_args(samples_dir, teachers, tmp_path, out="out2")],
-                       capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [sys.executable, "-m", "composer_pipeline", *_args(samples_dir, teachers, tmp_path, out="out2")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     s2 = json.loads(p.stdout.strip().splitlines()[-1])
-    assert p.returncode == 0 and len(server.requests) == n and s2["total_spend"] == 0 and s2["answered"] == states.num_rows
+    assert (
+        p.returncode == 0 and len(server.requests) == n and s2["total_spend"] == 0 and s2["answered"] == states.num_rows
+    )
 
 
 def test_a_run_where_every_call_fails_exits_non_zero(tmp_path, server, samples_dir, samples_tables, capsys):

@@ -25,7 +25,9 @@ HARD = [
 def _bodies(samples_tables):
     states, messages = samples_tables
     bodies = [{"messages": r.messages, "tools": r.tools} for _, r in render_states(states, messages, RenderOptions())]
-    bodies += [{"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": h}], "tools": []} for h in HARD]
+    bodies += [
+        {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": h}], "tools": []} for h in HARD
+    ]
     return bodies
 
 

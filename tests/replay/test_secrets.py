@@ -30,7 +30,9 @@ def test_key_only_in_authorization_header(tmp_path, server, samples_dir, monkeyp
     monkeypatch.setenv("MY_TEACHER_KEY", KEY)
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))
     teachers = tmp_path / "teachers.yaml"
-    teachers.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(server.url, api_key_env="MY_TEACHER_KEY")]}))
+    teachers.write_text(
+        yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict(server.url, api_key_env="MY_TEACHER_KEY")]})
+    )
     rc = main(["replay", "--states", str(samples_dir), "--teachers", str(teachers), "--out", str(tmp_path / "out")])
     assert rc == 0
     out, err = capsys.readouterr()
@@ -51,8 +53,14 @@ def test_key_only_in_authorization_header(tmp_path, server, samples_dir, monkeyp
 
 def test_a_provider_echoing_the_key_is_scrubbed(tmp_path, server):
     cfg = make_config(server.url, api_key_env="X_KEY")
-    res = replay_requests([scripted_request(cfg, 0, "echoauth")], cfg, {"t1": KEY}, cache=ResponseCache(tmp_path / "c"),
-                          ledger=Ledger(tmp_path / "l.sqlite"), run_id="r")
+    res = replay_requests(
+        [scripted_request(cfg, 0, "echoauth")],
+        cfg,
+        {"t1": KEY},
+        cache=ResponseCache(tmp_path / "c"),
+        ledger=Ledger(tmp_path / "l.sqlite"),
+        run_id="r",
+    )
     row = res.table.to_pylist()[0]
     assert row["status"] == "failed" and row["reason"].startswith("http_401") and "[REDACTED]" in row["reason"]
     assert KEY not in str(res.summary) and KEY not in str(row)
@@ -66,8 +74,14 @@ def test_a_teacher_answering_with_a_secret_is_scrubbed_before_cache_and_table(tm
     token = "ghp_" + "Zz9Yy8Xx7W" * 4
     cfg = make_config(server.url)
     cache = ResponseCache(tmp_path / "c")
-    res = replay_requests([scripted_request(cfg, 0, f"answer:use\\ntoken {token} now")], cfg, {}, cache=cache,
-                          ledger=Ledger(tmp_path / "l.sqlite"), run_id="r")
+    res = replay_requests(
+        [scripted_request(cfg, 0, f"answer:use\\ntoken {token} now")],
+        cfg,
+        {},
+        cache=cache,
+        ledger=Ledger(tmp_path / "l.sqlite"),
+        run_id="r",
+    )
     row = res.table.to_pylist()[0]
     assert row["status"] == "answered" and "[REDACTED:github_token]" in str(row)
     assert token not in str(row)

@@ -26,9 +26,24 @@ def _free_port() -> int:
 def test_idle_exit_waits_for_requests_in_flight(tmp_path, tiny_model_dir):
     port = _free_port()
     log = tmp_path / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "composer_pipeline", "teachers", "serve", "--model", f"tiny={tiny_model_dir}",
-                             "--port", str(port), "--idle-exit-s", "1"], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline",
+            "teachers",
+            "serve",
+            "--model",
+            f"tiny={tiny_model_dir}",
+            "--port",
+            str(port),
+            "--idle-exit-s",
+            "1",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 120
@@ -40,8 +55,13 @@ def test_idle_exit_waits_for_requests_in_flight(tmp_path, tiny_model_dir):
                 time.sleep(0.2)
 
         def ask(i: int) -> int:  # sampled (no greedy memo): every request generates, one at a time (the model's lock)
-            body = {"model": "tiny", "messages": [{"role": "user", "content": f"fix bug {i} in app.py"}],
-                    "max_tokens": 192, "temperature": 1.0, "seed": i}
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": f"fix bug {i} in app.py"}],
+                "max_tokens": 192,
+                "temperature": 1.0,
+                "seed": i,
+            }
             return httpx.post(f"{url}/chat/completions", json=body, timeout=120).status_code
 
         t0 = time.monotonic()

@@ -26,11 +26,20 @@ if a.get("ignore_sigxfsz"):  # a file-size limit (a simulated full disk) makes w
     import signal
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-over = dict(budget_usd=a.get("budget_usd", 10.0), max_concurrency=a.get("max_concurrency", 4), timeout_s=20.0)  # a loaded 2-core CI box
-teachers = [teacher_dict(a["url"], "t1", **over)] + ([teacher_dict(a["url"], "t2", model="scripted-b", **over)] if a.get("teachers", 1) > 1 else [])
-cfg = dataclasses.replace(make_config(a["url"], teachers=teachers, ceiling_usd=a.get("ceiling_usd", 10.0)), lease_s=a.get("lease_s", 30.0))
-reqs = [scripted_request(cfg, i, a.get("script", "answer"), teacher=k, pad=a.get("pad", 0))
-        for i in a["states"] for k in range(len(cfg.teachers))]
+over = dict(
+    budget_usd=a.get("budget_usd", 10.0), max_concurrency=a.get("max_concurrency", 4), timeout_s=20.0
+)  # a loaded 2-core CI box
+teachers = [teacher_dict(a["url"], "t1", **over)] + (
+    [teacher_dict(a["url"], "t2", model="scripted-b", **over)] if a.get("teachers", 1) > 1 else []
+)
+cfg = dataclasses.replace(
+    make_config(a["url"], teachers=teachers, ceiling_usd=a.get("ceiling_usd", 10.0)), lease_s=a.get("lease_s", 30.0)
+)
+reqs = [
+    scripted_request(cfg, i, a.get("script", "answer"), teacher=k, pad=a.get("pad", 0))
+    for i in a["states"]
+    for k in range(len(cfg.teachers))
+]
 ledger = Ledger(a["ledger"])
 if a.get("start_file"):
     Path(f"{a['start_file']}.{a['run']}").touch()  # ready: imports done, ledger open

@@ -50,8 +50,9 @@ def test_cluster_trainer_is_a_k8s_pipes_pod_running_torchrun(cluster_defs):
     assert cmd == ["torchrun", "--nproc-per-node=1", "-m", ENTRY_MODULE]
     spec = trainer.k8s_pod_spec()
     # the pod body dagster-k8s builds from it (what PipesK8sClient.run submits), with the Pipes env
-    body = build_pod_body("dagster-pipes-test", None, cmd, {"DAGSTER_PIPES_CONTEXT": "x", "OMP_NUM_THREADS": "1"},
-                          None, spec)
+    body = build_pod_body(
+        "dagster-pipes-test", None, cmd, {"DAGSTER_PIPES_CONTEXT": "x", "OMP_NUM_THREADS": "1"}, None, spec
+    )
     c = body.spec.containers[0]
     assert c.image == "ghcr.io/your-org/composer-pipeline:0.1.0-cuda" and c.command == cmd
     assert c.resources.requests["nvidia.com/gpu"] == "1" and c.resources.limits["nvidia.com/gpu"] == "1"
@@ -88,8 +89,11 @@ def test_cluster_normalize_recipe_selects_ray(cluster_defs):
 def test_celery_variant_selects_celery_executor(cluster_variant):
     def edit(dep):
         dep["executor"] = "celery"
-        dep["celery"] = {"broker": "pyamqp://guest@rabbitmq:5672//", "backend": "rpc://",
-                         "include": ["assets.definitions"]}
+        dep["celery"] = {
+            "broker": "pyamqp://guest@rabbitmq:5672//",
+            "backend": "rpc://",
+            "include": ["assets.definitions"],
+        }
 
     defs = build_defs(load_settings(cluster_variant(edit)))
     name, cfg = _executor_config(defs)
@@ -110,8 +114,15 @@ def test_multiprocess_variant_and_local_launchers(cluster_variant):
     assert name == "multiprocess" and cfg["max_concurrent"] == 2
     trainer = defs.resources["trainer"]
     cmd = trainer.command()
-    assert cmd[1:] == ["launch", "--config_file", str(settings.deployment.trainer.accelerate_config),
-                       "--num_processes", "2", "-m", ENTRY_MODULE]
+    assert cmd[1:] == [
+        "launch",
+        "--config_file",
+        str(settings.deployment.trainer.accelerate_config),
+        "--num_processes",
+        "2",
+        "-m",
+        ENTRY_MODULE,
+    ]
     assert cmd[0].endswith("accelerate")
 
 
@@ -126,13 +137,16 @@ def test_wrong_executor_key_fails_at_load(cluster_variant):
         build_defs(load_settings(cluster_variant(edit)))
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda dep: dep.update(executor="spark"), "deployment.executor must be one of"),
-    (lambda dep: dep["trainer"].update(launcher="slurm"), "deployment.trainer.launcher must be one of"),
-    (lambda dep: dep["trainer"]["k8s"].pop("image"), "k8s.image is not set"),
-    (lambda dep: dep["trainer"]["k8s"].update(gpu=1), r"unknown keys \['gpu'\]"),
-    (lambda dep: dep.update(exector="k8s"), r"unknown keys \['exector'\]"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda dep: dep.update(executor="spark"), "deployment.executor must be one of"),
+        (lambda dep: dep["trainer"].update(launcher="slurm"), "deployment.trainer.launcher must be one of"),
+        (lambda dep: dep["trainer"]["k8s"].pop("image"), "k8s.image is not set"),
+        (lambda dep: dep["trainer"]["k8s"].update(gpu=1), r"unknown keys \['gpu'\]"),
+        (lambda dep: dep.update(exector="k8s"), r"unknown keys \['exector'\]"),
+    ],
+)
 def test_bad_deployment_values_are_clear_errors(cluster_variant, edit, match):
     with pytest.raises(ValueError, match=match):
         load_settings(cluster_variant(edit))
@@ -162,18 +176,31 @@ def test_k8s_executor_instance_built_from_the_recipe(cluster_defs, tmp_path):
     job = defs.resolve_implicit_global_asset_job_def()
     _, cfg = _executor_config(defs)
     kubeconfig = tmp_path / "kubeconfig.yaml"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": "https://127.0.0.1:6443"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "not-a-secret"}}],
-    }))
-    res = process_config(k8s_job_executor.config_schema.config_type,
-                         {**cfg, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)})
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "t",
+                "clusters": [{"name": "t", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "not-a-secret"}}],
+            }
+        )
+    )
+    res = process_config(
+        k8s_job_executor.config_schema.config_type,
+        {**cfg, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)},
+    )
     assert res.success, res.errors
-    executor = k8s_job_executor.executor_creation_fn(InitExecutorContext(
-        job=InMemoryJob(job), executor_def=k8s_job_executor, executor_config=res.value,
-        instance=dg.DagsterInstance.ephemeral()))
+    executor = k8s_job_executor.executor_creation_fn(
+        InitExecutorContext(
+            job=InMemoryJob(job),
+            executor_def=k8s_job_executor,
+            executor_config=res.value,
+            instance=dg.DagsterInstance.ephemeral(),
+        )
+    )
     handler = executor._step_handler  # noqa: SLF001 - what each step pod is built from
     assert type(handler).__name__ == "K8sStepHandler" and executor._max_concurrent == 8  # noqa: SLF001
     ctx = handler._executor_container_context  # noqa: SLF001

@@ -41,8 +41,21 @@ def _one_process(root: Path, data: str, recipe: Path) -> Path:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("DAGSTER_PIPES_CONTEXT", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "composer_pipeline.train.pipes_entry", "--data-root", data, "--recipe", str(recipe), "--out-dir", str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "composer_pipeline.train.pipes_entry",
+            "--data-root",
+            data,
+            "--recipe",
+            str(recipe),
+            "--out-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "checkpoint"
@@ -81,7 +94,11 @@ def test_two_ranks_train_the_same_model_as_one_process(ddp_setup, tiny_model_dir
     md = mats[0].materialization.metadata
     two = Path(md["checkpoint"].value)
     assert md["steps"].value == STEPS and md["channels_off"].value == "{}"
-    piped = [json.loads(e.user_message) for e in instance.all_logs(res.run_id) if (e.user_message or "").startswith('{"step"')]
+    piped = [
+        json.loads(e.user_message)
+        for e in instance.all_logs(res.run_id)
+        if (e.user_message or "").startswith('{"step"')
+    ]
     assert [r["step"] for r in piped] == list(range(1, STEPS + 1)), "each step must come back once, from rank 0"
     assert json.loads((two / "metrics.json").read_text())["world_size"] == 2
     assert json.loads((one / "metrics.json").read_text())["world_size"] == 1
@@ -92,8 +109,14 @@ def test_two_ranks_train_the_same_model_as_one_process(ddp_setup, tiny_model_dir
     assert len(a) == len(b) == STEPS
     for ra, rb in zip(a, b):
         for ch in ("grpo", "sdpo", "dpo"):
-            assert ra[ch] is not None and rb[ch] is not None, f"channel {ch} did not fire: {ra['off_reasons']} / {rb['off_reasons']}"
-        assert abs(ra["dpo"] - rb["dpo"]) < 1e-5 and abs(ra["sdpo"] - rb["sdpo"]) < 1e-6 and abs(ra["grpo"] - rb["grpo"]) < 1e-6
+            assert ra[ch] is not None and rb[ch] is not None, (
+                f"channel {ch} did not fire: {ra['off_reasons']} / {rb['off_reasons']}"
+            )
+        assert (
+            abs(ra["dpo"] - rb["dpo"]) < 1e-5
+            and abs(ra["sdpo"] - rb["sdpo"]) < 1e-6
+            and abs(ra["grpo"] - rb["grpo"]) < 1e-6
+        )
         assert abs(ra["total"] - rb["total"]) < 1e-5
         assert abs(ra["reward"] - rb["reward"]) < 1e-5 and abs(ra["reward_std"] - rb["reward_std"]) < 1e-5
         assert ra["error_sites"] == rb["error_sites"] > 0 and ra["dpo_batches"] == rb["dpo_batches"]
@@ -122,12 +145,23 @@ def test_two_ranks_hint_distillation_alone(ddp_setup):
     runs = {}
     for n in (1, 2):
         out = root / f"sdpo{n}"
-        cmd = TrainerLauncher(launcher="torchrun", nproc_per_node=n).command() if n > 1 else [sys.executable, "-m", "composer_pipeline.train.pipes_entry"]
-        proc = subprocess.run([*cmd, "--data-root", data, "--recipe", str(sdpo), "--out-dir", str(out), "--steps", "2"],
-                              capture_output=True, text=True, env=env, timeout=300)
+        cmd = (
+            TrainerLauncher(launcher="torchrun", nproc_per_node=n).command()
+            if n > 1
+            else [sys.executable, "-m", "composer_pipeline.train.pipes_entry"]
+        )
+        proc = subprocess.run(
+            [*cmd, "--data-root", data, "--recipe", str(sdpo), "--out-dir", str(out), "--steps", "2"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-        assert [r["step"] for r in lines if "step" in r] == [1, 2] and sum("materialization" in r for r in lines) == 1  # rank 0 prints
+        assert [r["step"] for r in lines if "step" in r] == [1, 2] and sum(
+            "materialization" in r for r in lines
+        ) == 1  # rank 0 prints
         runs[n] = (lines[:2], _weights(out / "checkpoint"))
     (a, wa), (b, wb) = runs[1], runs[2]
     for ra, rb in zip(a, b):

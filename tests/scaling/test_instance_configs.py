@@ -86,8 +86,13 @@ def test_postgres_instance_materializes_against_a_real_server(postgres_server, t
     from resources.storage import ParquetIOManager
 
     url = postgres_server.create_database("dagster_instance_test")
-    for var, value in {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(postgres_server.port),
-                       "DAGSTER_PG_USER": "postgres", "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": "dagster_instance_test"}.items():
+    for var, value in {
+        "DAGSTER_PG_HOST": "127.0.0.1",
+        "DAGSTER_PG_PORT": str(postgres_server.port),
+        "DAGSTER_PG_USER": "postgres",
+        "DAGSTER_PG_PASSWORD": "",
+        "DAGSTER_PG_DB": "dagster_instance_test",
+    }.items():
         monkeypatch.setenv(var, value)
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -101,9 +106,13 @@ def test_postgres_instance_materializes_against_a_real_server(postgres_server, t
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
         instance.add_dynamic_partitions("sessions", [key])
         res = dg.materialize(
-            [raw_sessions, ingest_session_tables], partition_key=key, instance=instance,
-            resources={"io_manager": ParquetIOManager(root=str(tmp_path / "store")),
-                       "recipes": PipelineRecipes(trace_root=str(samples))},
+            [raw_sessions, ingest_session_tables],
+            partition_key=key,
+            instance=instance,
+            resources={
+                "io_manager": ParquetIOManager(root=str(tmp_path / "store")),
+                "recipes": PipelineRecipes(trace_root=str(samples)),
+            },
         )
         assert res.success
         run_id = res.run_id
@@ -118,7 +127,9 @@ def test_postgres_instance_materializes_against_a_real_server(postgres_server, t
     with conn, conn.cursor() as cur:
         cur.execute("select status from runs where run_id = %s", (run_id,))
         assert cur.fetchone() == ("SUCCESS",)
-        cur.execute("select count(*) from event_logs where run_id = %s and dagster_event_type = 'ASSET_MATERIALIZATION'",
-                    (run_id,))
+        cur.execute(
+            "select count(*) from event_logs where run_id = %s and dagster_event_type = 'ASSET_MATERIALIZATION'",
+            (run_id,),
+        )
         assert cur.fetchone()[0] >= 4  # raw_sessions, trace_states, trace_messages, quarantine
     conn.close()

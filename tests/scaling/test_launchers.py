@@ -11,19 +11,41 @@ from resources.trainer import ENTRY_MODULE, TrainerLauncher, accelerate_command,
 def test_torchrun_and_accelerate_prefixes():
     assert torchrun_command(4) == ["torchrun", "--nproc-per-node=4", "-m", ENTRY_MODULE]
     assert torchrun_command(2, python="/x/bin/python") == [
-        "/x/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=2", "-m", ENTRY_MODULE]
-    assert accelerate_command("/cfg/acc.yaml") == ["accelerate", "launch", "--config_file", "/cfg/acc.yaml", "-m", ENTRY_MODULE]
+        "/x/bin/python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "-m",
+        ENTRY_MODULE,
+    ]
+    assert accelerate_command("/cfg/acc.yaml") == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "/cfg/acc.yaml",
+        "-m",
+        ENTRY_MODULE,
+    ]
     assert accelerate_command(None, 2) == ["accelerate", "launch", "--num_processes", "2", "-m", ENTRY_MODULE]
     # the explicit prefix of the original resource still wins
     assert TrainerLauncher(command_prefix=["torchrun", "--nproc_per_node=2"], launcher="accelerate").command() == [
-        "torchrun", "--nproc_per_node=2", "-m", ENTRY_MODULE]
+        "torchrun",
+        "--nproc_per_node=2",
+        "-m",
+        ENTRY_MODULE,
+    ]
     # k8s pod commands use the image's PATH, not this venv
     assert TrainerLauncher(launcher="k8s", k8s={"image": "i", "command": "accelerate", "gpus": 2}).k8s_command() == [
-        "accelerate", "launch", "--num_processes", "2", "-m", ENTRY_MODULE]
+        "accelerate",
+        "launch",
+        "--num_processes",
+        "2",
+        "-m",
+        ENTRY_MODULE,
+    ]
     assert TrainerLauncher(launcher="k8s", k8s={"image": "i"}).k8s_command() == ["python", "-m", ENTRY_MODULE]
     spec = TrainerLauncher(launcher="k8s", k8s={"image": "i"}).k8s_pod_spec()  # CPU pod: no GPU request
     assert "resources" not in spec["containers"][0]
-
 
 
 def test_torchrun_rendezvous_flags():
@@ -31,7 +53,15 @@ def test_torchrun_rendezvous_flags():
     import sys
 
     local = TrainerLauncher(launcher="torchrun", nproc_per_node=2).command()
-    assert local == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", ENTRY_MODULE]
+    assert local == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        ENTRY_MODULE,
+    ]
     rdzv = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=nightly"]
     multi = TrainerLauncher(launcher="torchrun", nproc_per_node=4, torchrun_args=rdzv).command()
     assert multi[3:8] == [*rdzv, "--nproc-per-node=4"] and "--standalone" not in multi
@@ -44,7 +74,12 @@ def test_dpo_batches_split_evenly_over_ranks():
 
     def batch(n):  # rows [chosen_0..n-1, rejected_0..n-1]; the id says which pair and side
         ids = torch.tensor([[i] for i in range(n)] + [[100 + i] for i in range(n)])
-        return {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": ids, "completion_mask": torch.ones_like(ids)}
+        return {
+            "prompt_ids": ids,
+            "prompt_mask": torch.ones_like(ids),
+            "completion_ids": ids,
+            "completion_mask": torch.ones_like(ids),
+        }
 
     full, short = batch(4), batch(3)
     r0, r1 = (shard_dpo_batches([full, short], r, 2) for r in (0, 1))

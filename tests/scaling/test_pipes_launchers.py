@@ -29,8 +29,13 @@ def test_pipes_training_through_launcher(launcher, tiny_model_dir, synth_store, 
 
     @dg.asset
     def policy(context: dg.AssetExecutionContext):
-        extras = {"data_root": synth_store, "recipe": str(repo_root / "recipes" / "train.yaml"),
-                  "model": str(tiny_model_dir), "steps": 2, "out_dir": str(out_dir)}
+        extras = {
+            "data_root": synth_store,
+            "recipe": str(repo_root / "recipes" / "train.yaml"),
+            "model": str(tiny_model_dir),
+            "steps": 2,
+            "out_dir": str(out_dir),
+        }
         yield from trainer.run(context, extras=extras, pipes_client=dg.PipesSubprocessClient()).get_results()
 
     instance = dg.DagsterInstance.ephemeral()

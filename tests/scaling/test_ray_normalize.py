@@ -37,7 +37,8 @@ def test_ray_local_matches_default_executor():
     assert res.kept.column("pair_id").to_pylist() == ref.kept.column("pair_id").to_pylist()
     assert res.kept.equals(ref.kept)  # untouched columns come back byte for byte (joined by row, not via Ray)
     assert sorted(zip(res.dropped["pair_id"].to_pylist(), res.dropped["drop_op"].to_pylist())) == sorted(
-        zip(ref.dropped["pair_id"].to_pylist(), ref.dropped["drop_op"].to_pylist()))
+        zip(ref.dropped["pair_id"].to_pylist(), ref.dropped["drop_op"].to_pylist())
+    )
     assert res.stats["dropped_by_op"] == ref.stats["dropped_by_op"]
 
 
@@ -51,8 +52,9 @@ def test_ray_recipe_builds_a_ray_executor_config(tmp_path, repo_root):
     names = [next(iter(op)) for op in process]
     assert "document_deduplicator" not in names and names[-1] == "ray_document_deduplicator"
     assert all(next(iter(op.values()))["skip_op_error"] is False for op in process)
-    conf = ray_executor_config(recipe, dataset_path=str(tmp_path / "in.jsonl"), export_path=str(tmp_path / "out"),
-                               work_dir=str(tmp_path / "w"))
+    conf = ray_executor_config(
+        recipe, dataset_path=str(tmp_path / "in.jsonl"), export_path=str(tmp_path / "out"), work_dir=str(tmp_path / "w")
+    )
     with data_juicer_guard():
         cfg = load_ray_config(conf, tmp_path / "ray.yaml")
     assert cfg.executor_type == "ray" and cfg.ray_address == "local"

@@ -75,14 +75,45 @@ def replayed(project_store, tmp_path_factory):
     dst.write_table("trace_messages", src.read_table("trace_messages"))
     server = ScriptedServer().start()
     try:
-        teacher = dict(base_url=server.url, api_key_env=None, input_usd_per_mtok=1.0,
-                       output_usd_per_mtok=2.0, budget_usd=10.0, max_concurrency=4, max_tokens=50, temperature=0.0,
-                       timeout_s=5.0, max_retries=1, backoff_s=0.02, backoff_max_s=0.1)
+        teacher = dict(
+            base_url=server.url,
+            api_key_env=None,
+            input_usd_per_mtok=1.0,
+            output_usd_per_mtok=2.0,
+            budget_usd=10.0,
+            max_concurrency=4,
+            max_tokens=50,
+            temperature=0.0,
+            timeout_s=5.0,
+            max_retries=1,
+            backoff_s=0.02,
+            backoff_max_s=0.1,
+        )
         cfg = root / "teachers.yaml"
-        cfg.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [dict(name="alpha", model="scripted-a", **teacher),
-                                                                    dict(name="beta", model="scripted-b", **teacher)]}))
-        rc, out, err = cli("replay", "--states", dst.root, "--teachers", cfg, "--out", dst.root,
-                           "--ledger", root / "ledger.sqlite", "--cache", root / "cache")
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "ceiling_usd": 5.0,
+                    "teachers": [
+                        dict(name="alpha", model="scripted-a", **teacher),
+                        dict(name="beta", model="scripted-b", **teacher),
+                    ],
+                }
+            )
+        )
+        rc, out, err = cli(
+            "replay",
+            "--states",
+            dst.root,
+            "--teachers",
+            cfg,
+            "--out",
+            dst.root,
+            "--ledger",
+            root / "ledger.sqlite",
+            "--cache",
+            root / "cache",
+        )
         assert rc == 0, err
         # two model names on one server: two models to the pairs stage (a vote is base_url + model)
         rc, _, err = cli("pairs", "--replays", dst.root, "--states", dst.root, "--out", dst.root, "--teachers", cfg)

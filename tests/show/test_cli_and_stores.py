@@ -48,7 +48,7 @@ def test_compaction_after_by_default_full_on_request(samples_store, tmp_path):
     # full: the stitched pre-compaction history, without the now redundant summary
     assert len(full["prefix"]) > len(after["prefix"])
     assert all(m.get("content") != summary_text for m in full["prefix"])
-    assert full["prefix"][-(len(after["prefix"]) - 2):] == after["prefix"][2:]
+    assert full["prefix"][-(len(after["prefix"]) - 2) :] == after["prefix"][2:]
     for v in (after, full):
         check_tool_answers(v["prefix"])
 
@@ -90,7 +90,9 @@ def test_missing_store_and_ambiguous_prefix(tmp_path):
     with pytest.raises(ShowError, match="ambiguous.*state abcdef0001.*pair abcdef0002"):
         resolve_ids(["abcdef"], ["abcdef0001", "ffffff0001"], ["abcdef0002"], "here")
     assert resolve_ids(["ABCDEF0002", "ffffff"], ["abcdef0001", "ffffff0001"], ["abcdef0002"], "x") == [
-        ("pair", "abcdef0002"), ("state", "ffffff0001")]
+        ("pair", "abcdef0002"),
+        ("state", "ffffff0001"),
+    ]
 
 
 def test_s3_partitioned_layout_matches_local(moto_s3, samples_store):
@@ -170,8 +172,11 @@ def test_a_failed_parquet_write_leaves_the_previous_file_whole(tmp_path, how, re
     import sys
 
     def write(rows: int, limit: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", _WRITE_UNDER_A_LIMIT, how, str(tmp_path), str(rows), str(limit)],
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-c", _WRITE_UNDER_A_LIMIT, how, str(tmp_path), str(rows), str(limit)],
+            capture_output=True,
+            text=True,
+        )
 
     assert write(1000, 0).returncode == 0
     before = (tmp_path / rel).read_bytes()
@@ -253,15 +258,22 @@ def test_show_and_lineage_resolve_ids_with_the_same_words(samples_store, tmp_pat
     from composer_pipeline.lineage import resolve_pair_id
 
     store = tmp_path / "pairs"
-    Store(str(store)).write_table("dpo_pairs", Store(str(samples_store)).read_table("trace_states").select(["state_id"])
-                                  .rename_columns(["pair_id"]))
+    Store(str(store)).write_table(
+        "dpo_pairs",
+        Store(str(samples_store)).read_table("trace_states").select(["state_id"]).rename_columns(["pair_id"]),
+    )
     errors = []
-    for call in (lambda q: resolve_ids([q], [], ["abcdef0001", "abcdef0002"], str(store)),
-                 lambda q: resolve_pair_id(Store(str(store)), q)):
+    for call in (
+        lambda q: resolve_ids([q], [], ["abcdef0001", "abcdef0002"], str(store)),
+        lambda q: resolve_pair_id(Store(str(store)), q),
+    ):
         for q in ("abc", "zzzzzzzz"):
             with pytest.raises(ValueError) as e:
                 call(q)
             errors.append(str(e.value).split(" under ")[0].replace("state or pair", "pair"))
     show_words, lineage_words = errors[:2], errors[2:]
-    assert show_words == lineage_words == ["id 'abc' too short: give at least 6 characters of a pair id",
-                                           "no pair with id 'zzzzzzzz'"]
+    assert (
+        show_words
+        == lineage_words
+        == ["id 'abc' too short: give at least 6 characters of a pair id", "no pair with id 'zzzzzzzz'"]
+    )

@@ -113,7 +113,9 @@ def test_order_follows_parent_uuid_chain(views, messages_of, corpus_store, corpu
         assert got == expected, v["state_id"]
         # the user messages are the chain's user texts, in chain order (meta records skipped)
         checked += 1
-    assert checked == corpus.expect["total_states"] and crossing_progress > 0  # 2.1.x chains run through progress records
+    assert (
+        checked == corpus.expect["total_states"] and crossing_progress > 0
+    )  # 2.1.x chains run through progress records
 
 
 def test_list_tool_results_are_flattened_text(views, messages_of):
@@ -160,7 +162,7 @@ def test_subagent_prefix_starts_at_its_own_prompt(views, messages_of, corpus):
 
 
 def test_json_round_trips(views):
-    for d in views[:: 7]:
+    for d in views[::7]:
         view = view_from_dict(d)
         assert isinstance(view, StateView)
         assert orjson.loads(orjson.dumps(view.to_dict())) == d
@@ -184,7 +186,9 @@ def test_terminal_view_of_a_state(views, corpus_store, corpus):
 
 
 def test_thinking_blocks_follow_the_recipe(views, corpus_store, tmp_path):
-    assert not any("<thinking>" in (m.get("content") or "") for v in views for m in v["prefix"] if m["role"] == "assistant")
+    assert not any(
+        "<thinking>" in (m.get("content") or "") for v in views for m in v["prefix"] if m["role"] == "assistant"
+    )
     recipe = tmp_path / "ingest.yaml"
     recipe.write_text("render:\n  strip_thinking: false\n")
     rc, out, err = cli("show", "--all", "--store", corpus_store, "--json", "--recipe", recipe)

@@ -41,7 +41,8 @@ def _show(*argv) -> str:
 
 def _markdown(views) -> str:
     return "\n\n<!-- next -->\n\n".join(
-        render_markdown(v) + render_markdown(v, full=True) + render_markdown(v, max_messages=3) for v in views)
+        render_markdown(v) + render_markdown(v, full=True) + render_markdown(v, max_messages=3) for v in views
+    )
 
 
 def test_samples_terminal_json_and_markdown_unchanged(samples_store):
@@ -61,19 +62,36 @@ def fixed_replays(replayed, tmp_path_factory) -> dict:
         t = src.read_table(name)
         if name == "teacher_replays":
             ids = t.column("call_id").to_pylist()
-            calls = {c: f"{s}:{teacher}" for c, s, teacher in
-                     zip(ids, t.column("state_id").to_pylist(), t.column("teacher").to_pylist())}
+            calls = {
+                c: f"{s}:{teacher}"
+                for c, s, teacher in zip(ids, t.column("state_id").to_pylist(), t.column("teacher").to_pylist())
+            }
             assert len(set(calls.values())) == len(ids)  # one row per state and teacher here
-            t = t.set_column(t.schema.get_field_index("call_id"), "call_id", pa.array([calls[c] for c in ids], pa.string()))
-            t = t.set_column(t.schema.get_field_index("latency_s"), "latency_s", pa.array([0.25] * t.num_rows, pa.float64()))
-            t = t.set_column(t.schema.get_field_index("created_at"), "created_at",
-                             pa.array(["2026-01-01T00:00:00+00:00"] * t.num_rows, pa.string()))
+            t = t.set_column(
+                t.schema.get_field_index("call_id"), "call_id", pa.array([calls[c] for c in ids], pa.string())
+            )
+            t = t.set_column(
+                t.schema.get_field_index("latency_s"), "latency_s", pa.array([0.25] * t.num_rows, pa.float64())
+            )
+            t = t.set_column(
+                t.schema.get_field_index("created_at"),
+                "created_at",
+                pa.array(["2026-01-01T00:00:00+00:00"] * t.num_rows, pa.string()),
+            )
         elif "replay_call_ids" in t.column_names:
             fixed = [[calls.get(c, c) for c in cs or []] for cs in t.column("replay_call_ids").to_pylist()]
-            t = t.set_column(t.schema.get_field_index("replay_call_ids"), "replay_call_ids", pa.array(fixed, pa.list_(pa.string())))
+            t = t.set_column(
+                t.schema.get_field_index("replay_call_ids"), "replay_call_ids", pa.array(fixed, pa.list_(pa.string()))
+            )
         dst.write_table(name, t)
-    pair_ids = sorted({p for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives", "dropped_pairs")
-                       if dst.exists(name) for p in dst.read_table(name).column("pair_id").to_pylist()})
+    pair_ids = sorted(
+        {
+            p
+            for name in ("dpo_pairs", "normalized_dpo_pairs", "agreement_positives", "dropped_pairs")
+            if dst.exists(name)
+            for p in dst.read_table(name).column("pair_id").to_pylist()
+        }
+    )
     assert "teacher_replays" in src.table_names() and pair_ids
     return {"root": dst.root, "state_ids": replayed["state_ids"], "pair_ids": pair_ids}
 
@@ -83,5 +101,7 @@ def test_replayed_states_and_pairs_unchanged(fixed_replays):
     _same_as_golden("replayed.txt", _show(*ids, "--store", root, "--width", "140"))
     _same_as_golden("replayed_full.txt", _show(*ids, "--store", root, "--width", "100", "--full"))
     lines = [orjson.loads(line) for line in _show(*ids, "--store", root, "--json").splitlines()]
-    _same_as_golden("replayed.jsonl", "".join(orjson.dumps(d, option=orjson.OPT_SORT_KEYS).decode() + "\n" for d in lines))
+    _same_as_golden(
+        "replayed.jsonl", "".join(orjson.dumps(d, option=orjson.OPT_SORT_KEYS).decode() + "\n" for d in lines)
+    )
     _same_as_golden("replayed.md", _markdown(gather(root, ids)))

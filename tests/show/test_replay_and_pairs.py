@@ -26,7 +26,9 @@ def test_prefix_equals_the_messages_the_teachers_received(replayed):
     assert len(received) == 2 * len(views)  # two teachers, one request each, nothing retried
     # the multiset of received (messages, tools) is exactly each shown (prefix, tools) once per teacher
     got = Counter(orjson.dumps([b["messages"], b.get("tools")], option=orjson.OPT_SORT_KEYS) for b in received)
-    want = Counter(orjson.dumps([v["prefix"], v["tools"] or None], option=orjson.OPT_SORT_KEYS) for v in views for _ in range(2))
+    want = Counter(
+        orjson.dumps([v["prefix"], v["tools"] or None], option=orjson.OPT_SORT_KEYS) for v in views for _ in range(2)
+    )
     assert got == want
     for v in views:
         bodies = [b for b in received if b["messages"] == v["prefix"]]
@@ -41,12 +43,21 @@ def test_prefix_equals_the_messages_the_teachers_received(replayed):
 def test_other_render_options_are_flagged_as_not_sent(replayed, tmp_path):
     recipe = tmp_path / "ingest.yaml"
     recipe.write_text("render:\n  system_prompt: A different system prompt.\n")
-    (v,) = _show_json(replayed["state_ids"][0], "--store", replayed["root"], "--teachers", replayed["teachers"],
-                      "--recipe", recipe)
+    (v,) = _show_json(
+        replayed["state_ids"][0], "--store", replayed["root"], "--teachers", replayed["teachers"], "--recipe", recipe
+    )
     assert v["prefix"][0]["content"] == "A different system prompt."
     assert [t["sent_as_shown"] for t in v["teachers"]] == [False, False]
-    rc, out, _ = cli("show", replayed["state_ids"][0], "--store", replayed["root"], "--teachers", replayed["teachers"],
-                     "--recipe", recipe)
+    rc, out, _ = cli(
+        "show",
+        replayed["state_ids"][0],
+        "--store",
+        replayed["root"],
+        "--teachers",
+        replayed["teachers"],
+        "--recipe",
+        recipe,
+    )
     assert rc == 0 and "SENT A DIFFERENT PREFIX" in out
 
 
@@ -73,13 +84,18 @@ def test_pair_view_shows_chosen_and_rejected(replayed):
     assert "── chosen (alpha, beta)" in head and "── rejected (the agent)" in head and " │ " in head
     side = [ln for ln in head.splitlines() if " │ " in ln]
     assert any('→ Read(file_path="/repo/app.py")' in ln.split(" │ ")[0] for ln in side)  # chosen on the left
-    first_agent_call = d["rejected"]["tool_calls"][0]["name"] if d["rejected"]["tool_calls"] else d["rejected"]["text"][:20]
+    first_agent_call = (
+        d["rejected"]["tool_calls"][0]["name"] if d["rejected"]["tool_calls"] else d["rejected"]["text"][:20]
+    )
     assert any(first_agent_call in ln.split(" │ ")[1] for ln in side)  # the agent's action on the right
     assert "alpha (scripted-a)  answered" in out and "[agrees" in out and "$0.0" in out
 
     md = render_markdown(next(gather(replayed["root"], [p["pair_id"]])))
     assert "- **agreement: cross_model**, 2 of 2 models; teachers: alpha, beta" in md
-    assert md.startswith(f"## Pair `{p['pair_id']}`") and "| chosen (teacher consensus) | rejected (the agent's action) |" in md
+    assert (
+        md.startswith(f"## Pair `{p['pair_id']}`")
+        and "| chosen (teacher consensus) | rejected (the agent's action) |" in md
+    )
     assert "#### What the agent saw" in md and "#### Teachers" in md and md.count("```") % 2 == 0
 
 
@@ -91,8 +107,14 @@ def test_in_memory_pair_views_equal_the_stored_ones(replayed):
     store = Store(replayed["root"])
     pairs = store.read_table("normalized_dpo_pairs")
     pid = pairs.column("pair_id")[0].as_py()
-    (mem,) = pair_views(pairs, store.read_table("trace_states"), store.read_table("trace_messages"),
-                        store.read_table("teacher_replays"), table="normalized_dpo_pairs", pair_ids=[pid])
+    (mem,) = pair_views(
+        pairs,
+        store.read_table("trace_states"),
+        store.read_table("trace_messages"),
+        store.read_table("teacher_replays"),
+        table="normalized_dpo_pairs",
+        pair_ids=[pid],
+    )
     (stored,) = gather(replayed["root"], [pid])
     assert mem.state.to_dict() == stored.state.to_dict() and mem.chosen == stored.chosen
     assert mem.prompt_matches_prefix is True and mem.agreement == stored.agreement

@@ -60,8 +60,16 @@ def default_executor_survivors(pairs: pa.Table, recipe_path: str | Path, workdir
             cfg_path.write_text(yaml.safe_dump(sub))
             out = workdir / f"pass{n}_out.jsonl"
             cfg = init_configs(
-                args=["--config", str(cfg_path), "--dataset_path", str(data), "--export_path", str(out),
-                      "--work_dir", str(workdir / f"work{n}")]
+                args=[
+                    "--config",
+                    str(cfg_path),
+                    "--dataset_path",
+                    str(data),
+                    "--export_path",
+                    str(out),
+                    "--work_dir",
+                    str(workdir / f"work{n}"),
+                ]
             )
             DefaultExecutor(cfg).run()
             rows = [orjson.loads(line) for line in out.read_bytes().splitlines() if line.strip()]

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from .sessions import Session, text, tool
 
-_WORDS = ("def class return import self value config parser render token window cache stream state teacher ledger "
-          "budget reserve settle answer request prefix session agent tool result error retry assert test fixture").split()
+_WORDS = (
+    "def class return import self value config parser render token window cache stream state teacher ledger "
+    "budget reserve settle answer request prefix session agent tool result error retry assert test fixture"
+).split()
 
 
 def _filler(rng: random.Random, n_chars: int) -> str:
@@ -33,8 +35,14 @@ def _filler(rng: random.Random, n_chars: int) -> str:
     return "\n".join(lines)[:n_chars]
 
 
-def write_long_sessions(root: str | Path, n_sessions: int = 6, turns: int = 60, seed: int = 0,
-                        median_result_chars: int = 1600, project: str = "longproj") -> list[Path]:
+def write_long_sessions(
+    root: str | Path,
+    n_sessions: int = 6,
+    turns: int = 60,
+    seed: int = 0,
+    median_result_chars: int = 1600,
+    project: str = "longproj",
+) -> list[Path]:
     """Write ``n_sessions`` sessions of ``turns`` agent steps each (turn counts vary ±50% per session)."""
     rng = random.Random(seed)
     root = Path(root)
@@ -47,19 +55,29 @@ def write_long_sessions(root: str | Path, n_sessions: int = 6, turns: int = 60, 
             return f"{seed:08x}-0000-4000-8000-{next(counter):012x}"
 
         s = Session(sid=sid, new_uuid=new, cwd=f"/home/u/{project}")
-        s.user(f"Session {k}: fix the failing tests in the parser module and keep the public API unchanged. "
-               + _filler(rng, 400))
+        s.user(
+            f"Session {k}: fix the failing tests in the parser module and keep the public API unchanged. "
+            + _filler(rng, 400)
+        )
         n = max(2, int(turns * rng.uniform(0.5, 1.5)))
         for t in range(n):
             tid = f"toolu_{seed:04x}{k:04x}{t:06x}"
             kind = rng.choice(("Read", "Read", "Bash", "Grep", "Edit"))
-            args = {"Read": {"file_path": f"/home/u/{project}/src/mod_{rng.randint(0, 40)}.py"},
-                    "Bash": {"command": f"pytest -q tests/test_{rng.randint(0, 20)}.py"},
-                    "Grep": {"pattern": rng.choice(_WORDS), "path": "src"},
-                    "Edit": {"file_path": f"/home/u/{project}/src/mod_{rng.randint(0, 40)}.py",
-                             "old_string": rng.choice(_WORDS), "new_string": rng.choice(_WORDS)}}[kind]
-            s.assistant(text(f"Step {t}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 25)))),
-                        tool(kind, tid, **args), mid=f"msg_{sid[:8]}_{k}_{t:04d}")
+            args = {
+                "Read": {"file_path": f"/home/u/{project}/src/mod_{rng.randint(0, 40)}.py"},
+                "Bash": {"command": f"pytest -q tests/test_{rng.randint(0, 20)}.py"},
+                "Grep": {"pattern": rng.choice(_WORDS), "path": "src"},
+                "Edit": {
+                    "file_path": f"/home/u/{project}/src/mod_{rng.randint(0, 40)}.py",
+                    "old_string": rng.choice(_WORDS),
+                    "new_string": rng.choice(_WORDS),
+                },
+            }[kind]
+            s.assistant(
+                text(f"Step {t}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 25)))),
+                tool(kind, tid, **args),
+                mid=f"msg_{sid[:8]}_{k}_{t:04d}",
+            )
             size = int(min(60_000, math.exp(rng.gauss(math.log(median_result_chars), 1.0))))
             s.result(tid, _filler(rng, size))
         files.append(s.write(root / project / f"{sid}.jsonl"))

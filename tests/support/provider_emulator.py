@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -105,7 +105,11 @@ class _Handler(JsonHandler):
         except orjson.JSONDecodeError:
             self._send(400, {"error": {"message": "invalid JSON"}})
             return
-        heads = {k.lower(): v for k, v in self.headers.items() if k.lower() in ("authorization", "x-api-key", "anthropic-version")}
+        heads = {
+            k.lower(): v
+            for k, v in self.headers.items()
+            if k.lower() in ("authorization", "x-api-key", "anthropic-version")
+        }
         seen = Seen(path, str(body.get("model")), heads, body)
         with srv.lock:
             srv.requests.append(seen)
@@ -136,8 +140,15 @@ class ProviderEmulator(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256
 
-    def __init__(self, models: dict[str, ModelRules], *, latency_s: float = 0.0, api_key: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        models: dict[str, ModelRules],
+        *,
+        latency_s: float = 0.0,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
         super().__init__((host, port), _Handler)
         self.models, self.latency_s, self.api_key = models, latency_s, api_key
         self.lock = threading.Lock()
@@ -165,8 +176,12 @@ class ProviderEmulator(ThreadingHTTPServer):
                 self.cache[k] = exp
 
     def _bill(self, model: str, rules: ModelRules, prompt: int, cached: int, writes: int, completion: int) -> None:
-        usd = ((prompt - cached - writes) * rules.input_usd_per_mtok + cached * rules.cached_usd_per_mtok
-               + writes * rules.cache_write_usd_per_mtok + completion * rules.output_usd_per_mtok) / 1e6
+        usd = (
+            (prompt - cached - writes) * rules.input_usd_per_mtok
+            + cached * rules.cached_usd_per_mtok
+            + writes * rules.cache_write_usd_per_mtok
+            + completion * rules.output_usd_per_mtok
+        ) / 1e6
         with self.lock:
             self.billed.append(Bill(model, prompt, cached, writes, completion, usd))
 
@@ -188,9 +203,14 @@ class ProviderEmulator(ThreadingHTTPServer):
         if prompt + max_out > rules.context_window:
             with self.lock:
                 self.over_window.append((str(body.get("model")), prompt + max_out))
-            return 400, {"error": {"code": "context_length_exceeded", "type": "invalid_request_error",
-                                   "message": f"This model's maximum context length is {rules.context_window} tokens. However, "
-                                              f"you requested {prompt + max_out} tokens ({prompt} in the messages, {max_out} in the completion)."}}
+            return 400, {
+                "error": {
+                    "code": "context_length_exceeded",
+                    "type": "invalid_request_error",
+                    "message": f"This model's maximum context length is {rules.context_window} tokens. However, "
+                    f"you requested {prompt + max_out} tokens ({prompt} in the messages, {max_out} in the completion).",
+                }
+            }
         ns = f"openai|{body.get('model')}|{body.get('prompt_cache_key') or ''}|".encode()
         h = hashlib.sha256(ns)
         keys: list[str] = []  # key of each cacheable prefix length (step increments from min_cached)
@@ -198,7 +218,9 @@ class ProviderEmulator(ThreadingHTTPServer):
         pos = 0
         lengths: list[int] = []
         k = rules.min_cached
-        while _tokens(int(k * rules.bytes_per_token), rules.bytes_per_token) <= prompt and int(k * rules.bytes_per_token) <= len(stream):
+        while _tokens(int(k * rules.bytes_per_token), rules.bytes_per_token) <= prompt and int(
+            k * rules.bytes_per_token
+        ) <= len(stream):
             end = int(k * rules.bytes_per_token)
             h.update(stream[pos:end])
             pos = end
@@ -217,17 +239,32 @@ class ProviderEmulator(ThreadingHTTPServer):
         names = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if self._offers_read(names):
-            message["tool_calls"] = [{"id": f"call_{len(self.requests)}", "type": "function",
-                                      "function": {"name": "Read", "arguments": '{"file_path": "/repo/README.md"}'}}]
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{len(self.requests)}",
+                    "type": "function",
+                    "function": {"name": "Read", "arguments": '{"file_path": "/repo/README.md"}'},
+                }
+            ]
         else:
             message["content"] = "Done."
         completion = 12
         self._touch(keys, rules.ttl_s)  # the entries exist once this request is answered
         self._bill(str(body.get("model")), rules, prompt, cached, 0, completion)
-        return 200, {"id": f"chatcmpl-emu{len(self.requests)}", "object": "chat.completion", "model": body.get("model"),
-                     "choices": [{"index": 0, "finish_reason": "tool_calls" if "tool_calls" in message else "stop", "message": message}],
-                     "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                               "prompt_tokens_details": {"cached_tokens": cached}}}
+        return 200, {
+            "id": f"chatcmpl-emu{len(self.requests)}",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [
+                {"index": 0, "finish_reason": "tool_calls" if "tool_calls" in message else "stop", "message": message}
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
 
     def anthropic(self, body: dict[str, Any], rules: ModelRules, heads: dict[str, str]) -> tuple[int, dict[str, Any]]:
         def bad(msg: str) -> tuple[int, dict[str, Any]]:
@@ -247,14 +284,18 @@ class ProviderEmulator(ThreadingHTTPServer):
         for i, m in enumerate(msgs):
             role = m.get("role")
             if role != ("user" if i % 2 == 0 else "assistant"):
-                return bad(f"messages: roles must alternate between user and assistant, starting with user (message {i})")
+                return bad(
+                    f"messages: roles must alternate between user and assistant, starting with user (message {i})"
+                )
             content = m.get("content")
             content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
             if not content:
                 return bad(f"messages.{i}: content must not be empty")
             got = {b.get("tool_use_id") for b in content if b.get("type") == "tool_result"}
             if role == "user" and expect - got:
-                return bad(f"messages.{i}: tool_use ids without a tool_result block right after them: {sorted(expect - got)}")
+                return bad(
+                    f"messages.{i}: tool_use ids without a tool_result block right after them: {sorted(expect - got)}"
+                )
             expect = {b.get("id") for b in content if b.get("type") == "tool_use"} if role == "assistant" else set()
             blocks += content
         n_bp = sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
@@ -274,8 +315,12 @@ class ProviderEmulator(ThreadingHTTPServer):
         if prompt + int(body["max_tokens"]) > rules.context_window:
             with self.lock:
                 self.over_window.append((str(body.get("model")), prompt + int(body["max_tokens"])))
-            return bad(f"prompt is too long: {prompt} tokens > {rules.context_window - int(body['max_tokens'])} maximum")
-        bps = [i + 1 for i, b in enumerate(blocks) if isinstance(b, dict) and "cache_control" in b]  # boundary after the block
+            return bad(
+                f"prompt is too long: {prompt} tokens > {rules.context_window - int(body['max_tokens'])} maximum"
+            )
+        bps = [
+            i + 1 for i, b in enumerate(blocks) if isinstance(b, dict) and "cache_control" in b
+        ]  # boundary after the block
         read_at = 0
         for bp in bps:
             for j in range(bp, max(0, bp - LOOKBACK_BLOCKS), -1):
@@ -292,17 +337,34 @@ class ProviderEmulator(ThreadingHTTPServer):
             time.sleep(self.latency_s)
         names = [t.get("name") for t in body.get("tools") or []]
         if self._offers_read(names):
-            content = [{"type": "tool_use", "id": f"toolu_emu{len(self.requests)}", "name": "Read", "input": {"file_path": "/repo/README.md"}}]
+            content = [
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_emu{len(self.requests)}",
+                    "name": "Read",
+                    "input": {"file_path": "/repo/README.md"},
+                }
+            ]
             stop = "tool_use"
         else:
             content, stop = [{"type": "text", "text": "Done."}], "end_turn"
         completion = 12
         self._touch([keys[bp] for bp in writable], rules.ttl_s)
         self._bill(str(body.get("model")), rules, prompt, reads, writes, completion)
-        return 200, {"id": f"msg_emu{len(self.requests)}", "type": "message", "role": "assistant", "model": body.get("model"),
-                     "content": content, "stop_reason": stop,
-                     "usage": {"input_tokens": prompt - reads - writes, "output_tokens": completion,
-                               "cache_read_input_tokens": reads, "cache_creation_input_tokens": writes}}
+        return 200, {
+            "id": f"msg_emu{len(self.requests)}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": content,
+            "stop_reason": stop,
+            "usage": {
+                "input_tokens": prompt - reads - writes,
+                "output_tokens": completion,
+                "cache_read_input_tokens": reads,
+                "cache_creation_input_tokens": writes,
+            },
+        }
 
     # -- lifecycle
     @property

@@ -20,8 +20,15 @@ def uid() -> str:
 class Session:
     """Append records like Claude Code does; ``last`` is the uuid the next record chains to."""
 
-    def __init__(self, sid: str = "5e5510e0-0000-4000-8000-000000000000", version: str = "2.1.38",
-                 agent_id: str | None = None, sidechain: bool = False, new_uuid=uid, cwd: str = "/home/u/p"):
+    def __init__(
+        self,
+        sid: str = "5e5510e0-0000-4000-8000-000000000000",
+        version: str = "2.1.38",
+        agent_id: str | None = None,
+        sidechain: bool = False,
+        new_uuid=uid,
+        cwd: str = "/home/u/p",
+    ):
         self.sid, self.version, self.agent_id, self.side = sid, version, agent_id, sidechain
         self.new_uuid, self.cwd = new_uuid, cwd  # new_uuid: a private counter makes a corpus reproducible
         self.lines: list[str] = []
@@ -30,8 +37,15 @@ class Session:
 
     def rec(self, typ: str, parent="LAST", **kw) -> str:
         u = kw.pop("uuid", None) or self.new_uuid()
-        r = {"parentUuid": self.last if parent == "LAST" else parent, "isSidechain": self.side, "userType": "external",
-             "cwd": self.cwd, "sessionId": self.sid, "version": self.version, "gitBranch": "main"}
+        r = {
+            "parentUuid": self.last if parent == "LAST" else parent,
+            "isSidechain": self.side,
+            "userType": "external",
+            "cwd": self.cwd,
+            "sessionId": self.sid,
+            "version": self.version,
+            "gitBranch": "main",
+        }
         if self.agent_id:
             r["agentId"] = self.agent_id
         r.update(type=typ, **kw)
@@ -49,13 +63,27 @@ class Session:
         mid = mid or f"msg_{self.agent_id or 'main'}_{self.n:03d}"
         out = []
         for i, b in enumerate(blocks):
-            out.append(self.rec("assistant", parent=parent if i == 0 else "LAST", requestId=f"req_{mid}", message={
-                "id": mid, "type": "message", "role": "assistant", "model": model, "content": [b],
-                "usage": {"input_tokens": 5, "output_tokens": 10 * (i + 1)}}, **kw))
+            out.append(
+                self.rec(
+                    "assistant",
+                    parent=parent if i == 0 else "LAST",
+                    requestId=f"req_{mid}",
+                    message={
+                        "id": mid,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": model,
+                        "content": [b],
+                        "usage": {"input_tokens": 5, "output_tokens": 10 * (i + 1)},
+                    },
+                    **kw,
+                )
+            )
         return out
 
-    def result(self, tool_id: str, content, tur=None, is_error: bool | None = None, parent="LAST", extra_blocks=(),
-               **kw) -> str:
+    def result(
+        self, tool_id: str, content, tur=None, is_error: bool | None = None, parent="LAST", extra_blocks=(), **kw
+    ) -> str:
         b = {"type": "tool_result", "tool_use_id": tool_id, "content": content}
         if is_error is not None:
             b["is_error"] = is_error

@@ -27,12 +27,19 @@ def _action(rng: random.Random) -> Action:
     if r < 0.35:
         return Action(tool_calls=(ToolCall("Read", {"file_path": "/repo/" + rng.choice(_FILES)}, id="c0"),))
     if r < 0.65:
-        return Action(text=rng.choice(["", "Running the tests."]), tool_calls=(ToolCall("Bash", {"command": rng.choice(_CMDS)}, id="c0"),))
+        return Action(
+            text=rng.choice(["", "Running the tests."]),
+            tool_calls=(ToolCall("Bash", {"command": rng.choice(_CMDS)}, id="c0"),),
+        )
     if r < 0.8:
         f = rng.choice(_FILES)
         return Action(
             tool_calls=(
-                ToolCall("Edit", {"file_path": "/repo/" + f, "old_string": "x = 1", "new_string": f"x = {rng.randint(2, 99)}"}, id="c0"),
+                ToolCall(
+                    "Edit",
+                    {"file_path": "/repo/" + f, "old_string": "x = 1", "new_string": f"x = {rng.randint(2, 99)}"},
+                    id="c0",
+                ),
             )
         )
     return Action(text=" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 60))).capitalize() + ".")

@@ -18,7 +18,10 @@ from composer_pipeline.actions import Action, ToolCall
 from composer_pipeline.store import Store
 
 TOOLS = [
-    {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {k: {"type": "string"}}}}}
+    {
+        "type": "function",
+        "function": {"name": n, "parameters": {"type": "object", "properties": {k: {"type": "string"}}}},
+    }
     for n, k in (("Read", "file_path"), ("Bash", "command"), ("Edit", "file_path"))
 ]
 
@@ -31,30 +34,65 @@ def pair_rows(n: int = 12) -> list[dict]:
     rows = []
     for i in range(n):
         path = f"/repo/src/mod{i}.py"
-        agent = Action(text="Editing.", tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": "a", "new_string": "b"}, "t1"),))
+        agent = Action(
+            text="Editing.",
+            tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": "a", "new_string": "b"}, "t1"),),
+        )
         chosen = Action(text="", tool_calls=(ToolCall("Read", {"file_path": path}, "t1"),))
         kind = "pair" if i % 3 != 2 else "positive"
         if kind == "positive":
             chosen = agent
         has_error = i % 2 == 0
-        error = orjson.dumps([{"tool_use_id": "t1", "tool_name": "Edit", "content": "File has not been read yet. Read it first."}]).decode() if has_error else None
+        error = (
+            orjson.dumps(
+                [{"tool_use_id": "t1", "tool_name": "Edit", "content": "File has not been read yet. Read it first."}]
+            ).decode()
+            if has_error
+            else None
+        )
         prompt = [
             {"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": f"Fix the bug in mod{i}.py"},
-            {"role": "assistant", "content": "Looking.", "tool_calls": [{"id": "t0", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"ls"}'}}]},
+            {
+                "role": "assistant",
+                "content": "Looking.",
+                "tool_calls": [
+                    {"id": "t0", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"ls"}'}}
+                ],
+            },
             {"role": "tool", "tool_call_id": "t0", "content": f"mod{i}.py tests"},
         ]
         sid = _sid(i)
         rows.append(
             {
-                "pair_id": hashlib.sha256(f"{sid}|sig".encode()).hexdigest()[:20], "kind": kind, "state_id": sid,
-                "session_key": "synth__s1", "partition_key": "synth/s1", "session_id": "s1", "source_file": "synth/s1.jsonl", "source_lines": [i + 1],
-                "record_uuids": [f"u{i}"], "replay_call_ids": [f"c{i}"], "prompt": orjson.dumps(prompt).decode(),
-                "tools": orjson.dumps(TOOLS).decode(), "chosen": chosen.to_json(), "rejected": agent.to_json(),
-                "chosen_text": chosen.to_text(), "rejected_text": agent.to_text(), "agreement_kind": "cross_model",
-                "n_teachers": 3, "n_models": 3, "n_models_agreeing": 2, "n_agreeing": 2,
-                "agreeing_teachers": ["a", "b"], "agreement_score": 0.67, "consensus_signature": "sig", "agent_signature": "asig",
-                "cost_usd": 0.0, "has_error": has_error, "error_after": error,
+                "pair_id": hashlib.sha256(f"{sid}|sig".encode()).hexdigest()[:20],
+                "kind": kind,
+                "state_id": sid,
+                "session_key": "synth__s1",
+                "partition_key": "synth/s1",
+                "session_id": "s1",
+                "source_file": "synth/s1.jsonl",
+                "source_lines": [i + 1],
+                "record_uuids": [f"u{i}"],
+                "replay_call_ids": [f"c{i}"],
+                "prompt": orjson.dumps(prompt).decode(),
+                "tools": orjson.dumps(TOOLS).decode(),
+                "chosen": chosen.to_json(),
+                "rejected": agent.to_json(),
+                "chosen_text": chosen.to_text(),
+                "rejected_text": agent.to_text(),
+                "agreement_kind": "cross_model",
+                "n_teachers": 3,
+                "n_models": 3,
+                "n_models_agreeing": 2,
+                "n_agreeing": 2,
+                "agreeing_teachers": ["a", "b"],
+                "agreement_score": 0.67,
+                "consensus_signature": "sig",
+                "agent_signature": "asig",
+                "cost_usd": 0.0,
+                "has_error": has_error,
+                "error_after": error,
             }
         )
     return rows

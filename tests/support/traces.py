@@ -47,9 +47,11 @@ L2 = "99cae8f6-0000-4000-8000-000000000009"  # 1.0.98 resumed under 1.0.108
 SUB_AGENT, COMPACT_AGENT = "a4f0c2e81b3d5a7c9", "acompact-5e1d2c"  # 2.1.x subagents/ files
 SIB_AGENT, WARMUP_AGENT = "a7c31f0", "a0f9e8d"  # 2.0.x sibling files
 
-REJECTED = ("The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a file "
-            "edit, the new_string was NOT written to the file). STOP what you are doing and wait for the user to "
-            "tell you how to proceed.")
+REJECTED = (
+    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a file "
+    "edit, the new_string was NOT written to the file). STOP what you are doing and wait for the user to "
+    "tell you how to proceed."
+)
 LONG_LOG = "\n".join(f"tests/test_cli.py::test_flag_{i} PASSED" for i in range(40))
 
 EXPECTED = {
@@ -76,19 +78,32 @@ EXPECTED = {
     "unlinked_subagent_states": 1,  # the acompact worker: no Task call spawned it
     "bad_lines": {f"{TOOLSMITH}/{T1}.jsonl": 1},  # the truncated last line
     # msg_T1_01 is one response split over records on lines 4-6 and 8, around the Glob result (line 7)
-    "split": {"session_key": f"{TOOLSMITH}__{T1}", "message_id": "msg_T1_01", "source_lines": [4, 5, 6, 8],
-              "tools": ["Glob", "Grep"], "source_file": f"{TOOLSMITH}/{T1}.jsonl"},
+    "split": {
+        "session_key": f"{TOOLSMITH}__{T1}",
+        "message_id": "msg_T1_01",
+        "source_lines": [4, 5, 6, 8],
+        "tools": ["Glob", "Grep"],
+        "source_file": f"{TOOLSMITH}/{T1}.jsonl",
+    },
     "subagent_links": {  # stream kind -> (parent tool_use id, agent id)
-        "subagents_dir": ("toolu_T1_task", SUB_AGENT), "sibling_agent_file": ("toolu_W1_task", SIB_AGENT)},
+        "subagents_dir": ("toolu_T1_task", SUB_AGENT),
+        "sibling_agent_file": ("toolu_W1_task", SIB_AGENT),
+    },
     "inline_links": ["toolu_L1_task_models", "toolu_L1_task_sql"],
     "rejected": {"session_key": f"{TOOLSMITH}__{T2}", "tools": ["Bash", "Glob"]},
     # W1: the user turn on line 21 restarts from the result on line 12, so msg_W1_04/05 are not in
     # the prefix of msg_W1_06
-    "rewind": {"session_key": f"{WEBAPP}__{W1}", "message_id": "msg_W1_06", "last_user": "Ok in the future, run the "
-               "linter first", "dropped_user": "Ok, and add a test"},
+    "rewind": {
+        "session_key": f"{WEBAPP}__{W1}",
+        "message_id": "msg_W1_06",
+        "last_user": "Ok in the future, run the linter first",
+        "dropped_user": "Ok, and add a test",
+    },
     "versions": {"1.0.98", "1.0.108", "2.0.74", "2.0.76", "2.1.9", "2.1.38", "2.1.39"},
-    "min_typed_lines": 150, "min_assistant_lines": 70,  # JSON-object lines; assistant lines with block lists
-    "min_tool_calls": 120, "min_parallel_calls": 10,  # over every state's rendered prefix (130 and 12)
+    "min_typed_lines": 150,
+    "min_assistant_lines": 70,  # JSON-object lines; assistant lines with block lists
+    "min_tool_calls": 120,
+    "min_parallel_calls": 10,  # over every state's rendered prefix (130 and 12)
     "pairs_subdir": TOOLSMITH,  # a directory with error sites, subagents and tool calls for pair/train tests
 }
 
@@ -128,75 +143,226 @@ def _toolsmith(root: Path, new) -> None:
     now = _clock(10)
     # ---- T1: 2.1.38 main session ---------------------------------------------------------------------
     m = Session(T1, "2.1.38", new_uuid=new, cwd="/home/dev/toolsmith")
-    m.obj({"type": "file-history-snapshot", "messageId": "snap-1", "isSnapshotUpdate": False,
-           "snapshot": {"messageId": "snap-1", "trackedFileBackups": {}, "timestamp": now()}})  # line 1
-    m.rec("progress", parent=None, data={"type": "hook_progress", "hookEvent": "SessionStart", "hookName": "startup"},
-          parentToolUseID="session-start", toolUseID="session-start", timestamp=now())  # line 2
+    m.obj(
+        {
+            "type": "file-history-snapshot",
+            "messageId": "snap-1",
+            "isSnapshotUpdate": False,
+            "snapshot": {"messageId": "snap-1", "trackedFileBackups": {}, "timestamp": now()},
+        }
+    )  # line 1
+    m.rec(
+        "progress",
+        parent=None,
+        data={"type": "hook_progress", "hookEvent": "SessionStart", "hookName": "startup"},
+        parentToolUseID="session-start",
+        toolUseID="session-start",
+        timestamp=now(),
+    )  # line 2
     m.user("add a --verbose flag to the CLI", permissionMode="default", timestamp=now())  # line 3
-    a1 = _asst(m, now, "msg_T1_01", thinking("Find the CLI entry point first."), text("Let me look at the CLI."),
-               tool("Glob", "toolu_T1_glob", pattern="**/cli.py"))  # lines 4-6
-    m.result("toolu_T1_glob", "src/toolsmith/cli.py", tur={"filenames": ["src/toolsmith/cli.py"], "numFiles": 1},
-             sourceToolAssistantUUID=a1[-1], timestamp=now())  # line 7
+    a1 = _asst(
+        m,
+        now,
+        "msg_T1_01",
+        thinking("Find the CLI entry point first."),
+        text("Let me look at the CLI."),
+        tool("Glob", "toolu_T1_glob", pattern="**/cli.py"),
+    )  # lines 4-6
+    m.result(
+        "toolu_T1_glob",
+        "src/toolsmith/cli.py",
+        tur={"filenames": ["src/toolsmith/cli.py"], "numFiles": 1},
+        sourceToolAssistantUUID=a1[-1],
+        timestamp=now(),
+    )  # line 7
     a1b = _asst(m, now, "msg_T1_01", tool("Grep", "toolu_T1_grep", pattern="add_argument", path="src"))  # line 8
-    m.result("toolu_T1_grep", "src/toolsmith/cli.py:12: parser.add_argument('--quiet')",
-             sourceToolAssistantUUID=a1b[-1], timestamp=now())
-    a2 = _asst(m, now, "msg_T1_02", text("Reading the parser and its tests."),
-               tool("Read", "toolu_T1_read1", file_path="src/toolsmith/cli.py"),
-               tool("Read", "toolu_T1_read2", file_path="tests/test_cli.py"),
-               tool("Bash", "toolu_T1_bash1", command="python -m pytest tests/test_cli.py -q"))
-    m.rec("progress", data={"type": "hook_progress", "hookEvent": "PostToolUse", "hookName": "PostToolUse:Read"},
-          parentToolUseID="toolu_T1_read1", toolUseID="toolu_T1_read1", timestamp=now())
-    m.result("toolu_T1_read1", "import argparse\n\ndef main():\n    parser = argparse.ArgumentParser()\n",
-             tur={"type": "text", "file": {"filePath": "src/toolsmith/cli.py", "numLines": 4}},
-             sourceToolAssistantUUID=a2[1], timestamp=now())
-    m.result("toolu_T1_read2", [text("def test_quiet():"), text("    assert run(['--quiet']) == 0")],
-             sourceToolAssistantUUID=a2[2], timestamp=now())
-    m.result("toolu_T1_bash1", LONG_LOG, tur={"stdout": LONG_LOG, "stderr": "", "interrupted": False},
-             sourceToolAssistantUUID=a2[3], timestamp=now())
-    a3 = _asst(m, now, "msg_T1_03", tool("Task", "toolu_T1_task", description="survey tests",
-                                          prompt="Survey the test suite for flag handling", subagent_type="general-purpose"))
-    m.rec("progress", data={"type": "agent_progress", "agentId": SUB_AGENT, "prompt": "Survey the test suite for flag handling",
-                            "message": {"type": "assistant", "message": {"id": "msg_T1_sub_01", "role": "assistant",
-                                                                         "content": [tool("Grep", "toolu_T1_sub_grep", pattern="--")]}}},
-          parentToolUseID="toolu_T1_task", toolUseID="agent_msg_1", timestamp=now())
-    m.result("toolu_T1_task", [text("## Flags\n- --quiet is tested in tests/test_cli.py")],
-             tur={"status": "completed", "prompt": "Survey the test suite for flag handling", "agentId": SUB_AGENT,
-                  "content": [text("## Flags\n- --quiet is tested in tests/test_cli.py")], "totalDurationMs": 5123,
-                  "totalTokens": 2048, "totalToolUseCount": 1}, sourceToolAssistantUUID=a3[0], timestamp=now())
-    a4 = _asst(m, now, "msg_T1_04", tool("Edit", "toolu_T1_edit1", file_path="src/toolsmith/cli.py",
-                                          old_string="parser.add_argument('--quiet')", new_string="parser.add_argument('--verbose')"))
-    m.result("toolu_T1_edit1", "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>",
-             is_error=True, tur="Error: File has not been read yet. Read it first before writing to it.",
-             sourceToolAssistantUUID=a4[0], timestamp=now())
-    a5 = _asst(m, now, "msg_T1_05", thinking("It was read through a Task, not by me; read it again."),
-               tool("Read", "toolu_T1_read3", file_path="src/toolsmith/cli.py"), tool("Edit", "toolu_T1_edit2",
-               file_path="src/toolsmith/cli.py", old_string="# flags", new_string="parser.add_argument('--verbose')"))
+    m.result(
+        "toolu_T1_grep",
+        "src/toolsmith/cli.py:12: parser.add_argument('--quiet')",
+        sourceToolAssistantUUID=a1b[-1],
+        timestamp=now(),
+    )
+    a2 = _asst(
+        m,
+        now,
+        "msg_T1_02",
+        text("Reading the parser and its tests."),
+        tool("Read", "toolu_T1_read1", file_path="src/toolsmith/cli.py"),
+        tool("Read", "toolu_T1_read2", file_path="tests/test_cli.py"),
+        tool("Bash", "toolu_T1_bash1", command="python -m pytest tests/test_cli.py -q"),
+    )
+    m.rec(
+        "progress",
+        data={"type": "hook_progress", "hookEvent": "PostToolUse", "hookName": "PostToolUse:Read"},
+        parentToolUseID="toolu_T1_read1",
+        toolUseID="toolu_T1_read1",
+        timestamp=now(),
+    )
+    m.result(
+        "toolu_T1_read1",
+        "import argparse\n\ndef main():\n    parser = argparse.ArgumentParser()\n",
+        tur={"type": "text", "file": {"filePath": "src/toolsmith/cli.py", "numLines": 4}},
+        sourceToolAssistantUUID=a2[1],
+        timestamp=now(),
+    )
+    m.result(
+        "toolu_T1_read2",
+        [text("def test_quiet():"), text("    assert run(['--quiet']) == 0")],
+        sourceToolAssistantUUID=a2[2],
+        timestamp=now(),
+    )
+    m.result(
+        "toolu_T1_bash1",
+        LONG_LOG,
+        tur={"stdout": LONG_LOG, "stderr": "", "interrupted": False},
+        sourceToolAssistantUUID=a2[3],
+        timestamp=now(),
+    )
+    a3 = _asst(
+        m,
+        now,
+        "msg_T1_03",
+        tool(
+            "Task",
+            "toolu_T1_task",
+            description="survey tests",
+            prompt="Survey the test suite for flag handling",
+            subagent_type="general-purpose",
+        ),
+    )
+    m.rec(
+        "progress",
+        data={
+            "type": "agent_progress",
+            "agentId": SUB_AGENT,
+            "prompt": "Survey the test suite for flag handling",
+            "message": {
+                "type": "assistant",
+                "message": {
+                    "id": "msg_T1_sub_01",
+                    "role": "assistant",
+                    "content": [tool("Grep", "toolu_T1_sub_grep", pattern="--")],
+                },
+            },
+        },
+        parentToolUseID="toolu_T1_task",
+        toolUseID="agent_msg_1",
+        timestamp=now(),
+    )
+    m.result(
+        "toolu_T1_task",
+        [text("## Flags\n- --quiet is tested in tests/test_cli.py")],
+        tur={
+            "status": "completed",
+            "prompt": "Survey the test suite for flag handling",
+            "agentId": SUB_AGENT,
+            "content": [text("## Flags\n- --quiet is tested in tests/test_cli.py")],
+            "totalDurationMs": 5123,
+            "totalTokens": 2048,
+            "totalToolUseCount": 1,
+        },
+        sourceToolAssistantUUID=a3[0],
+        timestamp=now(),
+    )
+    a4 = _asst(
+        m,
+        now,
+        "msg_T1_04",
+        tool(
+            "Edit",
+            "toolu_T1_edit1",
+            file_path="src/toolsmith/cli.py",
+            old_string="parser.add_argument('--quiet')",
+            new_string="parser.add_argument('--verbose')",
+        ),
+    )
+    m.result(
+        "toolu_T1_edit1",
+        "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>",
+        is_error=True,
+        tur="Error: File has not been read yet. Read it first before writing to it.",
+        sourceToolAssistantUUID=a4[0],
+        timestamp=now(),
+    )
+    a5 = _asst(
+        m,
+        now,
+        "msg_T1_05",
+        thinking("It was read through a Task, not by me; read it again."),
+        tool("Read", "toolu_T1_read3", file_path="src/toolsmith/cli.py"),
+        tool(
+            "Edit",
+            "toolu_T1_edit2",
+            file_path="src/toolsmith/cli.py",
+            old_string="# flags",
+            new_string="parser.add_argument('--verbose')",
+        ),
+    )
     m.result("toolu_T1_read3", "import argparse\n# flags\n", sourceToolAssistantUUID=a5[1], timestamp=now())
-    m.result("toolu_T1_edit2", "The file src/toolsmith/cli.py has been updated.",
-             tur={"filePath": "src/toolsmith/cli.py", "structuredPatch": [{"oldStart": 2, "lines": ["-# flags"]}]},
-             sourceToolAssistantUUID=a5[2], timestamp=now())
-    m.rec("system", subtype="api_error", level="error", error={"status": 529, "message": "Overloaded"},
-          retryInMs=600, retryAttempt=1, maxRetries=10, timestamp=now())
-    m.assistant(text("API Error: 529 Overloaded"), mid="msg_T1_synthetic", model="<synthetic>", isApiErrorMessage=True,
-                timestamp=now())
+    m.result(
+        "toolu_T1_edit2",
+        "The file src/toolsmith/cli.py has been updated.",
+        tur={"filePath": "src/toolsmith/cli.py", "structuredPatch": [{"oldStart": 2, "lines": ["-# flags"]}]},
+        sourceToolAssistantUUID=a5[2],
+        timestamp=now(),
+    )
+    m.rec(
+        "system",
+        subtype="api_error",
+        level="error",
+        error={"status": 529, "message": "Overloaded"},
+        retryInMs=600,
+        retryAttempt=1,
+        maxRetries=10,
+        timestamp=now(),
+    )
+    m.assistant(
+        text("API Error: 529 Overloaded"),
+        mid="msg_T1_synthetic",
+        model="<synthetic>",
+        isApiErrorMessage=True,
+        timestamp=now(),
+    )
     m.rec("system", subtype="turn_duration", durationMs=48210, timestamp=now(back=30))  # the clock goes backwards
     m.user("now run the tests", permissionMode="default", timestamp=now())
     _asst(m, now, "msg_T1_06", tool("Bash", "toolu_T1_bash2", command="python -m pytest -q", caller={"type": "direct"}))
-    m.result("toolu_T1_bash2", "12 passed", tur={"stdout": "12 passed", "stderr": "", "interrupted": False}, timestamp=now())
+    m.result(
+        "toolu_T1_bash2", "12 passed", tur={"stdout": "12 passed", "stderr": "", "interrupted": False}, timestamp=now()
+    )
     pre_compact = m.last
-    m.rec("system", parent=None, subtype="compact_boundary", content="Conversation compacted", logicalParentUuid=pre_compact,
-          compactMetadata={"trigger": "auto", "preTokens": 151234}, timestamp=now())
-    m.user("This session is being continued from a previous conversation. Summary: a --verbose flag was added to "
-           "src/toolsmith/cli.py and the tests pass.", isCompactSummary=True, isVisibleInTranscriptOnly=True, timestamp=now())
+    m.rec(
+        "system",
+        parent=None,
+        subtype="compact_boundary",
+        content="Conversation compacted",
+        logicalParentUuid=pre_compact,
+        compactMetadata={"trigger": "auto", "preTokens": 151234},
+        timestamp=now(),
+    )
+    m.user(
+        "This session is being continued from a previous conversation. Summary: a --verbose flag was added to "
+        "src/toolsmith/cli.py and the tests pass.",
+        isCompactSummary=True,
+        isVisibleInTranscriptOnly=True,
+        timestamp=now(),
+    )
     m.user("also update the README", permissionMode="acceptEdits", timestamp=now())
     _asst(m, now, "msg_T1_07", tool("Read", "toolu_T1_read4", file_path="README.md"))
     m.result("toolu_T1_read4", "# toolsmith\n\nUsage: toolsmith [--quiet]\n", timestamp=now())
-    _asst(m, now, "msg_T1_08", tool("Edit", "toolu_T1_edit3", file_path="README.md", old_string="[--quiet]",
-                                     new_string="[--quiet] [--verbose]"))
+    _asst(
+        m,
+        now,
+        "msg_T1_08",
+        tool(
+            "Edit", "toolu_T1_edit3", file_path="README.md", old_string="[--quiet]", new_string="[--quiet] [--verbose]"
+        ),
+    )
     m.result("toolu_T1_edit3", "The file README.md has been updated.", timestamp=now())
     _asst(m, now, "msg_T1_09", text("Done: `--verbose` is added, tested and documented."))
     m.obj({"type": "summary", "summary": "Add a --verbose flag", "leafUuid": m.last})
-    m.raw('{"parentUuid":"%s","isSidechain":false,"type":"user","message":{"role":"user","content":"one more th' % m.last)
+    m.raw(
+        '{"parentUuid":"%s","isSidechain":false,"type":"user","message":{"role":"user","content":"one more th' % m.last
+    )
     m.write(d / f"{T1}.jsonl")
     # its subagent (2.1.x layout), linked through toolUseResult.agentId and agent_progress
     s = Session(T1, "2.1.38", agent_id=SUB_AGENT, sidechain=True, new_uuid=new, cwd="/home/dev/toolsmith")
@@ -215,8 +381,13 @@ def _toolsmith(root: Path, new) -> None:
     # ---- T2: 2.1.39, both parallel calls rejected by the user, then an interrupt ---------------------
     r = Session(T2, "2.1.39", new_uuid=new, cwd="/home/dev/toolsmith")
     r.user("clean up the build directory", timestamp=now())
-    a = _asst(r, now, "msg_T2_01", tool("Bash", "toolu_T2_rm", command="rm -rf build"),
-              tool("Glob", "toolu_T2_glob", pattern="build/**"))
+    a = _asst(
+        r,
+        now,
+        "msg_T2_01",
+        tool("Bash", "toolu_T2_rm", command="rm -rf build"),
+        tool("Glob", "toolu_T2_glob", pattern="build/**"),
+    )
     for tid, src in (("toolu_T2_rm", a[0]), ("toolu_T2_glob", a[1])):
         r.result(tid, REJECTED, is_error=True, tur="Error: " + REJECTED, sourceToolAssistantUUID=src, timestamp=now())
     r.user([text("[Request interrupted by user for tool use]")], timestamp=now())
@@ -227,13 +398,21 @@ def _toolsmith(root: Path, new) -> None:
     h.user("make the linter happy", timestamp=now())
     for i in range(11):
         name = ("Read", "Grep", "Edit", "Bash")[i % 4]
-        args = {"Read": {"file_path": f"src/toolsmith/mod{i}.py"}, "Grep": {"pattern": f"TODO{i}"},
-                "Edit": {"file_path": f"src/toolsmith/mod{i}.py", "old_string": "x ", "new_string": "x"},
-                "Bash": {"command": "ruff check src"}}[name]
+        args = {
+            "Read": {"file_path": f"src/toolsmith/mod{i}.py"},
+            "Grep": {"pattern": f"TODO{i}"},
+            "Edit": {"file_path": f"src/toolsmith/mod{i}.py", "old_string": "x ", "new_string": "x"},
+            "Bash": {"command": "ruff check src"},
+        }[name]
         _asst(h, now, f"msg_T3_{i + 1:02d}", text(f"Step {i + 1}."), tool(name, f"toolu_T3_{i + 1:02d}", **args))
         if name == "Bash":
-            h.rec("progress", data={"type": "bash_progress", "output": "checking...", "elapsedTimeSeconds": 2},
-                  parentToolUseID=f"toolu_T3_{i + 1:02d}", toolUseID=f"bash-progress-{i}", timestamp=now())
+            h.rec(
+                "progress",
+                data={"type": "bash_progress", "output": "checking...", "elapsedTimeSeconds": 2},
+                parentToolUseID=f"toolu_T3_{i + 1:02d}",
+                toolUseID=f"bash-progress-{i}",
+                timestamp=now(),
+            )
         out = "All checks passed!" if name == "Bash" and i > 4 else f"{name} output {i}"
         h.result(f"toolu_T3_{i + 1:02d}", out, is_error=(name == "Bash" and i <= 4) or None, timestamp=now())
     _asst(h, now, "msg_T3_12", text("The linter is happy."))
@@ -244,35 +423,110 @@ def _webapp(root: Path, new) -> None:
     d = root / WEBAPP
     now = _clock(200)
     m = Session(W1, "2.0.74", new_uuid=new, cwd="/home/dev/webapp")
-    m.obj({"type": "file-history-snapshot", "messageId": "snap-w1", "isSnapshotUpdate": False,
-           "snapshot": {"messageId": "snap-w1", "trackedFileBackups": {}, "timestamp": now()}})  # line 1
+    m.obj(
+        {
+            "type": "file-history-snapshot",
+            "messageId": "snap-w1",
+            "isSnapshotUpdate": False,
+            "snapshot": {"messageId": "snap-w1", "trackedFileBackups": {}, "timestamp": now()},
+        }
+    )  # line 1
     m.user("the login form double-submits; fix it", timestamp=now())  # line 2
-    _asst(m, now, "msg_W1_01", thinking("Start with the form component."),
-          tool("Read", "toolu_W1_read", file_path="src/login.tsx"))  # lines 3-4
-    m.result("toolu_W1_read", "export function Login() { return <form onSubmit={submit}/> }",
-             tur={"type": "text", "file": {"filePath": "src/login.tsx", "numLines": 1}}, timestamp=now())  # 5
-    _asst(m, now, "msg_W1_02", tool("Task", "toolu_W1_task", description="find submit sites",
-                                     prompt="Find every place that submits the login form"))  # 6
-    m.result("toolu_W1_task", [text("## Submit sites\n- src/login.tsx:1\n- src/api.ts:40")],
-             tur={"status": "completed", "prompt": "Find every place that submits the login form", "agentId": SIB_AGENT,
-                  "content": [text("## Submit sites")], "totalDurationMs": 3100}, timestamp=now())  # 7
-    _asst(m, now, "msg_W1_03", text("Disable the button while submitting."),
-          tool("Edit", "toolu_W1_edit", file_path="src/login.tsx", old_string="<form", new_string="<form aria-busy"))  # 8-9
-    m.rec("system", subtype="stop_hook_summary", hookCount=1, hookInfos=[], hookErrors=[], preventedContinuation=False,
-          stopReason="", toolUseID="toolu_W1_edit", level="info", timestamp=now())  # 10
-    m.rec("system", subtype="local_command", content="<local-command-stdout>ok</local-command-stdout>", level="info",
-          timestamp=now())  # 11
-    edit_result = m.result("toolu_W1_edit", "The file src/login.tsx has been updated.",
-                           tur={"filePath": "src/login.tsx", "structuredPatch": []}, timestamp=now())  # 12
-    m.obj({"type": "queue-operation", "operation": "enqueue", "timestamp": now(), "sessionId": W1, "content": "and tests"})
+    _asst(
+        m,
+        now,
+        "msg_W1_01",
+        thinking("Start with the form component."),
+        tool("Read", "toolu_W1_read", file_path="src/login.tsx"),
+    )  # lines 3-4
+    m.result(
+        "toolu_W1_read",
+        "export function Login() { return <form onSubmit={submit}/> }",
+        tur={"type": "text", "file": {"filePath": "src/login.tsx", "numLines": 1}},
+        timestamp=now(),
+    )  # 5
+    _asst(
+        m,
+        now,
+        "msg_W1_02",
+        tool(
+            "Task",
+            "toolu_W1_task",
+            description="find submit sites",
+            prompt="Find every place that submits the login form",
+        ),
+    )  # 6
+    m.result(
+        "toolu_W1_task",
+        [text("## Submit sites\n- src/login.tsx:1\n- src/api.ts:40")],
+        tur={
+            "status": "completed",
+            "prompt": "Find every place that submits the login form",
+            "agentId": SIB_AGENT,
+            "content": [text("## Submit sites")],
+            "totalDurationMs": 3100,
+        },
+        timestamp=now(),
+    )  # 7
+    _asst(
+        m,
+        now,
+        "msg_W1_03",
+        text("Disable the button while submitting."),
+        tool("Edit", "toolu_W1_edit", file_path="src/login.tsx", old_string="<form", new_string="<form aria-busy"),
+    )  # 8-9
+    m.rec(
+        "system",
+        subtype="stop_hook_summary",
+        hookCount=1,
+        hookInfos=[],
+        hookErrors=[],
+        preventedContinuation=False,
+        stopReason="",
+        toolUseID="toolu_W1_edit",
+        level="info",
+        timestamp=now(),
+    )  # 10
+    m.rec(
+        "system",
+        subtype="local_command",
+        content="<local-command-stdout>ok</local-command-stdout>",
+        level="info",
+        timestamp=now(),
+    )  # 11
+    edit_result = m.result(
+        "toolu_W1_edit",
+        "The file src/login.tsx has been updated.",
+        tur={"filePath": "src/login.tsx", "structuredPatch": []},
+        timestamp=now(),
+    )  # 12
+    m.obj(
+        {"type": "queue-operation", "operation": "enqueue", "timestamp": now(), "sessionId": W1, "content": "and tests"}
+    )
     m.user("Ok, and add a test", timestamp=now())  # 14
-    _asst(m, now, "msg_W1_04", tool("Write", "toolu_W1_write", file_path="src/login.test.tsx", content="it('submits once')"))
+    _asst(
+        m,
+        now,
+        "msg_W1_04",
+        tool("Write", "toolu_W1_write", file_path="src/login.test.tsx", content="it('submits once')"),
+    )
     m.result("toolu_W1_write", "File created successfully at: src/login.test.tsx", timestamp=now())  # 16
     _asst(m, now, "msg_W1_05", tool("Bash", "toolu_W1_test", command="npm test"))  # 17
-    m.result("toolu_W1_test", "FAIL src/login.test.tsx", is_error=True, tur="Error: Exit code 1\nFAIL src/login.test.tsx",
-             timestamp=now())  # 18
-    m.obj({"type": "file-history-snapshot", "messageId": "snap-w1b", "isSnapshotUpdate": True,
-           "snapshot": {"messageId": "snap-w1b", "trackedFileBackups": {}, "timestamp": now()}})  # 19
+    m.result(
+        "toolu_W1_test",
+        "FAIL src/login.test.tsx",
+        is_error=True,
+        tur="Error: Exit code 1\nFAIL src/login.test.tsx",
+        timestamp=now(),
+    )  # 18
+    m.obj(
+        {
+            "type": "file-history-snapshot",
+            "messageId": "snap-w1b",
+            "isSnapshotUpdate": True,
+            "snapshot": {"messageId": "snap-w1b", "trackedFileBackups": {}, "timestamp": now()},
+        }
+    )  # 19
     m.obj({"type": "queue-operation", "operation": "dequeue", "timestamp": now(), "sessionId": W1})  # 20
     m.version = "2.0.76"  # the rewind happened after an update
     m.user("Ok in the future, run the linter first", parent=edit_result, timestamp=now())  # 21: back to line 12
@@ -296,8 +550,14 @@ def _webapp(root: Path, new) -> None:
     only_summaries.write(d / f"{W2}.jsonl")
     only_snapshots = Session(W3, "2.0.74", new_uuid=new)
     for i in range(2):
-        only_snapshots.obj({"type": "file-history-snapshot", "messageId": f"m{i}", "isSnapshotUpdate": bool(i),
-                            "snapshot": {"messageId": f"m{i}", "trackedFileBackups": {}, "timestamp": now()}})
+        only_snapshots.obj(
+            {
+                "type": "file-history-snapshot",
+                "messageId": f"m{i}",
+                "isSnapshotUpdate": bool(i),
+                "snapshot": {"messageId": f"m{i}", "trackedFileBackups": {}, "timestamp": now()},
+            }
+        )
     only_snapshots.write(d / f"{W3}.jsonl")
     (d / f"{W4}.jsonl").write_bytes(b"")
 
@@ -309,9 +569,14 @@ def _legacy(root: Path, new) -> None:
     m = Session(L1, "1.0.98", new_uuid=new, cwd=cwd)
     m.obj({"type": "summary", "summary": "ORM migration planning", "leafUuid": "in-the-previous-file"})
     m.user("plan the migration to the new ORM", timestamp=now())
-    e1 = _asst(m, now, "msg_L1_01", text("I'll split this across two agents."),
-               tool("Task", "toolu_L1_task_models", description="models", prompt="List every model class"),
-               tool("Task", "toolu_L1_task_sql", description="sql", prompt="List every raw SQL query"))
+    e1 = _asst(
+        m,
+        now,
+        "msg_L1_01",
+        text("I'll split this across two agents."),
+        tool("Task", "toolu_L1_task_models", description="models", prompt="List every model class"),
+        tool("Task", "toolu_L1_task_sql", description="sql", prompt="List every raw SQL query"),
+    )
     # two inline sidechains written into the same file, interleaved as they ran in parallel
     sa = Session(L1, "1.0.98", sidechain=True, new_uuid=new, cwd=cwd)
     sb = Session(L1, "1.0.98", sidechain=True, new_uuid=new, cwd=cwd)
@@ -320,17 +585,31 @@ def _legacy(root: Path, new) -> None:
     sb.user("List every raw SQL query", parent=None, timestamp=now())
     _asst(sa, now, "msg_L1_a1", tool("Grep", "toolu_L1_a_grep", pattern="class .*Model"))
     _asst(sb, now, "msg_L1_b1", tool("Grep", "toolu_L1_b_grep", pattern="execute\\("))
-    sb.result("toolu_L1_b_grep", [text("app/db.py:10: cursor.execute(q)"), text("app/report.py:3: execute(sql)")],
-              timestamp=now())
-    sa.result("toolu_L1_a_grep", "app/models.py:1: class User(Model)\napp/models.py:9: class Order(Model)", timestamp=now())
+    sb.result(
+        "toolu_L1_b_grep",
+        [text("app/db.py:10: cursor.execute(q)"), text("app/report.py:3: execute(sql)")],
+        timestamp=now(),
+    )
+    sa.result(
+        "toolu_L1_a_grep", "app/models.py:1: class User(Model)\napp/models.py:9: class Order(Model)", timestamp=now()
+    )
     _asst(sb, now, "msg_L1_b2", tool("Read", "toolu_L1_b_read", file_path="app/report.py"))
     _asst(sa, now, "msg_L1_a2", text("## Models\n- User\n- Order"))
     sb.result("toolu_L1_b_read", "def report(sql):\n    return execute(sql)\n", timestamp=now())
     _asst(sb, now, "msg_L1_b3", text("## Raw SQL\n- app/db.py:10\n- app/report.py:3"))
-    m.result("toolu_L1_task_models", [text("## Models\n- User\n- Order")], parent=e1[-1],
-             tur={"content": [text("## Models\n- User\n- Order")], "totalDurationMs": 2000, "totalTokens": 900}, timestamp=now())
-    m.result("toolu_L1_task_sql", [text("## Raw SQL\n- app/db.py:10\n- app/report.py:3")],
-             tur={"content": [text("## Raw SQL")], "totalDurationMs": 2500, "totalTokens": 1100}, timestamp=now())
+    m.result(
+        "toolu_L1_task_models",
+        [text("## Models\n- User\n- Order")],
+        parent=e1[-1],
+        tur={"content": [text("## Models\n- User\n- Order")], "totalDurationMs": 2000, "totalTokens": 900},
+        timestamp=now(),
+    )
+    m.result(
+        "toolu_L1_task_sql",
+        [text("## Raw SQL\n- app/db.py:10\n- app/report.py:3")],
+        tur={"content": [text("## Raw SQL")], "totalDurationMs": 2500, "totalTokens": 1100},
+        timestamp=now(),
+    )
     _asst(m, now, "msg_L1_02", tool("Write", "toolu_L1_write", file_path="PLAN.md", content="1. models\n2. raw SQL\n"))
     m.result("toolu_L1_write", "File created successfully at: PLAN.md", timestamp=now())
     m.user([text("[Request interrupted by user]")], timestamp=now())
@@ -339,16 +618,27 @@ def _legacy(root: Path, new) -> None:
     m.write(d / f"{L1}.jsonl")
 
     r = Session(L2, "1.0.98", new_uuid=new, cwd=cwd)
-    r.user("<command-name>/clear</command-name>\n<command-message>clear</command-message>", isMeta=True, timestamp=now())
+    r.user(
+        "<command-name>/clear</command-name>\n<command-message>clear</command-message>", isMeta=True, timestamp=now()
+    )
     r.user("<local-command-stdout></local-command-stdout>", isMeta=True, timestamp=now())
     r.user("why is CI red?", timestamp=now())
     _asst(r, now, "msg_L2_01", tool("Bash", "toolu_L2_ci", command="gh run view --log-failed"))
-    r.result("toolu_L2_ci", "test_orm.py::test_user FAILED", tur={"stdout": "test_orm.py::test_user FAILED",
-                                                                  "stderr": "", "interrupted": False}, timestamp=now())
+    r.result(
+        "toolu_L2_ci",
+        "test_orm.py::test_user FAILED",
+        tur={"stdout": "test_orm.py::test_user FAILED", "stderr": "", "interrupted": False},
+        timestamp=now(),
+    )
     _asst(r, now, "msg_L2_02", text("test_user fails on a missing migration."))
     r.version = "1.0.108"  # resumed under a newer version
     r.user("fix it", timestamp=now(back=120))  # written with a clock 2 minutes behind
-    _asst(r, now, "msg_L2_03", tool("Edit", "toolu_L2_edit", file_path="migrations/0002.py", old_string="", new_string="x"))
+    _asst(
+        r,
+        now,
+        "msg_L2_03",
+        tool("Edit", "toolu_L2_edit", file_path="migrations/0002.py", old_string="", new_string="x"),
+    )
     r.result("toolu_L2_edit", "The file migrations/0002.py has been updated.", timestamp=now())
     _asst(r, now, "msg_L2_04", text("Added the missing migration."))
     r.write(d / f"{L2}.jsonl")

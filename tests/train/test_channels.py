@@ -26,8 +26,12 @@ def test_every_channel_on_when_weighted_and_fed():
         (Weights(grpo=1.0, alpha=0.5, beta=0.5), True, False, {"dpo": "no DPO pairs in the training data"}),
         # a zero weight is the reason even where the data has no input for the channel either
         (Weights(grpo=1.0, alpha=0.0, beta=0.0), False, False, {"sdpo": "weight 0 (alpha)", "dpo": "weight 0 (beta)"}),
-        (Weights(grpo=1.0, alpha=0.5, beta=0.5), False, False,
-         {"sdpo": "no error sites in the training data", "dpo": "no DPO pairs in the training data"}),
+        (
+            Weights(grpo=1.0, alpha=0.5, beta=0.5),
+            False,
+            False,
+            {"sdpo": "no error sites in the training data", "dpo": "no DPO pairs in the training data"},
+        ),
     ],
 )
 def test_each_channel_off_for_its_stated_reason(weights, error_sites, pairs, off):

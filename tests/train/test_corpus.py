@@ -28,8 +28,12 @@ def test_train_on_ingested_sessions(corpus, tiny_model_dir, tmp_path, capsys):
     )
     res = train(str(tmp_path / "ing"), recipe, steps=1, out_dir=tmp_path / "o")
     data = res.metrics["data"]
-    assert data["prompts"] + len(data["skipped"]) == states.num_rows  # every state trained on or quarantined with a reason
+    assert (
+        data["prompts"] + len(data["skipped"]) == states.num_rows
+    )  # every state trained on or quarantined with a reason
     assert data["error_sites"] == n_err
     (rec,) = res.losses
-    assert math.isfinite(rec["grpo"]) and rec["sdpo"] is not None and rec["sdpo"] > 0  # the error site leads the first batch
+    assert (
+        math.isfinite(rec["grpo"]) and rec["sdpo"] is not None and rec["sdpo"] > 0
+    )  # the error site leads the first batch
     assert rec["dpo"] is None and rec["off_reasons"] == {"dpo": "no DPO pairs in the training data"}

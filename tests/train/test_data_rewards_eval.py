@@ -25,7 +25,9 @@ def test_load_split_hints_and_quarantine(tmp_path):
     rows = pair_rows(12)
     rows[0] = dict(rows[0], prompt="{not json")
     rows[4] = dict(rows[4], chosen_text=rows[4]["rejected_text"])
-    Store(str(tmp_path)).write_table("pairs", tables.conform(pa.Table.from_pylist([r for r in rows if r["kind"] == "pair"]), "normalized_dpo_pairs"))
+    Store(str(tmp_path)).write_table(
+        "pairs", tables.conform(pa.Table.from_pylist([r for r in rows if r["kind"] == "pair"]), "normalized_dpo_pairs")
+    )
     d = load_train_data(str(tmp_path), heldout_fraction=0.3, hints=HintTemplates())
     reasons = {s.row_id: s.reason for s in d.skipped}
     assert "JSONDecodeError" in reasons[rows[0]["pair_id"]]
@@ -43,7 +45,9 @@ def test_load_split_hints_and_quarantine(tmp_path):
 
 def test_hint_templates_and_error_text():
     agent = Action(tool_calls=(ToolCall("Edit", {"file_path": "/a"}),)).to_json()
-    err = orjson.dumps([{"tool_use_id": "x", "tool_name": "Edit", "content": [{"type": "text", "text": "boom"}]}]).decode()
+    err = orjson.dumps(
+        [{"tool_use_id": "x", "tool_name": "Edit", "content": [{"type": "text", "text": "boom"}]}]
+    ).decode()
     assert error_text(err) == "Edit: boom"
     assert build_hint(agent, None, None, HintTemplates()) is None
     h = build_hint(agent, err, agent, HintTemplates())  # consensus == agent: no "better step"
@@ -81,13 +85,17 @@ def test_rewards_are_computed_from_the_data():
     assert shaped[0] == pytest.approx(1.0) and shaped[0] > shaped[1] > shaped[3] and len(set(shaped)) == 4
     with pytest.raises(ValueError, match="unknown reward"):
         rewards.resolve(["valid_action", "nope"])
-    assert rewards.tool_names_of(orjson.dumps([{"type": "function", "function": {"name": "Read"}}]).decode()) == ["Read"]
+    assert rewards.tool_names_of(orjson.dumps([{"type": "function", "function": {"name": "Read"}}]).decode()) == [
+        "Read"
+    ]
 
 
 def test_evaluate_policy_is_deterministic_and_compare_flags_regressions(tiny_model_dir, synth_store):
     from composer_pipeline.train.evaluate import compare, evaluate_policy
 
-    recipe = TrainRecipe.from_dict({"data": {"heldout_fraction": 0.5, "max_prompt_tokens": 128}, "eval": {"max_new_tokens": 8}})
+    recipe = TrainRecipe.from_dict(
+        {"data": {"heldout_fraction": 0.5, "max_prompt_tokens": 128}, "eval": {"max_new_tokens": 8}}
+    )
     a = evaluate_policy(tiny_model_dir, synth_store, recipe)
     b = evaluate_policy(tiny_model_dir, synth_store, recipe)
     assert a == b
@@ -108,14 +116,41 @@ def test_cli_train_prints_json_lines_and_checkpoint(tiny_model_dir, synth_store,
     recipe = tmp_path / "r.yaml"
     text = (repo_root / "recipes" / "train.yaml").read_text()
     recipe.write_text(text.replace("max_completion_length: 32", "max_completion_length: 8"))
-    rc = main(["train", "--data", synth_store, "--recipe", str(recipe), "--model", str(tiny_model_dir), "--steps", "2", "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "train",
+            "--data",
+            synth_store,
+            "--recipe",
+            str(recipe),
+            "--model",
+            str(tiny_model_dir),
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["step"] for line in lines[:-1]] == [1, 2]
     assert all({"grpo", "sdpo", "dpo", "total", "off"} <= set(line) for line in lines[:-1])
     assert (tmp_path / "o" / "checkpoint" / "model.safetensors").is_file()
     assert lines[-1]["checkpoint"] == str(tmp_path / "o" / "checkpoint")
-    rc = main(["train", "eval", "--model", lines[-1]["checkpoint"], "--baseline", str(tiny_model_dir), "--data", synth_store, "--recipe", str(recipe)])
+    rc = main(
+        [
+            "train",
+            "eval",
+            "--model",
+            lines[-1]["checkpoint"],
+            "--baseline",
+            str(tiny_model_dir),
+            "--data",
+            synth_store,
+            "--recipe",
+            str(recipe),
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and "verdict" in out and out["eval"]["model"] == lines[-1]["checkpoint"]
 
@@ -133,11 +168,22 @@ def test_pipes_entry_reports_steps_and_materialization(tiny_model_dir, synth_sto
     ctx.write_text(
         json.dumps(
             {
-                "asset_keys": ["trained_policy"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
-                "partition_key": None, "partition_key_range": None, "partition_time_window": None,
-                "run_id": "r1", "job_name": "j", "retry_number": 0,
-                "extras": {"data_root": synth_store, "recipe": str(repo_root / "recipes" / "train.yaml"),
-                           "model": str(tiny_model_dir), "steps": 1, "out_dir": str(tmp_path / "o")},
+                "asset_keys": ["trained_policy"],
+                "code_version_by_asset_key": None,
+                "provenance_by_asset_key": None,
+                "partition_key": None,
+                "partition_key_range": None,
+                "partition_time_window": None,
+                "run_id": "r1",
+                "job_name": "j",
+                "retry_number": 0,
+                "extras": {
+                    "data_root": synth_store,
+                    "recipe": str(repo_root / "recipes" / "train.yaml"),
+                    "model": str(tiny_model_dir),
+                    "steps": 1,
+                    "out_dir": str(tmp_path / "o"),
+                },
             }
         )
     )
@@ -160,7 +206,21 @@ def test_pipes_entry_runs_without_pipes(tiny_model_dir, synth_store, tmp_path, c
     from composer_pipeline.train import pipes_entry
 
     monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
-    assert pipes_entry.main(["--data-root", synth_store, "--model", str(tiny_model_dir), "--steps", "1", "--out-dir", str(tmp_path / "o")]) == 0
+    assert (
+        pipes_entry.main(
+            [
+                "--data-root",
+                synth_store,
+                "--model",
+                str(tiny_model_dir),
+                "--steps",
+                "1",
+                "--out-dir",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
     last = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert last["materialization"]["steps"] == 1
 

@@ -15,8 +15,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_measured_counts_the_rows_of_the_comparing_metrics():
-    metrics = {"preference_accuracy": {"value": 1.0, "n": 1}, "reward": {"value": 0.03, "n": 2},
-               "hint_jsd": {"value": 0.1, "n": 500}}  # hint_jsd does not compare policies: not counted
+    metrics = {
+        "preference_accuracy": {"value": 1.0, "n": 1},
+        "reward": {"value": 0.03, "n": 2},
+        "hint_jsd": {"value": 0.1, "n": 500},
+    }  # hint_jsd does not compare policies: not counted
     assert measured(metrics, 30) == (False, 2)
     assert measured({"reward": {"value": 0.5, "n": 40}}, 30) == (True, 40)
     assert measured({"reward": {"value": None, "n": 0}}, 30) == (False, 0)
@@ -29,9 +32,14 @@ def test_demo_report_says_its_training_is_a_smoke_run():
     from assets.demo import DemoReport, print_report
 
     lines: list[str] = []
-    r = DemoReport(store="/tmp/x", train={"steps": 2, "seconds": 1.0, "model": "tiny", "data": {"pairs": 1}},
-                   eval_metrics={"reward": {"trained": 0.0361, "base": 0.0361, "n": 1},
-                                 "preference_accuracy": {"trained": None, "base": None, "n": 0}})
+    r = DemoReport(
+        store="/tmp/x",
+        train={"steps": 2, "seconds": 1.0, "model": "tiny", "data": {"pairs": 1}},
+        eval_metrics={
+            "reward": {"trained": 0.0361, "base": 0.0361, "n": 1},
+            "preference_accuracy": {"trained": None, "base": None, "n": 0},
+        },
+    )
     print_report(r, echo=lines.append)
     (smoke,) = [x for x in lines if x.startswith("eval: a smoke run")]
     assert "training saw 1 DPO pairs and the evaluation 1 held-out rows" in smoke and LEARNING_COMMAND in smoke
@@ -46,11 +54,15 @@ def test_no_regression_on_a_few_rows_says_it_measured_nothing(tiny_model_dir, sy
     from resources.recipes import PipelineRecipes
     from resources.storage import StoreResource
 
-    trained = pa.table({"local_dir": [str(tiny_model_dir)], "base_model": [str(tiny_model_dir)],
-                        "checkpoint": [str(tiny_model_dir)]})
+    trained = pa.table(
+        {"local_dir": [str(tiny_model_dir)], "base_model": [str(tiny_model_dir)], "checkpoint": [str(tiny_model_dir)]}
+    )
     recipes = PipelineRecipes(trace_root=str(tmp_path), train=str(REPO / "recipes" / "train.yaml"))
-    out = list(policy_eval(dg.build_asset_context(), trained_policy=trained, recipes=recipes,
-                           store=StoreResource(root=synth_store)))
+    out = list(
+        policy_eval(
+            dg.build_asset_context(), trained_policy=trained, recipes=recipes, store=StoreResource(root=synth_store)
+        )
+    )
     (check,) = [o for o in out if isinstance(o, dg.AssetCheckResult)]
     # the same model twice: nothing regressed, but a dozen synthetic pairs measure nothing either
     assert check.passed is False and check.description.startswith("measured nothing:")

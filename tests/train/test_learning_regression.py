@@ -28,8 +28,13 @@ TRAIN, HELD = 12, 24  # pairs of files mod0..mod11 train; mod12..mod23 are held 
 
 def _store(root, rows) -> str:
     store = Store(str(root))
-    store.write_table("pairs", tables.conform(pa.Table.from_pylist([r for r in rows if r["kind"] == "pair"]), "normalized_dpo_pairs"))
-    store.write_table("positives", tables.conform(pa.Table.from_pylist([r for r in rows if r["kind"] == "positive"]), "agreement_positives"))
+    store.write_table(
+        "pairs", tables.conform(pa.Table.from_pylist([r for r in rows if r["kind"] == "pair"]), "normalized_dpo_pairs")
+    )
+    store.write_table(
+        "positives",
+        tables.conform(pa.Table.from_pylist([r for r in rows if r["kind"] == "positive"]), "agreement_positives"),
+    )
     return str(root)
 
 
@@ -41,12 +46,21 @@ def heldout_margin(model_dir, rows) -> float:
     margins = []
     with torch.no_grad():
         for r in rows:
-            p = tok(render_prompt(tok, orjson.loads(r["prompt"]), orjson.loads(r["tools"]), 128), add_special_tokens=False)["input_ids"]
+            p = tok(
+                render_prompt(tok, orjson.loads(r["prompt"]), orjson.loads(r["tools"]), 128), add_special_tokens=False
+            )["input_ids"]
             lp = []
             for side in ("chosen_text", "rejected_text"):
                 c = tok(r[side] + eos, add_special_tokens=False)["input_ids"][:64]
-                lp.append(completion_logps(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long),
-                                           torch.tensor([c]), torch.ones(1, len(c), dtype=torch.long)).item())
+                lp.append(
+                    completion_logps(
+                        model,
+                        torch.tensor([p]),
+                        torch.ones(1, len(p), dtype=torch.long),
+                        torch.tensor([c]),
+                        torch.ones(1, len(c), dtype=torch.long),
+                    ).item()
+                )
             margins.append(lp[0] - lp[1])
     return sum(margins) / len(margins)
 
@@ -55,12 +69,16 @@ def test_a_few_dpo_steps_raise_the_heldout_margin(tiny_model_dir, tmp_path):
     rows = pair_rows(HELD)
     held = [r for r in rows[TRAIN:] if r["kind"] == "pair"]
     root = _store(tmp_path / "data", rows[:TRAIN])
-    recipe = TrainRecipe.from_dict({
-        "model": str(tiny_model_dir), "weights": {"grpo": 0.0, "alpha": 0.0, "beta": 1.0},
-        "grpo": {"max_completion_length": 8, "num_generations": 2, "prompts_per_step": 1},
-        "dpo": {"batch_size": 4, "sft_weight": 0.0, "beta": 0.1},
-        "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.0}, "optim": {"learning_rate": 3e-3, "seed": 0},
-    })
+    recipe = TrainRecipe.from_dict(
+        {
+            "model": str(tiny_model_dir),
+            "weights": {"grpo": 0.0, "alpha": 0.0, "beta": 1.0},
+            "grpo": {"max_completion_length": 8, "num_generations": 2, "prompts_per_step": 1},
+            "dpo": {"batch_size": 4, "sft_weight": 0.0, "beta": 0.1},
+            "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.0},
+            "optim": {"learning_rate": 3e-3, "seed": 0},
+        }
+    )
     before = heldout_margin(tiny_model_dir, held)
     res = train(root, recipe, steps=6, out_dir=tmp_path / "run")
     after = heldout_margin(res.checkpoint, held)

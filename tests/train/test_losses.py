@@ -21,7 +21,9 @@ def test_jsd_matches_trl_generalized_jsd_loss(beta, temperature):
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
     labels = torch.where(mask.bool(), torch.zeros_like(mask), torch.full_like(mask, -100))
     ours = generalized_jsd(s, t, mask, beta=beta, temperature=temperature)
-    ref = GKDTrainer.generalized_jsd_loss(s, t, labels=labels, beta=beta, temperature=temperature, reduction="batchmean")
+    ref = GKDTrainer.generalized_jsd_loss(
+        s, t, labels=labels, beta=beta, temperature=temperature, reduction="batchmean"
+    )
     assert ours.item() > 0
     assert ours.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-7)
 
@@ -57,7 +59,9 @@ def test_jsd_is_exactly_zero_for_identical_contexts(tiny_model_dir):
     # and a different (hinted) context gives a positive divergence
     hinted = torch.cat([torch.randint(10, 2000, (2, 4), generator=g), prompt], dim=1)
     with torch.no_grad():
-        teacher2 = completion_logits(model, hinted, torch.cat([torch.ones(2, 4, dtype=torch.long), pmask], 1), comp, cmask)
+        teacher2 = completion_logits(
+            model, hinted, torch.cat([torch.ones(2, 4, dtype=torch.long), pmask], 1), comp, cmask
+        )
     assert generalized_jsd(student, teacher2, cmask).item() > 0
 
 

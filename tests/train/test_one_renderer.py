@@ -12,11 +12,25 @@ from test_render_plain_template import SMOLLM2_TEMPLATE, TOOLS
 STATE = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": [{"type": "text", "text": "Run the tests, then fix app.py."}]},
-    {"role": "assistant", "content": "Running them.", "tool_calls": [
-        {"id": "t1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest -q", "timeout": 60}'}}]},
+    {
+        "role": "assistant",
+        "content": "Running them.",
+        "tool_calls": [
+            {
+                "id": "t1",
+                "type": "function",
+                "function": {"name": "Bash", "arguments": '{"command": "pytest -q", "timeout": 60}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "t1", "content": "1 failed: test_app.py::test_add " + "trace line " * 40},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "t2", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "cat app.py"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "t2", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "cat app.py"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "t2", "content": "def add(a, b):\n    return a - b"},
 ]
 

@@ -13,13 +13,26 @@ SMOLLM2_TEMPLATE = (
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "run a command",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 MESSAGES = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "Run the tests."},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "t1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest -q"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest -q"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "t1", "content": "1 failed"},
 ]
 
@@ -39,4 +52,5 @@ def test_template_with_tools_is_unchanged(tiny_model_dir):
     assert "tools" in tok.chat_template
     plain = [m for m in MESSAGES[:2]]
     assert render_prompt(tok, plain, TOOLS, 4096) == tok.apply_chat_template(
-        plain, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+        plain, tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )

@@ -28,7 +28,11 @@ def test_train_reads_partitioned_tables_from_s3(s3_root, tiny_model_dir, tmp_pat
             store.write_table(name, tables.conform(pa.Table.from_pylist(sel), name), partition=part)
     assert len(store.files("normalized_dpo_pairs")) == 2
     recipe = TrainRecipe.from_dict(
-        {"model": str(tiny_model_dir), "grpo": {"max_completion_length": 8}, "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.0}}
+        {
+            "model": str(tiny_model_dir),
+            "grpo": {"max_completion_length": 8},
+            "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.0},
+        }
     )
     res = train(s3_root, recipe, steps=1, out_dir=tmp_path)
     assert res.metrics["data"]["prompts"] == 12 and res.metrics["data"]["pairs"] == 8

@@ -22,15 +22,42 @@ def _record(pending, *, alpha=0.5, pairs=True, step=1, step_time=0.1):
 def test_micro_batches_are_averaged_and_weighted_into_the_total():
     # two micro-batches (gradient accumulation 2): the second had no error site
     pending = [
-        {"off": {}, "grpo": 0.2, "sdpo": 0.4, "error_sites": 2, "dpo": 0.6, "dpo_margin": 1.0, "dpo_accuracy": 1.0, "dpo_batch": 0},
-        {"off": {"sdpo": "no error site in this batch"}, "grpo": 0.4, "dpo": 0.8, "dpo_margin": 3.0, "dpo_accuracy": 0.5, "dpo_batch": 1},
+        {
+            "off": {},
+            "grpo": 0.2,
+            "sdpo": 0.4,
+            "error_sites": 2,
+            "dpo": 0.6,
+            "dpo_margin": 1.0,
+            "dpo_accuracy": 1.0,
+            "dpo_batch": 0,
+        },
+        {
+            "off": {"sdpo": "no error site in this batch"},
+            "grpo": 0.4,
+            "dpo": 0.8,
+            "dpo_margin": 3.0,
+            "dpo_accuracy": 0.5,
+            "dpo_batch": 1,
+        },
     ]
     rec = _record(pending, step=7, step_time=1.5)
     assert rec["grpo"] == pytest.approx(0.3) and rec["sdpo"] == pytest.approx(0.4) and rec["dpo"] == pytest.approx(0.7)
     assert rec["total"] == pytest.approx(1.0 * 0.3 + 0.5 * 0.4 + 0.5 * 0.7)
     assert rec["off"] == [] and rec["off_reasons"] == {}  # one micro-batch fed SDPO: the step is not off
-    assert rec["dpo_batches"] == [0, 1] and rec["dpo_margin"] == 2.0 and rec["dpo_accuracy"] == 0.75 and rec["error_sites"] == 2
-    assert (rec["reward"], rec["reward_std"], rec["states"], rec["step"], rec["step_time_s"]) == (0.7, 0.3, ["s1", "s2"], 7, 1.5)
+    assert (
+        rec["dpo_batches"] == [0, 1]
+        and rec["dpo_margin"] == 2.0
+        and rec["dpo_accuracy"] == 0.75
+        and rec["error_sites"] == 2
+    )
+    assert (rec["reward"], rec["reward_std"], rec["states"], rec["step"], rec["step_time_s"]) == (
+        0.7,
+        0.3,
+        ["s1", "s2"],
+        7,
+        1.5,
+    )
 
 
 def test_off_channels_log_null_with_their_reason():
@@ -45,4 +72,6 @@ def test_off_channels_log_null_with_their_reason():
 
 def test_a_value_of_a_channel_off_for_the_run_is_not_logged():
     rec = _record([{"off": {}, "grpo": 0.2, "sdpo": 9.0}], alpha=0.0)
-    assert rec["sdpo"] is None and rec["off_reasons"]["sdpo"] == "weight 0 (alpha)" and rec["total"] == pytest.approx(0.2)
+    assert (
+        rec["sdpo"] is None and rec["off_reasons"]["sdpo"] == "weight 0 (alpha)" and rec["total"] == pytest.approx(0.2)
+    )

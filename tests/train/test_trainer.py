@@ -37,9 +37,15 @@ def _changed(base_dir, ckpt) -> float:
 
 @pytest.mark.parametrize(
     "channel,weights",
-    [("grpo", dict(grpo=1.0, alpha=0.0, beta=0.0)), ("sdpo", dict(grpo=0.0, alpha=1.0, beta=0.0)), ("dpo", dict(grpo=0.0, alpha=0.0, beta=1.0))],
+    [
+        ("grpo", dict(grpo=1.0, alpha=0.0, beta=0.0)),
+        ("sdpo", dict(grpo=0.0, alpha=1.0, beta=0.0)),
+        ("dpo", dict(grpo=0.0, alpha=0.0, beta=1.0)),
+    ],
 )
-def test_each_channel_alone_changes_parameters_and_only_its_loss_fires(tiny_model_dir, synth_store, tmp_path, channel, weights):
+def test_each_channel_alone_changes_parameters_and_only_its_loss_fires(
+    tiny_model_dir, synth_store, tmp_path, channel, weights
+):
     res = train(synth_store, _recipe(tiny_model_dir, **weights), steps=1, out_dir=tmp_path)
     (rec,) = res.losses
     assert rec[channel] is not None and rec[channel] != 0.0 and math.isfinite(rec[channel])
@@ -88,7 +94,9 @@ def test_three_channels_together_over_several_batches(tiny_model_dir, synth_stor
 
 
 def test_simpo_runs_reference_free(tiny_model_dir, synth_store, tmp_path):
-    res = train(synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0, variant="simpo"), steps=2, out_dir=tmp_path)
+    res = train(
+        synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0, variant="simpo"), steps=2, out_dir=tmp_path
+    )
     assert all(r["dpo"] is not None and math.isfinite(r["dpo"]) for r in res.losses)
     assert res.metrics["ln2_check"] is None  # SimPO has no reference: no ln 2 sanity value
     assert _changed(tiny_model_dir, res.checkpoint) > 0
@@ -117,7 +125,9 @@ def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, sy
     assert first["dpo"] == pytest.approx(math.log(2) + 0.5 * first["dpo_sft"], abs=1e-4)
     assert res.metrics["ln2_check"]["ok"]
     assert all("dpo_sft" in rec for rec in res.losses)
-    plain = train(synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0), steps=1, out_dir=tmp_path / "plain")
+    plain = train(
+        synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0), steps=1, out_dir=tmp_path / "plain"
+    )
     assert "dpo_sft" not in plain.losses[0]  # off by default: plain DPO, as before
 
 
@@ -158,11 +168,16 @@ def test_absent_inputs_are_reported_off(tiny_model_dir, tmp_path):
     from composer_pipeline.store import Store
 
     rows = [dict(r, has_error=False, error_after=None, kind="positive") for r in pair_rows(8)]
-    Store(str(tmp_path / "d")).write_table("positives", tables.conform(pa.Table.from_pylist(rows), "agreement_positives"))
+    Store(str(tmp_path / "d")).write_table(
+        "positives", tables.conform(pa.Table.from_pylist(rows), "agreement_positives")
+    )
     res = train(str(tmp_path / "d"), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
     rec = res.losses[0]
     assert rec["grpo"] is not None and rec["sdpo"] is None and rec["dpo"] is None
-    assert rec["off_reasons"] == {"sdpo": "no error sites in the training data", "dpo": "no DPO pairs in the training data"}
+    assert rec["off_reasons"] == {
+        "sdpo": "no error sites in the training data",
+        "dpo": "no DPO pairs in the training data",
+    }
 
 
 def test_bad_recipe_and_missing_data_are_clear_errors(tiny_model_dir, tmp_path):

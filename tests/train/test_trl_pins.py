@@ -31,25 +31,50 @@ TRL_VERSION = "1.16.0"  # the version the pins were read from (pyproject.toml pi
 SIGNATURES = {
     "__init__": {"model", "reward_funcs", "args", "train_dataset", "processing_class", "peft_config"},
     "_generate_and_score_completions": ["self", "inputs"],
-    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
-                                           "batch_size", "compute_entropy", "compute_aux_loss"],
+    "_get_per_token_logps_and_entropies": [
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
+    ],
     "_compute_loss": ["self", "model", "inputs"],
     # the data-parallel rollout sampler (train/generation.py): returns (completion_ids, logprobs)
-    "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+    "_generate_single_turn": [
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
+    ],
 }
 # overridden method -> (TRL method that calls it, keyword arguments of that call the override reads)
 CALL_POINTS = {
     "_generate_and_score_completions": [("_prepare_inputs", set())],
-    "_get_per_token_logps_and_entropies": [("_compute_loss", {"compute_entropy", "compute_aux_loss"}),
-                                           ("_generate_and_score_completions", {"batch_size"})],
+    "_get_per_token_logps_and_entropies": [
+        ("_compute_loss", {"compute_entropy", "compute_aux_loss"}),
+        ("_generate_and_score_completions", {"batch_size"}),
+    ],
     "_compute_loss": [("compute_loss", set())],
     "_generate_single_turn": [("_generate", set())],
 }
 # keys of _generate_and_score_completions' output the overrides read
 BATCH_KEYS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask"}
 # attributes the overrides read: set in GRPOTrainer.__init__ / in transformers.Trainer
-GRPO_ATTRIBUTES = ["temperature", "use_vllm", "use_transformers_continuous_batching", "generation_kwargs",
-                   "max_completion_length", "eos_token_ids", "_tokenizer", "tools"]
+GRPO_ATTRIBUTES = [
+    "temperature",
+    "use_vllm",
+    "use_transformers_continuous_batching",
+    "generation_kwargs",
+    "max_completion_length",
+    "eos_token_ids",
+    "_tokenizer",
+    "tools",
+]
 TRAINER_ATTRIBUTES = ["processing_class", "accelerator", "current_gradient_accumulation_steps", "model_wrapped"]
 # transformers.Trainer's public state the overrides read (self.args: the GRPOConfig fields below)
 PUBLIC_ATTRIBUTES = ["args", "state"]
@@ -69,7 +94,8 @@ def _trl_function(name: str) -> ast.FunctionDef:
 def test_trl_version_is_the_pinned_one():
     assert trl.__version__ == TRL_VERSION, (
         f"TRL {trl.__version__} installed, the overrides in train/trainer.py were written against {TRL_VERSION}: "
-        "re-read GRPOTrainer's private methods, fix the overrides, then update the pins in this file")
+        "re-read GRPOTrainer's private methods, fix the overrides, then update the pins in this file"
+    )
 
 
 def test_every_override_is_pinned():
@@ -77,7 +103,8 @@ def test_every_override_is_pinned():
     overridden = {n for c in OWN_CLASSES for n, v in vars(c).items() if callable(v) and hasattr(GRPOTrainer, n)}
     assert overridden == set(SIGNATURES), (
         f"ThreeChannelTrainer and its bases override {sorted(overridden)} but this file pins {sorted(SIGNATURES)}: "
-        "pin the new override's TRL signature and call points here")
+        "pin the new override's TRL signature and call points here"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))
@@ -89,36 +116,50 @@ def test_overridden_signatures(name):
         assert want <= set(params), f"GRPOTrainer.{name} lost the keywords {sorted(want - set(params))}"
         return
     assert params[: len(want)] == want, (
-        f"GRPOTrainer.{name} parameters changed: TRL has {params}, the override expects {want} first")
+        f"GRPOTrainer.{name} parameters changed: TRL has {params}, the override expects {want} first"
+    )
     defaults = {k: p.default for k, p in inspect.signature(getattr(GRPOTrainer, name)).parameters.items()}
     if name == "_get_per_token_logps_and_entropies":  # the override forwards these defaults unchanged
-        assert (defaults["batch_size"], defaults["compute_entropy"], defaults["compute_aux_loss"]) == (None, False, False)
+        assert (defaults["batch_size"], defaults["compute_entropy"], defaults["compute_aux_loss"]) == (
+            None,
+            False,
+            False,
+        )
 
 
 @pytest.mark.parametrize("name", sorted(CALL_POINTS))
 def test_call_points(name):
     for caller, keywords in CALL_POINTS[name]:
-        calls = [node for node in ast.walk(_trl_function(caller)) if isinstance(node, ast.Call)
-                 and isinstance(node.func, ast.Attribute) and node.func.attr == name
-                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"]
+        calls = [
+            node
+            for node in ast.walk(_trl_function(caller))
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == name
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+        ]
         assert calls, f"GRPOTrainer.{caller} no longer calls self.{name}: the override would never run there"
         for call in calls:
             passed = {k.arg for k in call.keywords if k.arg}
             assert keywords <= passed, (
-                f"GRPOTrainer.{caller} calls self.{name} without {sorted(keywords - passed)} (passes {sorted(passed)})")
+                f"GRPOTrainer.{caller} calls self.{name} without {sorted(keywords - passed)} (passes {sorted(passed)})"
+            )
 
 
 def test_get_per_token_logps_returns_three_values():
     ret = inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).return_annotation
     assert "tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]" in str(ret), (
-        f"_get_per_token_logps_and_entropies now returns {ret}; the override returns (logps, entropies, None)")
+        f"_get_per_token_logps_and_entropies now returns {ret}; the override returns (logps, entropies, None)"
+    )
 
 
 def test_generate_single_turn_returns_ids_and_logprobs():
     """The rollout override returns (completion_ids, None); TRL's caller must still unpack two values."""
     src = inspect.getsource(GRPOTrainer._generate)
     assert "completion_ids, logprobs = self._generate_single_turn(" in src, (
-        "GRPOTrainer._generate no longer unpacks (completion_ids, logprobs) from _generate_single_turn")
+        "GRPOTrainer._generate no longer unpacks (completion_ids, logprobs) from _generate_single_turn"
+    )
 
 
 def test_generation_batch_keys_and_attributes():
@@ -140,7 +181,9 @@ def test_rollout_helpers_take_the_keywords_the_override_passes():
     for path, keywords in HELPER_KEYWORDS.items():
         module, _, name = path.rpartition(".")
         params = set(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
-        assert keywords <= params, f"{path} lost the keywords {sorted(keywords - params)} that train/generation.py passes"
+        assert keywords <= params, (
+            f"{path} lost the keywords {sorted(keywords - params)} that train/generation.py passes"
+        )
 
 
 def test_metrics_store_holds_the_rewards_the_step_log_reads():
@@ -148,11 +191,13 @@ def test_metrics_store_holds_the_rewards_the_step_log_reads():
     latest value): GRPOTrainer must keep that per-mode dict of lists and append both keys each generation."""
     init = inspect.getsource(GRPOTrainer.__init__)
     assert 'self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}' in init, (
-        "GRPOTrainer.__init__ no longer sets self._metrics as {'train': defaultdict(list), ...}")
+        "GRPOTrainer.__init__ no longer sets self._metrics as {'train': defaultdict(list), ...}"
+    )
     src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     for key in ("reward", "reward_std"):
         assert f'self._metrics[mode]["{key}"].append(' in src, (
-            f"_generate_and_score_completions no longer appends self._metrics[mode][{key!r}]")
+            f"_generate_and_score_completions no longer appends self._metrics[mode][{key!r}]"
+        )
 
 
 def test_every_trl_attribute_the_overrides_read_is_pinned():
@@ -165,8 +210,13 @@ def test_every_trl_attribute_the_overrides_read_is_pinned():
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
                 (own.add if isinstance(node.ctx, ast.Store) else reads.add)(node.attr)
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "args"
-                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "args"
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "self"
+            ):
                 args_reads.add(node.attr)
     unpinned = sorted(reads - own - set(GRPO_ATTRIBUTES) - set(TRAINER_ATTRIBUTES) - set(PUBLIC_ATTRIBUTES))
     assert not unpinned, f"the overrides read {unpinned} from TRL/transformers without a pin here"

@@ -30,8 +30,13 @@ from ui_kit import ARTIFACTS, LOCATION, REPO, SAMPLES, move_session, teacher_ser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -89,8 +94,9 @@ class DagsterUI:
             return list(inst.get_dynamic_partitions("sessions"))
 
 
-def write_pipeline_recipe(tmp: Path, *, trace_root: Path, store: Path, teachers_yaml: Path, tiny_model: Path,
-                          sensor_interval_s: int = 5) -> Path:
+def write_pipeline_recipe(
+    tmp: Path, *, trace_root: Path, store: Path, teachers_yaml: Path, tiny_model: Path, sensor_interval_s: int = 5
+) -> Path:
     train = yaml.safe_load((REPO / "recipes" / "train.yaml").read_text())
     train["optim"]["steps"] = 2
     train_path = tmp / "train.yaml"
@@ -116,18 +122,40 @@ def write_pipeline_recipe(tmp: Path, *, trace_root: Path, store: Path, teachers_
     return p
 
 
-def write_teachers(path: Path, url: str, *, ceiling_usd: float = 5.0, local_url: str | None = None,
-                   tiny_model: Path | None = None) -> Path:
-    common = {"api_key_env": None, "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0, "budget_usd": 10.0,
-              "max_concurrency": 2, "max_tokens": 64, "temperature": 0.0, "timeout_s": 30, "max_retries": 1}
+def write_teachers(
+    path: Path, url: str, *, ceiling_usd: float = 5.0, local_url: str | None = None, tiny_model: Path | None = None
+) -> Path:
+    common = {
+        "api_key_env": None,
+        "input_usd_per_mtok": 1.0,
+        "output_usd_per_mtok": 2.0,
+        "budget_usd": 10.0,
+        "max_concurrency": 2,
+        "max_tokens": 64,
+        "temperature": 0.0,
+        "timeout_s": 30,
+        "max_retries": 1,
+    }
     # two model names on the scripted server: two distinct models (a vote is base_url + model)
-    teachers = [{"name": name, "base_url": url, "model": model, **common}
-                for name, model in (("teacher_a", "scripted-a"), ("teacher_b", "scripted-b"))]
+    teachers = [
+        {"name": name, "base_url": url, "model": model, **common}
+        for name, model in (("teacher_a", "scripted-a"), ("teacher_b", "scripted-b"))
+    ]
     doc: dict = {"ceiling_usd": ceiling_usd, "teachers": teachers}
     if local_url:  # a local model a run must start `teachers serve` for
-        teachers.append({"name": "local_tiny", "base_url": local_url, "model": "tiny", **common, "max_tokens": 8,
-                         "input_usd_per_mtok": 0.1, "output_usd_per_mtok": 0.1,
-                         "temperature": 1.0, "seed": 7})  # sampled: a (nonsense) third answer, not an empty one
+        teachers.append(
+            {
+                "name": "local_tiny",
+                "base_url": local_url,
+                "model": "tiny",
+                **common,
+                "max_tokens": 8,
+                "input_usd_per_mtok": 0.1,
+                "output_usd_per_mtok": 0.1,
+                "temperature": 1.0,
+                "seed": 7,
+            }
+        )  # sampled: a (nonsense) third answer, not an empty one
         doc["serve"] = {"tiny": str(tiny_model)}
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -140,7 +168,9 @@ def browser():
     browser outlived the journeys' module."""
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), "Debian chromium missing: the test command installs it (composer_pipeline.bootstrap)"
+    assert Path(CHROMIUM).exists(), (
+        "Debian chromium missing: the test command installs it (composer_pipeline.bootstrap)"
+    )
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
@@ -176,30 +206,64 @@ def ui(tmp_path_factory, tiny_model_dir):
     move_session(spare, trace_root)  # the first session (with its subagent files) is there from the start
     srv = ScriptedServer().start()
     local_port = _free_port()
-    teachers_yaml = write_teachers(tmp / "teachers.yaml", srv.url, local_url=f"http://127.0.0.1:{local_port}/v1",
-                                   tiny_model=tiny_model_dir)
+    teachers_yaml = write_teachers(
+        tmp / "teachers.yaml", srv.url, local_url=f"http://127.0.0.1:{local_port}/v1", tiny_model=tiny_model_dir
+    )
     store = tmp / "store"
-    recipe = write_pipeline_recipe(tmp, trace_root=trace_root, store=store, teachers_yaml=teachers_yaml,
-                                   tiny_model=tiny_model_dir)
+    recipe = write_pipeline_recipe(
+        tmp, trace_root=trace_root, store=store, teachers_yaml=teachers_yaml, tiny_model=tiny_model_dir
+    )
     home = tmp / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text(yaml.safe_dump({
-        "run_queue": {"max_concurrent_runs": 1},
-        "telemetry": {"enabled": False},
-        "nux": {"enabled": False},
-    }))
+    (home / "dagster.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "run_queue": {"max_concurrent_runs": 1},
+                "telemetry": {"enabled": False},
+                "nux": {"enabled": False},
+            }
+        )
+    )
     port = _free_port()
-    env = dict(os.environ, DAGSTER_HOME=str(home), COMPOSER_PIPELINE_RECIPE=str(recipe), OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        DAGSTER_HOME=str(home),
+        COMPOSER_PIPELINE_RECIPE=str(recipe),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
     log = tmp / "dagster-dev.log"
     # its own process group, as a terminal would start it: Ctrl-C / SIGTERM reach every process of it
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(Path(sys.executable).parent / "dagster"),
+            "dev",
+            "-w",
+            str(REPO / "workspace.yaml"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
-    u = DagsterUI(f"http://127.0.0.1:{port}", home, trace_root, store, srv, proc, log, env,
-                  spare=spare, teachers_yaml=teachers_yaml, state_dir=tmp / "state")
+    u = DagsterUI(
+        f"http://127.0.0.1:{port}",
+        home,
+        trace_root,
+        store,
+        srv,
+        proc,
+        log,
+        env,
+        spare=spare,
+        teachers_yaml=teachers_yaml,
+        state_dir=tmp / "state",
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         assert proc.poll() is None, log.read_text()[-4000:]

@@ -24,8 +24,16 @@ import yaml
 from ui_kit import LOCATION, move_session, shot, teacher_server_pids
 
 CHAIN = [
-    "raw_sessions", "trace_states", "trace_messages", "cost_plan", "teacher_replays", "dpo_pairs",
-    "normalized_…_pairs", "training_set", "trained_policy", "policy_eval",
+    "raw_sessions",
+    "trace_states",
+    "trace_messages",
+    "cost_plan",
+    "teacher_replays",
+    "dpo_pairs",
+    "normalized_…_pairs",
+    "training_set",
+    "trained_policy",
+    "policy_eval",
 ]
 CLI = [sys.executable, "-m", "composer_pipeline"]
 
@@ -58,7 +66,8 @@ def register_partition(ui, key: str) -> None:
     out = ui.gql(
         """mutation($k: String!) { addDynamicPartition(
              repositorySelector: {repositoryLocationName: "%s", repositoryName: "__repository__"},
-             partitionsDefName: "sessions", partitionKey: $k) { __typename } }""" % LOCATION,
+             partitionsDefName: "sessions", partitionKey: $k) { __typename } }"""
+        % LOCATION,
         {"k": key},
     )
     assert out["addDynamicPartition"]["__typename"] == "AddDynamicPartitionSuccess", out
@@ -87,9 +96,7 @@ def switch_on(page, ui, name: str) -> None:
     row = page.locator("div[class*='ListItem_listItem']", has_text=name).first
     switch = row.locator("label[class*='formatSwitch']")
     switch.click()
-    page.wait_for_function(
-        "id => document.getElementById(id).checked", arg=switch.get_attribute("for"), timeout=30_000
-    )
+    page.wait_for_function("id => document.getElementById(id).checked", arg=switch.get_attribute("for"), timeout=30_000)
 
 
 def test_journey_1_materialize_a_partition(ui, page):
@@ -106,7 +113,9 @@ def test_journey_1_materialize_a_partition(ui, page):
     page.goto(ui.url + "/overview")
     page.get_by_role("link", name="Lineage").first.click()
     page.get_by_text("Global asset lineage").first.wait_for()
-    page.get_by_text("normalized_…_pairs", exact=True).first.wait_for()  # the graph's label (the list has the full name)
+    page.get_by_text(
+        "normalized_…_pairs", exact=True
+    ).first.wait_for()  # the graph's label (the list has the full name)
     for name in CHAIN:
         assert page.get_by_text(name, exact=True).count() >= (1 if "…" in name else 2), name  # list + graph node
     assert page.get_by_text("Expand all groups").count() == 0
@@ -123,13 +132,19 @@ def test_journey_1_materialize_a_partition(ui, page):
 
     # Every check passed, names the session it ran on, and says what it checks.
     descriptions = {
-        "trace_states": {"parse_success_ratio": "Parsed lines / all lines ≥ threshold.",
-                         "schema": "All three tables match tables.py."},
+        "trace_states": {
+            "parse_success_ratio": "Parsed lines / all lines ≥ threshold.",
+            "schema": "All three tables match tables.py.",
+        },
         "cost_plan": {"cost_plan_within_budget": "Blocks the replay when the worst case"},
-        "teacher_replays": {"error_rate": "Failed calls / all calls ≤ threshold.",
-                            "spend_within_ceiling": "Actual spend of this run ≤ the ceiling"},
-        "normalized_dpo_pairs": {"non_empty_chosen_rejected": "Every kept pair has a non-blank chosen and rejected text.",
-                                 "chosen_differs_from_rejected": "No kept pair prefers an action over the identical action."},
+        "teacher_replays": {
+            "error_rate": "Failed calls / all calls ≤ threshold.",
+            "spend_within_ceiling": "Actual spend of this run ≤ the ceiling",
+        },
+        "normalized_dpo_pairs": {
+            "non_empty_chosen_rejected": "Every kept pair has a non-blank chosen and rejected text.",
+            "chosen_differs_from_rejected": "No kept pair prefers an action over the identical action.",
+        },
     }
     for asset, checks in descriptions.items():
         page.goto(ui.url + f"/assets/{asset}?view=checks")
@@ -181,11 +196,23 @@ def test_journey_3_audit_pair_lineage(ui, page):
     shot(page, "journey3-example-pair")
 
     # Row level: pick a pair, follow it down to the raw JSONL lines.
-    out = subprocess.run(CLI + ["sql", "select pair_id from normalized_dpo_pairs order by pair_id limit 1", "--json",
-                                "--store", str(ui.store)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        CLI
+        + [
+            "sql",
+            "select pair_id from normalized_dpo_pairs order by pair_id limit 1",
+            "--json",
+            "--store",
+            str(ui.store),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pair_id = json.loads(out.stdout)[0]["pair_id"]
-    out = subprocess.run(CLI + ["lineage", pair_id, "--store", str(ui.store), "--json"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        CLI + ["lineage", pair_id, "--store", str(ui.store), "--json"], capture_output=True, text=True, check=True
+    )
     chain = json.loads(out.stdout)
     raw = chain["records"]
     assert raw and not chain["missing"], chain
@@ -194,8 +221,9 @@ def test_journey_3_audit_pair_lineage(ui, page):
         original = src.read_text().splitlines()[line["line_no"] - 1]
         rec = json.loads(line["raw"])
         assert rec.get("uuid") and rec["uuid"] in original
-    human = subprocess.run(CLI + ["lineage", pair_id, "--store", str(ui.store)], capture_output=True, text=True,
-                           check=True).stdout
+    human = subprocess.run(
+        CLI + ["lineage", pair_id, "--store", str(ui.store)], capture_output=True, text=True, check=True
+    ).stdout
     assert pair_id in human and raw[0]["source_file"] in human
     assert "agreement cross_model: 2 of 3 models" in human and "/repo/app.py" in human  # the consensus text
 

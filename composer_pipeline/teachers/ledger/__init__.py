@@ -24,7 +24,14 @@ Deliberately simplified: see each module; this file only names what the rest of 
 """
 
 from composer_pipeline.teachers.ledger.aio import AsyncLedger, ReplayInterrupted
-from composer_pipeline.teachers.ledger.backends import LedgerError, LedgerUnavailable, is_postgres, redact_text, redact_url, url_secrets
+from composer_pipeline.teachers.ledger.backends import (
+    LedgerError,
+    LedgerUnavailable,
+    is_postgres,
+    redact_text,
+    redact_url,
+    url_secrets,
+)
 from composer_pipeline.teachers.ledger.core import (
     DEFAULT_LEASE_S,
     DEFAULT_OUTAGE_S,
@@ -39,7 +46,22 @@ from composer_pipeline.teachers.ledger.core import (
 from composer_pipeline.teachers.ledger.schema import MIGRATIONS
 
 __all__ = [
-    "DEFAULT_LEASE_S", "DEFAULT_OUTAGE_S", "MIGRATIONS", "AsyncLedger", "Balance", "Claim", "Ledger", "LedgerError",
-    "LedgerUnavailable", "Reservation", "Reserve", "ReplayInterrupted", "TeacherIdentityError", "is_postgres",
-    "open_ledger", "redact_text", "redact_url", "url_secrets",
+    "DEFAULT_LEASE_S",
+    "DEFAULT_OUTAGE_S",
+    "MIGRATIONS",
+    "AsyncLedger",
+    "Balance",
+    "Claim",
+    "Ledger",
+    "LedgerError",
+    "LedgerUnavailable",
+    "Reservation",
+    "Reserve",
+    "ReplayInterrupted",
+    "TeacherIdentityError",
+    "is_postgres",
+    "open_ledger",
+    "redact_text",
+    "redact_url",
+    "url_secrets",
 ]

@@ -30,8 +30,10 @@ class ReplayInterrupted(RuntimeError):
 
     def __init__(self, signum: int):
         self.signum = signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name}: ledger run closed "
-                         "(calls not sent released, calls in flight kept at worst case); re-run to finish")
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name}: ledger run closed "
+            "(calls not sent released, calls in flight kept at worst case); re-run to finish"
+        )
 
 
 class AsyncLedger:
@@ -132,8 +134,15 @@ class AsyncLedger:
     async def mark_sent(self, reservation_id: str) -> None:
         await self._run(self.ledger.mark_sent, reservation_id)
 
-    async def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
-                    answer: tuple[str, dict[str, Any]] | None = None, usage: dict[str, Any] | None = None) -> None:
+    async def close(
+        self,
+        reservation_id: str,
+        state: str,
+        cost_usd: float | None = None,
+        note: str = "",
+        answer: tuple[str, dict[str, Any]] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> None:
         await self._run(self.ledger.close, reservation_id, state, cost_usd, note, answer, usage)
 
     async def fail_claim(self, call_id: str, reason: str) -> None:

@@ -52,7 +52,7 @@ def _userinfo(rest: str) -> tuple[str, str, str]:
     if at < 0:
         return "", "", rest
     user, _, password = rest[:at].partition(":")
-    return user, password, rest[at + 1:]
+    return user, password, rest[at + 1 :]
 
 
 def redact_url(url: str) -> str:
@@ -131,8 +131,10 @@ class _SQLite:
                     time.sleep(random.uniform(0.01, 0.05) * min(attempt + 1, 10))
                     continue
                 if "not a database" in str(e) and self._is_duckdb():
-                    raise LedgerError(f"ledger {self.path} is a DuckDB ledger of an earlier version: point the ledger at "
-                                      f"{self.path.with_suffix('.sqlite')} (its spend is imported from this file on first use)") from None
+                    raise LedgerError(
+                        f"ledger {self.path} is a DuckDB ledger of an earlier version: point the ledger at "
+                        f"{self.path.with_suffix('.sqlite')} (its spend is imported from this file on first use)"
+                    ) from None
                 raise LedgerError(f"ledger {self.path}: cannot open: {e}") from None
         raise AssertionError("unreachable")
 
@@ -149,9 +151,11 @@ class _SQLite:
         if ino is not None and seen in (None, ino):
             state.wal_ino = ino
             return
-        raise LedgerError(f"ledger {self.path}: its write-ahead log was deleted or replaced while this process had it open, "
-                          "so writes since then are lost to other processes; something in this process opened and closed "
-                          "the database file directly (that drops SQLite's locks). Stop this run and re-run it.")
+        raise LedgerError(
+            f"ledger {self.path}: its write-ahead log was deleted or replaced while this process had it open, "
+            "so writes since then are lost to other processes; something in this process opened and closed "
+            "the database file directly (that drops SQLite's locks). Stop this run and re-run it."
+        )
 
     def _is_duckdb(self) -> bool:
         """Whether the file is a DuckDB database. Only called once SQLite refused the file, so no SQLite
@@ -202,8 +206,14 @@ class _Postgres:
 
         try:
             # keepalives: a server that vanished without closing the socket is noticed within ~25 s, not hours
-            con = psycopg2.connect(self.url, connect_timeout=10, keepalives=1, keepalives_idle=10,
-                                   keepalives_interval=5, keepalives_count=3)
+            con = psycopg2.connect(
+                self.url,
+                connect_timeout=10,
+                keepalives=1,
+                keepalives_idle=10,
+                keepalives_interval=5,
+                keepalives_count=3,
+            )
         except psycopg2.OperationalError as e:  # refused, starting up, shutting down: may pass
             raise LedgerUnavailable(f"ledger {self.label}: cannot connect: {self.reason(e)}") from None
         except psycopg2.Error as e:
@@ -343,9 +353,11 @@ class Store:
                         pause = min(pause * 2, 1.0)
                         continue
                     why = str(e).split(": ", 1)[-1] if isinstance(e, LedgerError) else self._reason(e)
-                    raise LedgerUnavailable(f"ledger {self.label}: unreachable for {self.outage_s:g}s ({why}); "
-                                            "this run stops. Its reservations are finalized by the next replay or "
-                                            "`composer-pipeline teachers reconcile` once the server is back") from None
+                    raise LedgerUnavailable(
+                        f"ledger {self.label}: unreachable for {self.outage_s:g}s ({why}); "
+                        "this run stops. Its reservations are finalized by the next replay or "
+                        "`composer-pipeline teachers reconcile` once the server is back"
+                    ) from None
                 if isinstance(e, LedgerError):
                     raise
                 if type(e).__module__.startswith(("sqlite3", "psycopg2")):

@@ -54,7 +54,9 @@ from composer_pipeline.teachers.ledger.schema import migrate
 
 EPS = 1e-12  # float slack when comparing sums of dollars
 DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defaults
-DEFAULT_OUTAGE_S = TeachersConfig.ledger_outage_s  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
+DEFAULT_OUTAGE_S = (
+    TeachersConfig.ledger_outage_s
+)  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
 OPEN_STATES = ("reserved", "sent")
 
 
@@ -125,18 +127,28 @@ class Ledger(Store):
         def run(c: Cursor) -> dict[str, str]:
             if register:
                 for name, ident in sorted(want.items()):
-                    c.execute(f"INSERT INTO teacher_identities VALUES (?, ?, {now}) ON CONFLICT (teacher) DO NOTHING", [name, ident])
+                    c.execute(
+                        f"INSERT INTO teacher_identities VALUES (?, ?, {now}) ON CONFLICT (teacher) DO NOTHING",
+                        [name, ident],
+                    )
             names = sorted(want)
-            rows = c.all(f"SELECT teacher, identity FROM teacher_identities WHERE teacher IN ({','.join('?' * len(names))})", names)
+            rows = c.all(
+                f"SELECT teacher, identity FROM teacher_identities WHERE teacher IN ({','.join('?' * len(names))})",
+                names,
+            )
             return dict(rows)
 
         have = self._tx(run, write=register)
-        clashes = [f"teacher {name!r}: this recipe has {want[name]}, the ledger {self.label} already knows it as {have[name]}"
-                   for name in sorted(want) if name in have and have[name] != want[name]]
+        clashes = [
+            f"teacher {name!r}: this recipe has {want[name]}, the ledger {self.label} already knows it as {have[name]}"
+            for name in sorted(want)
+            if name in have and have[name] != want[name]
+        ]
         if clashes:
             raise TeacherIdentityError(
                 "a teacher name is reused for a different endpoint, model or price; give it a new name (a new name "
-                "has its own budget and answers) or use another ledger:\n  " + "\n  ".join(clashes))
+                "has its own budget and answers) or use another ledger:\n  " + "\n  ".join(clashes)
+            )
 
     # -- runs and leases
     def start_run(self, run_id: str, lease_s: float = DEFAULT_LEASE_S) -> None:
@@ -144,16 +156,24 @@ class Ledger(Store):
         now = self._db.now
 
         def run(c: Cursor) -> None:
-            c.execute(f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO UPDATE SET "
-                      f"state = 'live', lease_s = excluded.lease_s, heartbeat_at = excluded.heartbeat_at, pid = excluded.pid, "
-                      "host = excluded.host, closed_at = NULL", [run_id, socket.gethostname(), os.getpid(), float(lease_s)])
+            c.execute(
+                f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO UPDATE SET "
+                f"state = 'live', lease_s = excluded.lease_s, heartbeat_at = excluded.heartbeat_at, pid = excluded.pid, "
+                "host = excluded.host, closed_at = NULL",
+                [run_id, socket.gethostname(), os.getpid(), float(lease_s)],
+            )
 
         self._tx(run)
 
     def heartbeat(self, run_id: str) -> bool:
         """Extend the lease; False when the run was already finalized (its lease had expired)."""
-        return bool(self._tx(lambda c: c.execute(f"UPDATE runs SET heartbeat_at = {self._db.now} WHERE run_id = ? AND state = 'live'",
-                                                 [run_id]).rowcount))
+        return bool(
+            self._tx(
+                lambda c: c.execute(
+                    f"UPDATE runs SET heartbeat_at = {self._db.now} WHERE run_id = ? AND state = 'live'", [run_id]
+                ).rowcount
+            )
+        )
 
     def close_run(self, run_id: str, note: str = "run ended") -> dict[str, int]:
         """Finalize a run that is ending: never-sent reservations released, sent ones kept."""
@@ -163,17 +183,26 @@ class Ledger(Store):
         """Finalize every run whose lease expired, and at once every live run of a process on this host that
         no longer exists (kill -9: no need to wait out its lease); what was done, for the CLI and the logs."""
         host = socket.gethostname()
-        local = self._tx(lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND host = ?", [host]), write=False)
+        local = self._tx(
+            lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND host = ?", [host]), write=False
+        )
         gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
 
         def run(c: Cursor) -> dict[str, Any]:
-            expired = [r[0] for r in c.all(f"SELECT run_id FROM runs WHERE state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s < {self._db.now} ORDER BY run_id")]
+            expired = [
+                r[0]
+                for r in c.all(
+                    f"SELECT run_id FROM runs WHERE state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s < {self._db.now} ORDER BY run_id"
+                )
+            ]
             expired += sorted(gone - set(expired))
             # reservations of runs that never registered (a direct Ledger.try_reserve without start_run) are covered
             # by the auto-registration in try_reserve, so every open reservation has a runs row
             out = {"expired_runs": expired, "released": 0, "kept": 0, "claims_dropped": 0}
             for rid in expired:
-                got = self._finalize(c, rid, "expired", "lease expired (process gone)" if rid in gone else "lease expired")
+                got = self._finalize(
+                    c, rid, "expired", "lease expired (process gone)" if rid in gone else "lease expired"
+                )
                 for k in ("released", "kept", "claims_dropped"):
                     out[k] += got[k]
             return out
@@ -183,19 +212,25 @@ class Ledger(Store):
     def _finalize(self, c: Cursor, run_id: str, final_state: str, note: str) -> dict[str, int]:
         now = self._db.now
         c.one(f"SELECT state FROM runs WHERE run_id = ?{self._db.for_update}", [run_id])
-        rows = c.all(f"SELECT id, teacher, state, reserved_usd FROM reservations WHERE run_id = ? AND state IN ('reserved', 'sent') ORDER BY id",
-                     [run_id])
+        rows = c.all(
+            "SELECT id, teacher, state, reserved_usd FROM reservations WHERE run_id = ? AND state IN ('reserved', 'sent') ORDER BY id",
+            [run_id],
+        )
         released = kept = 0
         moves: dict[tuple[str, str], list[float]] = {}
         for rid, teacher, state, amount in rows:
             if state == "reserved":  # never sent: certainly not billed
-                c.execute(f"UPDATE reservations SET state = 'released', cost_usd = 0, note = ?, closed_at = {now} WHERE id = ?",
-                          [f"{note}: never sent", rid])
+                c.execute(
+                    f"UPDATE reservations SET state = 'released', cost_usd = 0, note = ?, closed_at = {now} WHERE id = ?",
+                    [f"{note}: never sent", rid],
+                )
                 released += 1
                 counted, kept_n = 0.0, 0
             else:  # sent, outcome unknown: counted at its worst case
-                c.execute(f"UPDATE reservations SET state = 'kept', cost_usd = reserved_usd, note = ?, closed_at = {now} WHERE id = ?",
-                          [f"{note}: outcome unknown, counted at worst case", rid])
+                c.execute(
+                    f"UPDATE reservations SET state = 'kept', cost_usd = reserved_usd, note = ?, closed_at = {now} WHERE id = ?",
+                    [f"{note}: outcome unknown, counted at worst case", rid],
+                )
                 kept += 1
                 counted, kept_n = float(amount), 1
             for key in (("run", run_id), ("teacher", teacher)):
@@ -203,13 +238,18 @@ class Ledger(Store):
                 m[0] += float(amount)
                 m[1] += counted
                 m[2] += kept_n
-        for (scope, key) in sorted(moves):
+        for scope, key in sorted(moves):
             opened, counted, kept_n = moves[(scope, key)]
-            c.execute("UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, kept_usd = kept_usd + ?, "
-                      "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?", [opened, counted, counted, kept_n, scope, key])
+            c.execute(
+                "UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, kept_usd = kept_usd + ?, "
+                "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                [opened, counted, counted, kept_n, scope, key],
+            )
         dropped = c.execute("DELETE FROM claims WHERE run_id = ? AND state = 'inflight'", [run_id]).rowcount
         c.execute("DELETE FROM waiters WHERE run_id = ?", [run_id])
-        c.execute(f"UPDATE runs SET state = ?, closed_at = {now} WHERE run_id = ? AND state = 'live'", [final_state, run_id])
+        c.execute(
+            f"UPDATE runs SET state = ?, closed_at = {now} WHERE run_id = ? AND state = 'live'", [final_state, run_id]
+        )
         return {"released": released, "kept": kept, "claims_dropped": max(dropped, 0)}
 
     # -- claims
@@ -218,19 +258,28 @@ class Ledger(Store):
         now = self._db.now
 
         def run(c: Cursor) -> Claim:
-            ins = c.execute(f"INSERT INTO claims VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}) ON CONFLICT (call_id) DO NOTHING",
-                            [call_id, teacher, run_id])
+            ins = c.execute(
+                f"INSERT INTO claims VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}) ON CONFLICT (call_id) DO NOTHING",
+                [call_id, teacher, run_id],
+            )
             if ins.rowcount == 1:
                 return Claim("mine")
-            state, owner, record = c.one(f"SELECT state, run_id, record FROM claims WHERE call_id = ?{self._db.for_update}", [call_id])
+            state, owner, record = c.one(
+                f"SELECT state, run_id, record FROM claims WHERE call_id = ?{self._db.for_update}", [call_id]
+            )
             if state == "answered":
                 return Claim("answered", orjson.loads(record))
             if state == "inflight" and owner != run_id:
-                live = c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s >= {now}", [owner])
+                live = c.one(
+                    f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s >= {now}",
+                    [owner],
+                )
                 if live:
                     return Claim("wait", owner=owner)
-            c.execute(f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
-                      [run_id, call_id])
+            c.execute(
+                f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
+                [run_id, call_id],
+            )
             return Claim("mine")
 
         return self._tx(run)
@@ -243,9 +292,11 @@ class Ledger(Store):
 
         def run(c: Cursor) -> None:
             for i in range(0, len(call_ids), 500):
-                chunk = call_ids[i:i + 500]
-                q = (f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND {self._db.beat('r.heartbeat_at')} + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
-                     f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})")
+                chunk = call_ids[i : i + 500]
+                q = (
+                    f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND {self._db.beat('r.heartbeat_at')} + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
+                    f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})"
+                )
                 for cid, state, live in c.all(q, chunk):
                     out[cid] = "orphaned" if state == "inflight" and not live else state
 
@@ -254,12 +305,20 @@ class Ledger(Store):
 
     def fail_claim(self, call_id: str, run_id: str, reason: str) -> None:
         """The claimant gave up without an answer: the next run that needs it may buy it."""
-        self._tx(lambda c: c.execute(f"UPDATE claims SET state = 'failed', reason = ?, updated_at = {self._db.now} "
-                                     "WHERE call_id = ? AND run_id = ? AND state = 'inflight'", [reason[:300], call_id, run_id]))
+        self._tx(
+            lambda c: c.execute(
+                f"UPDATE claims SET state = 'failed', reason = ?, updated_at = {self._db.now} "
+                "WHERE call_id = ? AND run_id = ? AND state = 'inflight'",
+                [reason[:300], call_id, run_id],
+            )
+        )
 
     def answer(self, call_id: str) -> dict[str, Any] | None:
         """The paid answer stored with its claim (the response-cache record), if any."""
-        row = self._tx(lambda c: c.one("SELECT record FROM claims WHERE call_id = ? AND state = 'answered'", [call_id]), write=False)
+        row = self._tx(
+            lambda c: c.one("SELECT record FROM claims WHERE call_id = ? AND state = 'answered'", [call_id]),
+            write=False,
+        )
         return orjson.loads(row[0]) if row else None
 
     def answered_ids(self, call_ids: list[str]) -> set[str]:
@@ -274,18 +333,32 @@ class Ledger(Store):
         amount = float(op.amount_usd)
 
         def run(c: Cursor) -> Reservation:
-            c.execute(f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO NOTHING",
-                      [op.run_id, socket.gethostname(), os.getpid(), DEFAULT_LEASE_S])
+            c.execute(
+                f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO NOTHING",
+                [op.run_id, socket.gethostname(), os.getpid(), DEFAULT_LEASE_S],
+            )
             for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
-                c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
-            r_hard, r_open = c.one(f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'run' AND key = ?{self._db.for_update}", [op.run_id])
-            t_hard, t_open = c.one(f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'teacher' AND key = ?{self._db.for_update}", [op.teacher])
+                c.execute(
+                    "INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key]
+                )
+            r_hard, r_open = c.one(
+                f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'run' AND key = ?{self._db.for_update}",
+                [op.run_id],
+            )
+            t_hard, t_open = c.one(
+                f"SELECT hard_usd, open_usd FROM totals WHERE scope = 'teacher' AND key = ?{self._db.for_update}",
+                [op.teacher],
+            )
             t_room, r_room = op.budget_usd - t_hard, op.ceiling_usd - r_hard
             refusal = ""
             if amount > t_room + EPS:
-                refusal = f"teacher budget: worst case ${amount:.6f} > remaining ${max(t_room, 0):.6f} of ${op.budget_usd:g}"
+                refusal = (
+                    f"teacher budget: worst case ${amount:.6f} > remaining ${max(t_room, 0):.6f} of ${op.budget_usd:g}"
+                )
             elif amount > r_room + EPS:
-                refusal = f"run ceiling: worst case ${amount:.6f} > remaining ${max(r_room, 0):.6f} of ${op.ceiling_usd:g}"
+                refusal = (
+                    f"run ceiling: worst case ${amount:.6f} > remaining ${max(r_room, 0):.6f} of ${op.ceiling_usd:g}"
+                )
             mine = c.one("SELECT created_at FROM waiters WHERE id = ?", [waiter_id])
             if refusal:
                 if mine:
@@ -294,18 +367,28 @@ class Ledger(Store):
             # fair share: waiters of this teacher are served first, the run holding the least money in flight
             # first, then in order of arrival; a newcomer queues behind the waiters of its rank. Ranked in Python
             # with one key function, so every waiter sees the same total order (no cycles, no deadlock).
-            waiting = c.all("SELECT w.id, w.created_at, w.amount_usd, COALESCE(t.open_usd, 0) FROM waiters w "
-                            "LEFT JOIN totals t ON t.scope = 'run' AND t.key = w.run_id WHERE w.teacher = ?", [op.teacher])
+            waiting = c.all(
+                "SELECT w.id, w.created_at, w.amount_usd, COALESCE(t.open_usd, 0) FROM waiters w "
+                "LEFT JOIN totals t ON t.scope = 'run' AND t.key = w.run_id WHERE w.teacher = ?",
+                [op.teacher],
+            )
             me = (round(float(r_open), 9), mine[0] if mine else float("inf"), waiter_id)
-            ahead = sum(float(amt) for wid, created, amt, held in waiting
-                        if wid != waiter_id and (round(float(held), 9), created, wid) < me)
+            ahead = sum(
+                float(amt)
+                for wid, created, amt, held in waiting
+                if wid != waiter_id and (round(float(held), 9), created, wid) < me
+            )
             t_free, r_free = t_room - t_open - float(ahead), r_room - r_open
             if amount <= t_free + EPS and amount <= r_free + EPS:
                 rid = uuid.uuid4().hex
-                c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, {now}, NULL)",
-                          [rid, op.teacher, op.run_id, op.call_id or None, amount])
+                c.execute(
+                    f"INSERT INTO reservations VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, {now}, NULL)",
+                    [rid, op.teacher, op.run_id, op.call_id or None, amount],
+                )
                 for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
-                    c.execute("UPDATE totals SET open_usd = open_usd + ? WHERE scope = ? AND key = ?", [amount, scope, key])
+                    c.execute(
+                        "UPDATE totals SET open_usd = open_usd + ? WHERE scope = ? AND key = ?", [amount, scope, key]
+                    )
                 if mine:
                     c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
                 return Reservation(True, rid)
@@ -318,10 +401,21 @@ class Ledger(Store):
 
     def mark_sent(self, reservation_id: str) -> None:
         """The request is about to leave: from now on an unknown outcome is kept, not released."""
-        self._tx(lambda c: c.execute("UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]))
+        self._tx(
+            lambda c: c.execute(
+                "UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]
+            )
+        )
 
-    def close(self, reservation_id: str, state: str, cost_usd: float | None = None, note: str = "",
-              answer: tuple[str, dict[str, Any]] | None = None, usage: dict[str, Any] | None = None) -> bool:
+    def close(
+        self,
+        reservation_id: str,
+        state: str,
+        cost_usd: float | None = None,
+        note: str = "",
+        answer: tuple[str, dict[str, Any]] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> bool:
         """Settle / keep / release one reservation; with ``answer=(call_id, record)`` the answer is stored in
         its claim in the same transaction. False when it was already closed (e.g. finalized by reconcile).
         ``usage`` (a settle's :class:`~composer_pipeline.teachers.pricing.Billed` as a dict) is recorded in
@@ -331,42 +425,72 @@ class Ledger(Store):
         now = self._db.now
 
         def run(c: Cursor) -> bool:
-            row = c.one(f"SELECT teacher, run_id, state, reserved_usd FROM reservations WHERE id = ?{self._db.for_update}", [reservation_id])
+            row = c.one(
+                f"SELECT teacher, run_id, state, reserved_usd FROM reservations WHERE id = ?{self._db.for_update}",
+                [reservation_id],
+            )
             done = False
             if row and row[2] in OPEN_STATES:
                 teacher, run_id, _, amount = row
                 counted = {"settled": float(cost_usd or 0.0), "kept": float(amount), "released": 0.0}[state]
-                c.execute(f"UPDATE reservations SET state = ?, cost_usd = ?, note = ?, closed_at = {now} WHERE id = ?",
-                          [state, counted, note[:300] or None, reservation_id])
+                c.execute(
+                    f"UPDATE reservations SET state = ?, cost_usd = ?, note = ?, closed_at = {now} WHERE id = ?",
+                    [state, counted, note[:300] or None, reservation_id],
+                )
                 s_add = counted if state == "settled" else 0.0
                 k_add = counted if state == "kept" else 0.0
                 for scope, key in (("run", run_id), ("teacher", teacher)):
-                    c.execute("UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, "
-                              "kept_usd = kept_usd + ?, kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
-                              [float(amount), counted, s_add, k_add, 1 if state == "kept" else 0, scope, key])
+                    c.execute(
+                        "UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, "
+                        "kept_usd = kept_usd + ?, kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                        [float(amount), counted, s_add, k_add, 1 if state == "kept" else 0, scope, key],
+                    )
                 done = True
                 if usage is not None and state == "settled":
-                    c.execute(f"INSERT INTO billed_usage (reservation_id, teacher, run_id, call_id, prompt_tokens, completion_tokens, "
-                              f"cached_tokens, cache_write_tokens, billed_usd, full_price_usd, created_at) "
-                              f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now})",
-                              [reservation_id, teacher, run_id, answer[0] if answer else None, int(usage["prompt_tokens"]),
-                               int(usage["completion_tokens"]), int(usage["cached_tokens"]), int(usage["cache_write_tokens"]),
-                               counted, float(usage["full_price_usd"])])
+                    c.execute(
+                        f"INSERT INTO billed_usage (reservation_id, teacher, run_id, call_id, prompt_tokens, completion_tokens, "
+                        f"cached_tokens, cache_write_tokens, billed_usd, full_price_usd, created_at) "
+                        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now})",
+                        [
+                            reservation_id,
+                            teacher,
+                            run_id,
+                            answer[0] if answer else None,
+                            int(usage["prompt_tokens"]),
+                            int(usage["completion_tokens"]),
+                            int(usage["cached_tokens"]),
+                            int(usage["cache_write_tokens"]),
+                            counted,
+                            float(usage["full_price_usd"]),
+                        ],
+                    )
             if answer is not None:
                 cid, record = answer
                 teacher_name = record.get("teacher") or (row[0] if row else "")
-                c.execute(f"INSERT INTO claims VALUES (?, ?, ?, 'answered', ?, NULL, ?, {now}, {now}) ON CONFLICT (call_id) DO UPDATE SET "
-                          f"state = 'answered', record = excluded.record, cost_usd = excluded.cost_usd, reason = NULL, updated_at = {now}",
-                          [cid, teacher_name, record.get("run_id") or (row[1] if row else ""), orjson.dumps(record).decode(),
-                           record.get("cost_usd")])
+                c.execute(
+                    f"INSERT INTO claims VALUES (?, ?, ?, 'answered', ?, NULL, ?, {now}, {now}) ON CONFLICT (call_id) DO UPDATE SET "
+                    f"state = 'answered', record = excluded.record, cost_usd = excluded.cost_usd, reason = NULL, updated_at = {now}",
+                    [
+                        cid,
+                        teacher_name,
+                        record.get("run_id") or (row[1] if row else ""),
+                        orjson.dumps(record).decode(),
+                        record.get("cost_usd"),
+                    ],
+                )
             return done
 
         return self._tx(run)
 
     # -- reads (plain transactions: on SQLite/WAL they never block a writer)
     def _totals(self, scope: str, key: str) -> tuple[float, float, float, float, int]:
-        row = self._tx(lambda c: c.one("SELECT hard_usd, open_usd, settled_usd, kept_usd, kept_calls FROM totals WHERE scope = ? AND key = ?",
-                                       [scope, key]), write=False)
+        row = self._tx(
+            lambda c: c.one(
+                "SELECT hard_usd, open_usd, settled_usd, kept_usd, kept_calls FROM totals WHERE scope = ? AND key = ?",
+                [scope, key],
+            ),
+            write=False,
+        )
         if not row:
             return (0.0, 0.0, 0.0, 0.0, 0)
         # running sums of floats: drop the 1e-18 residue of adding and removing the same amounts
@@ -387,10 +511,23 @@ class Ledger(Store):
         hard, open_, settled, kept, kept_calls = self._totals("teacher", teacher)
         open_ = max(0.0, float(open_))
         spent = float(hard) + open_
-        return Balance(teacher, float(budget_usd), spent, float(settled), float(kept), open_, max(0.0, budget_usd - spent), int(kept_calls))
+        return Balance(
+            teacher,
+            float(budget_usd),
+            spent,
+            float(settled),
+            float(kept),
+            open_,
+            max(0.0, budget_usd - spent),
+            int(kept_calls),
+        )
 
     def open_reservations(self) -> int:
-        return int(self._tx(lambda c: c.one("SELECT COUNT(*) FROM reservations WHERE state IN ('reserved', 'sent')")[0], write=False))
+        return int(
+            self._tx(
+                lambda c: c.one("SELECT COUNT(*) FROM reservations WHERE state IN ('reserved', 'sent')")[0], write=False
+            )
+        )
 
 
 def _pid_alive(pid: int) -> bool:

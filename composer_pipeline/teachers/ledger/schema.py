@@ -20,8 +20,10 @@ from composer_pipeline.teachers.ledger.backends import Cursor
 
 # Versioned schema: append a migration, never edit one that has shipped.
 MIGRATIONS: list[tuple[int, list[str]]] = [
-    (1, [
-        """CREATE TABLE runs (
+    (
+        1,
+        [
+            """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY,
             host TEXT, pid INTEGER,
             state TEXT NOT NULL,                 -- live | closed | expired
@@ -29,7 +31,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             started_at DOUBLE PRECISION NOT NULL,
             heartbeat_at DOUBLE PRECISION NOT NULL,
             closed_at DOUBLE PRECISION)""",
-        """CREATE TABLE reservations (
+            """CREATE TABLE reservations (
             id TEXT PRIMARY KEY,
             teacher TEXT NOT NULL,
             run_id TEXT NOT NULL,
@@ -40,8 +42,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             note TEXT,
             created_at DOUBLE PRECISION NOT NULL,
             closed_at DOUBLE PRECISION)""",
-        "CREATE INDEX reservations_run ON reservations (run_id, state)",
-        """CREATE TABLE totals (
+            "CREATE INDEX reservations_run ON reservations (run_id, state)",
+            """CREATE TABLE totals (
             scope TEXT NOT NULL,                 -- teacher | run
             key TEXT NOT NULL,
             hard_usd DOUBLE PRECISION NOT NULL DEFAULT 0,   -- settled + kept
@@ -50,7 +52,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             kept_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
             kept_calls INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY (scope, key))""",
-        """CREATE TABLE claims (
+            """CREATE TABLE claims (
             call_id TEXT PRIMARY KEY,
             teacher TEXT NOT NULL,
             run_id TEXT NOT NULL,
@@ -60,25 +62,31 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             cost_usd DOUBLE PRECISION,
             created_at DOUBLE PRECISION NOT NULL,
             updated_at DOUBLE PRECISION NOT NULL)""",
-        """CREATE TABLE waiters (
+            """CREATE TABLE waiters (
             id TEXT PRIMARY KEY,
             teacher TEXT NOT NULL,
             run_id TEXT NOT NULL,
             amount_usd DOUBLE PRECISION NOT NULL,
             created_at DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX waiters_teacher ON waiters (teacher, created_at)",
-    ]),
+            "CREATE INDEX waiters_teacher ON waiters (teacher, created_at)",
+        ],
+    ),
     # 2: a teacher name's identity (base_url, model, prices): a recipe reusing the name for another identity is
     # refused instead of sharing its budget and answers (see Ledger.check_identities)
-    (2, [
-        """CREATE TABLE teacher_identities (
+    (
+        2,
+        [
+            """CREATE TABLE teacher_identities (
             teacher TEXT PRIMARY KEY,
             identity TEXT NOT NULL,              -- canonical JSON of TeacherConfig.identity()
             created_at DOUBLE PRECISION NOT NULL)""",
-    ]),
+        ],
+    ),
     # 3: what each settled call was billed, split by price (prompt caching): teachers/billing.py reads it
-    (3, [
-        """CREATE TABLE billed_usage (
+    (
+        3,
+        [
+            """CREATE TABLE billed_usage (
             reservation_id TEXT PRIMARY KEY,
             teacher TEXT NOT NULL,
             run_id TEXT NOT NULL,
@@ -90,9 +98,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             billed_usd DOUBLE PRECISION NOT NULL,      -- = the reservation's settled cost_usd
             full_price_usd DOUBLE PRECISION NOT NULL,  -- the same tokens at the full input price
             created_at DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX billed_usage_teacher ON billed_usage (teacher)",
-        "CREATE INDEX billed_usage_run ON billed_usage (run_id)",
-    ]),
+            "CREATE INDEX billed_usage_teacher ON billed_usage (teacher)",
+            "CREATE INDEX billed_usage_run ON billed_usage (run_id)",
+        ],
+    ),
 ]
 
 
@@ -109,7 +118,9 @@ def migrate(tx: Callable[..., Any], db: Any) -> None:
 
     def run(c: Cursor) -> None:
         db.migration_lock(c.cur)
-        c.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+        c.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
         have = c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]
         for version, stmts in MIGRATIONS:
             if version > have:
@@ -132,7 +143,9 @@ def import_duckdb(c: Cursor, src: Path, now: str) -> None:
 
     con = duckdb.connect(str(src), read_only=True)
     try:
-        rows = con.execute("SELECT id, teacher, run_id, call_id, state, reserved_usd, cost_usd, note FROM reservations").fetchall()
+        rows = con.execute(
+            "SELECT id, teacher, run_id, call_id, state, reserved_usd, cost_usd, note FROM reservations"
+        ).fetchall()
     finally:
         con.close()
     for rid, teacher, run_id, cid, state, reserved, cost, note in rows:
@@ -143,10 +156,30 @@ def import_duckdb(c: Cursor, src: Path, now: str) -> None:
             counted, kept = 0.0, False
         else:  # kept, or still reserved when that ledger was last written
             state, counted, kept = "kept", reserved, True
-        c.execute(f"INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})",
-                  [f"duckdb-{rid}", teacher, run_id, cid, state, reserved, counted, f"imported from {src.name}" + (f": {note}" if note else "")])
+        c.execute(
+            f"INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})",
+            [
+                f"duckdb-{rid}",
+                teacher,
+                run_id,
+                cid,
+                state,
+                reserved,
+                counted,
+                f"imported from {src.name}" + (f": {note}" if note else ""),
+            ],
+        )
         for scope, key in (("run", run_id), ("teacher", teacher)):
             c.execute("INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key])
-            c.execute("UPDATE totals SET hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, kept_usd = kept_usd + ?, "
-                      "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
-                      [counted, 0.0 if kept else counted, counted if kept else 0.0, 1 if kept and note != "credit" else 0, scope, key])
+            c.execute(
+                "UPDATE totals SET hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, kept_usd = kept_usd + ?, "
+                "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
+                [
+                    counted,
+                    0.0 if kept else counted,
+                    counted if kept else 0.0,
+                    1 if kept and note != "credit" else 0,
+                    scope,
+                    key,
+                ],
+            )
