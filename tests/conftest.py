@@ -23,6 +23,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+# child processes the tests start (workers, servers, `python -m` helpers) import the test helpers as
+# ``tests.support`` like the tests do: pytest's ``pythonpath`` setting reaches this process only
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 REAL_TRACES_ENV = "COMPOSER_REAL_TRACES"
 _REAL = {"deselected": 0}
 

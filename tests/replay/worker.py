@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: replay.conftest
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.support
 
 from replay.conftest import make_config, scripted_request, teacher_dict  # noqa: E402
 
