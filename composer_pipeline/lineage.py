@@ -24,7 +24,7 @@ import orjson
 from composer_pipeline.ids import MIN_PREFIX, resolve_id, session_of
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores
-from composer_pipeline.tables import PAIR_TABLES  # where a pair can live, and what that says
+from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES  # where a pair can live, and what that says
 
 StoresLike = Stores | Store | Sequence[Store]
 
@@ -93,27 +93,7 @@ def trace_pair(store: StoresLike, pair_id: str) -> dict[str, Any]:
         if pair is None:
             pair = row
     assert pair is not None  # resolve_pair_id found it
-    pair_out = {
-        k: pair.get(k)
-        for k in (
-            "pair_id",
-            "kind",
-            "state_id",
-            "session_key",
-            "agreement_kind",
-            "n_teachers",
-            "n_models",
-            "n_models_agreeing",
-            "n_agreeing",
-            "agreeing_teachers",
-            "agreement_score",
-            "consensus_signature",
-            "agent_signature",
-            "cost_usd",
-            "chosen_text",
-            "rejected_text",
-        )
-    }
+    pair_out = {k: pair.get(k) for k in ("pair_id", "kind", "state_id", "session_key", *PAIR_AGREEMENT_FIELDS)}
     pair_out["tables"] = appearances
 
     call_ids = list(pair.get("replay_call_ids") or [])

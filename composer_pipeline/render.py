@@ -451,7 +451,8 @@ def action_of(state_row: dict) -> Action:
 # (English, code, JSON) average 3.5–4.5 bytes per token on GPT/Claude/Qwen-class BPE tokenizers; 3.0
 # counts more tokens than they have, so a fitted request lands under the window; a provider that still
 # answers "too long" gets one tighter refit (replay). Source for the ratios: the measurement in
-# /work/shared/notes/providers.md (31 real sessions at 4 and 3.2 bytes per token).
+# the project's provider notes, shared/notes/providers.md beside the checkout (31 real sessions at 4 and
+# 3.2 bytes per token).
 FIT_BYTES_PER_TOKEN = 3.0
 FIT_TOKENS_PER_MESSAGE = 8  # role markers and separators of chat templates
 FIT_TOKENS_FIXED = 32  # generation prompt, tool-list framing

@@ -158,6 +158,22 @@ NORMALIZED_DPO_PAIRS = DPO_PAIRS
 DROPPED_PAIRS = pa.schema(_PAIR_FIELDS + [("drop_op", _str), ("drop_reason", _str), ("drop_stats", _str)])
 
 # Where a pair can live, and what that says about it (the order ``show`` and ``lineage`` list them in).
+# how the teachers agreed on a pair's state: the columns `show` and `lineage` print as a pair's agreement
+PAIR_AGREEMENT_FIELDS: tuple[str, ...] = (
+    "agreement_kind",
+    "n_teachers",
+    "n_models",
+    "n_models_agreeing",
+    "n_agreeing",
+    "agreeing_teachers",
+    "agreement_score",
+    "consensus_signature",
+    "agent_signature",
+    "cost_usd",
+    "chosen_text",
+    "rejected_text",
+)
+
 PAIR_TABLES: tuple[tuple[str, str], ...] = (
     ("normalized_dpo_pairs", "kept"),
     ("agreement_positives", "positive"),

@@ -32,7 +32,7 @@ from composer_pipeline import ids as ids_mod
 from composer_pipeline.render import Conversation, RenderOptions
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores, rows_where
-from composer_pipeline.tables import PAIR_TABLES  # where a pair can live, and what that says
+from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES  # where a pair can live, and what that says
 
 _STATE_META = (
     "session_key",
@@ -46,20 +46,6 @@ _STATE_META = (
     "version",
     "timestamp",
     "has_error",
-)
-_AGREEMENT = (
-    "agreement_kind",
-    "n_teachers",
-    "n_models",
-    "n_models_agreeing",
-    "n_agreeing",
-    "agreeing_teachers",
-    "agreement_score",
-    "consensus_signature",
-    "agent_signature",
-    "cost_usd",
-    "chosen_text",
-    "rejected_text",
 )
 
 
@@ -185,7 +171,7 @@ class PairView:
             tables=d.get("pair_tables") or [],
             chosen=d.get("chosen") or {},
             rejected=d.get("rejected") or {},
-            agreement={k: d[k] for k in _AGREEMENT if k in d},
+            agreement={k: d[k] for k in PAIR_AGREEMENT_FIELDS if k in d},
             state=StateView.from_dict(d),
             prompt_matches_prefix=d.get("prompt_matches_prefix"),
         )
@@ -487,7 +473,7 @@ def _pair_view(
         tables=apps,
         chosen=_loads(row.get("chosen")) or {},
         rejected=_loads(row.get("rejected")) or {},
-        agreement={k: row.get(k) for k in _AGREEMENT},
+        agreement={k: row.get(k) for k in PAIR_AGREEMENT_FIELDS},
         state=sv,
         prompt_matches_prefix=match,
     )

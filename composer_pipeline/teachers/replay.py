@@ -469,12 +469,13 @@ async def _replay(
             except OSError:
                 pass
             return _from_cache(claim.record, t)
-        try:
-            res = await call_teacher(
+
+        def call(body: dict, cache_hint):  # one priced, ledgered call of this request's teacher
+            return call_teacher(
                 clients[t.name],
                 t,
                 key,
-                r.body,
+                body,
                 r.call_id,
                 ledger=aledger,
                 cache=cache,
@@ -483,26 +484,17 @@ async def _replay(
                 semaphore=sems[t.name],
                 guard=guards[t.name],
                 cache_key=stream_cache_key(r.stream_id),
-                cache_hint=r.cache_hint,
+                cache_hint=cache_hint,
             )
+
+        try:
+            res = await call(r.body, r.cache_hint)
             if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
                 # the provider counts more tokens than the fit did (not billed): one tighter refit, then skip
                 tighter = refit(r)
                 if tighter is not None:
-                    again = await call_teacher(
-                        clients[t.name],
-                        t,
-                        key,
-                        tighter.body,
-                        r.call_id,
-                        ledger=aledger,
-                        cache=cache,
-                        run_id=run_id,
-                        ceiling_usd=config.ceiling_usd,
-                        semaphore=sems[t.name],
-                        guard=guards[t.name],
-                        cache_key=stream_cache_key(r.stream_id),
-                        cache_hint=dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None,
+                    again = await call(
+                        tighter.body, dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None
                     )
                     again.attempts += res.attempts
                     again.cost_usd += res.cost_usd
