@@ -236,6 +236,10 @@ def ui(tmp_path_factory, tiny_model_dir):
     # its own process group, as a terminal would start it: Ctrl-C / SIGTERM reach every process of it
     proc = subprocess.Popen(
         [
+            # SIGINT/SIGTERM at their defaults, as the README starts it (`env --default-signal=INT`): a signal
+            # disposition the test process inherited (an ignored SIGINT) must not decide how it stops
+            "env",
+            "--default-signal=INT,TERM",
             str(Path(sys.executable).parent / "dagster"),
             "dev",
             "-w",
