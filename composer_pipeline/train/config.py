@@ -231,6 +231,11 @@ class Channels:
     def weight(self, ch: str) -> float:
         return {"grpo": self.weights.grpo, "sdpo": self.weights.alpha, "dpo": self.weights.beta}[ch]
 
+    @property
+    def reads_rollouts(self) -> bool:
+        """GRPO scores the sampled completions and SDPO distils on them; DPO alone never reads one."""
+        return self.on("grpo") or self.on("sdpo")
+
 
 def decide_channels(weights: Weights, *, has_error_sites: bool, has_pairs: bool) -> Channels:
     """A channel is off when its weight is 0 or when the training data has nothing it could train on

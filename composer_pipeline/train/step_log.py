@@ -8,7 +8,8 @@ In:  the micro-batch records ``ThreeChannelTrainer._compute_loss`` appends to ``
 Out: :class:`StepLog` appends each step's line to a list and hands it to ``on_step`` (the CLI prints it,
      Pipes logs it); the keys are ``step``, ``grpo``/``sdpo``/``dpo`` (``null`` when off), ``total``
      (the weighted sum), ``off`` and ``off_reasons``, ``states``, ``dpo_batches``, ``dpo_margin``,
-     ``dpo_accuracy``, ``dpo_sft``, ``error_sites``, ``reward``, ``reward_std``, ``step_time_s``.
+     ``dpo_accuracy``, ``dpo_sft``, ``error_sites``, ``reward``, ``reward_std`` (absent when no channel reads rollouts: none were sampled),
+     ``step_time_s``.
      :func:`reduce_over_ranks` turns one rank's micro-batch record into the global one under DDP.
 
 Deliberately simplified: a step's value is the plain mean of its micro-batches' values.
@@ -77,7 +78,7 @@ def step_record(
             rec[k] = sum(vals) / len(vals)
     for key in ("reward", "reward_std"):  # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
         vals = train_metrics.get(key)
-        if vals:
+        if vals and channels.reads_rollouts:  # else the "rollouts" are placeholders nobody sampled
             rec[key] = vals[-1]
     rec["step_time_s"] = step_time
     return rec

@@ -98,6 +98,15 @@ class ThreeChannelTrainer(RowSeededRollouts):
         self.batch_states: list[str] = []
         self.rank = distributed.current()
 
+    # with GRPO and SDPO both off no loss reads a rollout: one eos per prompt instead of sampling
+    # (the DPO-only arms; their losses are the same either way, tests/train/test_trainer.py)
+    skip_unread_rollouts = True
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self.skip_unread_rollouts and not self.channels.reads_rollouts:
+            return [[self.eos_token_ids[0]] for _ in prompt_ids], None
+        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
     # hint contexts ride along with the generation batch (split/shuffled with it by TRL)
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)

@@ -166,7 +166,7 @@ def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
 ARMS_UNDER_TEST = ("start", "grpo_shuffled", "sdpo", "nll", "dpo_shuffled", "all")
 
 
-def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
+def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
     """A chain test, not a learning test (a few steps cannot show learning; the learning regression tests
     are tests/train/test_learning_regression.py and tests/experiments/test_probe_scripted.py). It checks
     what it can at this size: the data and its bookkeeping, that each arm and control trained what it says
@@ -299,6 +299,20 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys):
     only = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"arm"')]
     assert [(r["arm"], r["seed"], r.get("resumed")) for r in only] == [(a, 0, True) for a in ARMS_UNDER_TEST]
     assert not (out / "seed1").exists()
+    # ... an arm re-run on a seed whose start cell is done reads the start probe from that cell instead of
+    # probing the same weights again (probes: the step-2 curve point and the final one only)
+    from composer_pipeline.experiments import read_before_edit as rbe
+
+    nll_before = json.loads((out / "cells" / "seed0-nll.json").read_text())
+    (out / "cells" / "seed0-nll.json").unlink()
+    probed = []
+    real_probe = rbe.probe
+    monkeypatch.setattr(rbe, "probe", lambda *a, **k: probed.append(1) or real_probe(*a, **k))
+    assert main(argv[:-2] + ["--arms", "start,nll"]) == 0
+    capsys.readouterr()
+    nll_after = json.loads((out / "cells" / "seed0-nll.json").read_text())
+    assert len(probed) == 2 and nll_after["curve"][0] == nll_before["curve"][0]
+    assert nll_after["row"]["combined"] == nll_before["row"]["combined"]
     # ... and other settings in the same out dir are refused, naming the setting (exit 2)
     assert main(argv[:-2] + ["--arms", ",".join(ARMS_UNDER_TEST), "--steps", "4"]) == 2
     assert "steps" in capsys.readouterr().err

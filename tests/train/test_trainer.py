@@ -131,6 +131,28 @@ def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, sy
     assert "dpo_sft" not in plain.losses[0]  # off by default: plain DPO, as before
 
 
+def test_dpo_alone_samples_no_rollouts_and_learns_the_same(tiny_model_dir, synth_store, tmp_path, monkeypatch):
+    """With GRPO and SDPO off no loss reads a rollout, so none is sampled (model.generate is never called,
+    no reward is logged); the DPO losses and the weights are exactly those of a run that samples them."""
+    from transformers import GenerationMixin
+
+    from composer_pipeline.train.trainer import ThreeChannelTrainer
+
+    calls = []
+    real = GenerationMixin.generate
+    monkeypatch.setattr(GenerationMixin, "generate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    skipped = train(synth_store, r, steps=2, out_dir=tmp_path / "skip")
+    assert calls == []
+    assert all("reward" not in rec and rec["dpo"] is not None for rec in skipped.losses)
+    monkeypatch.setattr(ThreeChannelTrainer, "skip_unread_rollouts", False)
+    sampled = train(synth_store, r, steps=2, out_dir=tmp_path / "sample")
+    assert len(calls) >= 2  # the control did sample
+    assert [x["dpo"] for x in skipped.losses] == [x["dpo"] for x in sampled.losses]
+    a, b = load_file(skipped.checkpoint / "model.safetensors"), load_file(sampled.checkpoint / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("teacher", ["initial", "current"])
 def test_hint_teacher_is_the_frozen_start_or_the_live_policy(tiny_model_dir, synth_store, tmp_path, teacher):
     """``sdpo.teacher: initial`` scores the hinted context with the starting weights however far the policy
