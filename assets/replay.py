@@ -152,7 +152,7 @@ def teacher_replays(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ):
-    from composer_pipeline.teachers.billing import usage_by_run
+    from composer_pipeline.teachers.billing import predicted_vs_billed
     from composer_pipeline.teachers.preflight import preflight
     from composer_pipeline.teachers.replay import ReplayRun, check_plan
 
@@ -187,9 +187,11 @@ def teacher_replays(
             "dagster/row_count": table.num_rows,
             "spend_usd": total,
             "spend_usd_by_teacher": dg.MetadataValue.json(summary["spend_usd_by_teacher"]),
-            # billed with prompt caching (cache reads/writes at their prices) vs the same tokens at full price
-            "billed_usage_by_teacher": dg.MetadataValue.json(usage_by_run(led, context.run_id)),
-            "predicted_usd_by_teacher": dg.MetadataValue.json(plan.predicted_by_teacher),
+            # the cost plan's prediction beside what providers billed this run (cache reads/writes at their
+            # prices, and the same tokens at full price): the shape `composer-pipeline replay` prints
+            "predicted_vs_billed": dg.MetadataValue.json(
+                predicted_vs_billed(plan, led, context.run_id, [t.name for t in cfg.teachers])
+            ),
             # numbers plotted over runs, each the summary's, under the summary's name (teachers/run_report.py)
             "fitted_answers": summary["fitted_answers"],
             "cached_prompt_tokens": int(sum(summary["cached_prompt_tokens_by_teacher"].values())),

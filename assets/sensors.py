@@ -52,7 +52,8 @@ def build_sessions_sensor(
         minimum_interval_seconds=minimum_interval_seconds,
         description=f"Watches {where} (`trace_root` in recipes/pipeline.yaml, `$COMPOSER_TRACE_ROOT`): adds a "
         "`sessions` partition per new Claude Code session there and requests a run for each new or changed "
-        f"session, every {minimum_interval_seconds} s. A tick that requests nothing says why (Skipped, with the reason).",
+        f"session, every {minimum_interval_seconds} s. A tick that requests nothing is listed as '0 runs requested': "
+        "hover it for the reason.",
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def sessions_sensor(context: dg.SensorEvaluationContext, recipes: PipelineRecipes):

@@ -125,9 +125,8 @@ def run(args: argparse.Namespace) -> int:
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
     res = replay_run.replay(api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress)
     path = out.write_table(tables.cli_file_name("teacher_replays"), res.table)  # replays.parquet (tables.FILE_ALIASES)
-    from composer_pipeline.teachers.billing import usage_by_run
+    from composer_pipeline.teachers.billing import predicted_vs_billed
 
-    billed = usage_by_run(ledger, run_id)
     # the one replay summary (run_report.replay_summary, also the asset's `summary`), the names this command
     # printed before it (run_report.CLI_LEGACY_KEYS), and where this run wrote
     summary = {
@@ -138,14 +137,7 @@ def run(args: argparse.Namespace) -> int:
         "ledger": ledger.label,
         "cache": str(cache.dir),
         # the plan's expectation with prompt caching beside what providers billed this run
-        "predicted_vs_billed": {
-            t.name: {
-                "predicted_usd": round(plan.predicted_by_teacher.get(t.name, 0.0), 8),
-                "worst_case_usd": round(plan.worst_case_by_teacher.get(t.name, 0.0), 8),
-                **billed.get(t.name, {"billed_usd": 0.0, "full_price_usd": 0.0, "cached_prompt_tokens": 0}),
-            }
-            for t in cfg.teachers
-        },
+        "predicted_vs_billed": predicted_vs_billed(plan, ledger, run_id, [t.name for t in cfg.teachers]),
     }
     print(orjson.dumps(summary).decode(), flush=True)
     rc = 0

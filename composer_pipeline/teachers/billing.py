@@ -1,7 +1,7 @@
 """What providers billed, read from the ledger's ``billed_usage`` (schema version 3): money and cached tokens.
 
 In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`.
-Out: per teacher (or per run): ``billed_usd`` (what settled calls were billed, cache reads and writes at
+Out: per teacher (or per run, or beside a cost plan's prediction: :func:`predicted_vs_billed`): ``billed_usd`` (what settled calls were billed, cache reads and writes at
      their own prices), ``full_price_usd`` (the same tokens at the full input price: what a ledger blind to
      caching would have recorded), ``prompt_tokens``, ``cached_prompt_tokens``, ``cache_write_tokens``,
      ``settled_calls``.
@@ -50,3 +50,18 @@ def usage_by_run(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
         write=False,
     )
     return {r[0]: _row(r[1:]) for r in rows}
+
+
+def predicted_vs_billed(plan, ledger: Ledger, run_id: str, teachers: list[str]) -> dict[str, dict[str, Any]]:
+    """Per teacher: the cost plan's expectation (``predicted_usd`` with prompt caching, ``worst_case_usd``,
+    what reservations hold) beside what providers billed ``run_id`` (:func:`usage_by_run`). The one shape
+    the CLI's replay summary and the ``teacher_replays`` asset both show."""
+    billed = usage_by_run(ledger, run_id)
+    return {
+        name: {
+            "predicted_usd": round(plan.predicted_by_teacher.get(name, 0.0), 8),
+            "worst_case_usd": round(plan.worst_case_by_teacher.get(name, 0.0), 8),
+            **billed.get(name, _row(None)),
+        }
+        for name in teachers
+    }

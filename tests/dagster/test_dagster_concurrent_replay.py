@@ -15,6 +15,8 @@ from composer_pipeline.teachers.ledger import Ledger
 from ledger_helpers import ledger_rows
 from dagster_sessions import session_lines, write_teachers_yaml
 
+pytestmark = pytest.mark.slow  # concurrent Dagster runs against one ledger
+
 SIDS = [f"{k}1111111-2222-3333-4444-555555555555" for k in range(2)]
 
 _RUN = textwrap.dedent("""

@@ -63,6 +63,7 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     assert scripted_server.requests == []  # not one HTTP request reached the teacher
 
 
+@pytest.mark.slow
 def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_server, monkeypatch):
     secret = "sk-test-" + "Zq9" * 12  # a key t0 needs; it may reach the teacher only
     monkeypatch.setenv("COMPOSER_TEST_TEACHER_KEY", secret)
@@ -100,9 +101,13 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     assert set(meta["teacher_replays"]["spend_usd_by_teacher"].value) == {"t0", "t1", "t2"}
     assert "| t0 |" in meta["teacher_replays"]["example"].value  # show's state view: one table row per teacher
     # what providers billed (issue #22): the ledger's billed_usage of this run, = spend (the scripted server caches nothing)
-    billed = meta["teacher_replays"]["billed_usage_by_teacher"].value
+    # beside the plan's prediction, in the shape `composer-pipeline replay` prints (predicted_vs_billed)
+    billed = meta["teacher_replays"]["predicted_vs_billed"].value
     assert set(billed) == {"t0", "t1", "t2"} and all(b["cached_prompt_tokens"] == 0 for b in billed.values())
     assert sum(b["billed_usd"] for b in billed.values()) == pytest.approx(meta["teacher_replays"]["spend_usd"].value)
+    predicted = meta["cost_plan"]["predicted_usd_by_teacher"].value
+    assert all(billed[t]["predicted_usd"] == pytest.approx(predicted[t]) for t in billed)
+    assert all(b["worst_case_usd"] >= b["billed_usd"] > 0 for b in billed.values())
     assert set(meta["cost_plan"]["predicted_usd_by_teacher"].value) == {"t0", "t1", "t2"}
     # every teacher answers "Read /repo/app.py", the agent did something else -> pairs
     pairs = store.read_table("normalized_dpo_pairs")

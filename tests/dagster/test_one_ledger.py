@@ -12,6 +12,7 @@ import sys
 
 import dagster as dg
 import orjson
+import pytest
 
 from assets.definitions import build_resources
 from assets.ingest import ingest_session_tables, raw_sessions
@@ -36,6 +37,7 @@ def _cli(*args, env):
     return [orjson.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_cli_replay_and_dagster_run_buy_each_answer_once(trace_root, tmp_path, scripted_server, monkeypatch):
     home = tmp_path / "home"
     teachers = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)

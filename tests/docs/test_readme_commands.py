@@ -34,6 +34,8 @@ import orjson
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # runs the demo and every README command
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "composer_pipeline" / "samples" / "projects"
 

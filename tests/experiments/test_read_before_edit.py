@@ -166,6 +166,7 @@ def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
 ARMS_UNDER_TEST = ("start", "grpo_shuffled", "sdpo", "nll", "dpo_shuffled", "all")
 
 
+@pytest.mark.slow
 def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
     """A chain test, not a learning test (a few steps cannot show learning; the learning regression tests
     are tests/train/test_learning_regression.py and tests/experiments/test_probe_scripted.py). It checks

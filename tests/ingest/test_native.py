@@ -523,6 +523,7 @@ def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
     return out
 
 
+@pytest.mark.slow
 @needs_native
 def test_engines_agree_on_mutated_sessions(tmp_path, corpus):
     rng = random.Random(int(os.environ.get("COMPOSER_FUZZ_SEED", "20261124")))

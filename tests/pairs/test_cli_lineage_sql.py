@@ -114,6 +114,7 @@ def _sql_is_read_only(root: str, store: Store, capsys) -> None:
     assert "(1 row)" in _run(capsys, "sql", "select count(*) from trace_states", "--store", root)
 
 
+@pytest.mark.slow
 def test_local_end_to_end(tmp_path, session_tables, capsys):
     store, _ = _pairs_then_lineage_and_sql(str(tmp_path / "run"), session_tables, capsys)
     pos = store.read_table("agreement_positives").column("pair_id")[0].as_py()
@@ -122,6 +123,7 @@ def test_local_end_to_end(tmp_path, session_tables, capsys):
     assert [r["line_no"] for r in chain["records"]] == [2] and chain["records"][0]["uuid"] == "a1"
 
 
+@pytest.mark.slow
 def test_s3_end_to_end(moto_s3, session_tables, capsys):
     store, pid = _pairs_then_lineage_and_sql("s3://pairs-test/run1", session_tables, capsys)
     assert store.is_remote and store.fs.exists("pairs-test/run1/pairs.parquet")

@@ -429,6 +429,7 @@ def test_bad_teacher_keys_exit_2_naming_teacher_and_key(tmp_path, samples_dir, k
     assert "teachers[0] (claude-x)" in r.stderr and re.search(message, r.stderr), r.stderr
 
 
+@pytest.mark.slow
 def test_window_too_small_for_the_rendered_system_prompt_exits_2(tmp_path, samples_dir):
     """The ingest recipe's system prompt (not known when the teachers recipe loads) is checked before any call."""
     t = dict(

@@ -10,6 +10,7 @@ import sys
 
 import orjson
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tests.support.long_sessions import write_long_sessions
@@ -29,6 +30,7 @@ def _cli(*args, env=None, check=True):
     return r
 
 
+@pytest.mark.slow
 def test_cli_replay_reports_billed_cached_and_elided(tmp_path):
     write_long_sessions(tmp_path / "projects", n_sessions=2, turns=24, seed=3)
     _cli("ingest", tmp_path / "projects", "--out", tmp_path / "data")

@@ -47,6 +47,7 @@ def _cmd(samples_dir, teachers, out, home):
     ]
 
 
+@pytest.mark.slow
 def test_cli_replay_and_rerun(tmp_path, server, samples_dir, samples_tables):
     states, _ = samples_tables
     teachers = _yaml(tmp_path, server.url)

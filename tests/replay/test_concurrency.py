@@ -24,6 +24,8 @@ from ledger_helpers import ledger_rows, reserve
 
 from .conftest import make_config, scripted_request
 
+pytestmark = pytest.mark.slow  # multi-process races with kills
+
 WORKER = Path(__file__).with_name("worker.py")
 
 

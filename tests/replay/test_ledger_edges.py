@@ -156,6 +156,7 @@ def test_a_dropped_connection_is_reopened(postgres_server, tmp_path, server):
     assert res.summary["answered"] == 1
 
 
+@pytest.mark.slow
 def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_path, server):
     """The SQLite ledger's disk fills while four calls are in flight: their settles fail (the ledger cannot
     grow), the answers go to the response cache (another volume, here: small files under the limit), and the

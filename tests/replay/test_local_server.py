@@ -18,6 +18,8 @@ from ledger_helpers import spend_by_run
 from composer_pipeline.models import resolve_model
 from composer_pipeline.teachers.replay import ReplayRun
 
+pytestmark = pytest.mark.slow  # starts a local teacher server (a model load)
+
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir):

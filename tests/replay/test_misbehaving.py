@@ -107,6 +107,7 @@ def test_cache_path_unusable_loses_no_paid_answer(tmp_path, server, samples_dir,
     assert s2["total_spend"] == 0 and s2["answered"] == states.num_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["readonly", "full"])
 def test_readonly_or_full_cache_mount(tmp_path, server, samples_dir, samples_tables, kind):
     """A real read-only bind mount / a full tmpfs over the cache (a private mount namespace: root is not

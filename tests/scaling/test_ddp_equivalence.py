@@ -20,6 +20,8 @@ import yaml
 from tests.support.synthetic_train import write_store
 from resources.trainer import TrainerLauncher
 
+pytestmark = pytest.mark.slow  # two torch.distributed ranks per test
+
 STEPS = 3
 
 

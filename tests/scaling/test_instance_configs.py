@@ -71,6 +71,7 @@ def test_postgres_instance_config_is_valid():
     assert db["scheme"] == "postgresql+psycopg2" and db["password"] == {"env": "DAGSTER_PG_PASSWORD"}
 
 
+@pytest.mark.slow
 def test_postgres_instance_materializes_against_a_real_server(postgres_server, tmp_path, monkeypatch):
     """recipes/dagster/dagster.postgres.yaml as $DAGSTER_HOME/dagster.yaml on a real PostgreSQL server:
     a session partition materializes through the ingest chain, the run and its materializations are

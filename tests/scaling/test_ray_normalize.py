@@ -13,6 +13,8 @@ from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard
 from composer_pipeline.pairs.normalize_ray import load_ray_config, ray_executor_config, ray_process
 from tests.support.synthetic_pairs import synthetic_pairs
 
+pytestmark = pytest.mark.slow  # starts a local Ray cluster
+
 
 def _small_recipe(**top) -> NormalizeRecipe:
     """Three of the default recipe's ops: a filter on each side and the pair-level dedup."""
@@ -27,7 +29,6 @@ def test_bad_executor_name_is_refused():
         NormalizeRecipe.from_dict({"executor_type": "spark", "process": [{"text_length_filter": {"min_len": 1}}]})
 
 
-@pytest.mark.slow  # starts a local Ray cluster
 def test_ray_local_matches_default_executor():
     pairs = synthetic_pairs(60, seed=3)
     ref = normalize_pairs(pairs, _small_recipe())

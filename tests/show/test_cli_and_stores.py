@@ -164,6 +164,7 @@ else:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how,rel", [("store", "replays.parquet"), ("io_manager", "replays/calc/a1f0c3d2.parquet")])
 def test_a_failed_parquet_write_leaves_the_previous_file_whole(tmp_path, how, rel):
     """``Store.write_table`` (replay, pairs, experiments) and the Dagster IO manager wrote in place: a

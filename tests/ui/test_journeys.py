@@ -19,9 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ui_kit import LOCATION, move_session, shot, teacher_server_pids
+
+pytestmark = pytest.mark.slow  # a real dagster dev driven by Chromium
 
 CHAIN = [
     "raw_sessions",
@@ -360,6 +363,18 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     page.get_by_text("paid_usd", exact=True).first.wait_for()
     page.get_by_text("cost_usd", exact=True).first.wait_for()
     shot(page, "journey2-replay-metadata")
+
+    # The sensor's page names the folder it watches, and a tick that requested nothing says why: the
+    # tick list shows "0 runs requested", and hovering it shows the sensor's skip reason.
+    page.goto(ui.url + f"/locations/{LOCATION}/sensors/sessions_sensor")
+    page.get_by_text(str(ui.trace_root), exact=False).first.wait_for()  # the description: "Watches <root> ..."
+    # a row of the tick list (the page's "Latest tick" line above it carries the same tag)
+    skipped = page.locator("tbody tr").first.get_by_text("0 runs requested", exact=True).first
+    skipped.wait_for(timeout=60_000)  # ticks every 5 s here, and nothing new has arrived since the backfill
+    skipped.hover()
+    reason = page.get_by_text(f"sessions under {ui.trace_root}, none new or changed", exact=False).first
+    reason.wait_for(timeout=10_000)
+    shot(page, "journey2-sensor-skip-reason")
 
 
 def test_stopping_dagster_dev_leaves_no_teacher_server(ui):
