@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_train.py [--model tiny|PATH] [--steps 8] [--warmup 2]
 
-Both trainers come from ``composer_pipeline.train.trainer.build_trainer`` with one recipe (the plain
+Both trainers come from ``composer_pipeline.train.run.build_trainer`` with one recipe (the plain
 one is TRL's ``GRPOTrainer`` with the same config, dataset and reward functions). Runs alternate
 (plain, three, plain, three) so machine load hits both alike; the median of the post-warmup step
 times is compared with the FLOP-predicted ratio:
@@ -89,7 +89,7 @@ def _instrument(trainer, cuda: bool):
 def run_once(data_root: str, recipe, model: str, steps: int, plain: bool) -> dict:
     import torch
 
-    from composer_pipeline.train.trainer import build_trainer
+    from composer_pipeline.train.run import build_trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=Path(tmp), plain_grpo=plain)

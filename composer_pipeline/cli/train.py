@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ValueError("train needs --out DIR")
-    from composer_pipeline.train.trainer import train
+    from composer_pipeline.train.run import train
 
     def on_step(rec: dict) -> None:
         print(

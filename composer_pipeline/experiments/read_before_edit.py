@@ -612,7 +612,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     from composer_pipeline.train.config import TrainRecipe
     from composer_pipeline.train.data import load_train_data
     from composer_pipeline.train.modeling import load_policy, resolve_model_path
-    from composer_pipeline.train.trainer import train
+    from composer_pipeline.train.run import train
 
     unknown = set(cfg.arms) - set(ARMS)
     if unknown:

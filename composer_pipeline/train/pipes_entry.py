@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
 
     from composer_pipeline.train import distributed
-    from composer_pipeline.train.trainer import train
+    from composer_pipeline.train.run import train
 
     try:
         return _main(argv, distributed.current().main, DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes, train)

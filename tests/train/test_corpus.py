@@ -8,7 +8,7 @@ import math
 import pyarrow.parquet as pq
 
 from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.trainer import train
+from composer_pipeline.train.run import train
 
 
 def test_train_on_ingested_sessions(corpus, tiny_model_dir, tmp_path, capsys):

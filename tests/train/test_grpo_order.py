@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.data import interleave_error_sites
-from composer_pipeline.train.trainer import build_trainer
+from composer_pipeline.train.run import build_trainer
 
 
 def test_grpo_prompts_come_error_sites_first_or_in_a_seeded_shuffle(tiny_model_dir, synth_store, tmp_path):

@@ -21,7 +21,7 @@ from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.data import render_prompt
 from composer_pipeline.train.losses import completion_logps
 from composer_pipeline.train.modeling import load_policy
-from composer_pipeline.train.trainer import train
+from composer_pipeline.train.run import train
 
 TRAIN, HELD = 12, 24  # pairs of files mod0..mod11 train; mod12..mod23 are held out
 

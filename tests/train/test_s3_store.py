@@ -11,7 +11,7 @@ from composer_pipeline import tables
 from composer_pipeline.store import Store
 from tests.support.synthetic_train import pair_rows
 from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.trainer import train
+from composer_pipeline.train.run import train
 
 
 @pytest.fixture()

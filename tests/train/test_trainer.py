@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.trainer import train
+from composer_pipeline.train.run import train
 
 
 def _recipe(tiny_model_dir, *, grpo=1.0, alpha=0.5, beta=0.5, **dpo) -> TrainRecipe:
@@ -161,7 +161,7 @@ def test_hint_teacher_is_the_frozen_start_or_the_live_policy(tiny_model_dir, syn
 
     from composer_pipeline.train.losses import completion_logits
     from composer_pipeline.train.modeling import load_policy
-    from composer_pipeline.train.trainer import build_trainer
+    from composer_pipeline.train.run import build_trainer
 
     r = _recipe(tiny_model_dir, grpo=0.0, alpha=1.0, beta=0.0)
     r = replace(r, sdpo=replace(r.sdpo, teacher=teacher))
