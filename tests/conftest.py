@@ -191,8 +191,6 @@ def pytest_unconfigure(config):
     """
     import sys
 
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: let it close its channel to the controller
-        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS["code"])

@@ -369,7 +369,7 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     page.goto(ui.url + f"/locations/{LOCATION}/sensors/sessions_sensor")
     page.get_by_text(str(ui.trace_root), exact=False).first.wait_for()  # the description: "Watches <root> ..."
     # a row of the tick list (the page's "Latest tick" line above it carries the same tag)
-    skipped = page.locator("tbody tr").first.get_by_text("0 runs requested", exact=True).first
+    skipped = page.locator("tr", has_text="View logs").first.get_by_text("0 runs requested", exact=True).first
     skipped.wait_for(timeout=60_000)  # ticks every 5 s here, and nothing new has arrived since the backfill
     skipped.hover()
     reason = page.get_by_text(f"sessions under {ui.trace_root}, none new or changed", exact=False).first
