@@ -183,13 +183,13 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
         "--steps",
         "3",
         "--sft-steps",
-        "30",
+        "10",
         "--train-sessions",
         "16",
         "--heldout-sessions",
         "8",
         "--pretrain-steps",
-        "20",
+        "6",
         "--pretrain-sessions",
         "24",
         "--dpo-sft-weight",
@@ -206,7 +206,7 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
     rows = lines[2:]
     # the base model read other generated sessions (all files, train wording), never a held-out state:
     # no held-out request appears in its corpus; the replayed train sessions never touch a held-out file
-    assert base["steps"] == 20 and base["windows"] > 24 and base["final_loss"] > 0
+    assert base["steps"] == 6 and base["windows"] > 24 and base["final_loss"] > 0
     pre_text = "".join(f.read_text() for f in (out / "base" / "sessions").rglob("*.jsonl"))
     held = [
         json.loads(x)
