@@ -84,17 +84,6 @@ def ensure_system_packages() -> None:
     _run(apt + ["install", "-y", "-q", *missing], env=env)
 
 
-def pytest_workers(argv: list[str]) -> list[str]:
-    """Two pytest-xdist workers where there are two cores, unless the arguments choose (``-n``, ``-p no:xdist``).
-    ``--dist loadscope`` hands out whole modules: a module's tests run in order on one worker, so its
-    module fixtures (the UI tests' one ``dagster dev``) start once. Much of the suite waits on servers,
-    daemons and subprocesses, so two workers overlap that waiting (bench/RESULTS.md, "Test suite")."""
-    if any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in argv):
-        return []
-    n = min(2, os.cpu_count() or 1)
-    return ["-n", str(n), "--dist", "loadscope"] if n > 1 else []
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     what = argv.pop(0) if argv else "demo"
@@ -105,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [str(VENV / "bin" / "composer-pipeline"), "demo", *argv]
     elif what == "test":
         ensure_system_packages()
-        cmd = [str(PY), "-m", "pytest", *pytest_workers(argv), *argv]
+        cmd = [str(PY), "-m", "pytest", *argv]
     elif what == "setup":
         return 0
     else:

@@ -28,7 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 REAL_TRACES_ENV = "COMPOSER_REAL_TRACES"
 _REAL = {"deselected": 0}
-_EXIT_STATUS = {"code": 0}
 
 # Facts about the real corpus the tests were written against (sessions of Claude Code 1.0.98 to 2.1.39:
 # three projects, 12 files), counted by hand; the project's own corpus states its own in traces.EXPECTED.
@@ -69,18 +68,6 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=skipped)
         items[:] = keep
         _REAL["deselected"] = len(skipped)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _EXIT_STATUS["code"] = int(exitstatus)
-    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: hand its count to the controller
-        session.config.workeroutput["real_traces_deselected"] = _REAL["deselected"]
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    """pytest-xdist (controller): the workers collected, so the deselected count comes from them."""
-    _REAL["deselected"] = max(_REAL["deselected"], getattr(node, "workeroutput", {}).get("real_traces_deselected", 0))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -187,6 +174,13 @@ def postgres_url(postgres_server) -> str:
     return postgres_server.url
 
 
+_EXIT_STATUS = {"code": 0}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS["code"] = int(exitstatus)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     """End the process right after pytest's summary line.
@@ -197,8 +191,6 @@ def pytest_unconfigure(config):
     """
     import sys
 
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: it must close its channel to the controller
-        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS["code"])
