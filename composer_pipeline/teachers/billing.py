@@ -1,8 +1,8 @@
 """What providers billed, read from the ledger's ``billed_usage`` (schema version 3): money and cached tokens.
 
 In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`.
-Out: per teacher (or per run, or beside a cost plan's prediction: :func:`predicted_vs_billed`): ``billed_usd`` (what settled calls were billed, cache reads and writes at
-     their own prices), ``full_price_usd`` (the same tokens at the full input price: what a ledger blind to
+Out: per teacher (or per run, or beside a cost plan's prediction: :func:`predicted_vs_billed`):
+     ``billed_usd`` (what settled calls were billed, cache reads and writes at their own prices), ``full_price_usd`` (the same tokens at the full input price: what a ledger blind to
      caching would have recorded), ``prompt_tokens``, ``cached_prompt_tokens``, ``cache_write_tokens``,
      ``settled_calls``.
 
