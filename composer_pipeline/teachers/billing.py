@@ -2,9 +2,9 @@
 
 In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`.
 Out: per teacher (or per run, or beside a cost plan's prediction: :func:`predicted_vs_billed`):
-     ``billed_usd`` (what settled calls were billed, cache reads and writes at their own prices), ``full_price_usd`` (the same tokens at the full input price: what a ledger blind to
-     caching would have recorded), ``prompt_tokens``, ``cached_prompt_tokens``, ``cache_write_tokens``,
-     ``settled_calls``.
+     ``billed_usd`` (what settled calls were billed, cache reads and writes at their own prices),
+     ``full_price_usd`` (the same tokens at the full input price: what a ledger blind to caching would
+     have recorded), ``prompt_tokens``, ``cached_prompt_tokens``, ``cache_write_tokens``, ``settled_calls``.
 
 Deliberately simplified: sums on read (an audit-sized query), no running totals; kept calls (outcome
 unknown) are in the ledger's ``kept_usd`` at their worst case and have no usage to split.
