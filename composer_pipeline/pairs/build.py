@@ -441,6 +441,7 @@ def build_pairs(
             "answers_missing_key_arguments",
             "answers_echo_prompt",
             "answers_fitted_dropped",
+            "answers_cut_dropped",
             "pairs_dropped_parrot",
             "pairs",
             "positives",
@@ -454,6 +455,9 @@ def build_pairs(
             continue
         if recipe.drop_fitted_answers and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0)):
             stats["answers_fitted_dropped"] += 1
+            continue
+        if r.get("finish_reason") in tables.CUT_FINISH_REASONS:  # cut at its token limit: never votes, never chosen
+            stats["answers_cut_dropped"] += 1
             continue
         by_state.setdefault(r["state_id"], []).append(r)
 

@@ -243,19 +243,31 @@ def to_chat_completion(data: dict[str, Any]) -> dict[str, Any]:
         "model": data.get("model"),
         "choices": [{"index": 0, "finish_reason": data.get("stop_reason"), "message": message}],
     }
-    u = data.get("usage")
-    if isinstance(u, dict):
-        inp, read, write = (
-            u.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-        )
-        if all(isinstance(v, int) for v in (inp, read, write)) and isinstance(u.get("output_tokens"), int):
-            out["usage"] = {
-                "prompt_tokens": inp + read + write,
-                "completion_tokens": u["output_tokens"],
-                "total_tokens": inp + read + write + u["output_tokens"],
-                "prompt_tokens_details": {"cached_tokens": read},
-                "cache_read_input_tokens": read,
-                "cache_creation_input_tokens": write,
-                "input_tokens": inp,
-            }
+    if "usage" in data:
+        out["usage"] = _chat_usage(data["usage"])
+    if data.get("stop_reason") == "refusal":
+        message["refusal"] = message["content"] or "[refused without text]"
     return out
+
+
+def _chat_usage(u: Any) -> Any:
+    """A native usage in the OpenAI shape, its native fields kept; as received when any count is not a
+    non-negative integer (a negative ``input_tokens`` must not vanish in the sum: pricing.settle flags it)."""
+    if not isinstance(u, dict):
+        return u
+    inp, read, write = (
+        u.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
+    counts = (inp, read, write, u.get("output_tokens"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+        return u
+    return {
+        **u,
+        "prompt_tokens": inp + read + write,
+        "completion_tokens": u["output_tokens"],
+        "total_tokens": inp + read + write + u["output_tokens"],
+        "prompt_tokens_details": {"cached_tokens": read},
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": write,
+        "input_tokens": inp,
+    }

@@ -392,6 +392,7 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
         "cache_write_tokens": res.cache_write_tokens,
         "elided_messages": max(res.elided_messages, r.elided_messages),
         "cut_messages": max(res.cut_messages, r.cut_messages),
+        "finish_reason": res.finish_reason,
     }
 
 
