@@ -158,7 +158,8 @@ class Voter:
 def voters_from_config(config) -> dict[str, Voter]:
     """teacher name -> :class:`Voter` from a :class:`~composer_pipeline.teachers.config.TeachersConfig`."""
     return {
-        t.name: Voter(t.name, f"{t.base_url.rstrip('/')}|{t.model}", float(t.temperature or 0.0) > 0.0)
+        # no temperature sent: the model's default (1 for OpenAI and Anthropic), i.e. samples
+        t.name: Voter(t.name, f"{t.base_url.rstrip('/')}|{t.model}", t.temperature is None or t.temperature > 0.0)
         for t in config.teachers
     }
 

@@ -58,6 +58,21 @@ def _arguments(raw: Any) -> dict[str, Any]:
     return {}
 
 
+# the shortest prefix each model family caches (shorter ones are silently not cached), docs.anthropic.com prompt
+# caching, Nov 2026: Haiku 4.5 and Opus 4.5/4.6 4,096 tokens; Sonnet 4.6 and Opus 4.7 2,048; the others 1,024
+_MIN_CACHED = (
+    (re.compile(r"haiku-4[-.]5|opus-4[-.][56]"), 4096),
+    (re.compile(r"sonnet-4[-.]6|opus-4[-.]7"), 2048),
+)
+MIN_CACHED_DEFAULT = 1024
+
+
+def min_cached_tokens(model: str) -> int:
+    """The minimum cacheable prefix of a Claude ``model`` (an id such as ``claude-haiku-4-5-20251001``)."""
+    m = model.lower()
+    return next((n for pattern, n in _MIN_CACHED if pattern.search(m)), MIN_CACHED_DEFAULT)
+
+
 @dataclass(frozen=True)
 class CacheHint:
     """What replay knows about a request's stream (session-affine scheduling): the previous request of the
