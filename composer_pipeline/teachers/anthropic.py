@@ -4,7 +4,7 @@ In:  the request body replay builds and hashes (OpenAI chat shape: ``model``, ``
      sampling params), an answer of ``POST /v1/messages``.
 Out: :func:`to_messages_request`: the Messages API body: ``system`` as text blocks, ``tools`` as
      ``{name, description, input_schema}``, assistant tool calls as ``tool_use`` blocks and tool results as
-     ``tool_result`` blocks in the user turn after them (consecutive turns of one role merged: the API
+     ``tool_result`` blocks (with ``is_error`` when the tool failed) in the user turn after them (consecutive turns of one role merged: the API
      wants user/assistant alternation), and ``cache_control`` breakpoints (:func:`place_breakpoints`);
      :func:`to_chat_completion`: the answer as an OpenAI-shaped completion (``tool_use`` blocks →
      ``tool_calls``), so the same parser turns it into the :class:`~composer_pipeline.actions.Action`
@@ -127,16 +127,14 @@ def convert_messages(
             n += 1
             tid = ids.get(str(m.get("tool_call_id")), _tool_id(m.get("tool_call_id"), n))
             content = m.get("content")
-            add(
-                "user",
-                [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": tid,
-                        "content": content if isinstance(content, str) and content else EMPTY_TEXT,
-                    }
-                ],
-            )
+            block = {
+                "type": "tool_result",
+                "tool_use_id": tid,
+                "content": content if isinstance(content, str) and content else EMPTY_TEXT,
+            }
+            if m.get("is_error") is True:
+                block["is_error"] = True
+            add("user", [block])
         else:  # user
             add("user", [_text_block(m.get("content") or "")])
         if ends is not None:

@@ -50,7 +50,7 @@ from composer_pipeline.actions import Action, ActionParseError, parse_chat_messa
 from composer_pipeline.scrub import scrub_obj
 from composer_pipeline.tables import CUT_FINISH_REASONS
 from composer_pipeline.teachers import anthropic
-from composer_pipeline.teachers.cache import ResponseCache, canonical_json
+from composer_pipeline.teachers.cache import ResponseCache, canonical_json, without_error_marks
 from composer_pipeline.teachers.config import TeacherConfig
 from composer_pipeline.teachers.ledger import AsyncLedger, LedgerError, Reserve
 from composer_pipeline.teachers.pricing import (
@@ -236,6 +236,7 @@ def wire_body(
     the ``call_id``: a cached answer stays found whatever the transport adds."""
     if teacher.api == "anthropic":
         return anthropic.to_messages_request(body, hint=cache_hint)
+    body = without_error_marks(body)  # OpenAI's tool messages have no is_error
     if cache_key and teacher.prompt_cache_key:
         return {**body, "prompt_cache_key": cache_key}
     return body

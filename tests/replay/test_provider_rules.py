@@ -284,3 +284,35 @@ def test_local_server_answers_tool_calls_in_openai_shape_and_refuses_what_it_doe
         "tool_choice",
     ]
     assert unsupported_params({"model": "m", "stream": False, "tool_choice": "auto", "n": 2}) == []
+
+
+# --- is_error reaches Claude ------------------------------------------------------------------------------------
+def test_a_failed_tool_result_reaches_claude_as_is_error(samples_tables):
+    """The shipped sample sessions hold failed tool results (``is_error: true``): Claude's ``tool_result``
+    blocks say so; OpenAI-style teachers get their standard tool messages; the call ids do not change."""
+    from composer_pipeline.render import Conversation, render_state
+    from composer_pipeline.teachers.cache import call_id
+    from composer_pipeline.teachers.client import wire_body
+
+    states, messages = samples_tables
+    conv = Conversation.from_table(messages)
+    cfg = parse_teachers(
+        {"ceiling_usd": 1, "teachers": [teacher("http://h", "claude", "anthropic"), teacher("http://h/v1", "gpt")]}
+    )
+    claude, gpt = cfg.teachers
+    seen = 0
+    for row in states.to_pylist():
+        rs = render_state(conv, row)
+        marked = [m for m in rs.messages if m.get("is_error")]
+        if not marked:
+            continue
+        seen += 1
+        body = make_request(row["state_id"], None, claude, rs.messages, rs.tools).body
+        blocks = [b for m in wire_body(claude, body)["messages"] for b in m["content"] if b["type"] == "tool_result"]
+        assert sum(b.get("is_error") is True for b in blocks) == len(marked)
+        assert all(m["role"] == "tool" for m in marked)
+        openai_body = wire_body(gpt, make_request(row["state_id"], None, gpt, rs.messages, rs.tools).body)
+        assert not any("is_error" in m for m in openai_body["messages"])
+        unmarked = {**body, "messages": [{k: v for k, v in m.items() if k != "is_error"} for m in body["messages"]]}
+        assert call_id("c", "m", body) == call_id("c", "m", unmarked)
+    assert seen > 0
