@@ -29,7 +29,7 @@ this size), the memo lives only as long as the process (``memo_size`` entries, L
 longer than ``max_prompt_tokens`` lose their oldest non-system messages, then
 their oldest tokens. Tool calls the model writes as ``<tool_call>`` blocks are answered in OpenAI's shape
 (``message.tool_calls``, ``finish_reason: tool_calls``); ``n`` choices are n draws (greedy: one answer n
-times). A parameter it does not implement (``stream``, ``stop``, ``logprobs``, ``response_format``, a
+times); ``stop`` ends the text before the first stop string. A parameter it does not implement (``stream``, ``logprobs``, ``response_format``, a
 ``tool_choice`` other than ``auto``...) is a 400 naming it, never silently ignored.
 """
 
@@ -58,7 +58,6 @@ MAX_N = 8  # choices per request (``n``)
 # request parameters this server does not implement: one set to anything but its default is a 400 naming it
 UNSUPPORTED_PARAMS: dict[str, Callable[[Any], bool]] = {
     "stream": lambda v: bool(v),
-    "stop": lambda v: v not in (None, "", []),
     "logprobs": lambda v: bool(v),
     "top_logprobs": lambda v: v is not None,
     "logit_bias": lambda v: bool(v),
@@ -68,6 +67,15 @@ UNSUPPORTED_PARAMS: dict[str, Callable[[Any], bool]] = {
     "tool_choice": lambda v: v not in (None, "auto"),
     "parallel_tool_calls": lambda v: v is False,
 }
+
+
+def stop_strings(body: dict[str, Any]) -> list[str]:
+    """The request's ``stop`` (a string or up to 4 strings); ValueError (a 400) for anything else."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else [] if stop is None else None
+    if stops is None or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"stop must be a non-empty string or a list of up to 4, got {stop!r}")
+    return stops
 
 
 def unsupported_params(body: dict[str, Any]) -> list[str]:
@@ -224,6 +232,7 @@ class LocalModel:
         n = body.get("n", 1)
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        stop_strings(body)  # a malformed stop is a 400 before anything is generated
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
         max_new = max(1, min(max_new, MAX_NEW_TOKENS))
         temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
@@ -290,6 +299,9 @@ class LocalModel:
         eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         finish = "stop" if (new and new[-1] in eos_ids) or len(new) < max_new else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
+        at = [text.find(s) for s in stop_strings(body) if s in text]
+        if at:  # OpenAI's ``stop``: the text ends before the first stop string, which is not returned
+            text, finish = text[: min(at)], "stop"
         return text, finish, len(ids), len(new)
 
 

@@ -18,7 +18,7 @@ from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.ledger import Ledger
 from composer_pipeline.teachers.pricing import billed
 from composer_pipeline.teachers.replay import make_request, predict_cached, replay_requests
-from composer_pipeline.teachers.server import chat_message, unsupported_params
+from composer_pipeline.teachers.server import chat_message, stop_strings, unsupported_params
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 KEY = "sk-ant-emulated-key"
@@ -276,13 +276,14 @@ def test_local_server_answers_tool_calls_in_openai_shape_and_refuses_what_it_doe
     assert chat_message("plain answer", "stop") == ({"role": "assistant", "content": "plain answer"}, "stop")
     broken = "<tool_call>{not json</tool_call>"
     assert chat_message(broken, "stop") == ({"role": "assistant", "content": broken}, "stop")
-    assert unsupported_params(
-        {"model": "m", "messages": [], "stop": ["\n"], "logprobs": True, "tool_choice": "required"}
-    ) == [
-        "stop",
+    assert unsupported_params({"model": "m", "messages": [], "logprobs": True, "tool_choice": "required"}) == [
         "logprobs",
         "tool_choice",
     ]
+    assert stop_strings({"stop": "\n"}) == ["\n"] and stop_strings({}) == []
+    for bad in (["a"] * 5, [""], 3):
+        with pytest.raises(ValueError, match="stop must be"):
+            stop_strings({"stop": bad})
     assert unsupported_params({"model": "m", "stream": False, "tool_choice": "auto", "n": 2}) == []
 
 
