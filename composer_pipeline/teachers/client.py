@@ -2,14 +2,23 @@
 
 In:  a :class:`TeacherConfig`, its API key (a value; may be ``None`` for local servers), the request
      body and its ``call_id``, an ``httpx.AsyncClient`` per teacher, a semaphore, the ledger, the cache.
-Out: a :class:`CallResult`: answered (with the parsed action or the raw answer and the parse error),
-     failed (with a reason) or budget_exhausted. It never raises for a teacher's misbehaviour.
+Out: a :class:`CallResult`: answered (with the parsed action or the raw answer and the parse error, and
+     the provider's ``finish_reason``; an answer cut at its token limit says so), refused (the refusal's
+     text kept), failed (with a reason) or budget_exhausted. It never raises for a teacher's misbehaviour.
 
-Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing sent), POST, then
+Per attempt (:meth:`_Call.attempt`): reserve the worst case (refused → ``budget_exhausted``, nothing sent),
+POST (:func:`_post`), then
 
-* 200 + JSON with usage → settle at reported usage × prices, write the cache, parse the answer;
-* 200 + JSON without usable usage → keep the reservation (worst case counted), still an answer;
+* 200 + JSON with usage → settle (:meth:`_Call.settle_answer`) at reported usage × prices, never above the
+  reservation (``pricing.settle``: a usage beyond ``max_tokens`` or the prompt sent is clamped and flagged
+  ``usage_over_bound`` with the claim and the excess), write the cache, parse the answer;
+* 200 + JSON without usable usage (missing; negative, fractional or non-numeric counts: ``usage_invalid``)
+  → keep the reservation (worst case counted), still an answer;
 * 429 / 408 / 5xx error response → release, back off (``Retry-After`` honoured), retry;
+* 400 naming a parameter the model refuses (:func:`unsupported_param`: ``temperature``, ``top_p``...; OpenAI
+  reasoning models' ``max_tokens``) → release, remember it for the run (the teacher's guard; logged once),
+  send again at once without it (``max_tokens`` renamed ``max_completion_tokens``, never dropped); outside
+  ``max_retries``, and never twice for one parameter;
 * other 4xx → release, fail (no retry);
 * connect error (nothing sent) → release, retry;
 * the request cannot be formed (a header value HTTP forbids; nothing sent) → release, fail (no retry);
@@ -22,7 +31,7 @@ A reservation that has to wait for money in flight waits (the ledger decides, se
 every reservation is marked *sent* just before the request leaves, so a run killed mid-call leaves
 it kept at its worst case while one killed before sending has it released.
 
-Retries are bounded by ``max_retries``; backoff is exponential with full jitter
+The retry loop (:func:`call_teacher`) is bounded by ``max_retries``; backoff is exponential with full jitter
 (``uniform(0, min(backoff_max_s, backoff_s · 2^n))``, the AWS "full jitter" scheme).
 
 The key is only ever placed in the ``Authorization`` header; the whole response and any reason text
