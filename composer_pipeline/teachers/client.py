@@ -259,7 +259,10 @@ def _host(teacher: TeacherConfig) -> str:
 # Parameters a model may refuse that the request can do without (a 400 naming one is retried once without
 # it); ``max_tokens`` is never dropped, only renamed to ``max_completion_tokens`` (OpenAI reasoning models).
 DROPPABLE_PARAMS = ("temperature", "top_p", "top_k", "seed", "prompt_cache_key")
-_UNSUPPORTED_RE = re.compile(r"unsupported|not supported|deprecated|does not support|not allowed", re.I)
+_UNSUPPORTED_RE = re.compile(
+    r"unsupported|not supported|deprecated|does not support|not allowed|unrecognized|extra inputs are not permitted",
+    re.I,
+)
 
 
 def unsupported_param(raw: bytes, sent: dict[str, Any], api: str) -> str | None:

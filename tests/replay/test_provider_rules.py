@@ -175,6 +175,11 @@ def test_a_400_naming_nothing_it_can_change_is_not_retried(emu, tmp_path):
     assert unsupported_param(said, {"max_tokens": 5}, "anthropic") is None
     said = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "temperature is deprecated for this model."}}'
     assert unsupported_param(said, {"max_tokens": 5, "temperature": 0}, "anthropic") == "temperature"
+    # an OpenAI-compatible server that refuses prompt_cache_key (providers.md): dropped, never the other fields
+    said = b'{"error": {"message": "Unrecognized request argument supplied: prompt_cache_key"}}'
+    assert unsupported_param(said, {"max_tokens": 5, "prompt_cache_key": "cp-1"}, "openai") == "prompt_cache_key"
+    said = b'{"error": {"message": "Invalid value for temperature: must be between 0 and 2"}}'
+    assert unsupported_param(said, {"temperature": 3}, "openai") is None
 
 
 # --- stop reasons and refusals ---------------------------------------------------------------------------------
