@@ -336,13 +336,14 @@ def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = N
             for call_id, _name in calls:
                 res = s.results.get(call_id)
                 seen_before = res is not None and (first_line is None or (res[0]["line_no"] or 0) < first_line)
-                messages.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": call_id,
-                        "content": flatten_content(res[1].get("content")) if seen_before else INTERRUPTED,
-                    }
-                )
+                tool_msg = {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": flatten_content(res[1].get("content")) if seen_before else INTERRUPTED,
+                }
+                if seen_before and res[1].get("is_error") is True:  # for Claude's tool_result (anthropic.py)
+                    tool_msg["is_error"] = True
+                messages.append(tool_msg)
         elif rt == "user":
             if row.get("is_meta") or (crossed and row.get("is_compact_summary")):
                 continue

@@ -92,6 +92,9 @@ COST_PLAN = pa.schema(
     ]
 )
 
+# teacher_replays.finish_reason of an answer cut at its token limit (OpenAI ``length``, Anthropic ``max_tokens``)
+CUT_FINISH_REASONS = ("length", "max_tokens")
+
 TEACHER_REPLAYS = pa.schema(
     [
         ("call_id", _str),  # content address: sha256(teacher, model, base_url, request body)
@@ -99,8 +102,8 @@ TEACHER_REPLAYS = pa.schema(
         ("session_key", _str),
         ("teacher", _str),
         ("model", _str),
-        ("status", _str),  # answered | failed | budget_exhausted
-        ("reason", _str),  # failure reason / parse error (null when answered and parsed)
+        ("status", _str),  # answered | refused | failed | budget_exhausted
+        ("reason", _str),  # failure reason / parse error / cut_off / usage flag (null when answered and parsed)
         ("action", _str),  # JSON Action, null if not answered or unparseable
         ("raw_answer", _str),  # the teacher's message content as received
         ("cost_usd", pa.float64()),  # what this answer cost when it was bought (kept for cache hits)
@@ -116,6 +119,9 @@ TEACHER_REPLAYS = pa.schema(
         ("cache_write_tokens", pa.int64()),  # prompt tokens billed as cache writes (Anthropic)
         ("elided_messages", pa.int64()),  # messages of the prefix elided to fit the teacher's window (0: sent whole)
         ("cut_messages", pa.int64()),  # messages cut in their middle to fit the window
+        # the provider's stop reason in its word (stop, length, tool_calls, end_turn, max_tokens, refusal...);
+        # an answer cut at its token limit (length, max_tokens) never votes (pairs/build.py)
+        ("finish_reason", _str),
     ]
 )
 

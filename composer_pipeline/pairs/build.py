@@ -158,7 +158,8 @@ class Voter:
 def voters_from_config(config) -> dict[str, Voter]:
     """teacher name -> :class:`Voter` from a :class:`~composer_pipeline.teachers.config.TeachersConfig`."""
     return {
-        t.name: Voter(t.name, f"{t.base_url.rstrip('/')}|{t.model}", float(t.temperature or 0.0) > 0.0)
+        # no temperature sent: the model's default (1 for OpenAI and Anthropic), i.e. samples
+        t.name: Voter(t.name, f"{t.base_url.rstrip('/')}|{t.model}", t.temperature is None or t.temperature > 0.0)
         for t in config.teachers
     }
 
@@ -441,6 +442,7 @@ def build_pairs(
             "answers_missing_key_arguments",
             "answers_echo_prompt",
             "answers_fitted_dropped",
+            "answers_cut_dropped",
             "pairs_dropped_parrot",
             "pairs",
             "positives",
@@ -454,6 +456,9 @@ def build_pairs(
             continue
         if recipe.drop_fitted_answers and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0)):
             stats["answers_fitted_dropped"] += 1
+            continue
+        if r.get("finish_reason") in tables.CUT_FINISH_REASONS:  # cut at its token limit: never votes, never chosen
+            stats["answers_cut_dropped"] += 1
             continue
         by_state.setdefault(r["state_id"], []).append(r)
 

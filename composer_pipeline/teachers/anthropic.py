@@ -4,7 +4,7 @@ In:  the request body replay builds and hashes (OpenAI chat shape: ``model``, ``
      sampling params), an answer of ``POST /v1/messages``.
 Out: :func:`to_messages_request`: the Messages API body: ``system`` as text blocks, ``tools`` as
      ``{name, description, input_schema}``, assistant tool calls as ``tool_use`` blocks and tool results as
-     ``tool_result`` blocks in the user turn after them (consecutive turns of one role merged: the API
+     ``tool_result`` blocks (with ``is_error`` when the tool failed) in the user turn after them (consecutive turns of one role merged: the API
      wants user/assistant alternation), and ``cache_control`` breakpoints (:func:`place_breakpoints`);
      :func:`to_chat_completion`: the answer as an OpenAI-shaped completion (``tool_use`` blocks →
      ``tool_calls``), so the same parser turns it into the :class:`~composer_pipeline.actions.Action`
@@ -56,6 +56,21 @@ def _arguments(raw: Any) -> dict[str, Any]:
             return {"input": raw}
         return v if isinstance(v, dict) else {"input": v}
     return {}
+
+
+# the shortest prefix each model family caches (shorter ones are silently not cached), docs.anthropic.com prompt
+# caching, Nov 2026: Haiku 4.5 and Opus 4.5/4.6 4,096 tokens; Sonnet 4.6 and Opus 4.7 2,048; the others 1,024
+_MIN_CACHED = (
+    (re.compile(r"haiku-4[-.]5|opus-4[-.][56]"), 4096),
+    (re.compile(r"sonnet-4[-.]6|opus-4[-.]7"), 2048),
+)
+MIN_CACHED_DEFAULT = 1024
+
+
+def min_cached_tokens(model: str) -> int:
+    """The minimum cacheable prefix of a Claude ``model`` (an id such as ``claude-haiku-4-5-20251001``)."""
+    m = model.lower()
+    return next((n for pattern, n in _MIN_CACHED if pattern.search(m)), MIN_CACHED_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -112,16 +127,14 @@ def convert_messages(
             n += 1
             tid = ids.get(str(m.get("tool_call_id")), _tool_id(m.get("tool_call_id"), n))
             content = m.get("content")
-            add(
-                "user",
-                [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": tid,
-                        "content": content if isinstance(content, str) and content else EMPTY_TEXT,
-                    }
-                ],
-            )
+            block = {
+                "type": "tool_result",
+                "tool_use_id": tid,
+                "content": content if isinstance(content, str) and content else EMPTY_TEXT,
+            }
+            if m.get("is_error") is True:
+                block["is_error"] = True
+            add("user", [block])
         else:  # user
             add("user", [_text_block(m.get("content") or "")])
         if ends is not None:
@@ -243,19 +256,31 @@ def to_chat_completion(data: dict[str, Any]) -> dict[str, Any]:
         "model": data.get("model"),
         "choices": [{"index": 0, "finish_reason": data.get("stop_reason"), "message": message}],
     }
-    u = data.get("usage")
-    if isinstance(u, dict):
-        inp, read, write = (
-            u.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-        )
-        if all(isinstance(v, int) for v in (inp, read, write)) and isinstance(u.get("output_tokens"), int):
-            out["usage"] = {
-                "prompt_tokens": inp + read + write,
-                "completion_tokens": u["output_tokens"],
-                "total_tokens": inp + read + write + u["output_tokens"],
-                "prompt_tokens_details": {"cached_tokens": read},
-                "cache_read_input_tokens": read,
-                "cache_creation_input_tokens": write,
-                "input_tokens": inp,
-            }
+    if "usage" in data:
+        out["usage"] = _chat_usage(data["usage"])
+    if data.get("stop_reason") == "refusal":
+        message["refusal"] = message["content"] or "[refused without text]"
     return out
+
+
+def _chat_usage(u: Any) -> Any:
+    """A native usage in the OpenAI shape, its native fields kept; as received when any count is not a
+    non-negative integer (a negative ``input_tokens`` must not vanish in the sum: pricing.settle flags it)."""
+    if not isinstance(u, dict):
+        return u
+    inp, read, write = (
+        u.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
+    counts = (inp, read, write, u.get("output_tokens"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+        return u
+    return {
+        **u,
+        "prompt_tokens": inp + read + write,
+        "completion_tokens": u["output_tokens"],
+        "total_tokens": inp + read + write + u["output_tokens"],
+        "prompt_tokens_details": {"cached_tokens": read},
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": write,
+        "input_tokens": inp,
+    }

@@ -40,8 +40,21 @@ def call_id(teacher: str, model: str, body: dict[str, Any], base_url: str = "") 
     h.update(f"{teacher}|{model}|".encode())
     if base_url:
         h.update(f"{base_url.rstrip('/')}|".encode())
-    h.update(canonical_json(body))
+    h.update(canonical_json(without_error_marks(body)))
     return h.hexdigest()
+
+
+def without_error_marks(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the ``is_error`` marks of its tool messages (render.py sets them for Claude's
+    ``tool_result``; OpenAI's tool messages have no such field). Not part of the call's id: an answer bought
+    before the marks existed is the answer to the same request."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not any(isinstance(m, dict) and "is_error" in m for m in msgs):
+        return body
+    return {
+        **body,
+        "messages": [{k: v for k, v in m.items() if k != "is_error"} if isinstance(m, dict) else m for m in msgs],
+    }
 
 
 def legacy_call_id(teacher: str, model: str, body: dict[str, Any]) -> str:

@@ -2,14 +2,23 @@
 
 In:  a :class:`TeacherConfig`, its API key (a value; may be ``None`` for local servers), the request
      body and its ``call_id``, an ``httpx.AsyncClient`` per teacher, a semaphore, the ledger, the cache.
-Out: a :class:`CallResult`: answered (with the parsed action or the raw answer and the parse error),
-     failed (with a reason) or budget_exhausted. It never raises for a teacher's misbehaviour.
+Out: a :class:`CallResult`: answered (with the parsed action or the raw answer and the parse error, and
+     the provider's ``finish_reason``; an answer cut at its token limit says so), refused (the refusal's
+     text kept), failed (with a reason) or budget_exhausted. It never raises for a teacher's misbehaviour.
 
-Per attempt: reserve the worst case (refused → ``budget_exhausted``, nothing sent), POST, then
+Per attempt (:meth:`_Call.attempt`): reserve the worst case (refused → ``budget_exhausted``, nothing sent),
+POST (:func:`_post`), then
 
-* 200 + JSON with usage → settle at reported usage × prices, write the cache, parse the answer;
-* 200 + JSON without usable usage → keep the reservation (worst case counted), still an answer;
+* 200 + JSON with usage → settle (:meth:`_Call.settle_answer`) at reported usage × prices, never above the
+  reservation (``pricing.settle``: a usage beyond ``max_tokens`` or the prompt sent is clamped and flagged
+  ``usage_over_bound`` with the claim and the excess), write the cache, parse the answer;
+* 200 + JSON without usable usage (missing; negative, fractional or non-numeric counts: ``usage_invalid``)
+  → keep the reservation (worst case counted), still an answer;
 * 429 / 408 / 5xx error response → release, back off (``Retry-After`` honoured), retry;
+* 400 naming a parameter the model refuses (:func:`unsupported_param`: ``temperature``, ``top_p``...; OpenAI
+  reasoning models' ``max_tokens``) → release, remember it for the run (the teacher's guard; logged once),
+  send again at once without it (``max_tokens`` renamed ``max_completion_tokens``, never dropped); outside
+  ``max_retries``, and never twice for one parameter;
 * other 4xx → release, fail (no retry);
 * connect error (nothing sent) → release, retry;
 * the request cannot be formed (a header value HTTP forbids; nothing sent) → release, fail (no retry);
@@ -22,7 +31,7 @@ A reservation that has to wait for money in flight waits (the ledger decides, se
 every reservation is marked *sent* just before the request leaves, so a run killed mid-call leaves
 it kept at its worst case while one killed before sending has it released.
 
-Retries are bounded by ``max_retries``; backoff is exponential with full jitter
+The retry loop (:func:`call_teacher`) is bounded by ``max_retries``; backoff is exponential with full jitter
 (``uniform(0, min(backoff_max_s, backoff_s · 2^n))``, the AWS "full jitter" scheme).
 
 The key is only ever placed in the ``Authorization`` header; the whole response and any reason text
@@ -35,10 +44,11 @@ invents a key does not put it on disk.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -47,11 +57,19 @@ import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_chat_message
 from composer_pipeline.scrub import scrub_obj
+from composer_pipeline.tables import CUT_FINISH_REASONS
 from composer_pipeline.teachers import anthropic
-from composer_pipeline.teachers.cache import ResponseCache, canonical_json
+from composer_pipeline.teachers.cache import ResponseCache, canonical_json, without_error_marks
 from composer_pipeline.teachers.config import TeacherConfig
 from composer_pipeline.teachers.ledger import AsyncLedger, LedgerError, Reserve
-from composer_pipeline.teachers.pricing import billed, usage_cost, worst_case_usd
+from composer_pipeline.teachers.pricing import (
+    Settlement,
+    billed,
+    max_completion_tokens,
+    settle,
+    usage_cost,
+    worst_case_usd,
+)
 from composer_pipeline.teachers.redact import key_forms, redact_key, redact_text
 
 # a provider's answer that the prompt is longer than its window (HTTP 400, not billed): OpenAI-style
@@ -59,6 +77,8 @@ from composer_pipeline.teachers.redact import key_forms, redact_key, redact_text
 CONTEXT_EXCEEDED_RE = re.compile(
     r"context_length_exceeded|maximum context length|prompt is too long|context window", re.I
 )
+
+log = logging.getLogger(__name__)
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 MAX_RETRY_AFTER_S = 300.0
@@ -81,6 +101,7 @@ class CallResult:
     cache_write_tokens: int | None = None  # prompt tokens it billed as cache writes (Anthropic)
     elided_messages: int = 0  # messages the fitted prefix replaced by its marker (render.fit_messages)
     cut_messages: int = 0  # messages whose content was cut in the middle to fit
+    finish_reason: str | None = None  # the provider's stop reason, in its word (stop, length, end_turn, max_tokens...)
 
 
 def make_http_client(teacher: TeacherConfig) -> httpx.AsyncClient:
@@ -130,20 +151,38 @@ def raw_answer_of(message: dict[str, Any]) -> str:
 
 
 def answer_from_response(data: dict[str, Any], teacher: TeacherConfig) -> CallResult:
-    """Turn a cached or fresh chat-completions JSON into an answered result (parse errors kept)."""
-    message = data["choices"][0]["message"]
-    p, c, cost = usage_cost(data.get("usage"), teacher)
-    res = CallResult(status="answered", raw_answer=raw_answer_of(message), prompt_tokens=p, completion_tokens=c)
+    """Turn a cached or fresh chat-completions JSON into a result: answered (parse errors kept; an answer cut
+    at its token limit says so in ``reason``) or refused (OpenAI ``message.refusal``, Anthropic
+    ``stop_reason: refusal``: the refusal's text kept as ``raw_answer``)."""
+    choice = data["choices"][0]
+    message = choice["message"]
+    finish = choice.get("finish_reason")
+    finish = None if finish is None else str(finish)[:40]
+    p, c, _ = usage_cost(data.get("usage"), teacher)
+    res = CallResult(
+        status="answered",
+        raw_answer=raw_answer_of(message),
+        prompt_tokens=p,
+        completion_tokens=c,
+        finish_reason=finish,
+    )
     b = billed(data.get("usage"), teacher)
     if b is not None:
         res.cached_tokens, res.cache_write_tokens = b.cached_tokens, b.cache_write_tokens
+    refusal = message.get("refusal")
+    if (isinstance(refusal, str) and refusal) or finish == "refusal":
+        res.status, res.reason = "refused", f"refused: finish_reason {finish}"
+        res.raw_answer = refusal if isinstance(refusal, str) and refusal else res.raw_answer
+        return res
     try:
         action = parse_chat_message(message)
     except ActionParseError as e:
         res.reason = f"unparseable: {e}"
         return res
     res.action = action
-    if action.is_empty:
+    if finish in CUT_FINISH_REASONS:
+        res.reason = f"cut_off: finish_reason {finish} (the answer hit its token limit; it never votes)"
+    elif action.is_empty:
         res.reason = "empty_answer: no text and no tool calls"
     return res
 
@@ -171,6 +210,8 @@ class TeacherGuard:
     consecutive: int = 0
     disabled_reason: str | None = None
     last_problem: str = ""
+    # parameters this teacher's model refused with a 400 in this run -> what it said (client.unsupported_param)
+    unsupported: dict[str, str] = field(default_factory=dict)
 
     def invalid(self, problem: str) -> None:
         self.consecutive += 1
@@ -204,6 +245,7 @@ def wire_body(
     the ``call_id``: a cached answer stays found whatever the transport adds."""
     if teacher.api == "anthropic":
         return anthropic.to_messages_request(body, hint=cache_hint)
+    body = without_error_marks(body)  # OpenAI's tool messages have no is_error
     if cache_key and teacher.prompt_cache_key:
         return {**body, "prompt_cache_key": cache_key}
     return body
@@ -212,6 +254,298 @@ def wire_body(
 def _host(teacher: TeacherConfig) -> str:
     u = httpx.URL(teacher.base_url)
     return f"{u.host}:{u.port}" if u.port else str(u.host)
+
+
+# Parameters a model may refuse that the request can do without (a 400 naming one is retried once without
+# it); ``max_tokens`` is never dropped, only renamed to ``max_completion_tokens`` (OpenAI reasoning models).
+DROPPABLE_PARAMS = ("temperature", "top_p", "top_k", "seed", "prompt_cache_key")
+_UNSUPPORTED_RE = re.compile(
+    r"unsupported|not supported|deprecated|does not support|not allowed|unrecognized|extra inputs are not permitted",
+    re.I,
+)
+
+
+def unsupported_param(raw: bytes, sent: dict[str, Any], api: str) -> str | None:
+    """The parameter a 400 answer says this model does not take, when the request sent it and can do without
+    it (OpenAI ``{"error": {"code": "unsupported_parameter" | "unsupported_value", "param": ...}}``; Anthropic
+    ``"temperature is deprecated for this model."``); None for any other 400 (never retried)."""
+    try:
+        err = orjson.loads(raw).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(err, dict):
+        return None
+    message = str(err.get("message") or "")
+    if not _UNSUPPORTED_RE.search(f"{err.get('code') or ''} {message}"):
+        return None
+    changeable = DROPPABLE_PARAMS + (("max_tokens",) if api == "openai" else ())
+    named = [err["param"]] if isinstance(err.get("param"), str) else []
+    named += [k for k in changeable if re.search(rf"\b{k}\b", message)]
+    return next((k for k in named if k in changeable and k in sent), None)
+
+
+def without_params(wire: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
+    """``wire`` without the parameters this model refused (``max_tokens`` renamed ``max_completion_tokens``)."""
+    out = dict(wire)
+    for k in params:
+        v = out.pop(k, None)
+        if k == "max_tokens" and v is not None:
+            out["max_completion_tokens"] = v
+    return out
+
+
+@dataclass
+class _Reply:
+    """What one POST came back with: a response (``status_code``, ``raw``) or a transport error (``reason``),
+    and for an error what happens to the attempt's reservation (``release``: nothing was sent) and whether to
+    try again."""
+
+    status_code: int | None = None
+    raw: bytes = b""
+    headers: httpx.Headers | None = None
+    latency_s: float = 0.0
+    reason: str = ""
+    release: bool = False
+    retry: bool = False
+    adapted: bool = False  # a 400 named a parameter the model refuses: tried again at once without it
+
+
+async def _post(
+    http: httpx.AsyncClient, teacher: TeacherConfig, payload: bytes, headers: dict[str, str], api_key: str | None
+) -> _Reply:
+    """One POST; a transport error is classified by the table in the module docstring."""
+    host = _host(teacher)
+    t0 = time.perf_counter()
+    status_code: int | None = None
+    try:
+        async with http.stream("POST", teacher.request_url, content=payload, headers=headers) as resp:
+            status_code = resp.status_code
+            raw = await resp.aread()
+    except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
+        # the request could not be formed (e.g. a header value HTTP forbids): nothing left this process
+        why = f"request_refused: {type(e).__name__} building the request to {host} (nothing was sent)"
+        return _Reply(reason=why, release=True)
+    except httpx.ConnectError as e:
+        return _Reply(reason=f"connection_error: {type(e).__name__} connecting to {host}", release=True, retry=True)
+    except httpx.ConnectTimeout:
+        return _Reply(reason=f"connection_error: ConnectTimeout connecting to {host}", release=True, retry=True)
+    except httpx.TimeoutException as e:
+        return _Reply(reason=f"timeout: {type(e).__name__} after {teacher.timeout_s:g}s from {host}", retry=True)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+        kind = "truncated_body" if status_code is not None else "connection_dropped"
+        return _Reply(reason=f"{kind}: {type(e).__name__} from {host}: {_scrub(str(e), api_key, 120)}", retry=True)
+    except httpx.HTTPError as e:  # protocol/decoding/proxy problems: sent, outcome unknown, not retried
+        return _Reply(reason=f"http_error: {type(e).__name__} from {host}: {_scrub(str(e), api_key, 120)}")
+    return _Reply(status_code, raw, resp.headers, time.perf_counter() - t0)
+
+
+def _error_reply(reply: _Reply, api_key: str | None) -> _Reply:
+    """A non-200 answer: released (not billed); retried on 429 / 408 / 5xx (``Retry-After`` honoured)."""
+    decoded = reply.raw.decode("utf-8", "replace")
+    text = _scrub(decoded, api_key, 200)
+    reply.reason = f"http_{reply.status_code}: {text}"
+    if reply.status_code == 400 and CONTEXT_EXCEEDED_RE.search(decoded[:2000]):
+        reply.reason = f"context_length_exceeded: {text}"  # not billed: released, refit by replay
+    reply.release = True
+    reply.retry = reply.status_code in RETRY_STATUS or (reply.status_code or 0) >= 500
+    return reply
+
+
+def _read_answer(raw: bytes, teacher: TeacherConfig, api_key: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the answer as a chat completion, None) or (None, what is wrong with the 200 body)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        head = _scrub(raw[:60].decode("utf-8", "replace"), api_key, 60)
+        return None, f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
+    # before the cache, the ledger, the table and any log see it: secrets by their look, and the key this
+    # request carried by its value, wherever the teacher echoed it
+    data = redact_key(scrub_obj(data), api_key)
+    problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
+    if teacher.api == "anthropic" and problem is None:  # the native answer, mapped to the one shape stored
+        data = anthropic.to_chat_completion(data)
+    problem = problem or _valid_completion(data)
+    return (None, f"bad_response: {_scrub(problem, api_key)}") if problem else (data, None)
+
+
+def _claim(usage: Any) -> str:
+    """The provider's usage as received, for the record of a flagged settlement."""
+    try:
+        return orjson.dumps(usage).decode()[:500]
+    except TypeError:
+        return repr(usage)[:500]
+
+
+@dataclass
+class _Call:
+    """One request to one teacher under the money rules: :meth:`attempt` reserves, sends and closes its
+    reservation; :meth:`settle_answer` settles a 200 answer; :func:`call_teacher` is the retry loop."""
+
+    http: httpx.AsyncClient
+    teacher: TeacherConfig
+    api_key: str | None
+    cid: str
+    ledger: AsyncLedger
+    cache: ResponseCache
+    run_id: str
+    ceiling_usd: float
+    guard: TeacherGuard
+    wire: dict[str, Any]
+    prompt_bound: int
+    completion_bound: int
+    worst: float
+    out: CallResult = field(default_factory=lambda: CallResult(status="failed"))
+    last_reason: str = ""
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.teacher.api == "anthropic":
+            h["anthropic-version"] = self.teacher.anthropic_version
+            if self.api_key:
+                h["x-api-key"] = self.api_key
+        elif self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def stop(self, status: str, reason: str) -> CallResult:
+        self.out.status, self.out.reason = status, reason
+        return self.out
+
+    async def attempt(self, n: int) -> CallResult | _Reply:
+        """Attempt ``n``: a final result, or the reply of an attempt that produced no answer (its reservation
+        already released or kept)."""
+        t = self.teacher
+        if self.guard.disabled_reason:
+            return self.stop("failed", self.guard.disabled_reason)
+        res = await self.ledger.reserve(
+            Reserve(t.name, t.budget_usd, self.run_id, self.ceiling_usd, self.worst, self.cid)
+        )
+        if not res.ok:
+            after = f" (after attempt {n - 1}: {self.last_reason})" if self.last_reason else ""
+            return self.stop("budget_exhausted", f"budget_exhausted: {res.reason}{after}")
+        if self.guard.disabled_reason:  # another call cut the teacher off while this one waited for money
+            await self.ledger.close(res.id, "released", note=self.guard.disabled_reason[:200])
+            return self.stop("failed", self.guard.disabled_reason)
+        self.out.reserved_usd += self.worst
+        self.out.attempts = n
+        wire = without_params(self.wire, self.guard.unsupported)
+        await self.ledger.mark_sent(res.id)
+        reply = await _post(self.http, t, canonical_json(wire), self.headers(), self.api_key)
+        if reply.status_code == 200:
+            data, problem = _read_answer(reply.raw, t, self.api_key)
+            if data is not None:
+                self.guard.valid()
+                return await self.settle_answer(res.id, data, reply.latency_s, n)
+            await self.ledger.close(res.id, "kept", note=problem[:200])
+            self.out.cost_usd += self.worst
+            self.guard.invalid(problem)
+            return self.stop("failed", problem)
+        if reply.status_code is not None:
+            reply = _error_reply(reply, self.api_key)
+            self.learn(reply, wire)
+        self.last_reason = reply.reason
+        if reply.release:
+            await self.ledger.close(res.id, "released", note=reply.reason[:200])
+        else:
+            await self.ledger.close(res.id, "kept", note=reply.reason[:200])
+            self.out.cost_usd += self.worst
+        return reply
+
+    def learn(self, reply: _Reply, wire: dict[str, Any]) -> None:
+        """A 400 naming a parameter this model refuses: remembered for the run (this teacher's guard), logged,
+        and the request tried again once without it (``reply.retry``, outside ``max_retries``)."""
+        if reply.status_code != 400:
+            return
+        param = unsupported_param(reply.raw, wire, self.teacher.api)
+        if param is None:
+            return
+        said = reply.reason.split(": ", 1)[-1][:160]
+        if param not in self.guard.unsupported:
+            self.guard.unsupported[param] = said
+            change = "sent as max_completion_tokens" if param == "max_tokens" else "no longer sent"
+            log.warning(
+                "teacher %s (model %s) refuses %s: %s; %s for the rest of this run",
+                self.teacher.name,
+                self.teacher.model,
+                param,
+                said,
+                change,
+            )
+        reply.retry = reply.adapted = True
+        reply.reason = f"unsupported_parameter: {param}: {said}"
+
+    async def settle_answer(self, rid: str, data: dict[str, Any], latency: float, n: int) -> CallResult:
+        """A paid answer: settled within its reservation (pricing.settle), stored in the ledger with its settle
+        (one transaction), then in the cache; a cache that cannot be written costs nothing but a note."""
+        t = self.teacher
+        s = settle(
+            data.get("usage"),
+            t,
+            prompt_bound=self.prompt_bound,
+            completion_bound=self.completion_bound,
+            reserved_usd=self.worst,
+        )
+        flagged = s.flag is not None and not s.flag.startswith("no_usage")
+        stored = data
+        if flagged:  # the provider's numbers stay beside the answer; the answer carries the settled ones
+            stored = {k: v for k, v in data.items() if k != "usage"}
+            if s.billed is not None:
+                stored["usage"] = s.billed.usage()
+        record = {
+            "teacher": t.name,
+            "model": t.model,
+            "base_url": t.base_url.rstrip("/"),
+            "response": stored,
+            "cost_usd": s.cost_usd,
+            "latency_s": latency,
+            "attempts": n,
+            "run_id": self.run_id,
+            "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if flagged:
+            record["usage_flag"], record["usage_claimed"] = s.flag, _claim(data.get("usage"))
+        notes = [await self.record(rid, s, record)]
+        notes.append(await self.cache_answer(record, ledger_failed=notes[0] is not None))
+        ans = answer_from_response(stored, t)
+        ans.cost_usd = self.out.cost_usd + s.cost_usd
+        ans.reserved_usd, ans.attempts, ans.latency_s = self.out.reserved_usd, n, latency
+        if s.flag and (flagged or ans.reason is None):
+            notes.insert(0, s.flag)
+        if flagged:
+            log.warning("teacher %s: %s", t.name, s.flag)
+        ans.reason = "; ".join(x for x in (ans.reason, *notes) if x) or None
+        return ans
+
+    async def record(self, rid: str, s: Settlement, record: dict[str, Any]) -> str | None:
+        """The settle and the answer in the ledger; the note when the ledger could not record them."""
+        try:
+            if s.billed is None:
+                await self.ledger.close(
+                    rid, "kept", note=(s.flag or "no usable usage in response")[:300], answer=(self.cid, record)
+                )
+            else:
+                await self.ledger.close(
+                    rid,
+                    "settled",
+                    cost_usd=s.cost_usd,
+                    note=(s.flag or "")[:300],
+                    answer=(self.cid, record),
+                    usage=s.billed.as_dict(),
+                )
+        except LedgerError as e:
+            # paid, but the ledger could not record it (full disk, server gone past its outage limit): the
+            # reservation stays open (sent: kept at worst case when the run is finalized) and the answer goes to
+            # the cache, so a re-run serves it instead of buying it again
+            return f"ledger_error: settle not recorded ({_scrub(str(e), self.api_key, 160)})"
+        return None
+
+    async def cache_answer(self, record: dict[str, Any], *, ledger_failed: bool) -> str | None:
+        try:
+            await asyncio.to_thread(self.cache.put, self.cid, record)
+        except OSError as e:
+            lost = "(answer lost: a re-run buys it again)" if ledger_failed else "(answer kept in the ledger)"
+            return f"cache_error: {e.strerror or type(e).__name__} writing {self.cache.dir} {lost}"
+        return None
 
 
 async def call_teacher(
@@ -235,161 +569,36 @@ async def call_teacher(
     The caller holds the ledger claim on ``cid``. A paid answer is stored in the ledger (with its
     settle, one transaction) before the cache file is written; a cache that cannot be written costs
     nothing but the note ``cache_error`` on the row (the next run finds the answer in the ledger)."""
-    _, worst = worst_case_usd(body, teacher)
-    payload = canonical_json(wire_body(teacher, body, cache_key, cache_hint))
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if teacher.api == "anthropic":
-        headers["anthropic-version"] = teacher.anthropic_version
-        if api_key:
-            headers["x-api-key"] = api_key
-    elif api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    guard = guard or TeacherGuard()
-    out = CallResult(status="failed")
-    last_reason = ""
+    est, worst = worst_case_usd(body, teacher)
+    call = _Call(
+        http,
+        teacher,
+        api_key,
+        cid,
+        ledger,
+        cache,
+        run_id,
+        ceiling_usd,
+        guard or TeacherGuard(),
+        wire_body(teacher, body, cache_key, cache_hint),
+        est,
+        max_completion_tokens(body, teacher),
+        worst,
+    )
+    n = adapted = 0
     async with semaphore:
-        for attempt in range(1, teacher.max_retries + 2):
-            if guard.disabled_reason:
-                out.status, out.reason = "failed", guard.disabled_reason
-                return out
-            res = await ledger.reserve(Reserve(teacher.name, teacher.budget_usd, run_id, ceiling_usd, worst, cid))
-            if not res.ok:
-                out.status = "budget_exhausted"
-                out.reason = f"budget_exhausted: {res.reason}" + (
-                    f" (after attempt {attempt - 1}: {last_reason})" if last_reason else ""
-                )
-                return out
-            if guard.disabled_reason:  # another call cut the teacher off while this one waited for money
-                await ledger.close(res.id, "released", note=guard.disabled_reason[:200])
-                out.status, out.reason = "failed", guard.disabled_reason
-                return out
-            out.reserved_usd += worst
-            out.attempts = attempt
-            await ledger.mark_sent(res.id)
-            t0 = time.perf_counter()
-            retry_after: float | None = None
-            status_code: int | None = None
-            outcome = "keep"  # what happens to this attempt's reservation: keep | release
-            retry = False
-            try:
-                async with http.stream("POST", teacher.request_url, content=payload, headers=headers) as resp:
-                    status_code = resp.status_code
-                    raw = await resp.aread()
-            except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
-                # the request could not be formed (e.g. a header value HTTP forbids): nothing left this process
-                outcome = "release"
-                last_reason = (
-                    f"request_refused: {type(e).__name__} building the request to {_host(teacher)} (nothing was sent)"
-                )
-            except httpx.ConnectError as e:
-                outcome, retry = "release", True
-                last_reason = f"connection_error: {type(e).__name__} connecting to {_host(teacher)}"
-            except httpx.ConnectTimeout:
-                outcome, retry = "release", True
-                last_reason = f"connection_error: ConnectTimeout connecting to {_host(teacher)}"
-            except httpx.TimeoutException as e:
-                retry = True
-                last_reason = f"timeout: {type(e).__name__} after {teacher.timeout_s:g}s from {_host(teacher)}"
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
-                retry = True
-                kind = "truncated_body" if status_code is not None else "connection_dropped"
-                last_reason = f"{kind}: {type(e).__name__} from {_host(teacher)}: {_scrub(str(e), api_key, 120)}"
-            except httpx.HTTPError as e:  # protocol/decoding/proxy problems: sent, outcome unknown, not retried
-                last_reason = f"http_error: {type(e).__name__} from {_host(teacher)}: {_scrub(str(e), api_key, 120)}"
-            else:
-                latency = time.perf_counter() - t0
-                if status_code == 200:
-                    try:
-                        data = orjson.loads(raw)
-                    except orjson.JSONDecodeError:
-                        data = None
-                        head = _scrub(raw[:60].decode("utf-8", "replace"), api_key, 60)
-                        problem = f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
-                    else:
-                        # before the cache, the ledger, the table and any log see it: secrets by their look, and the
-                        # key this request carried by its value, wherever the teacher echoed it
-                        data = redact_key(scrub_obj(data), api_key)
-                        problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
-                        if (
-                            teacher.api == "anthropic" and problem is None
-                        ):  # the native answer, mapped to the one shape stored
-                            data = anthropic.to_chat_completion(data)
-                        problem = problem or _valid_completion(data)
-                        problem = f"bad_response: {_scrub(problem, api_key)}" if problem else None
-                    if problem:
-                        await ledger.close(res.id, "kept", note=problem[:200])
-                        out.cost_usd += worst
-                        guard.invalid(problem)
-                        out.status, out.reason = "failed", problem
-                        return out
-                    guard.valid()
-                    p, c, cost = usage_cost(data.get("usage"), teacher)
-                    bill = billed(data.get("usage"), teacher)
-                    record = {
-                        "teacher": teacher.name,
-                        "model": teacher.model,
-                        "base_url": teacher.base_url.rstrip("/"),
-                        "response": data,
-                        "cost_usd": worst if cost is None else cost,
-                        "latency_s": latency,
-                        "attempts": attempt,
-                        "run_id": run_id,
-                        "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    }
-                    # the answer is durable in the ledger (same transaction as its settle) before anything else
-                    ledger_note = None
-                    try:
-                        if cost is None:
-                            await ledger.close(res.id, "kept", note="no usable usage in response", answer=(cid, record))
-                        else:
-                            await ledger.close(
-                                res.id,
-                                "settled",
-                                cost_usd=cost,
-                                answer=(cid, record),
-                                usage=bill.as_dict() if bill is not None else None,
-                            )
-                    except LedgerError as e:
-                        # paid, but the ledger could not record it (full disk, server gone past its outage limit): the
-                        # reservation stays open (sent: kept at worst case when the run is finalized) and the answer
-                        # goes to the cache, so a re-run serves it instead of buying it again
-                        ledger_note = f"ledger_error: settle not recorded ({_scrub(str(e), api_key, 160)})"
-                    cost = worst if cost is None else cost
-                    cache_note = None
-                    try:
-                        await asyncio.to_thread(cache.put, cid, record)
-                    except OSError as e:
-                        cache_note = f"cache_error: {e.strerror or type(e).__name__} writing {cache.dir} " + (
-                            "(answer lost: a re-run buys it again)" if ledger_note else "(answer kept in the ledger)"
-                        )
-                    cache_note = "; ".join(n for n in (ledger_note, cache_note) if n) or None
-                    ans = answer_from_response(data, teacher)
-                    ans.cost_usd = out.cost_usd + cost
-                    ans.reserved_usd = out.reserved_usd
-                    ans.attempts = attempt
-                    ans.latency_s = latency
-                    if p is None and ans.reason is None:
-                        ans.reason = "no_usage: worst case charged"
-                    if cache_note:
-                        ans.reason = f"{ans.reason}; {cache_note}" if ans.reason else cache_note
-                    return ans
-                outcome = "release"
-                text = _scrub(raw.decode("utf-8", "replace"), api_key, 200)
-                last_reason = f"http_{status_code}: {text}"
-                if status_code == 400 and CONTEXT_EXCEEDED_RE.search(raw.decode("utf-8", "replace")[:2000]):
-                    last_reason = f"context_length_exceeded: {text}"  # not billed: released below, refit by replay
-                if status_code in RETRY_STATUS or (status_code or 0) >= 500:
-                    retry = True
-                    retry_after = _retry_after(resp.headers)
-            # an attempt that did not produce an answer
-            if outcome == "release":
-                await ledger.close(res.id, "released", note=last_reason[:200])
-            else:
-                await ledger.close(res.id, "kept", note=last_reason[:200])
-                out.cost_usd += worst
-            if not retry or attempt > teacher.max_retries:
+        while True:
+            n += 1
+            got = await call.attempt(n)
+            if isinstance(got, CallResult):
+                return got
+            if got.adapted:  # tried again at once without the parameter the model refused
+                adapted += 1
+                continue
+            if not got.retry or n > teacher.max_retries + adapted:
                 break
-            await asyncio.sleep(backoff_delay(teacher, attempt, retry_after))
+            await asyncio.sleep(backoff_delay(teacher, n - adapted, _retry_after(got.headers) if got.headers else None))
+    out = call.out
     out.status = "failed"
-    out.reason = last_reason if out.attempts <= 1 else f"{last_reason} (after {out.attempts} attempts)"
+    out.reason = call.last_reason if out.attempts <= 1 else f"{call.last_reason} (after {out.attempts} attempts)"
     return out

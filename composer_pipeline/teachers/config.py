@@ -31,6 +31,13 @@ def _at_least(obj: Any, keys: tuple[str, ...], *, positive: bool = False) -> Non
             raise ValueError(f"{k} must be {'> 0' if positive else '>= 0'}, got {v!r}")
 
 
+# the temperature range each protocol accepts (docs.anthropic.com Messages: 0-1; platform.openai.com chat: 0-2)
+TEMPERATURE_MAX = {"anthropic": 1.0, "openai": 2.0}
+# OpenAI reasoning-model families (o1, o3, o4-mini, gpt-5...): ``max_tokens`` is an unsupported_parameter there,
+# ``max_completion_tokens`` is what they take (platform.openai.com/docs/guides/reasoning)
+REASONING_MODEL_RE = re.compile(r"(o\d+|gpt-5)([-.:_].*)?$", re.I)
+
+
 @dataclass(frozen=True)
 class TeacherConfig:
     """One entry of ``teachers:``: an OpenAI-compatible endpoint + model, its prices, budget and request params."""
@@ -50,8 +57,10 @@ class TeacherConfig:
     )
     max_concurrency: int = setting(help="requests in flight at once to this teacher")
     max_tokens: int = setting(512, help="completion tokens per request (the worst case the budget reserves)")
-    temperature: float = setting(
-        0.0, help="0: greedy (entries of one model at 0 count as one vote); > 0: samples of the model"
+    temperature: float | None = setting(
+        None,
+        help="0: greedy (entries of one model at 0 count as one vote); > 0: samples of the model; null: not sent "
+        "(the model's default; newer Claude and OpenAI reasoning models refuse it). anthropic: 0-1, openai: 0-2",
     )
     top_p: float | None = setting(None, help="nucleus sampling, sent only when set")
     seed: int | None = setting(
@@ -82,7 +91,11 @@ class TeacherConfig:
         None,
         help="the teacher's window in tokens (prompt + max_tokens); longer prefixes are fitted (render.fit_messages); null: no limit",
     )
-    anthropic_version: str = setting("2023-06-01", help="anthropic: the anthropic-version header")
+    anthropic_version: str = setting(
+        "2023-06-01",
+        help="anthropic: the anthropic-version header (2023-06-01 is the latest version the API's versioning page "
+        "lists and the official SDK sends, checked Nov 2026)",
+    )
     fit_elide_step: int = setting(
         8,
         help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)",
@@ -119,6 +132,9 @@ class TeacherConfig:
         _at_least(self, ("cached_input_usd_per_mtok", "cache_write_usd_per_mtok"))
         if self.api not in ("openai", "anthropic"):
             raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
+        top = TEMPERATURE_MAX[self.api]
+        if self.temperature is not None and self.temperature > top:
+            raise ValueError(f"temperature must be in [0, {top:g}] for api: {self.api}, got {self.temperature!r}")
         if self.cached_input_usd_per_mtok is not None and self.cached_input_usd_per_mtok > self.input_usd_per_mtok:
             raise ValueError(
                 f"cached_input_usd_per_mtok {self.cached_input_usd_per_mtok:g} is above input_usd_per_mtok "
@@ -136,12 +152,20 @@ class TeacherConfig:
 
     def request_params(self) -> dict[str, Any]:
         """The sampling parameters sent with every request (part of the cache key)."""
-        p: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        p: dict[str, Any] = {self.max_tokens_param: self.max_tokens}
+        if self.temperature is not None:
+            p["temperature"] = self.temperature
         if self.top_p is not None:
             p["top_p"] = self.top_p
         if self.seed is not None:
             p["seed"] = self.seed
         return p
+
+    @property
+    def max_tokens_param(self) -> str:
+        """``max_completion_tokens`` for OpenAI's reasoning models (they refuse ``max_tokens``), else ``max_tokens``."""
+        reasoning = self.api == "openai" and REASONING_MODEL_RE.match(self.model.rsplit("/", 1)[-1])
+        return "max_completion_tokens" if reasoning else "max_tokens"
 
     @property
     def chat_url(self) -> str:

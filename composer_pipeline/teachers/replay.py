@@ -43,7 +43,7 @@ from composer_pipeline.teachers.client import (
     make_http_client,
     stream_cache_key,
 )
-from composer_pipeline.teachers.anthropic import CacheHint
+from composer_pipeline.teachers.anthropic import CacheHint, min_cached_tokens
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
@@ -275,7 +275,6 @@ def plan_requests(
 
 PREDICT_BYTES_PER_TOKEN = 4.0  # typical bytes per token of English, code and JSON (the worst case assumes 1)
 OPENAI_MIN_CACHED, OPENAI_CACHE_STEP = 1024, 128  # platform.openai.com/docs/guides/prompt-caching
-ANTHROPIC_MIN_CACHED = 1024  # Sonnet/Opus-class minimum cacheable prefix (docs.anthropic.com prompt caching)
 
 
 def predict_cached(requests: list[ReplayRequest]) -> list[float]:
@@ -285,7 +284,8 @@ def predict_cached(requests: list[ReplayRequest]) -> list[float]:
     messages extend the previous request's reads that previous prefix from the cache (OpenAI-style: in
     128-token steps from 1024 tokens; Anthropic: reads it and writes the rest) at the teacher's cached
     price; the first request of a stream, or one whose prefix changed (fitting moved its elision point),
-    pays in full (Anthropic: at the write price). Tokens at a typical 4 bytes each, the answer at
+    pays in full (Anthropic: at the write price; nothing is cached below the model family's minimum,
+    anthropic.min_cached_tokens). Tokens at a typical 4 bytes each, the answer at
     ``max_tokens``. An estimate to compare with what gets billed, never a reservation (those stay at the
     full-price worst case)."""
     out = [0.0] * len(requests)
@@ -306,11 +306,10 @@ def predict_cached(requests: list[ReplayRequest]) -> list[float]:
             extends = _extends(msgs, prev_msgs)
             reads = writes = 0
             if t.api == "anthropic":
-                if extends and prev_tokens >= ANTHROPIC_MIN_CACHED:
+                floor = min_cached_tokens(t.model)  # per model family
+                if extends and prev_tokens >= floor:
                     reads = prev_tokens
-                writes = (
-                    tokens - reads if tokens >= ANTHROPIC_MIN_CACHED and n < len(idx) - 1 else 0
-                )  # the last one writes nothing
+                writes = tokens - reads if tokens >= floor and n < len(idx) - 1 else 0  # the last one writes nothing
             elif extends and prev_tokens >= OPENAI_MIN_CACHED:
                 reads = (min(prev_tokens, tokens) // OPENAI_CACHE_STEP) * OPENAI_CACHE_STEP
             uncached = max(0, tokens - reads - writes)
@@ -392,6 +391,7 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
         "cache_write_tokens": res.cache_write_tokens,
         "elided_messages": max(res.elided_messages, r.elided_messages),
         "cut_messages": max(res.cut_messages, r.cut_messages),
+        "finish_reason": res.finish_reason,
     }
 
 

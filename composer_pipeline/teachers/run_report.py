@@ -15,6 +15,11 @@ In:  a ``teacher_replays`` table (one row per state × teacher) and what the run
   rounded to 1e-8 USD; every teacher with a row is listed;
 * ``prompt_tokens_by_teacher`` / ``cached_prompt_tokens_by_teacher``: prompt tokens of the answers paid
   in this run, and how many of them the provider read from its prompt cache;
+* ``usage_flagged_by_teacher``: answers paid in this run whose usage the provider reported beyond what the
+  request could be billed (``usage_over_bound``) or not as counts (``usage_invalid``), settled at most at
+  their reservation (pricing.settle); a teacher listed here is billing what it cannot have served;
+* ``refused``: answers that are a refusal (``status: refused``); ``cut_answers``: answers cut at their token
+  limit (``finish_reason`` length / max_tokens; they never vote);
 * ``fitted_answers``: answers whose prompt was elided or cut to fit the teacher's window;
   ``over_context_window``: rows still too long after one refit;
 * the row counts per teacher under ``by_teacher``;
@@ -37,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
+from composer_pipeline.tables import CUT_FINISH_REASONS
 
 _COUNTS = ("rows", "answered", "from_cache", "http_requests", "http_attempts", "failed", "budget_exhausted")
 PERCENTILES = (50, 90, 95, 99)
@@ -90,7 +97,9 @@ _COLUMNS = [
     "cached_tokens",
     "elided_messages",
     "cut_messages",
+    "finish_reason",
 ]
+USAGE_FLAGS = ("usage_over_bound", "usage_invalid")
 
 
 def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, Any]:
@@ -102,7 +111,8 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
     prompt_tokens: dict[str, int] = {}
     cached_tokens: dict[str, int] = {}
     failures: Counter[str] = Counter()
-    unparsed = fitted = over_window = 0
+    unparsed = fitted = over_window = refused = cut = 0
+    flagged: Counter[str] = Counter()
     http_lat: list[float] = []
     cached_lat: list[float] = []
     for r in table.select(_COLUMNS).to_pylist():
@@ -126,6 +136,10 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
         if not cache_hit:
             prompt_tokens[name] = prompt_tokens.get(name, 0) + (r["prompt_tokens"] or 0)
             cached_tokens[name] = cached_tokens.get(name, 0) + (r["cached_tokens"] or 0)
+        if not cache_hit and any(f in reason for f in USAGE_FLAGS):
+            flagged[name] += 1
+        refused += status == "refused"
+        cut += status == "answered" and r["finish_reason"] in CUT_FINISH_REASONS
         if status == "answered":
             unparsed += r["action"] is None
             fitted += bool(r["elided_messages"] or r["cut_messages"])
@@ -142,6 +156,9 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
         "spend_usd_by_teacher": {k: round(v, 8) for k, v in sorted(spend.items())},
         "prompt_tokens_by_teacher": dict(sorted(prompt_tokens.items())),
         "cached_prompt_tokens_by_teacher": dict(sorted(cached_tokens.items())),
+        "usage_flagged_by_teacher": dict(sorted(flagged.items())),
+        "refused": refused,
+        "cut_answers": cut,
         "fitted_answers": fitted,
         "over_context_window": over_window,
         "by_teacher": dict(sorted(by_teacher.items())),

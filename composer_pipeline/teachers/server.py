@@ -27,8 +27,10 @@ it to serve SmolLM2 under two teacher names without paying for the identical gen
 Deliberately simplified: one generation at a time per model (a lock; CPU has no batching gain at
 this size), the memo lives only as long as the process (``memo_size`` entries, LRU), prompts
 longer than ``max_prompt_tokens`` lose their oldest non-system messages, then
-their oldest tokens; the answer text is returned as ``content`` and tool calls are left in its
-``<tool_call>`` blocks for the client to parse (as with a vLLM server without a tool parser).
+their oldest tokens. Tool calls the model writes as ``<tool_call>`` blocks are answered in OpenAI's shape
+(``message.tool_calls``, ``finish_reason: tool_calls``); ``n`` choices are n draws (greedy: one answer n
+times); ``stop`` ends the text before the first stop string. A parameter it does not implement (``stream``, ``logprobs``, ``response_format``, a
+``tool_choice`` other than ``auto``...) is a 400 naming it, never silently ignored.
 """
 
 from __future__ import annotations
@@ -45,10 +47,56 @@ from typing import Any, Callable
 import orjson
 
 from composer_pipeline import chat
+from composer_pipeline.actions import ActionParseError, parse_action_text
 
 MAX_NEW_TOKENS = 1024
 MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
 PROMPT_CACHE_SIZE = 4  # prefilled prompts kept per model (SmolLM2-135M at 1k tokens: ~90 MB each)
+
+
+MAX_N = 8  # choices per request (``n``)
+# request parameters this server does not implement: one set to anything but its default is a 400 naming it
+UNSUPPORTED_PARAMS: dict[str, Callable[[Any], bool]] = {
+    "stream": lambda v: bool(v),
+    "logprobs": lambda v: bool(v),
+    "top_logprobs": lambda v: v is not None,
+    "logit_bias": lambda v: bool(v),
+    "presence_penalty": lambda v: bool(v),
+    "frequency_penalty": lambda v: bool(v),
+    "response_format": lambda v: v not in (None, {"type": "text"}),
+    "tool_choice": lambda v: v not in (None, "auto"),
+    "parallel_tool_calls": lambda v: v is False,
+}
+
+
+def stop_strings(body: dict[str, Any]) -> list[str]:
+    """The request's ``stop`` (a string or up to 4 strings); ValueError (a 400) for anything else."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else [] if stop is None else None
+    if stops is None or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"stop must be a non-empty string or a list of up to 4, got {stop!r}")
+    return stops
+
+
+def unsupported_params(body: dict[str, Any]) -> list[str]:
+    """The parameters of ``body`` this server would silently ignore (so it refuses them instead)."""
+    return [k for k, is_set in UNSUPPORTED_PARAMS.items() if k in body and is_set(body[k])]
+
+
+def chat_message(text: str, finish: str) -> tuple[dict[str, Any], str]:
+    """A generated text as OpenAI's assistant message: its ``<tool_call>`` blocks as ``tool_calls`` (with
+    ``finish_reason: tool_calls`` when the model stopped by itself); a text whose blocks do not parse stays
+    content, for the client to judge."""
+    try:
+        action = parse_action_text(text)
+    except ActionParseError:
+        return {"role": "assistant", "content": text}, finish
+    if not action.tool_calls:
+        return {"role": "assistant", "content": text}, finish
+    message = action.to_chat_message()
+    for call in message["tool_calls"]:
+        call["id"] = f"call_{uuid.uuid4().hex[:24]}"
+    return message, "tool_calls" if finish == "stop" else finish
 
 
 class GreedyMemo:
@@ -174,34 +222,53 @@ class LocalModel:
         return self.complete_with_memo(body)[0]
 
     def complete_with_memo(self, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """The completion and how the greedy memo served it: ``hit``, ``miss`` or ``off`` (sampling / no memo)."""
+        """The completion (``n`` choices) and how the greedy memo served it: ``hit``, ``miss`` or ``off``
+        (sampling / no memo); for ``n`` > 1 how the last choice was served."""
         import torch
 
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
+        n = body.get("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        stop_strings(body)  # a malformed stop is a 400 before anything is generated
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
         max_new = max(1, min(max_new, MAX_NEW_TOKENS))
         temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
         memo_key = self.memo.key(self.path, body, max_new) if self.memo is not None and temperature <= 0 else None
-        with self.lock:  # shared by the served names of these weights: an identical request waits, then hits
-            cached = self.memo.get(memo_key) if memo_key is not None else None
-            if cached is None:
-                cached = self._generate(body, messages, max_new, temperature, torch)
-                if memo_key is not None:
-                    self.memo.put(memo_key, cached)
-                how = "off" if memo_key is None else "miss"
-            else:
-                how = "hit"
-        text, finish, n_prompt, n_new = cached
+        choices, n_prompt, n_out, how = [], 0, 0, "off"
+        for i in range(n):  # greedy: the same answer n times (the memo); sampled: n draws of one stream
+            (text, finish, n_prompt, n_new), how = self._one(body, messages, max_new, temperature, memo_key, torch)
+            message, finish = chat_message(text, finish)
+            choices.append({"index": i, "finish_reason": finish, "message": message})
+            n_out += n_new
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.name,
-            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_new, "total_tokens": n_prompt + n_new},
+            "choices": choices,
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
         }, how
+
+    def _one(
+        self,
+        body: dict[str, Any],
+        messages: list[dict[str, Any]],
+        max_new: int,
+        temperature: float,
+        memo_key: bytes | None,
+        torch: Any,
+    ) -> tuple[tuple[str, str, int, int], str]:
+        with self.lock:  # shared by the served names of these weights: an identical request waits, then hits
+            cached = self.memo.get(memo_key) if memo_key is not None else None
+            if cached is not None:
+                return cached, "hit"
+            cached = self._generate(body, messages, max_new, temperature, torch)
+            if memo_key is not None:
+                self.memo.put(memo_key, cached)
+            return cached, "off" if memo_key is None else "miss"
 
     def _generate(
         self, body: dict[str, Any], messages: list[dict[str, Any]], max_new: int, temperature: float, torch: Any
@@ -232,6 +299,9 @@ class LocalModel:
         eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         finish = "stop" if (new and new[-1] in eos_ids) or len(new) < max_new else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
+        at = [text.find(s) for s in stop_strings(body) if s in text]
+        if at:  # OpenAI's ``stop``: the text ends before the first stop string, which is not returned
+            text, finish = text[: min(at)], "stop"
         return text, finish, len(ids), len(new)
 
 
@@ -313,8 +383,9 @@ class _Handler(BaseHTTPRequestHandler):
                 404, f"model {body.get('model')!r} not served; serving {sorted(self.server.models)}", "model_not_found"
             )
             return
-        if body.get("stream"):
-            self._error(400, "stream=true is not supported", "invalid_request_error")
+        refused = unsupported_params(body)
+        if refused:
+            self._error(400, f"not supported by this server: {', '.join(refused)}", "invalid_request_error")
             return
         try:
             resp, how = model.complete_with_memo(body)

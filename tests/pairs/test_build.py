@@ -457,3 +457,33 @@ def test_a_chosen_side_that_parrots_an_earlier_prompt_message_is_dropped_with_th
         teachers=cfg,
     )
     assert res.pairs.num_rows == 1
+
+
+def test_an_answer_cut_at_its_token_limit_never_votes_nor_becomes_the_chosen_side(session_tables):
+    """Issue 34: an answer whose ``finish_reason`` says it hit ``max_tokens`` (OpenAI ``length``, Anthropic
+    ``max_tokens``) is half an action (a tool call with ``{}`` arguments): it is dropped before the vote."""
+    cfg = _teachers(
+        ("a", "http://127.0.0.1:9001/v1", "model-a", 0.0),
+        ("b", "http://127.0.0.1:9002/v1", "model-b", 0.0),
+        ("c", "http://127.0.0.1:9003/v1", "model-c", 0.0),
+    )
+
+    def build(finish_a, finish_b):
+        rows = _bash_state(("a", EDIT), ("b", EDIT), ("c", GREP))
+        rows[0]["finish_reason"], rows[1]["finish_reason"], rows[2]["finish_reason"] = finish_a, finish_b, "stop"
+        t = _with_replays(session_tables, rows)
+        return build_pairs(
+            t["trace_states"],
+            t["trace_messages"],
+            t["teacher_replays"],
+            PairRecipe.load(None),
+            RenderOptions(),
+            teachers=cfg,
+        )
+
+    whole = build("tool_calls", "tool_use")
+    assert whole.pairs.num_rows == 1 and whole.stats["answers_cut_dropped"] == 0
+    assert Action.from_json(whole.pairs.to_pylist()[0]["chosen"]) == EDIT
+    cut = build("length", "max_tokens")
+    assert cut.stats["answers_cut_dropped"] == 2
+    assert cut.pairs.num_rows == 0 and cut.positives.num_rows == 0

@@ -145,3 +145,31 @@ def test_converted_gguf_copy_loses_its_quantization_marker(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama"}
     _strip_gguf_marker(tmp_path)  # idempotent
     assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama"}
+
+
+def test_n_choices_and_plain_refusals(tiny_server):
+    """Issue 34: ``n`` is honoured (greedy: the same answer n times, its completion tokens billed n times), and
+    what the server does not implement is a 400 that names it, never silently ignored."""
+    msgs = [{"role": "user", "content": "Run the tests."}]
+    url = tiny_server + "/chat/completions"
+    one = httpx.post(url, json={"model": "tiny", "messages": msgs, "max_tokens": 6, "temperature": 0}, timeout=60)
+    three = httpx.post(
+        url, json={"model": "tiny", "messages": msgs, "max_tokens": 6, "temperature": 0, "n": 3}, timeout=60
+    )
+    assert one.status_code == three.status_code == 200
+    choices = three.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert {c["message"]["content"] for c in choices} == {one.json()["choices"][0]["message"]["content"]}
+    assert three.json()["usage"]["completion_tokens"] == 3 * one.json()["usage"]["completion_tokens"]
+    assert three.json()["usage"]["prompt_tokens"] == one.json()["usage"]["prompt_tokens"]
+    for extra, named in (
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"stream": True}, "stream"),
+    ):
+        r = httpx.post(url, json={"model": "tiny", "messages": msgs, "max_tokens": 4, **extra}, timeout=30)
+        assert r.status_code == 400 and named in r.json()["error"]["message"], extra
+    for n in (0, 9, "2"):
+        r = httpx.post(url, json={"model": "tiny", "messages": msgs, "max_tokens": 4, "n": n}, timeout=30)
+        assert r.status_code == 400 and "n must be" in r.json()["error"]["message"], n

@@ -24,7 +24,14 @@ Rules emulated (from the providers' docs, /work/shared/notes/providers.md):
   ``min_cached`` tokens long; usage ``input_tokens`` (after the last breakpoint),
   ``cache_read_input_tokens``, ``cache_creation_input_tokens``; x-api-key / anthropic-version checked;
   user/assistant alternation and every ``tool_use`` answered by a ``tool_result`` in the next user turn;
-* ``inject``: scripted faults consumed in order, e.g. ``(529, {})`` overloaded, ``(429, {"retry-after": "0"})``.
+* ``inject``: scripted faults consumed in order, e.g. ``(529, {})`` overloaded, ``(429, {"retry-after": "0"})``;
+* ``script``: scripted answers consumed in order by answered requests, each a dict with any of ``usage`` (the
+  usage reported instead of the true one: absurd, negative or overflowing counts), ``stop`` (the stop reason,
+  e.g. ``length`` / ``max_tokens``), ``refusal`` (a refusal text: OpenAI ``message.refusal``, Anthropic
+  ``stop_reason: refusal``);
+* current models' request rules (providers.md): ``reasoning`` (OpenAI gpt-5 / o-series: ``max_tokens`` is
+  400 ``unsupported_parameter``, a temperature other than 1 is 400 ``unsupported_value``) and
+  ``sampling=False`` (newer Claude models: ``temperature`` / ``top_p`` are 400 "... is deprecated for this model.").
 
 Deliberately simplified: one cache per emulator (no routing across machines), bytes-based tokens, no
 streaming, no images, no rate limits beyond ``inject``.
@@ -33,6 +40,7 @@ streaming, no images, no rate limits beyond ``inject``.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -59,6 +67,8 @@ class ModelRules:
     min_cached: int = 1024
     step: int = 128  # openai: cached tokens come in these increments
     ttl_s: float = 300.0
+    reasoning: bool = False  # openai: max_tokens and a temperature other than 1 are refused (400)
+    sampling: bool = True  # anthropic: False refuses temperature / top_p (400, "deprecated for this model")
 
 
 @dataclass
@@ -94,7 +104,11 @@ class _Handler(JsonHandler):
     server: "ProviderEmulator"
 
     def _send(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-        super()._send(status, orjson.dumps(obj), headers)
+        try:
+            data = orjson.dumps(obj)
+        except TypeError:  # a scripted count beyond 64 bits: JSON has no limit, orjson has
+            data = json.dumps(obj).encode()
+        super()._send(status, data, headers)
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -157,6 +171,7 @@ class ProviderEmulator(ThreadingHTTPServer):
         self.requests: list[Seen] = []
         self.over_window: list[tuple[str, int]] = []  # (model, prompt tokens + max_tokens) rejected as too long
         self.inject: list[tuple[int, dict[str, str]]] = []
+        self.script: list[dict[str, Any]] = []  # scripted answers (see the module docstring)
         self._thread: threading.Thread | None = None
 
     # -- cache
@@ -194,12 +209,45 @@ class ProviderEmulator(ThreadingHTTPServer):
     def _offers_read(names: list[str]) -> bool:
         return "Read" in names
 
+    def _next_script(self) -> dict[str, Any]:
+        with self.lock:
+            return self.script.pop(0) if self.script else {}
+
+    @staticmethod
+    def _openai_rules(body: dict[str, Any], rules: ModelRules) -> tuple[int, dict[str, Any]] | None:
+        if not rules.reasoning:
+            return None
+        if "max_tokens" in body:
+            return 400, {
+                "error": {
+                    "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                    "Use 'max_completion_tokens' instead.",
+                    "type": "invalid_request_error",
+                    "param": "max_tokens",
+                    "code": "unsupported_parameter",
+                }
+            }
+        if body.get("temperature", 1) != 1:
+            return 400, {
+                "error": {
+                    "message": f"Unsupported value: 'temperature' does not support {body['temperature']} with this "
+                    "model. Only the default (1) value is supported.",
+                    "type": "invalid_request_error",
+                    "param": "temperature",
+                    "code": "unsupported_value",
+                }
+            }
+        return None
+
     def openai(self, body: dict[str, Any], rules: ModelRules) -> tuple[int, dict[str, Any]]:
+        refused = self._openai_rules(body, rules)
+        if refused is not None:
+            return refused
         msgs = body.get("messages") or []
         parts = [orjson.dumps(body.get("tools") or [])] + [orjson.dumps(m) for m in msgs]
         stream = b"".join(parts)
         prompt = _tokens(len(stream), rules.bytes_per_token)
-        max_out = int(body.get("max_tokens") or 0)
+        max_out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
         if prompt + max_out > rules.context_window:
             with self.lock:
                 self.over_window.append((str(body.get("model")), prompt + max_out))
@@ -251,14 +299,22 @@ class ProviderEmulator(ThreadingHTTPServer):
         completion = 12
         self._touch(keys, rules.ttl_s)  # the entries exist once this request is answered
         self._bill(str(body.get("model")), rules, prompt, cached, 0, completion)
+        script = self._next_script()
+        if script.get("refusal"):
+            message = {"role": "assistant", "content": None, "refusal": script["refusal"]}
         return 200, {
             "id": f"chatcmpl-emu{len(self.requests)}",
             "object": "chat.completion",
             "model": body.get("model"),
             "choices": [
-                {"index": 0, "finish_reason": "tool_calls" if "tool_calls" in message else "stop", "message": message}
+                {
+                    "index": 0,
+                    "finish_reason": script.get("stop") or ("tool_calls" if "tool_calls" in message else "stop"),
+                    "message": message,
+                }
             ],
-            "usage": {
+            "usage": script.get("usage")
+            or {
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
                 "total_tokens": prompt + completion,
@@ -276,6 +332,9 @@ class ProviderEmulator(ThreadingHTTPServer):
             return 401, {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}
         if not isinstance(body.get("max_tokens"), int):
             return bad("max_tokens: Field required")
+        for k in ("temperature", "top_p"):
+            if not rules.sampling and k in body:
+                return bad(f"{k} is deprecated for this model.")
         msgs = body.get("messages") or []
         blocks: list[Any] = list(body.get("tools") or [])
         system = body.get("system") or []
@@ -351,14 +410,18 @@ class ProviderEmulator(ThreadingHTTPServer):
         completion = 12
         self._touch([keys[bp] for bp in writable], rules.ttl_s)
         self._bill(str(body.get("model")), rules, prompt, reads, writes, completion)
+        script = self._next_script()
+        if script.get("refusal"):
+            content, stop = [{"type": "text", "text": script["refusal"]}], "refusal"
         return 200, {
             "id": f"msg_emu{len(self.requests)}",
             "type": "message",
             "role": "assistant",
             "model": body.get("model"),
             "content": content,
-            "stop_reason": stop,
-            "usage": {
+            "stop_reason": script.get("stop") or stop,
+            "usage": script.get("usage")
+            or {
                 "input_tokens": prompt - reads - writes,
                 "output_tokens": completion,
                 "cache_read_input_tokens": reads,
