@@ -8,7 +8,7 @@ Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column 
 quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
 the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, the doubled
 escapes of a JSON document nested in a string, or a URL's percent-escape ``%20`` / ``%2F`` / ``%3D``,
-matches; see ``_start``). A URL-encoded key itself: the built-in token formats consist of
+also encoded again, ``%252F`` / ``%253D`` (up to three times), matches; see ``_start``). A URL-encoded key itself: the built-in token formats consist of
 characters URL encoders leave alone (letters, digits, ``-_.``: encodeURIComponent, ``urllib.parse.quote``),
 so an encoded key is the key and is caught; a Slack webhook URL is also matched with ``%2F`` for
 ``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an
@@ -45,8 +45,14 @@ import pyarrow as pa
 # encoder writes one (JSON.stringify, orjson and json.dumps escape only quotes, backslashes, control
 # characters and, optionally, non-ASCII).
 # A URL's percent-escape (``%20``, ``%2F``, ``%3D``, ``%0A``: a curl command, a logged URL) ends in a hex
-# digit too, and decodes to a separator: a key right after one matches as well.
-_ESCAPE_BEFORE = r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4})|(?<=%[0-9A-Fa-f]{2}))"  # case-sensitive even in (?i)
+# digit too, and decodes to a separator: a key right after one matches as well, also when the URL was
+# encoded again (``%252F``: a URL in a query parameter, ``next=%252Fapi%252F...``), up to three times.
+_PERCENT = ("%", "%25", "%2525")  # what stands before the two hex digits of an escape encoded 1, 2, 3 times
+_ESCAPE_BEFORE = (  # case-sensitive even in (?i)
+    r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4})" + "".join(f"|(?<={p}[0-9A-Fa-f]{{2}})" for p in _PERCENT) + ")"
+)
+# a percent-escape in a pattern: encoded once or more (``%3D``, ``%253D``)
+_PCT = "%(?:25)*"
 
 
 def _start(cls: str) -> str:
@@ -65,16 +71,17 @@ def _after(cls: str, lit: str) -> str:
     """The boundary check of :func:`_keyed`, placed right after ``lit``."""
     return (
         rf"(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
-        rf"|(?<=%[0-9A-Fa-f]{{2}}(?:{lit}))))"
+        + "".join(rf"|(?<={p}[0-9A-Fa-f]{{2}}(?:{lit}))" for p in _PERCENT)
+        + "))"
     )
 
 
 # Between a secret-sounding name and its value: a quote (escaped at any depth: ``\"``, ``\\\"``), blanks
 # (a tab is ``\t`` in JSON), ``:`` or ``=``, blanks, a quote.
-_QUOTE = r"""(?:\\*[\"']|%2[27])?"""  # (%22 / %27: a URL-encoded quote)
+_QUOTE = r"""(?:\\*[\"']|""" + _PCT + "2[27])?"  # (%22 / %27: a URL-encoded quote)
 _BLANKS = r"(?:[ \t]|\\t)*"
 # (``%3A`` / ``%3D``: the ``:`` / ``=`` of a URL-encoded query string, ``?q=DB_PASSWORD%3Dhunter22``)
-_SEP = _QUOTE + _BLANKS + "(?:[:=]|%3[AaDd])" + _BLANKS + _QUOTE
+_SEP = _QUOTE + _BLANKS + "(?:[:=]|" + _PCT + "3[AaDd])" + _BLANKS + _QUOTE
 
 # kind -> (regex source, prechecks). Every match of the regex contains a match of one precheck
 # (literals, or regexes that start with a literal so ``re`` can use its fast prefix search).
@@ -82,13 +89,15 @@ _SEP = _QUOTE + _BLANKS + "(?:[:=]|%3[AaDd])" + _BLANKS + _QUOTE
 _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private_key",
-        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
+        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:(?:(?!-----BEGIN ).)*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
         r"|(?:[A-Za-z0-9+/=\s]|\\+[nrt])*)",
         ("PRIVATE KEY-----",),
-    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). Without
-    # its END line (cut off) the body runs on while it is base64, blanks or newline escapes at any
-    # nesting depth (a run of backslashes + n/r/t), never into the backslashes before a quote: every
-    # JSON string around it, nested or not, stays valid
+    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). The END
+    # line is looked for only up to the next "-----BEGIN " (a block holds none): linear in the text
+    # however many headers lack an END (grep output of certs/ has thousands). Without its END line
+    # (cut off) the body runs on while it is base64, blanks or newline escapes at any nesting depth
+    # (a run of backslashes + n/r/t), never into the backslashes before a quote: every JSON string
+    # around it, nested or not, stays valid
     ("aws_access_key", _keyed("[A-Z0-9]", "AKIA|ASIA") + r"[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
@@ -117,7 +126,7 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         # (a webhook URL also URL-encoded, as a query parameter: ``/`` -> ``%2F``)
         _keyed("[A-Za-z0-9]", "xox") + r"[abposr]-[A-Za-z0-9\-]{10,}"
         r"|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+"
-        r"|hooks\.slack\.com%2[Ff]services%2[Ff](?:[A-Za-z0-9_\-]|%2[Ff])+",
+        rf"|hooks\.slack\.com{_PCT}2[Ff]services{_PCT}2[Ff](?:[A-Za-z0-9_\-]|{_PCT}2[Ff])+",
         ("xox", r"hooks\.slack\.com"),
     ),
     ("google_api_key", _keyed("[A-Za-z0-9]", "AIza") + r"[0-9A-Za-z_\-]{35}", ("AIza",)),
@@ -153,7 +162,7 @@ _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (
 PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("PRIVATE KEY-----", False),
     ("(?:AKIA|ASIA)[0-9A-Z]{16}", False),
-    ("aws_secret_access_key" + _QUOTE + _BLANKS + "[:=]", True),
+    ("aws_secret_access_key" + _QUOTE + _BLANKS + "(?:[:=]|" + _PCT + "3[AaDd])", True),
     ("gh[pousr]_[A-Za-z0-9]{30}", False),
     ("github_pat_[A-Za-z0-9_]{22}", False),
     (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
@@ -402,17 +411,19 @@ def apply_splices(data: bytes, splices: list[tuple[int, int, bytes]]) -> bytes:
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+_PERCENT_BYTES = tuple(p.encode() for p in _PERCENT)
 
 
 def starts_word(data: bytes, i: int) -> bool:
     """``_start("[A-Za-z0-9]")`` at offset ``i`` of ``data``: no letter or digit before it, or an escape
-    (backslash + ``nrtbf``, ``\\uXXXX``, or a URL's ``%XX``) right before it."""
+    (backslash + ``nrtbf``, ``\\uXXXX``, or a URL's ``%XX``, ``%25XX``, ``%2525XX``) right before it."""
     if i == 0 or data[i - 1] not in _ALNUM:
         return True
     if i >= 2 and data[i - 2] == 92 and data[i - 1] in b"nrtbf":
         return True
-    if i >= 3 and data[i - 3] == 37 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape)
-        return True
+    if i >= 3 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape, encoded up to 3 times)
+        if any(data[max(0, i - 2 - len(p)) : i - 2] == p for p in _PERCENT_BYTES):
+            return True
     return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4 : i])
 
 

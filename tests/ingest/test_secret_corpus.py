@@ -67,6 +67,13 @@ VARIANTS = [
     ),
     ("password_assignment", "DB_PASSWORD%3DPw9UrlEnc0ded7", "Pw9UrlEnc0ded7"),
     ("password_assignment", "%22api_key%22%3A%22Ak9UrlEnc0ded3%22", "Ak9UrlEnc0ded3"),
+    # encoded twice (a URL inside a query parameter: ``%`` -> ``%25``)
+    (
+        "slack_token",
+        "https%253A%252F%252Fhooks.slack.com%252Fservices%252FT0AB12CD3%252FB0EF45GH6%252FTw1ceEnc0dedHo0k",
+        "Tw1ceEnc0dedHo0k",
+    ),
+    ("password_assignment", "DB_PASSWORD%253DPw9Tw1ceEnc0ded", "Pw9Tw1ceEnc0ded"),
 ]
 SAMPLES = [(kind, key, frag) for kind, (key, frag) in KEYS.items()] + VARIANTS  # (kind, key, fragment)
 PER_KIND = {kind: sum(1 for k, _, _ in SAMPLES if k == kind) for kind in KEYS}
@@ -93,6 +100,10 @@ POSITIONS = {
     "after %3A": "header=Authorization%3A{k}",
     "after %22": "body=%7B%22k%22%3A%22{k}%22%7D",
     "after %0A": "text=line%0A{k}",
+    # a URL encoded again (a redirect target in a query parameter): the escape's own ``%`` became ``%25``
+    "after %252F": "GET /login?next=%252Fapi%252F{k}",
+    "after %253D": "state=token%253D{k}",
+    "after %25252F": "u=%25252Fx%25252F{k}",
 }
 
 # must come through unchanged (decoded), wherever they stand
@@ -314,6 +325,9 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
     root, sid = tmp_path / "traces", "c0ffee00-0000-4000-8000-000000000777"
     folders = [f"-home-dev-{KEYS[kind][0]}" for kind in CWD_KINDS]
     folders.append("-home-dev-" + KEYS["aws_access_key"][0].replace("QWERTY", "ZXCVBN"))  # same session file name
+    # after a twice URL-encoded separator (a cwd named after a redirect URL)
+    twice = {"AKIADBLENC0DED9KEY42": "DBLENC0DED9KEY42", "ghp_" + "Tw1cE3nc0dEd" * 3: "Tw1cE3nc0dEdTw1cE3"}
+    folders += ["-home-dev-next=%252Fapi%252FAKIADBLENC0DED9KEY42", "-home-dev-token%253Dghp_" + "Tw1cE3nc0dEd" * 3]
     for folder in folders:
         cwd = "/" + folder[1:].replace("-", "/", 2)
         s = Session(sid=sid, cwd=cwd)
@@ -325,7 +339,7 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
         agent.user("look")
         agent.assistant(text("done"))
         agent.write(root / folder / sid / "subagents" / "agent-a5ec0e7.jsonl")
-    frags = [KEYS[kind][1] for kind in CWD_KINDS] + ["ZXCVBNUIOPASDFGH"]
+    frags = [KEYS[kind][1] for kind in CWD_KINDS] + ["ZXCVBNUIOPASDFGH", *twice.values()]
 
     out = tmp_path / "out"
     buf = io.StringIO()
