@@ -193,6 +193,21 @@ PREFILTER_KINDS: list[tuple[str, ...]] = [
 assert len(PREFILTER_KINDS) == len(PREFILTER_PARTS)
 
 
+# what a token of each variable-length kind may go on with past a seam (8+ characters of its body: a
+# shorter rest tells little). Not here: the fixed-length kinds (AWS, Google) end where their match ends;
+# a PEM body or a password= value would take the words of a next block that starts a sentence
+_CONTINUES = {
+    kind: re.compile(cls + "{8,}")
+    for kind, cls in (
+        ("github_token", "[A-Za-z0-9_]"),
+        ("anthropic_key", r"[A-Za-z0-9_\-]"),
+        ("openai_key", r"[A-Za-z0-9_\-]"),
+        ("slack_token", r"[A-Za-z0-9/_\-]"),
+        ("jwt", r"[A-Za-z0-9_\-.]"),
+    )
+}
+_TAG_AT_END = re.compile(r"\[REDACTED:([a-z_]+)\]\Z")
+
 _REGEX_CHARS = set("\\()[]|?*+{}")
 
 
@@ -296,6 +311,15 @@ class Scrubber:
                     b = f"[REDACTED:{p.kind}]" + b[m.end() - seam :]
                 self.counts[p.kind] += 1
                 break  # (one seam, one secret: the halves are now tags)
+            else:
+                # a first half long enough to match alone was redacted where it was scrubbed (ingest, one
+                # line per block): the seam then shows a tag and the key's rest, which matches nothing
+                tag = _TAG_AT_END.search(a)
+                rest = _CONTINUES.get(tag.group(1)) if tag else None
+                m = rest.match(b) if rest else None
+                if m:
+                    b = f"[REDACTED:{tag.group(1)}]" + b[m.end() :]
+                    self.counts[tag.group(1)] += 1
             out[i], out[i + 1] = a, b
         return out
 

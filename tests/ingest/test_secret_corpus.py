@@ -428,3 +428,37 @@ def test_both_prefilter_backends_and_the_exact_path_agree_on_the_corpus(corpus):
             s = Scrubber()
             assert s.scrub_bytes(data, backend) == want, (path, backend)
             assert dict(s.counts) == dict(exact.counts), (path, backend)
+
+
+def test_a_key_whose_first_half_matches_alone_leaves_no_second_half_in_the_prefix(tmp_path):
+    """A 108-character Anthropic key split across two user text blocks after 56 characters: the first
+    half is a key by itself and was redacted at ingest, so the seam showed a tag and the 52 characters
+    after it, which match nothing, and they reached the teacher. A tag that ends a block now takes the
+    key's rest at the start of the next one (text, thinking and tool-call arguments alike)."""
+    from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+    keys = {"anthropic_key": "sk-ant-api03-" + ("Lo9Ng8An7Th6Ro5Pi4Ck3" * 5)[:95]}
+    keys["github_token"] = "ghp_" + "Se4Co1Nd7Ha2Lf" * 5
+    keys["openai_key"] = "sk-proj-" + "Op5Li9Tt3Wo8Bl" * 6
+    s = Session(sid="c0ffee00-0000-4000-8000-0000000000fa")
+    rests = []
+    for i, (kind, key) in enumerate(keys.items()):
+        cut = len(key) * 52 // 100
+        head, rest = key[:cut], key[cut:]
+        assert Scrubber().scrub(head) == f"[REDACTED:{kind}]" and Scrubber().scrub(rest) == rest
+        rests.append(rest)
+        s.user([text("my key is " + head), text(rest + " - please use it")])
+        s.assistant(text("I will set " + head), text(rest), tool("Bash", f"t{i}", command="export K=" + head, d=rest))
+        s.result(f"t{i}", "ok")
+    s.user("thanks")
+    s.assistant(text("done"))
+    s.write(tmp_path / "p" / "s.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    res = ingest_checked(sf)
+    conv = Conversation.from_table(res.messages)
+    last = res.states.to_pylist()[-1]
+    sent = json.dumps(render_state(conv, last, RenderOptions()).messages)
+    assert len(keys["anthropic_key"]) == 108
+    leaked = [r[:12] for r in rests if r[:12] in sent]
+    assert not leaked, leaked
+    assert sent.count("- please use it") == len(keys)  # the next block's own words stay
