@@ -14,7 +14,8 @@ so an encoded key is the key and is caught; a Slack webhook URL is also matched 
 ``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an
 assignment (its value up to the next ``&``). Not caught: a key whose unreserved characters were
 escaped too (``sk%2Dant%2D...``, which no standard encoder writes) and a PEM block whose blanks
-became ``%20``. Replacements contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
+became ``%20``. A key with an invisible character inside (zero-width space, soft hyphen, ...) or a
+letter written as an HTML numeric entity (``&#65;KIA...``) is caught as a reader sees it (``_INVISIBLE``). Replacements contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
 valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret and, with Hyperscan, which kinds; only those kinds' exact
 regexes then run, line by line, on only those lines. Extra patterns from ``recipes/ingest.yaml``
@@ -159,6 +160,41 @@ KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
 # (source, caseless). Run by Hyperscan when installed (one SIMD pass, ~2.5 GB/s here), else by RE2
 # through pyarrow.compute (~0.2-0.3 GB/s); both fold case at least as widely as Python's ASCII ``(?i)``.
 _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (``\s`` spelled out)
+
+# Hidden spellings of a key: an invisible character inside it (zero-width space, non-joiner and joiner,
+# word joiner, BOM, soft hyphen: a key copied from a web page or a chat) or one of its letters or digits
+# written as an HTML numeric entity (``&#65;KIA...``). A line (or text) holding one is scrubbed again as
+# a reader sees it, invisible characters removed and those entities decoded, and kept in that form when
+# that finds a secret the line as written hid (the line's other content is unchanged but for them).
+# As raw JSONL bytes: the UTF-8 of the characters, or their ``\uXXXX`` escapes at any nesting depth
+# (the whole run of backslashes goes with an escape, so every JSON string around it stays valid).
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
+_INVISIBLE_BYTES = r"\xe2\x80[\x8b-\x8d]|\xe2\x81\xa0|\xef\xbb\xbf|\xc2\xad"
+_INVISIBLE_ESCAPE = r"\\+u(?:200[bcdBCD]|2060|[fF][eE][fF][fF]|00[aA][dD])"
+# entities of ASCII letters and digits only (``&#39;``, an apostrophe, hides nothing)
+_ALNUM_ENTITY = r"&#(?:0*(?:4[89]|5[0-7]|6[5-9]|[78][0-9]|9[07-9]|1[01][0-9]|12[0-2])|[xX]0*(?:3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]));"
+_HIDDEN_PART = "|".join((_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, _ALNUM_ENTITY))
+_HIDDEN_BYTES = re.compile(b"|".join(x.encode() for x in (_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, f"({_ALNUM_ENTITY})")))
+_HIDDEN_STR = re.compile(f"[{_INVISIBLE}]|({_ALNUM_ENTITY})")
+
+
+def _entity_char(entity: str) -> str:
+    """``&#65;`` / ``&#x41;`` -> ``A``."""
+    body = entity[2:-1]
+    return chr(int(body[1:], 16) if body[:1] in "xX" else int(body))
+
+
+def _shown_bytes(line: bytes) -> bytes:
+    """A raw line as a reader sees its text: invisible characters (and their escapes) removed, entities of
+    letters and digits decoded."""
+
+    return _HIDDEN_BYTES.sub(lambda m: _entity_char(m.group(1).decode()).encode() if m.group(1) else b"", line)
+
+
+def _shown_text(text: str) -> str:
+    return _HIDDEN_STR.sub(lambda m: _entity_char(m.group(1)) if m.group(1) else "", text)
+
+
 PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("PRIVATE KEY-----", False),
     ("(?:AKIA|ASIA)[0-9A-Z]{16}", False),
@@ -171,6 +207,7 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
     ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
+    (_HIDDEN_PART, False),  # a hidden spelling (below): every kind runs on the line as a reader sees it
 ]
 PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS)  # the RE2 form
 # The kinds each part stands for: every match of a kind contains a match of one of its own parts (the
@@ -189,6 +226,7 @@ PREFILTER_KINDS: list[tuple[str, ...]] = [
     ("google_api_key",),
     ("jwt",),
     ("password_assignment",),
+    (),  # (the hidden spellings: _HIDDEN_BIT)
 ]
 assert len(PREFILTER_KINDS) == len(PREFILTER_PARTS)
 
@@ -275,13 +313,25 @@ class Scrubber:
         self.counts: Counter[str] = Counter()
 
     def scrub(self, text: str) -> str:
+        if "&#" in text or any(ch in text for ch in _INVISIBLE):  # a hidden spelling (see _INVISIBLE)
+            shown = _shown_text(text)
+            if shown != text:  # as in _scrub_shown: as written, unless the spelling hid a secret
+                as_written, as_shown = Counter(), Counter()
+                written = self._scrub_text(text, as_written)
+                seen = self._scrub_text(shown, as_shown)
+                text, found = (seen, as_shown) if seen != _shown_text(written) else (written, as_written)
+                self.counts.update(found)
+                return text
+        return self._scrub_text(text, self.counts)
+
+    def _scrub_text(self, text: str, counts: Counter) -> str:
         for p in self.patterns:
             if p.pre and not p.hit_in(text):
                 continue
             repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.keep else f"[REDACTED:{p.kind}]"
             text, n = p.rs.subn(repl, text)
             if n:
-                self.counts[p.kind] += n
+                counts[p.kind] += n
         return text
 
     def scrub_seams(self, pieces: list[str], reach: int = 4096) -> list[str]:
@@ -359,7 +409,13 @@ class Scrubber:
 
     def _scrub_line(self, line: bytes, kinds: int, counts: Counter) -> bytes:
         """The built-in kinds whose bit (index in :attr:`builtin`) is set in ``kinds``, in order, over one
-        line (no newline in it). Returns ``line`` itself when nothing matched."""
+        line (no newline in it); with :data:`_HIDDEN_BIT`, see :meth:`_scrub_shown`. Returns ``line``
+        itself when nothing matched."""
+        if kinds & _HIDDEN_BIT:
+            shown = _shown_bytes(line)
+            if shown != line:
+                new, _ = self._scrub_shown(line, shown, counts)
+                return new
         for i, p in enumerate(self.builtin):
             if not kinds >> i & 1:
                 continue
@@ -372,6 +428,19 @@ class Scrubber:
                 counts[p.kind] += n
         return line
 
+    def _scrub_shown(self, line: bytes, shown: bytes, counts: Counter) -> tuple[bytes, bool]:
+        """A line with a hidden spelling (see ``_INVISIBLE``), scrubbed as written or, when that spelling hid
+        a secret, as shown (``shown``: :func:`_shown_bytes` of it): it hid one when scrubbing the shown
+        line differs from showing the scrubbed one. (The scrubbed line, whether it is the shown one.)"""
+        as_written, as_shown = Counter(), Counter()
+        written = self._scrub_line(line, _BUILTIN_BITS, as_written)
+        seen = self._scrub_line(shown, _BUILTIN_BITS, as_shown)
+        if seen != _shown_bytes(written):
+            counts.update(as_shown)
+            return seen, True
+        counts.update(as_written)
+        return written, False
+
     def _scrub_lines(self, data: bytes, counts: Counter | None = None) -> bytes:
         """The built-in kinds over a buffer of lines (the exact path; also correct on a whole file).
 
@@ -381,6 +450,18 @@ class Scrubber:
         equals running it on the whole buffer: tests/ingest/test_scrub.py checks exactly that).
         """
         counts = self.counts if counts is None else counts
+        pieces, pos = [], 0
+        for start, end in _line_spans(data, data, _HIDDEN_BYTES, True):  # a line a hidden spelling changes
+            line = data[start:end]
+            shown = _shown_bytes(line)
+            if shown != line:
+                found: Counter[str] = Counter()
+                new, as_shown = self._scrub_shown(line, shown, found)
+                if as_shown:  # scrubbed as shown here (the passes below find no more in it)
+                    counts.update(found)
+                    pieces += (data[pos:start], new)
+                    pos = end
+        data = b"".join([*pieces, data[pos:]]) if pieces else data
         lowered: bytes | None = None
         spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.builtin:
@@ -543,8 +624,10 @@ def _candidate_lines(data: bytes, backend: str = "auto") -> list[tuple[int, int]
 
 
 # part id -> bit mask over the built-in kinds (bit i: KINDS[i], the order of Scrubber.builtin)
-_PART_BITS = [sum(1 << KINDS.index(k) for k in kinds) for kinds in PREFILTER_KINDS]
-_ALL_KINDS = (1 << len(KINDS)) - 1
+_HIDDEN_BIT = 1 << len(KINDS)  # the line holds a hidden spelling: every kind runs on it as shown
+_PART_BITS = [sum(1 << KINDS.index(k) for k in kinds) or _HIDDEN_BIT for kinds in PREFILTER_KINDS]
+_BUILTIN_BITS = (1 << len(KINDS)) - 1
+_ALL_KINDS = _BUILTIN_BITS | _HIDDEN_BIT
 
 
 def _candidate_hits(data: bytes, backend: str = "auto") -> list[tuple[int, int, int]]:

@@ -46,6 +46,15 @@ KEYS = {
     ),
     "password_assignment": ("DB_PASSWORD=Pw9Corpus7Hunter", "Pw9Corpus7Hunter"),
 }
+# hidden spellings: an invisible character inside (pasted from a web page or a chat), a letter as an
+# HTML entity; the fragments are what is left of the key around the hidden character
+HIDDEN = [
+    ("aws_access_key", "AKIAZW5P\u200bHIDD3N0KEY12", "HIDD3N0KEY12"),
+    ("github_token", "ghp_" + "So7Ft2Hy9Ph4" + "\u00ad" + "So7Ft2Hy9Ph4" * 2, "So7Ft2Hy9Ph4So7Ft2"),
+    ("anthropic_key", "sk-ant-api03-Zw7Sp4Ce1In\u200bSi6De8Ke3Yz" + "Zw7Sp4Ce1In" * 2, "Si6De8Ke3YzZw7Sp4"),
+    ("aws_access_key", "&#65;KIAENT1TYENC0DED9XY", "ENT1TYENC0DED9XY"),
+    ("aws_access_key", "&#x41;SIAHEXENT1TY0ENC9AB", "HEXENT1TY0ENC9AB"),
+]
 # every other form a built-in pattern accepts (an alternation or optional prefix), each at every position
 # too: a form no test plants is a form nobody knows leaks (github_pat_ did, until this list)
 VARIANTS = [
@@ -74,6 +83,7 @@ VARIANTS = [
         "Tw1ceEnc0dedHo0k",
     ),
     ("password_assignment", "DB_PASSWORD%253DPw9Tw1ceEnc0ded", "Pw9Tw1ceEnc0ded"),
+    *HIDDEN,
 ]
 SAMPLES = [(kind, key, frag) for kind, (key, frag) in KEYS.items()] + VARIANTS  # (kind, key, fragment)
 PER_KIND = {kind: sum(1 for k, _, _ in SAMPLES if k == kind) for kind in KEYS}
@@ -125,6 +135,10 @@ NEAR_MISSES = [
     "\npassword: short",
     "\tnot_a_key",
     "\u2192AKIA1234",
+    # hidden characters and entities that hide no key stay as they are
+    "family \U0001f468\u200d\U0001f469\u200d\U0001f467",
+    "it&#39;s &#65;&#66;",
+    "hy\u00adphen\u200bated",
 ]
 
 
@@ -379,8 +393,8 @@ def test_a_key_split_across_two_blocks_or_two_arguments_reaches_no_prefix(tmp_pa
 
     s = Session(sid="c0ffee00-0000-4000-8000-0000000000f9")
     halves = []
-    for i, (kind, key, _) in enumerate(SAMPLES):
-        if kind == "private_key":
+    for i, (kind, key, frag) in enumerate(SAMPLES):
+        if kind == "private_key" or (kind, key, frag) in HIDDEN:  # (a hidden spelling cut in two: not handled)
             continue
         probe = Scrubber()  # the cut nearest the middle where neither half matches alone
         cut = min(
