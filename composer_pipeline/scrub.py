@@ -8,15 +8,17 @@ Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column 
 quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
 the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, the doubled
 escapes of a JSON document nested in a string, or a URL's percent-escape ``%20`` / ``%2F`` / ``%3D``,
-also encoded again, ``%252F`` / ``%253D`` (up to three times), matches; see ``_start``). A URL-encoded key itself: the built-in token formats consist of
-characters URL encoders leave alone (letters, digits, ``-_.``: encodeURIComponent, ``urllib.parse.quote``),
-so an encoded key is the key and is caught; a Slack webhook URL is also matched with ``%2F`` for
-``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an
-assignment (its value up to the next ``&``). Not caught: a key whose unreserved characters were
-escaped too (``sk%2Dant%2D...``, which no standard encoder writes) and a PEM block whose blanks
-became ``%20``. A key with an invisible character inside (zero-width space, soft hyphen, ...) or a
-letter written as an HTML numeric entity (``&#65;KIA...``) is caught as a reader sees it (``_INVISIBLE``). Replacements contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
-valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
+also encoded again, ``%252F`` / ``%253D`` (up to three times), matches; see ``_start``). A
+URL-encoded key itself: the built-in token formats consist of characters URL encoders leave alone
+(letters, digits, ``-_.``: encodeURIComponent, ``urllib.parse.quote``), so an encoded key is the key
+and is caught; a Slack webhook URL is also matched with ``%2F`` for ``/``, and ``password%3D...``
+(``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an assignment (its value up to
+the next ``&``). Not caught: a key whose unreserved characters were escaped too
+(``sk%2Dant%2D...``, which no standard encoder writes) and a PEM block whose blanks became ``%20``.
+A key with an invisible character inside (zero-width space, soft hyphen, ...) or a letter written as
+an HTML numeric entity (``&#65;KIA...``) is caught as a reader sees it (``_INVISIBLE``). Replacements
+contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in
+it, stays valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret and, with Hyperscan, which kinds; only those kinds' exact
 regexes then run, line by line, on only those lines. Extra patterns from ``recipes/ingest.yaml``
 (``extra_secret_patterns: {kind: regex}``) always run on the whole buffer.
