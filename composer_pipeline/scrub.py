@@ -8,14 +8,17 @@ Scrubbing runs on the raw JSONL bytes *before* parsing, so every derived column 
 quarantine text) is already clean. A secret is matched where a reader of the decoded text sees one:
 the boundaries are escape-aware (a key right after ``\\n``, ``\\t``, ``\\uXXXX``, the doubled
 escapes of a JSON document nested in a string, or a URL's percent-escape ``%20`` / ``%2F`` / ``%3D``,
-matches; see ``_start``). A URL-encoded key itself: the built-in token formats consist of
-characters URL encoders leave alone (letters, digits, ``-_.``: encodeURIComponent, ``urllib.parse.quote``),
-so an encoded key is the key and is caught; a Slack webhook URL is also matched with ``%2F`` for
-``/``, and ``password%3D...`` (``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an
-assignment (its value up to the next ``&``). Not caught: a key whose unreserved characters were
-escaped too (``sk%2Dant%2D...``, which no standard encoder writes) and a PEM block whose blanks
-became ``%20``. Replacements contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in it, stays
-valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
+also encoded again, ``%252F`` / ``%253D`` (up to three times), matches; see ``_start``). A
+URL-encoded key itself: the built-in token formats consist of characters URL encoders leave alone
+(letters, digits, ``-_.``: encodeURIComponent, ``urllib.parse.quote``), so an encoded key is the key
+and is caught; a Slack webhook URL is also matched with ``%2F`` for ``/``, and ``password%3D...``
+(``%3A`` / ``%3D`` / ``%22`` for ``:`` / ``=`` / a quote) counts as an assignment (its value up to
+the next ``&``). Not caught: a key whose unreserved characters were escaped too
+(``sk%2Dant%2D...``, which no standard encoder writes) and a PEM block whose blanks became ``%20``.
+A key with an invisible character inside (zero-width space, soft hyphen, ...) or a letter written as
+an HTML numeric entity (``&#65;KIA...``) is caught as a reader sees it (``_INVISIBLE``). Replacements
+contain no quote or backslash and never take half an escape, so a JSON line, and any JSON nested in
+it, stays valid. On a file buffer one prefilter pass (Hyperscan, else RE2 via ``pyarrow.compute``) finds the
 lines that could hold a built-in secret and, with Hyperscan, which kinds; only those kinds' exact
 regexes then run, line by line, on only those lines. Extra patterns from ``recipes/ingest.yaml``
 (``extra_secret_patterns: {kind: regex}``) always run on the whole buffer.
@@ -45,8 +48,14 @@ import pyarrow as pa
 # encoder writes one (JSON.stringify, orjson and json.dumps escape only quotes, backslashes, control
 # characters and, optionally, non-ASCII).
 # A URL's percent-escape (``%20``, ``%2F``, ``%3D``, ``%0A``: a curl command, a logged URL) ends in a hex
-# digit too, and decodes to a separator: a key right after one matches as well.
-_ESCAPE_BEFORE = r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4})|(?<=%[0-9A-Fa-f]{2}))"  # case-sensitive even in (?i)
+# digit too, and decodes to a separator: a key right after one matches as well, also when the URL was
+# encoded again (``%252F``: a URL in a query parameter, ``next=%252Fapi%252F...``), up to three times.
+_PERCENT = ("%", "%25", "%2525")  # what stands before the two hex digits of an escape encoded 1, 2, 3 times
+_ESCAPE_BEFORE = (  # case-sensitive even in (?i)
+    r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4})" + "".join(f"|(?<={p}[0-9A-Fa-f]{{2}})" for p in _PERCENT) + ")"
+)
+# a percent-escape in a pattern: encoded once or more (``%3D``, ``%253D``)
+_PCT = "%(?:25)*"
 
 
 def _start(cls: str) -> str:
@@ -65,16 +74,17 @@ def _after(cls: str, lit: str) -> str:
     """The boundary check of :func:`_keyed`, placed right after ``lit``."""
     return (
         rf"(?:(?<!{cls}(?:{lit}))|(?-i:(?<=\\[nrtbf](?:{lit}))|(?<=\\u[0-9A-Fa-f]{{4}}(?:{lit}))"
-        rf"|(?<=%[0-9A-Fa-f]{{2}}(?:{lit}))))"
+        + "".join(rf"|(?<={p}[0-9A-Fa-f]{{2}}(?:{lit}))" for p in _PERCENT)
+        + "))"
     )
 
 
 # Between a secret-sounding name and its value: a quote (escaped at any depth: ``\"``, ``\\\"``), blanks
 # (a tab is ``\t`` in JSON), ``:`` or ``=``, blanks, a quote.
-_QUOTE = r"""(?:\\*[\"']|%2[27])?"""  # (%22 / %27: a URL-encoded quote)
+_QUOTE = r"""(?:\\*[\"']|""" + _PCT + "2[27])?"  # (%22 / %27: a URL-encoded quote)
 _BLANKS = r"(?:[ \t]|\\t)*"
 # (``%3A`` / ``%3D``: the ``:`` / ``=`` of a URL-encoded query string, ``?q=DB_PASSWORD%3Dhunter22``)
-_SEP = _QUOTE + _BLANKS + "(?:[:=]|%3[AaDd])" + _BLANKS + _QUOTE
+_SEP = _QUOTE + _BLANKS + "(?:[:=]|" + _PCT + "3[AaDd])" + _BLANKS + _QUOTE
 
 # kind -> (regex source, prechecks). Every match of the regex contains a match of one precheck
 # (literals, or regexes that start with a literal so ``re`` can use its fast prefix search).
@@ -82,13 +92,15 @@ _SEP = _QUOTE + _BLANKS + "(?:[:=]|%3[AaDd])" + _BLANKS + _QUOTE
 _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private_key",
-        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:.*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
+        r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:(?:(?!-----BEGIN ).)*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
         r"|(?:[A-Za-z0-9+/=\s]|\\+[nrt])*)",
         ("PRIVATE KEY-----",),
-    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). Without
-    # its END line (cut off) the body runs on while it is base64, blanks or newline escapes at any
-    # nesting depth (a run of backslashes + n/r/t), never into the backslashes before a quote: every
-    # JSON string around it, nested or not, stays valid
+    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). The END
+    # line is looked for only up to the next "-----BEGIN " (a block holds none): linear in the text
+    # however many headers lack an END (grep output of certs/ has thousands). Without its END line
+    # (cut off) the body runs on while it is base64, blanks or newline escapes at any nesting depth
+    # (a run of backslashes + n/r/t), never into the backslashes before a quote: every JSON string
+    # around it, nested or not, stays valid
     ("aws_access_key", _keyed("[A-Z0-9]", "AKIA|ASIA") + r"[0-9A-Z]{16}(?![A-Z0-9])", ("AKIA", "ASIA")),
     (
         "aws_secret_key",
@@ -117,7 +129,7 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         # (a webhook URL also URL-encoded, as a query parameter: ``/`` -> ``%2F``)
         _keyed("[A-Za-z0-9]", "xox") + r"[abposr]-[A-Za-z0-9\-]{10,}"
         r"|https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+"
-        r"|hooks\.slack\.com%2[Ff]services%2[Ff](?:[A-Za-z0-9_\-]|%2[Ff])+",
+        rf"|hooks\.slack\.com{_PCT}2[Ff]services{_PCT}2[Ff](?:[A-Za-z0-9_\-]|{_PCT}2[Ff])+",
         ("xox", r"hooks\.slack\.com"),
     ),
     ("google_api_key", _keyed("[A-Za-z0-9]", "AIza") + r"[0-9A-Za-z_\-]{35}", ("AIza",)),
@@ -150,10 +162,45 @@ KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
 # (source, caseless). Run by Hyperscan when installed (one SIMD pass, ~2.5 GB/s here), else by RE2
 # through pyarrow.compute (~0.2-0.3 GB/s); both fold case at least as widely as Python's ASCII ``(?i)``.
 _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (``\s`` spelled out)
+
+# Hidden spellings of a key: an invisible character inside it (zero-width space, non-joiner and joiner,
+# word joiner, BOM, soft hyphen: a key copied from a web page or a chat) or one of its letters or digits
+# written as an HTML numeric entity (``&#65;KIA...``). A line (or text) holding one is scrubbed again as
+# a reader sees it, invisible characters removed and those entities decoded, and kept in that form when
+# that finds a secret the line as written hid (the line's other content is unchanged but for them).
+# As raw JSONL bytes: the UTF-8 of the characters, or their ``\uXXXX`` escapes at any nesting depth
+# (the whole run of backslashes goes with an escape, so every JSON string around it stays valid).
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
+_INVISIBLE_BYTES = r"\xe2\x80[\x8b-\x8d]|\xe2\x81\xa0|\xef\xbb\xbf|\xc2\xad"
+_INVISIBLE_ESCAPE = r"\\+u(?:200[bcdBCD]|2060|[fF][eE][fF][fF]|00[aA][dD])"
+# entities of ASCII letters and digits only (``&#39;``, an apostrophe, hides nothing)
+_ALNUM_ENTITY = r"&#(?:0*(?:4[89]|5[0-7]|6[5-9]|[78][0-9]|9[07-9]|1[01][0-9]|12[0-2])|[xX]0*(?:3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]));"
+_HIDDEN_PART = "|".join((_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, _ALNUM_ENTITY))
+_HIDDEN_BYTES = re.compile(b"|".join(x.encode() for x in (_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, f"({_ALNUM_ENTITY})")))
+_HIDDEN_STR = re.compile(f"[{_INVISIBLE}]|({_ALNUM_ENTITY})")
+
+
+def _entity_char(entity: str) -> str:
+    """``&#65;`` / ``&#x41;`` -> ``A``."""
+    body = entity[2:-1]
+    return chr(int(body[1:], 16) if body[:1] in "xX" else int(body))
+
+
+def _shown_bytes(line: bytes) -> bytes:
+    """A raw line as a reader sees its text: invisible characters (and their escapes) removed, entities of
+    letters and digits decoded."""
+
+    return _HIDDEN_BYTES.sub(lambda m: _entity_char(m.group(1).decode()).encode() if m.group(1) else b"", line)
+
+
+def _shown_text(text: str) -> str:
+    return _HIDDEN_STR.sub(lambda m: _entity_char(m.group(1)) if m.group(1) else "", text)
+
+
 PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("PRIVATE KEY-----", False),
     ("(?:AKIA|ASIA)[0-9A-Z]{16}", False),
-    ("aws_secret_access_key" + _QUOTE + _BLANKS + "[:=]", True),
+    ("aws_secret_access_key" + _QUOTE + _BLANKS + "(?:[:=]|" + _PCT + "3[AaDd])", True),
     ("gh[pousr]_[A-Za-z0-9]{30}", False),
     ("github_pat_[A-Za-z0-9_]{22}", False),
     (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
@@ -162,6 +209,7 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
     ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
+    (_HIDDEN_PART, False),  # a hidden spelling (below): every kind runs on the line as a reader sees it
 ]
 PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS)  # the RE2 form
 # The kinds each part stands for: every match of a kind contains a match of one of its own parts (the
@@ -180,9 +228,25 @@ PREFILTER_KINDS: list[tuple[str, ...]] = [
     ("google_api_key",),
     ("jwt",),
     ("password_assignment",),
+    (),  # (the hidden spellings: _HIDDEN_BIT)
 ]
 assert len(PREFILTER_KINDS) == len(PREFILTER_PARTS)
 
+
+# what a token of each variable-length kind may go on with past a seam (8+ characters of its body: a
+# shorter rest tells little). Not here: the fixed-length kinds (AWS, Google) end where their match ends;
+# a PEM body or a password= value would take the words of a next block that starts a sentence
+_CONTINUES = {
+    kind: re.compile(cls + "{8,}")
+    for kind, cls in (
+        ("github_token", "[A-Za-z0-9_]"),
+        ("anthropic_key", r"[A-Za-z0-9_\-]"),
+        ("openai_key", r"[A-Za-z0-9_\-]"),
+        ("slack_token", r"[A-Za-z0-9/_\-]"),
+        ("jwt", r"[A-Za-z0-9_\-.]"),
+    )
+}
+_TAG_AT_END = re.compile(r"\[REDACTED:([a-z_]+)\]\Z")
 
 _REGEX_CHARS = set("\\()[]|?*+{}")
 
@@ -251,13 +315,25 @@ class Scrubber:
         self.counts: Counter[str] = Counter()
 
     def scrub(self, text: str) -> str:
+        if "&#" in text or any(ch in text for ch in _INVISIBLE):  # a hidden spelling (see _INVISIBLE)
+            shown = _shown_text(text)
+            if shown != text:  # as in _scrub_shown: as written, unless the spelling hid a secret
+                as_written, as_shown = Counter(), Counter()
+                written = self._scrub_text(text, as_written)
+                seen = self._scrub_text(shown, as_shown)
+                text, found = (seen, as_shown) if seen != _shown_text(written) else (written, as_written)
+                self.counts.update(found)
+                return text
+        return self._scrub_text(text, self.counts)
+
+    def _scrub_text(self, text: str, counts: Counter) -> str:
         for p in self.patterns:
             if p.pre and not p.hit_in(text):
                 continue
             repl = (lambda m, k=p.kind: m.group(1) + f"[REDACTED:{k}]") if p.keep else f"[REDACTED:{p.kind}]"
             text, n = p.rs.subn(repl, text)
             if n:
-                self.counts[p.kind] += n
+                counts[p.kind] += n
         return text
 
     def scrub_seams(self, pieces: list[str], reach: int = 4096) -> list[str]:
@@ -287,6 +363,15 @@ class Scrubber:
                     b = f"[REDACTED:{p.kind}]" + b[m.end() - seam :]
                 self.counts[p.kind] += 1
                 break  # (one seam, one secret: the halves are now tags)
+            else:
+                # a first half long enough to match alone was redacted where it was scrubbed (ingest, one
+                # line per block): the seam then shows a tag and the key's rest, which matches nothing
+                tag = _TAG_AT_END.search(a)
+                rest = _CONTINUES.get(tag.group(1)) if tag else None
+                m = rest.match(b) if rest else None
+                if m:
+                    b = f"[REDACTED:{tag.group(1)}]" + b[m.end() :]
+                    self.counts[tag.group(1)] += 1
             out[i], out[i + 1] = a, b
         return out
 
@@ -326,7 +411,13 @@ class Scrubber:
 
     def _scrub_line(self, line: bytes, kinds: int, counts: Counter) -> bytes:
         """The built-in kinds whose bit (index in :attr:`builtin`) is set in ``kinds``, in order, over one
-        line (no newline in it). Returns ``line`` itself when nothing matched."""
+        line (no newline in it); with :data:`_HIDDEN_BIT`, see :meth:`_scrub_shown`. Returns ``line``
+        itself when nothing matched."""
+        if kinds & _HIDDEN_BIT:
+            shown = _shown_bytes(line)
+            if shown != line:
+                new, _ = self._scrub_shown(line, shown, counts)
+                return new
         for i, p in enumerate(self.builtin):
             if not kinds >> i & 1:
                 continue
@@ -339,6 +430,19 @@ class Scrubber:
                 counts[p.kind] += n
         return line
 
+    def _scrub_shown(self, line: bytes, shown: bytes, counts: Counter) -> tuple[bytes, bool]:
+        """A line with a hidden spelling (see ``_INVISIBLE``), scrubbed as written or, when that spelling hid
+        a secret, as shown (``shown``: :func:`_shown_bytes` of it): it hid one when scrubbing the shown
+        line differs from showing the scrubbed one. (The scrubbed line, whether it is the shown one.)"""
+        as_written, as_shown = Counter(), Counter()
+        written = self._scrub_line(line, _BUILTIN_BITS, as_written)
+        seen = self._scrub_line(shown, _BUILTIN_BITS, as_shown)
+        if seen != _shown_bytes(written):
+            counts.update(as_shown)
+            return seen, True
+        counts.update(as_written)
+        return written, False
+
     def _scrub_lines(self, data: bytes, counts: Counter | None = None) -> bytes:
         """The built-in kinds over a buffer of lines (the exact path; also correct on a whole file).
 
@@ -348,6 +452,18 @@ class Scrubber:
         equals running it on the whole buffer: tests/ingest/test_scrub.py checks exactly that).
         """
         counts = self.counts if counts is None else counts
+        pieces, pos = [], 0
+        for start, end in _line_spans(data, data, _HIDDEN_BYTES, True):  # a line a hidden spelling changes
+            line = data[start:end]
+            shown = _shown_bytes(line)
+            if shown != line:
+                found: Counter[str] = Counter()
+                new, as_shown = self._scrub_shown(line, shown, found)
+                if as_shown:  # scrubbed as shown here (the passes below find no more in it)
+                    counts.update(found)
+                    pieces += (data[pos:start], new)
+                    pos = end
+        data = b"".join([*pieces, data[pos:]]) if pieces else data
         lowered: bytes | None = None
         spans_cache: dict[str, list[tuple[int, int]]] = {}
         for p in self.builtin:
@@ -402,17 +518,19 @@ def apply_splices(data: bytes, splices: list[tuple[int, int, bytes]]) -> bytes:
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+_PERCENT_BYTES = tuple(p.encode() for p in _PERCENT)
 
 
 def starts_word(data: bytes, i: int) -> bool:
     """``_start("[A-Za-z0-9]")`` at offset ``i`` of ``data``: no letter or digit before it, or an escape
-    (backslash + ``nrtbf``, ``\\uXXXX``, or a URL's ``%XX``) right before it."""
+    (backslash + ``nrtbf``, ``\\uXXXX``, or a URL's ``%XX``, ``%25XX``, ``%2525XX``) right before it."""
     if i == 0 or data[i - 1] not in _ALNUM:
         return True
     if i >= 2 and data[i - 2] == 92 and data[i - 1] in b"nrtbf":
         return True
-    if i >= 3 and data[i - 3] == 37 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape)
-        return True
+    if i >= 3 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape, encoded up to 3 times)
+        if any(data[max(0, i - 2 - len(p)) : i - 2] == p for p in _PERCENT_BYTES):
+            return True
     return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4 : i])
 
 
@@ -508,8 +626,10 @@ def _candidate_lines(data: bytes, backend: str = "auto") -> list[tuple[int, int]
 
 
 # part id -> bit mask over the built-in kinds (bit i: KINDS[i], the order of Scrubber.builtin)
-_PART_BITS = [sum(1 << KINDS.index(k) for k in kinds) for kinds in PREFILTER_KINDS]
-_ALL_KINDS = (1 << len(KINDS)) - 1
+_HIDDEN_BIT = 1 << len(KINDS)  # the line holds a hidden spelling: every kind runs on it as shown
+_PART_BITS = [sum(1 << KINDS.index(k) for k in kinds) or _HIDDEN_BIT for kinds in PREFILTER_KINDS]
+_BUILTIN_BITS = (1 << len(KINDS)) - 1
+_ALL_KINDS = _BUILTIN_BITS | _HIDDEN_BIT
 
 
 def _candidate_hits(data: bytes, backend: str = "auto") -> list[tuple[int, int, int]]:

@@ -70,7 +70,7 @@ from composer_pipeline.teachers.pricing import (
     usage_cost,
     worst_case_usd,
 )
-from composer_pipeline.teachers.redact import key_forms, redact_key, redact_text
+from composer_pipeline.teachers.redact import redact_key, redact_text
 
 # a provider's answer that the prompt is longer than its window (HTTP 400, not billed): OpenAI-style
 # ``context_length_exceeded``, Anthropic ``prompt is too long``; replay refits once, then skips the state
@@ -108,7 +108,9 @@ def make_http_client(teacher: TeacherConfig) -> httpx.AsyncClient:
     """Connection-reusing client sized to the teacher's concurrency."""
     limits = httpx.Limits(max_connections=teacher.max_concurrency, max_keepalive_connections=teacher.max_concurrency)
     timeout = httpx.Timeout(teacher.timeout_s, connect=min(teacher.timeout_s, 30.0), pool=None)
-    return httpx.AsyncClient(limits=limits, timeout=timeout, follow_redirects=False, trust_env=False)
+    # base_url's user info, kept out of base_url (config.py), goes only here: basic auth on the wire
+    auth = httpx.BasicAuth(*teacher.basic_auth) if teacher.basic_auth else None
+    return httpx.AsyncClient(limits=limits, timeout=timeout, follow_redirects=False, trust_env=False, auth=auth)
 
 
 def _retry_after(resp_headers: httpx.Headers) -> float | None:
@@ -134,10 +136,18 @@ def backoff_delay(teacher: TeacherConfig, attempt: int, retry_after: float | Non
 
 
 def _scrub(text: str, api_key: str | None, limit: int = 300) -> str:
-    """Reason text from a response or an exception: without the teacher's key (in any encoding, see
-    ``redact.py``) or any other secret."""
-    text = redact_text(text, key_forms(api_key))
-    return " ".join(scrub_obj(text)[:limit].split())
+    """Reason text from a response or an exception, at most ``limit`` characters: without the teacher's
+    key (in any encoding, see ``redact.py``) or any other secret. Redacted first, then cut (a key cut
+    in half by the limit would match neither); only a window the limit's keys can reach is scanned."""
+    window = limit + 4096 + 8 * len(api_key or "")  # (a key starting before ``limit`` ends inside it)
+    text = scrub_obj(redact_text(text[:window], api_key))
+    return " ".join(text.split())[:limit]
+
+
+def _clean_answer(data: Any, api_key: str | None) -> Any:
+    """A parsed response without secrets by their look, nor the key this request carried by its value
+    (wherever the teacher echoed it); run off the event loop: a long answer takes a while."""
+    return redact_key(scrub_obj(data), api_key)
 
 
 def raw_answer_of(message: dict[str, Any]) -> str:
@@ -356,11 +366,10 @@ def _read_answer(raw: bytes, teacher: TeacherConfig, api_key: str | None) -> tup
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        head = _scrub(raw[:60].decode("utf-8", "replace"), api_key, 60)
+        head = _scrub(raw.decode("utf-8", "replace"), api_key, 60)
         return None, f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
-    # before the cache, the ledger, the table and any log see it: secrets by their look, and the key this
-    # request carried by its value, wherever the teacher echoed it
-    data = redact_key(scrub_obj(data), api_key)
+    # before the cache, the ledger, the table and any log see it (the caller runs this off the event loop)
+    data = _clean_answer(data, api_key)
     problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
     if teacher.api == "anthropic" and problem is None:  # the native answer, mapped to the one shape stored
         data = anthropic.to_chat_completion(data)
@@ -432,7 +441,7 @@ class _Call:
         await self.ledger.mark_sent(res.id)
         reply = await _post(self.http, t, canonical_json(wire), self.headers(), self.api_key)
         if reply.status_code == 200:
-            data, problem = _read_answer(reply.raw, t, self.api_key)
+            data, problem = await asyncio.to_thread(_read_answer, reply.raw, t, self.api_key)
             if data is not None:
                 self.guard.valid()
                 return await self.settle_answer(res.id, data, reply.latency_s, n)

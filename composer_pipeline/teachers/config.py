@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from composer_pipeline import settings
 from composer_pipeline.settings import derived, setting
@@ -38,13 +39,24 @@ TEMPERATURE_MAX = {"anthropic": 1.0, "openai": 2.0}
 REASONING_MODEL_RE = re.compile(r"(o\d+|gpt-5)([-.:_].*)?$", re.I)
 
 
+def split_user_info(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its user info, and the (user, password) it held (percent-decoded), or None."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    info, _, host = parts.netloc.rpartition("@")
+    user, _, password = info.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+
+
 @dataclass(frozen=True)
 class TeacherConfig:
     """One entry of ``teachers:``: an OpenAI-compatible endpoint + model, its prices, budget and request params."""
 
     name: str = setting(help="stable id: appears in call_id, the ledger and Parquet ([A-Za-z0-9_.-])")
     base_url: str = setting(
-        help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions); api: anthropic: https://api.anthropic.com"
+        help="OpenAI-compatible root, e.g. https://openrouter.ai/api/v1 (POST {base_url}/chat/completions); api: anthropic: https://api.anthropic.com. "
+        "User info (http://user:password@host/v1, basic auth in front of a server) is sent as basic auth and kept out of every stored form of the URL"
     )
     model: str = setting(help="the `model` field of the request")
     api_key_env: str | None = setting(
@@ -101,7 +113,16 @@ class TeacherConfig:
         help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)",
     )
 
+    # (user, password) from base_url's user info, which base_url itself then no longer holds (never shown)
+    basic_auth: tuple[str, str] | None = dataclasses.field(
+        default=None, repr=False, compare=False, metadata={"derived": True}
+    )
+
     def __post_init__(self) -> None:
+        url, auth = split_user_info(self.base_url)
+        if auth is not None:
+            object.__setattr__(self, "base_url", url)  # (frozen) identity, call ids, cache records, logs
+            object.__setattr__(self, "basic_auth", auth)
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
             raise ValueError(f"name must be a non-empty [A-Za-z0-9_.-] string, got {self.name!r}")
         for k in ("base_url", "model"):

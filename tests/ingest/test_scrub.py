@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import random
+import time
 
 import orjson
 import pytest
@@ -271,3 +272,40 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
         assert fast.scrub_bytes(data, backend) == exact._scrub_lines(data)
         assert fast.counts == exact.counts and sum(fast.counts.values()) > 10
         assert list(fast.counts) == list(exact.counts)  # same order of kinds (the CLI prints them)
+
+
+def _best_of(runs: int, fn) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_private_key_headers_without_an_end_line_scrub_in_linear_time():
+    """``grep -rn 'PRIVATE KEY' certs/`` prints BEGIN lines and no END line: the pattern once looked for
+    an END from every header to the end of the text (433 KB took 23 s, and a teacher answer like it
+    blocked a replay's event loop past its lease). A body now stops at the next ``-----BEGIN``: 8,000
+    headers take well under a second, as text and as a JSONL line, and the time per header does not
+    grow with their number (quadratic: 8x from 1,000 to 8,000 headers)."""
+
+    def grep_output(n: int) -> str:
+        return "".join(f"certs/k{i}.pem:1:-----BEGIN RSA PRIVATE KEY-----\n" for i in range(n))
+
+    big, small = grep_output(8000), grep_output(1000)
+    line = orjson.dumps({"type": "user", "message": {"content": big}})
+    s = Scrubber()
+    out = s.scrub(big)
+    assert s.counts["private_key"] == out.count("[REDACTED:private_key]") == 8000 and "BEGIN" not in out
+    assert _best_of(2, lambda: Scrubber().scrub(big)) < 1.0
+    assert _best_of(2, lambda: Scrubber().scrub_bytes(line)) < 1.0
+    per_header_big = _best_of(3, lambda: Scrubber().scrub(big)) / 8000
+    per_header_small = _best_of(3, lambda: Scrubber().scrub(small)) / 1000
+    assert per_header_big < 4 * per_header_small
+    # a block whose END comes after other text still goes whole, headers and all
+    pem = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,AB12\n\nMIIE9x==\n"
+    pem += "-----END ENCRYPTED PRIVATE KEY-----"
+    assert Scrubber().scrub(f"a\n{pem}\nb -----BEGIN RSA PRIVATE KEY-----") == (
+        "a\n[REDACTED:private_key]\nb [REDACTED:private_key]"
+    )

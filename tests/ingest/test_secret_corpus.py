@@ -46,6 +46,15 @@ KEYS = {
     ),
     "password_assignment": ("DB_PASSWORD=Pw9Corpus7Hunter", "Pw9Corpus7Hunter"),
 }
+# hidden spellings: an invisible character inside (pasted from a web page or a chat), a letter as an
+# HTML entity; the fragments are what is left of the key around the hidden character
+HIDDEN = [
+    ("aws_access_key", "AKIAZW5P\u200bHIDD3N0KEY12", "HIDD3N0KEY12"),
+    ("github_token", "ghp_" + "So7Ft2Hy9Ph4" + "\u00ad" + "So7Ft2Hy9Ph4" * 2, "So7Ft2Hy9Ph4So7Ft2"),
+    ("anthropic_key", "sk-ant-api03-Zw7Sp4Ce1In\u200bSi6De8Ke3Yz" + "Zw7Sp4Ce1In" * 2, "Si6De8Ke3YzZw7Sp4"),
+    ("aws_access_key", "&#65;KIAENT1TYENC0DED9XY", "ENT1TYENC0DED9XY"),
+    ("aws_access_key", "&#x41;SIAHEXENT1TY0ENC9AB", "HEXENT1TY0ENC9AB"),
+]
 # every other form a built-in pattern accepts (an alternation or optional prefix), each at every position
 # too: a form no test plants is a form nobody knows leaks (github_pat_ did, until this list)
 VARIANTS = [
@@ -67,6 +76,14 @@ VARIANTS = [
     ),
     ("password_assignment", "DB_PASSWORD%3DPw9UrlEnc0ded7", "Pw9UrlEnc0ded7"),
     ("password_assignment", "%22api_key%22%3A%22Ak9UrlEnc0ded3%22", "Ak9UrlEnc0ded3"),
+    # encoded twice (a URL inside a query parameter: ``%`` -> ``%25``)
+    (
+        "slack_token",
+        "https%253A%252F%252Fhooks.slack.com%252Fservices%252FT0AB12CD3%252FB0EF45GH6%252FTw1ceEnc0dedHo0k",
+        "Tw1ceEnc0dedHo0k",
+    ),
+    ("password_assignment", "DB_PASSWORD%253DPw9Tw1ceEnc0ded", "Pw9Tw1ceEnc0ded"),
+    *HIDDEN,
 ]
 SAMPLES = [(kind, key, frag) for kind, (key, frag) in KEYS.items()] + VARIANTS  # (kind, key, fragment)
 PER_KIND = {kind: sum(1 for k, _, _ in SAMPLES if k == kind) for kind in KEYS}
@@ -93,6 +110,10 @@ POSITIONS = {
     "after %3A": "header=Authorization%3A{k}",
     "after %22": "body=%7B%22k%22%3A%22{k}%22%7D",
     "after %0A": "text=line%0A{k}",
+    # a URL encoded again (a redirect target in a query parameter): the escape's own ``%`` became ``%25``
+    "after %252F": "GET /login?next=%252Fapi%252F{k}",
+    "after %253D": "state=token%253D{k}",
+    "after %25252F": "u=%25252Fx%25252F{k}",
 }
 
 # must come through unchanged (decoded), wherever they stand
@@ -114,6 +135,10 @@ NEAR_MISSES = [
     "\npassword: short",
     "\tnot_a_key",
     "\u2192AKIA1234",
+    # hidden characters and entities that hide no key stay as they are
+    "family \U0001f468\u200d\U0001f469\u200d\U0001f467",
+    "it&#39;s &#65;&#66;",
+    "hy\u00adphen\u200bated",
 ]
 
 
@@ -314,6 +339,9 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
     root, sid = tmp_path / "traces", "c0ffee00-0000-4000-8000-000000000777"
     folders = [f"-home-dev-{KEYS[kind][0]}" for kind in CWD_KINDS]
     folders.append("-home-dev-" + KEYS["aws_access_key"][0].replace("QWERTY", "ZXCVBN"))  # same session file name
+    # after a twice URL-encoded separator (a cwd named after a redirect URL)
+    twice = {"AKIADBLENC0DED9KEY42": "DBLENC0DED9KEY42", "ghp_" + "Tw1cE3nc0dEd" * 3: "Tw1cE3nc0dEdTw1cE3"}
+    folders += ["-home-dev-next=%252Fapi%252FAKIADBLENC0DED9KEY42", "-home-dev-token%253Dghp_" + "Tw1cE3nc0dEd" * 3]
     for folder in folders:
         cwd = "/" + folder[1:].replace("-", "/", 2)
         s = Session(sid=sid, cwd=cwd)
@@ -325,7 +353,7 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
         agent.user("look")
         agent.assistant(text("done"))
         agent.write(root / folder / sid / "subagents" / "agent-a5ec0e7.jsonl")
-    frags = [KEYS[kind][1] for kind in CWD_KINDS] + ["ZXCVBNUIOPASDFGH"]
+    frags = [KEYS[kind][1] for kind in CWD_KINDS] + ["ZXCVBNUIOPASDFGH", *twice.values()]
 
     out = tmp_path / "out"
     buf = io.StringIO()
@@ -365,8 +393,8 @@ def test_a_key_split_across_two_blocks_or_two_arguments_reaches_no_prefix(tmp_pa
 
     s = Session(sid="c0ffee00-0000-4000-8000-0000000000f9")
     halves = []
-    for i, (kind, key, _) in enumerate(SAMPLES):
-        if kind == "private_key":
+    for i, (kind, key, frag) in enumerate(SAMPLES):
+        if kind == "private_key" or (kind, key, frag) in HIDDEN:  # (a hidden spelling cut in two: not handled)
             continue
         probe = Scrubber()  # the cut nearest the middle where neither half matches alone
         cut = min(
@@ -414,3 +442,37 @@ def test_both_prefilter_backends_and_the_exact_path_agree_on_the_corpus(corpus):
             s = Scrubber()
             assert s.scrub_bytes(data, backend) == want, (path, backend)
             assert dict(s.counts) == dict(exact.counts), (path, backend)
+
+
+def test_a_key_whose_first_half_matches_alone_leaves_no_second_half_in_the_prefix(tmp_path):
+    """A 108-character Anthropic key split across two user text blocks after 56 characters: the first
+    half is a key by itself and was redacted at ingest, so the seam showed a tag and the 52 characters
+    after it, which match nothing, and they reached the teacher. A tag that ends a block now takes the
+    key's rest at the start of the next one (text, thinking and tool-call arguments alike)."""
+    from composer_pipeline.render import Conversation, RenderOptions, render_state
+
+    keys = {"anthropic_key": "sk-ant-api03-" + ("Lo9Ng8An7Th6Ro5Pi4Ck3" * 5)[:95]}
+    keys["github_token"] = "ghp_" + "Se4Co1Nd7Ha2Lf" * 5
+    keys["openai_key"] = "sk-proj-" + "Op5Li9Tt3Wo8Bl" * 6
+    s = Session(sid="c0ffee00-0000-4000-8000-0000000000fa")
+    rests = []
+    for i, (kind, key) in enumerate(keys.items()):
+        cut = len(key) * 52 // 100
+        head, rest = key[:cut], key[cut:]
+        assert Scrubber().scrub(head) == f"[REDACTED:{kind}]" and Scrubber().scrub(rest) == rest
+        rests.append(rest)
+        s.user([text("my key is " + head), text(rest + " - please use it")])
+        s.assistant(text("I will set " + head), text(rest), tool("Bash", f"t{i}", command="export K=" + head, d=rest))
+        s.result(f"t{i}", "ok")
+    s.user("thanks")
+    s.assistant(text("done"))
+    s.write(tmp_path / "p" / "s.jsonl")
+    (sf,) = discover_sessions(tmp_path)
+    res = ingest_checked(sf)
+    conv = Conversation.from_table(res.messages)
+    last = res.states.to_pylist()[-1]
+    sent = json.dumps(render_state(conv, last, RenderOptions()).messages)
+    assert len(keys["anthropic_key"]) == 108
+    leaked = [r[:12] for r in rests if r[:12] in sent]
+    assert not leaked, leaked
+    assert sent.count("- please use it") == len(keys)  # the next block's own words stay

@@ -88,3 +88,61 @@ def test_a_teacher_answering_with_a_secret_is_scrubbed_before_cache_and_table(tm
     files = _all_bytes(tmp_path / "c")
     assert files and all(token.encode() not in data for _, data in files)
     assert any(b"[REDACTED:github_token]" in data for _, data in files)
+
+
+def test_answers_are_scrubbed_off_the_event_loop(tmp_path, server, monkeypatch):
+    """Scrubbing a long answer takes a while; on the event loop it stopped the run's heartbeat (a 400 KB
+    answer of PEM headers blocked it ~35 s, past its lease). Every answer is scrubbed in a worker thread
+    (the real scrub, watched: where it runs, and that its result is what is stored)."""
+    import asyncio
+
+    from composer_pipeline.teachers import client
+
+    where: list[bool] = []
+    real = client._clean_answer
+
+    def watched(data, api_key):
+        try:
+            asyncio.get_running_loop()
+            where.append(True)
+        except RuntimeError:  # no loop in this thread: a worker thread
+            where.append(False)
+        return real(data, api_key)
+
+    monkeypatch.setattr(client, "_clean_answer", watched)
+    token = "ghp_" + "Qq9Ww8Ee7R" * 4
+    cfg = make_config(server.url)
+    res = replay_requests(
+        [scripted_request(cfg, i, f"answer:token {token} -----BEGIN RSA PRIVATE KEY----- x") for i in range(3)],
+        cfg,
+        {},
+        cache=ResponseCache(tmp_path / "c"),
+        ledger=Ledger(tmp_path / "l.sqlite"),
+        run_id="r",
+    )
+    rows = res.table.to_pylist()
+    assert [r["status"] for r in rows] == ["answered"] * 3
+    assert where == [False] * 3
+    assert all(token not in str(r) and "[REDACTED:github_token] [REDACTED:private_key]" in str(r) for r in rows)
+
+
+def test_a_raw_slash_in_a_postgresql_password_is_refused_before_libpq_quotes_it(tmp_path, capsys):
+    """libpq ends a URL's host part at the first ``/``: ``postgresql://bob:s3cr3t/et9Pass@host/db`` became
+    host ``bob``, port ``s3cr3t``, and its error quoted that "port" (the password's first characters),
+    which no redaction of the whole password finds. Such a URL is refused with how to write it."""
+    from composer_pipeline.teachers.ledger import LedgerError
+
+    url = "postgresql://bob:s3cr3t/et9Pass@127.0.0.1:5432/ledger"
+    try:
+        Ledger(url).balance("t1", 1.0)
+    except LedgerError as e:
+        message = str(e)
+    else:
+        raise AssertionError("a ledger URL with a raw '/' in its password was accepted")
+    assert "s3cr3t" not in message and "et9Pass" not in message
+    assert "percent-encode" in message and "postgresql://bob:***@127.0.0.1:5432/ledger" in message
+    teachers = tmp_path / "teachers.yaml"
+    teachers.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "teachers": [teacher_dict("http://127.0.0.1:9/v1")]}))
+    assert main(["teachers", "budget", "--teachers", str(teachers), "--ledger", url]) == 2
+    out, err = capsys.readouterr()
+    assert "s3cr3t" not in out + err and "percent-encode" in err

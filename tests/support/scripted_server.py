@@ -12,7 +12,10 @@ In:  requests to ``POST /v1/chat/completions``. What happens to a request is rea
      · ``garbage`` (an answer whose ``<tool_call>`` is not JSON) · ``echoauth`` (401 whose error message
      echoes the Authorization header, as a careless provider might) · ``html`` (200 with an HTML page, as
      a login wall or a misconfigured proxy sends) · ``echokey`` (an answer echoing the key it received in its
-     text, URL-encoded, in a native tool call's arguments and in ``system_fingerprint``).
+     text, URL-encoded, in a native tool call's arguments and in ``system_fingerprint``) · ``echokeyphp``
+     (the key in a tool call's arguments written as PHP's ``json_encode`` writes them, ``/`` as ``\\/``)
+     · ``invalidkey`` (200 with a plain-text body ``Invalid key: <key> ...``, as a gateway in front of a
+     model might answer).
 
 Out: responses; ``server.requests`` (every request: sha256 of its body, its Authorization header, the
      raw body), ``server.count(body_hash)`` and ``server.billed`` (body hash, prompt and completion tokens
@@ -133,6 +136,10 @@ class _Handler(JsonHandler):
             headers = {"Retry-After": arg} if arg else {}
             self._send(int(kind), orjson.dumps({"error": {"message": f"scripted {kind}"}}), headers)
             return
+        if kind == "invalidkey":  # a gateway repeating the credential it refused, not as JSON
+            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            self._send(200, f"Invalid key: {key} - check the key in your dashboard and try again".encode())
+            return
         if kind == "html":
             page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Please sign in</body></html>"
             self.send_response(200)
@@ -169,6 +176,16 @@ class _Handler(JsonHandler):
                 }
             ]
             resp["system_fingerprint"] = key
+        if kind == "echokeyphp":  # tool-call arguments as PHP's json_encode writes them: "/" escaped as "\/"
+            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            arguments = orjson.dumps({"command": f"curl -H 'Authorization: Bearer {key}' https://x.test/"}).decode()
+            message["tool_calls"] = [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "Bash", "arguments": arguments.replace("/", "\\/")},
+                }
+            ]
         if kind != "nousage":
             resp["usage"] = {
                 "prompt_tokens": len(raw) // 4,

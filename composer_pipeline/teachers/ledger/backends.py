@@ -200,6 +200,12 @@ class _Postgres:
     def __init__(self, url: str):
         self.url = url
         self.label = redact_url(url)
+        if any(c in _userinfo(url.partition("://")[2])[1] for c in "/?#"):
+            # libpq ends the host part there and quotes what it took for a port: the password's start
+            raise LedgerError(
+                f"ledger {self.label}: the password holds a raw '/', '?' or '#'; percent-encode it "
+                "(%2F, %3F, %23) so the URL keeps it whole"
+            )
 
     def connect(self):
         import psycopg2
