@@ -23,6 +23,20 @@ import argparse
 import sys
 
 
+def usd_amount(text: str) -> float:
+    """A USD amount on the command line: a finite number >= 0 (``nan``, ``inf`` and negatives are refused
+    at parsing, as the recipes' settings layer refuses them; a nan ceiling compares false with every cost)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an amount in USD: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite amount in USD >= 0, got {text!r}")
+    return v
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="replay trace states to every teacher (budgets, cache, retries)")
     p.add_argument("--states", required=True, help="dir or s3:// prefix holding trace_states + trace_messages")
@@ -39,7 +53,12 @@ def register(subparsers) -> None:
         "(default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite)",
     )
     p.add_argument("--cache", default=None, help="response cache dir (default $COMPOSER_PIPELINE_HOME/teacher_cache)")
-    p.add_argument("--ceiling-usd", type=float, default=None, help="override the YAML's ceiling_usd for this run")
+    p.add_argument(
+        "--ceiling-usd",
+        type=usd_amount,
+        default=None,
+        help="override the YAML's ceiling_usd for this run (a finite amount >= 0)",
+    )
     p.add_argument("--run-id", default=None, help="id of this run in the ledger (default: a fresh uuid)")
     p.add_argument(
         "--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)"
@@ -68,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:
-        if args.ceiling_usd < 0:
-            raise ValueError("--ceiling-usd must be >= 0")
         cfg = dataclasses.replace(cfg, ceiling_usd=args.ceiling_usd)
     src, out = Store(args.states), Store(args.out)
     if not src.exists("trace_states"):
