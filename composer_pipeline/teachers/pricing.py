@@ -32,11 +32,13 @@ TOKENS_PER_MESSAGE = 8  # role markers, separators, tool-call framing of chat te
 TOKENS_FIXED = 32  # generation prompt, BOS, tool-list framing
 
 
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Upper bound of the prompt tokens of a chat request (see module docstring)."""
+def estimate_prompt_tokens(body: dict[str, Any], n_bytes: int | None = None) -> int:
+    """Upper bound of the prompt tokens of a chat request (see module docstring); ``n_bytes``: the JSON
+    bytes of its messages and tools when the caller measured them already."""
     messages = body.get("messages") or []
     tools = body.get("tools") or []
-    n_bytes = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
+    if n_bytes is None:
+        n_bytes = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
     return int(math.ceil(n_bytes / BYTES_PER_TOKEN)) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_FIXED
 
 
@@ -44,9 +46,9 @@ def usd(tokens_in: int, tokens_out: int, teacher: TeacherConfig) -> float:
     return tokens_in * teacher.input_usd_per_mtok / 1e6 + tokens_out * teacher.output_usd_per_mtok / 1e6
 
 
-def worst_case_usd(body: dict[str, Any], teacher: TeacherConfig) -> tuple[int, float]:
+def worst_case_usd(body: dict[str, Any], teacher: TeacherConfig, n_bytes: int | None = None) -> tuple[int, float]:
     """(estimated prompt tokens, worst-case cost = estimate × input price + max_tokens × output price)."""
-    est = estimate_prompt_tokens(body)
+    est = estimate_prompt_tokens(body, n_bytes)
     max_out = int(body.get("max_tokens") or teacher.max_tokens)
     return est, usd(est, max_out, teacher)
 
