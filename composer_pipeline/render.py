@@ -31,6 +31,8 @@ traces; ``system_prompt`` is a recipe option and tool schemas are inferred from 
 
 from __future__ import annotations
 
+import bisect
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -329,22 +331,103 @@ def _assistant_message(rows: list[dict], strip_thinking: bool) -> tuple[dict, li
 
 
 def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = None) -> RenderedState:
-    opts = opts or RenderOptions()
+    return _render(conv, state, opts or RenderOptions(), None)[0]
+
+
+@dataclass
+class _Walk:
+    """What rendering one state's prefix left behind, for the next state of its stream to extend."""
+
+    leaf: str | None
+    messages: list[dict]
+    emitted: set[str]  # assistant message keys rendered
+    crossed: bool  # the path went through a compaction into the earlier history
+    skipped_own: bool  # a row of the state's own message was in its path (left out)
+    pending: list[int]  # lines of the results rendered INTERRUPTED (a later state may have seen them)
+    last_seen: int  # the latest line of a result rendered as seen
+
+
+class StreamRenderer:
+    """:func:`render_state` for many states of one :class:`Conversation`: a state whose prefix extends the
+    previous state's of the same stream (the usual case, states taken in stream order) renders only the
+    records after that prefix and reuses the rest (the same messages, the same objects), so a stream of
+    ``n`` states costs about ``n`` renders of one turn, not ``n`` renders of its whole prefix. Anything that
+    could render the shared part differently (the state's own message or a result seen in between, another
+    branch, a compaction) renders the state from its root."""
+
+    def __init__(self, conv: Conversation, opts: RenderOptions | None = None) -> None:
+        self.conv, self.opts = conv, opts or RenderOptions()
+        self._last: dict[str, _Walk] = {}
+
+    def render(self, state: dict) -> RenderedState:
+        rendered, walk = _render(self.conv, state, self.opts, self._last.get(state["stream_id"]))
+        if walk is not None:
+            self._last[state["stream_id"]] = walk
+        return rendered
+
+
+def _state_keys(state: dict) -> tuple[Any, int | None]:
+    own_key = state.get("message_id") or state.get("request_id") or (state.get("record_uuids") or [None])[0]
+    src = state.get("source_lines") or []
+    return own_key, (min(src) if src else None)
+
+
+def _extension(s: _Stream, state: dict, last: _Walk | None) -> list[dict] | None:
+    """The records after ``last``'s prefix up to this state's leaf, when this state's prefix renders as
+    ``last``'s plus them; else None."""
+    if last is None or last.leaf is None or last.skipped_own:
+        return None
+    own_key, first_line = _state_keys(state)
+    if own_key in last.emitted:
+        return None
+    if any(first_line is None or line < first_line for line in last.pending):
+        return None
+    if first_line is not None and last.last_seen >= first_line:
+        return None
+    rows: list[dict] = []
+    u = state.get("prefix_leaf_uuid")
+    seen: set[str] = set()
+    while u != last.leaf:
+        row = s.by_uuid.get(u) if u else None
+        if row is None or u in seen or row.get("subtype") == "compact_boundary":
+            return None
+        seen.add(u)
+        rows.append(row)
+        u = row.get("parent_uuid")
+    rows.reverse()
+    return rows
+
+
+def _render(
+    conv: Conversation, state: dict, opts: RenderOptions, last: _Walk | None
+) -> tuple[RenderedState, _Walk | None]:
     sid = state["stream_id"]
     s = conv.streams.get(sid)
     system = conv._once(("system", opts.system_prompt), lambda: _scrubbed_json(_system(opts.system_prompt)))
-    messages: list[dict] = [system]
     if s is None:
-        return RenderedState(messages, [])
-    own_key = state.get("message_id") or state.get("request_id") or (state.get("record_uuids") or [None])[0]
-    src = state.get("source_lines") or []
-    first_line = min(src) if src else None
-    path, crossed = prefix_path(s, state.get("prefix_leaf_uuid"), opts.compaction)
-    emitted: set[str] = set()
-    for row in path:
+        return RenderedState([system], []), None
+    own_key, first_line = _state_keys(state)
+    rows = _extension(s, state, last)
+    if rows is not None and last is not None:
+        walk = _Walk(
+            state.get("prefix_leaf_uuid"),
+            list(last.messages),
+            last.emitted,
+            last.crossed,
+            False,
+            last.pending,
+            last.last_seen,
+        )
+    else:
+        rows, crossed = prefix_path(s, state.get("prefix_leaf_uuid"), opts.compaction)
+        walk = _Walk(state.get("prefix_leaf_uuid"), [system], set(), crossed, False, [], -1)
+    messages, emitted = walk.messages, walk.emitted
+    for row in rows:
         rt = row["record_type"]
         if rt == "assistant":
             key = row.get("message_key") or row["uuid"]
+            if key == own_key:
+                walk.skipped_own = True
             if key in emitted or key == own_key:
                 continue
             group = s.groups.get(key, [row])
@@ -357,15 +440,21 @@ def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = N
             messages.append(msg)
             for call_id, _name in calls:
                 res = s.results.get(call_id)
-                seen_before = res is not None and (first_line is None or (res[0]["line_no"] or 0) < first_line)
+                line = (res[0]["line_no"] or 0) if res is not None else None
+                seen_before = line is not None and (first_line is None or line < first_line)
+                if line is not None:
+                    if seen_before:
+                        walk.last_seen = max(walk.last_seen, line)
+                    else:
+                        walk.pending = [*walk.pending, line]
                 messages.append(conv._once(("tool", sid, call_id, seen_before), lambda: _tool_message(call_id, res)))
         elif rt == "user":
-            if row.get("is_meta") or (crossed and row.get("is_compact_summary")):
+            if row.get("is_meta") or (walk.crossed and row.get("is_compact_summary")):
                 continue
             msg = conv._once(("user", sid, id(row)), lambda: _user_message(row, s))
             if msg is not None:
                 messages.append(msg)
-    return RenderedState(messages, conv.tool_schemas(sid))
+    return RenderedState(list(messages), conv.tool_schemas(sid)), walk
 
 
 def _system(prompt: str) -> dict:
@@ -507,6 +596,8 @@ class JsonSizes:
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Any, int]] = {}
+        self._lists: dict[Any, tuple[list[Any], int]] = {}  # key -> (the last list measured, its bytes)
+        self._prefixes: dict[Any, _Prefix] = {}
 
     def __call__(self, obj: Any) -> int:
         hit = self._by_id.get(id(obj))
@@ -514,11 +605,27 @@ class JsonSizes:
             hit = self._by_id[id(obj)] = (obj, len(orjson.dumps(obj)))
         return hit[1]
 
-    def of_list(self, items: list[Any] | None) -> int:
-        """Bytes of ``orjson.dumps(items)``: the brackets, the items and the commas between them."""
+    def prefix(self, key: Any) -> "_Prefix":
+        """The running sums :func:`fit_messages` keeps under ``key``."""
+        pre = self._prefixes.get(key)
+        if pre is None:
+            pre = self._prefixes[key] = _Prefix()
+        return pre
+
+    def of_list(self, items: list[Any] | None, key: Any = None) -> int:
+        """Bytes of ``orjson.dumps(items)``: the brackets, the items and the commas between them. With a
+        ``key`` (e.g. a teacher's stream), a list that extends the last one measured under it (the same
+        objects first) adds only its new items."""
         if not items:
             return 2
-        return 1 + sum(self(x) for x in items) + len(items)
+        prev, total = self._lists.get(key, ((), 0)) if key is not None else ((), 0)
+        if prev and len(items) >= len(prev) and all(map(operator.is_, prev, items)):
+            total += sum(self(x) for x in items[len(prev) :]) + len(items) - len(prev)
+        else:
+            total = 1 + sum(self(x) for x in items) + len(items)
+        if key is not None:
+            self._lists[key] = (items, total)
+        return total
 
 
 def min_window(max_tokens: int, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> int:
@@ -548,17 +655,6 @@ class Fitted:
     @property
     def changed(self) -> bool:
         return bool(self.elided or self.cut)
-
-
-def _units(messages: list[dict]) -> list[list[int]]:
-    """Indices grouped so that an assistant message with tool calls stays with the tool results after it."""
-    units: list[list[int]] = []
-    for i, m in enumerate(messages):
-        if m.get("role") == "tool" and units and messages[units[-1][0]].get("tool_calls"):
-            units[-1].append(i)
-        else:
-            units.append([i])
-    return units
 
 
 MIN_CUT_CHARS = 64  # a text shorter than this is not worth a cut marker
@@ -697,6 +793,7 @@ def fit_messages(
     count: Any = None,
     scale: float = 1.0,
     sizes: JsonSizes | None = None,
+    key: Any = None,
 ) -> Fitted:
     """Fit a rendered prefix into ``max_prompt_tokens`` (the window minus the answer's ``max_tokens``).
 
@@ -711,8 +808,11 @@ def fit_messages(
     share the same elision point (the same prefix) for several steps, so a provider's prompt cache still
     hits behind the marker; the price is keeping up to ``step`` − 1 fewer turns than would fit.
     Counts with ``count`` (a tokenizer's count of a message, teachers/token_count.py) times ``scale``
-    when given, else :func:`count_tokens` (conservative bytes-per-token ratio; ``sizes`` measures each
-    message object once across calls)."""
+    when given, else :func:`count_tokens` (conservative bytes-per-token ratio). ``sizes`` measures each
+    message object once across calls, and with a ``key`` (a teacher's stream) keeps the running token
+    sums and turn boundaries of the last list fitted under it: the next state's list, extending it, adds
+    only its new messages, and the elision point is found by bisection, so fitting a state costs its new
+    messages and what it keeps, not its whole prefix."""
     bpt = bytes_per_token
 
     def tok(obj: Any) -> int:
@@ -720,9 +820,11 @@ def fit_messages(
             return count_tokens(obj, bpt, sizes(obj) if sizes is not None else None)
         return int(-(-count(obj) * scale // 1))  # the tokenizer's count, scaled up for a refit
 
+    pre = _Prefix() if sizes is None or key is None else sizes.prefix((key, bpt, scale, count))
+    pre.extend(messages, tok)
+    cum, starts = pre.cum, pre.starts  # cum[i]: tokens of messages[:i]; starts: where each turn begins
     tools_cost = tok(tools) if tools else 0
-    costs = [tok(m) for m in messages]
-    total = FIT_TOKENS_FIXED + tools_cost + sum(costs)
+    total = FIT_TOKENS_FIXED + tools_cost + cum[len(messages)]
     if total <= max_prompt_tokens:
         return Fitted(list(messages), tokens=total, tools=tools)
     cut = 0
@@ -739,39 +841,40 @@ def fit_messages(
         h += 1
     head = list(messages[:h])
     head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
-    if h and sum(costs[:h]) > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
-        others = sum(costs[: h - 1])
-        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - others), bpt, tok)
+    if h and cum[h] > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
+        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - cum[h - 1]), bpt, tok)
         cut += 1
     head_cost = sum(tok(m) for m in head)
-    rest = messages[h:]
-    units = _units(rest)
-    ucost = [sum(costs[h + i] for i in u) for u in units]
+    # the turns after the head: starts[first:] (a head message never holds tool calls, so the turns of the
+    # whole list from h on are the turns of messages[h:])
+    first = bisect.bisect_left(starts, h)
+    n_units = len(starts) - first
     marker_cost = tok({"role": "user", "content": ELIDED_MARKER.format(n=10**9)})
     room = max_prompt_tokens - fixed - head_cost
-    # suffix sums: keeping units[k:] costs suffix[k]
-    suffix = [0] * (len(units) + 1)
-    for k in range(len(units) - 1, -1, -1):
-        suffix[k] = suffix[k + 1] + ucost[k]
+    end = cum[len(messages)]
+
+    def over(k: int) -> bool:  # keeping the turns from the k-th on does not fit (monotone in k >= 1)
+        return end - cum[starts[first + k]] + (marker_cost if k else 0) > room
+
     step = max(1, int(step))
-
-    def over(k: int) -> bool:
-        return suffix[k] + (marker_cost if k else 0) > room
-
     k = 0
-    while k < len(units) and over(k):
-        k += step
-    if k >= len(units):  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
-        k = max(0, k - step)
-        while k < len(units) - 1 and over(k):
-            k += 1
-    k = min(k, max(len(units) - 1, 0))  # keep at least the last turn (cut below when even it is too large)
-    kept_idx = [i for u in units[k:] for i in u]
-    elided = sum(len(u) for u in units[:k])
+    if n_units and over(0):
+        lo, hi = 1, (n_units - 1) // step + 1  # the first multiple of step that fits, else hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if not over(mid * step) else (mid + 1, hi)
+        k = lo * step
+        if k >= n_units:  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+            k = max(0, k - step)
+            while k < n_units - 1 and over(k):
+                k += 1
+    k = min(k, max(n_units - 1, 0))  # keep at least the last turn (cut below when even it is too large)
+    keep_from = starts[first + k] if n_units else len(messages)
+    elided = keep_from - h
     out = head + ([{"role": "user", "content": ELIDED_MARKER.format(n=elided)}] if elided else [])
-    tail = [rest[i] for i in kept_idx]
+    tail = messages[keep_from:]
     used = fixed + sum(tok(m) for m in out)
-    tail_costs = [tok(m) for m in tail]
+    tail_costs = [cum[i + 1] - cum[i] for i in range(keep_from, len(messages))]
     if used + sum(tail_costs) > max_prompt_tokens and tail:
         # the kept turn is itself too large: cut its largest texts (contents, tool-call arguments) in the
         # middle, biggest message first
@@ -784,5 +887,26 @@ def fit_messages(
                 tail[i], tail_costs[i] = new, tok(new)
                 cut += 1
     out += tail
-    tokens = fixed + sum(tok(m) for m in out)
+    tokens = used + sum(tail_costs)
     return Fitted(out, elided, cut, tokens, tools, tokens <= max_prompt_tokens)
+
+
+class _Prefix:
+    """Running token sums and turn starts of a message list, extended in place when the next list holds the
+    same message objects first. A turn: an assistant message with tool calls and the tool results after it
+    (kept or elided together), or any other single message."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.cum: list[int] = [0]
+        self.starts: list[int] = []
+
+    def extend(self, messages: list[dict], tok: Any) -> None:
+        if len(messages) < len(self.items) or not all(map(operator.is_, self.items, messages)):
+            self.items, self.cum, self.starts = [], [0], []
+        for i in range(len(self.items), len(messages)):
+            m = messages[i]
+            self.cum.append(self.cum[-1] + tok(m))
+            if not (m.get("role") == "tool" and self.starts and messages[self.starts[-1]].get("tool_calls")):
+                self.starts.append(i)
+        self.items = list(messages)

@@ -18,6 +18,7 @@ neither the key nor anything derived from it reaches ``call_id`` or the cache fi
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import tempfile
 from pathlib import Path
@@ -84,7 +85,7 @@ class StreamCallIds:
         head, tail = self._split(body)
         msgs = body["messages"]
         prev = self._messages
-        if not prev or len(msgs) < len(prev) or any(a is not b for a, b in zip(prev, msgs)):
+        if not prev or len(msgs) < len(prev) or not all(map(operator.is_, prev, msgs)):
             self._hashes = [hashlib.sha256(start + head) for start in self._starts]
             prev = []
         for i in range(len(prev), len(msgs)):

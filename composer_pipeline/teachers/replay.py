@@ -39,6 +39,7 @@ from composer_pipeline.render import (
     Conversation,
     JsonSizes,
     RenderOptions,
+    StreamRenderer,
     fit_messages,
     min_window,
     render_state,
@@ -162,6 +163,7 @@ def make_request(
             count=counter,
             scale=scale,
             sizes=sizes,
+            key=(teacher.name, stream_id),
         )
         source = (messages, tools)
         messages, tools, elided, cut = fitted.messages, fitted.tools, fitted.elided, fitted.cut
@@ -172,7 +174,7 @@ def make_request(
                 f"max_tokens {teacher.max_tokens} ({budget} tokens)"
             )
     body = request_body(teacher, messages, tools)
-    n_bytes = sizes.of_list(messages) + (sizes.of_list(tools) if tools else 0)
+    n_bytes = sizes.of_list(messages, (teacher.name, stream_id)) + (sizes.of_list(tools) if tools else 0)
     est, worst = worst_case_usd(body, teacher, n_bytes)
     if ids is None:
         cid, legacy = call_id(teacher.name, teacher.model, body, teacher.base_url), ""
@@ -269,10 +271,11 @@ def build_requests(
     failed_at: dict[int, tuple[str, str | None, str]] = {}
     ids: dict[tuple[str, str], StreamCallIds] = {}
     order = sorted(range(len(rows)), key=lambda i: (str(rows[i].get("stream_id")), _prefix_len(rows[i]), i))
+    renderer = StreamRenderer(conv, render_opts)  # render_prompt's output, extending each stream's previous state
     for i in order:
         row = rows[i]
         try:
-            rs = render_prompt(conv, row, render_opts)
+            rs = renderer.render(row)
         except Exception as e:  # one bad state must not sink the partition: recorded per teacher
             failed_at[i] = (
                 row["state_id"],
