@@ -2,7 +2,7 @@
 
 In:  ``trace_states`` + ``trace_messages`` tables, a :class:`TeachersConfig`, API keys as values,
      render options, a :class:`ResponseCache` and a :class:`Ledger`.
-Out: :class:`ReplayRun` (the one entry of the CLI and the assets): ``prepare`` renders the requests,
+Out: :class:`ReplayRun` (what the CLI and the assets run, through ``teachers/front.py``): ``prepare`` renders the requests,
      ``.plan`` → :class:`CostPlan` (schema ``cost_plan``: worst case per call, what the cache already
      holds, whether it fits the budgets and the run ceiling), ``.replay`` → :class:`ReplayResult` (schema
      ``teacher_replays`` + :func:`run_report.replay_summary`). ``make_request`` / ``plan_requests`` /

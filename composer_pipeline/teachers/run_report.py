@@ -16,7 +16,7 @@ In:  a ``teacher_replays`` table (one row per state × teacher) and what the run
 * ``prompt_tokens_by_teacher`` / ``cached_prompt_tokens_by_teacher``: prompt tokens of the answers paid
   in this run, and how many of them the provider read from its prompt cache;
 * ``fitted_answers``: answers whose prompt was elided or cut to fit the teacher's window;
-  ``over_context_window``: rows still too long after one refit;
+  ``over_context_window``: rows still too long after one refit, or never sent (too long even fitted);
 * the row counts per teacher under ``by_teacher``;
 * ``latency_s_http``: seconds per answer fetched over HTTP in this run; ``latency_s_cached``: the
   latency recorded when a cached answer was bought. Each is :func:`latency_summary`;
