@@ -85,11 +85,11 @@ def _one_by_one(states, messages, cfg):
 
 
 @pytest.mark.parametrize("window", [None, 3_000])
-def test_the_shared_preparation_equals_each_state_prepared_alone(tmp_path, project_corpus, window):
+def test_the_shared_preparation_equals_each_state_prepared_alone(tmp_path, corpus, window):
     cfg = _config(window)
     write_long_sessions(tmp_path / "long", n_sessions=2, turns=25)
     write_edit_session(tmp_path / "long", 30, file_chars=20_000, snippet_chars=800)
-    for root in (project_corpus.root, tmp_path / "long"):
+    for root in (corpus.root, tmp_path / "long"):
         results = list(ingest_paths([root]))
         for res in results:
             incremental = StreamRenderer(Conversation.from_table(res.messages), RenderOptions())
