@@ -1,9 +1,11 @@
 """Replay stage: ``cost_plan`` (worst-case spend per state x teacher, guarded by a blocking check)
 -> ``teacher_replays`` (every state sent to every teacher over OpenAI-compatible HTTP).
 
-Calls ``composer_pipeline.teachers.replay.ReplayRun`` (``prepare`` → ``plan`` / ``replay``), as the
-CLI does; the metadata numbers are read from the run's plan and its one summary
-(``teachers/run_report.py``), never recounted here. Spend is guarded three
+Calls ``composer_pipeline.teachers.front.ReplayFront`` (``prepare`` → ``plan`` → ``keys`` → ``replay``),
+as the CLI does; the requests ``cost_plan`` prepares reach ``teacher_replays`` of the same run as a file
+(built once per run, used only when they are what the checked plan priced); the metadata numbers are
+read from the run's plan and its one summary (``teachers/run_report.py``), never recounted here.
+Spend is guarded three
 times: the blocking ``cost_plan_within_budget`` check runs before ``teacher_replays`` can start
 (the ceiling of one run and each teacher's remaining budget in the ledger), the client reserves
 budget per call (domain code), and blocking checks on the results (actual spend, per-teacher
@@ -43,33 +45,36 @@ def cost_plan(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ) -> dg.Output:
-    from composer_pipeline.teachers.replay import ReplayRun
+    from composer_pipeline.teachers.front import plan_summary, prepared_path, save_prepared
 
-    cfg = teachers.load_config()
-    plan = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).plan(
-        teachers.response_cache(), ledger.open()
-    )
+    front = _front(teachers, ledger)
+    run = front.prepare(trace_states, trace_messages, render_options(recipes))
+    plan = front.plan(run)
+    # the requests travel to teacher_replays of this run (built once per run; teachers/front.py)
+    save_prepared(run, prepared_path(teachers.prepared_dir, context.run_id, context.partition_key))
     table = tables.conform(plan.table, "cost_plan")
+    s = plan_summary(plan)
     return dg.Output(
         table,
         metadata={
             "dagster/row_count": table.num_rows,
-            "worst_case_usd_total": float(sum(plan.worst_case_by_teacher.values())),
-            "worst_case_usd_by_teacher": dg.MetadataValue.json(
-                {k: float(v) for k, v in plan.worst_case_by_teacher.items()}
-            ),
-            "predicted_usd_by_teacher": dg.MetadataValue.json(
-                {k: float(v) for k, v in plan.predicted_by_teacher.items()}
-            ),
-            "remaining_budget_usd_by_teacher": dg.MetadataValue.json(
-                {k: float(v) for k, v in plan.remaining_budget_by_teacher.items()}
-            ),
-            "ceiling_usd": float(cfg.ceiling_usd),
-            "cached_calls": int(pc.sum(table.column("cached")).as_py() or 0),
-            "fits": bool(plan.fits),
-            "reasons": dg.MetadataValue.json(list(plan.reasons)),
+            "worst_case_usd_total": s["worst_case_usd_total"],
+            "worst_case_usd_by_teacher": dg.MetadataValue.json(s["worst_case_by_teacher"]),
+            "predicted_usd_by_teacher": dg.MetadataValue.json(s["predicted_usd_by_teacher"]),
+            "remaining_budget_usd_by_teacher": dg.MetadataValue.json(s["remaining_budget_by_teacher"]),
+            "ceiling_usd": s["ceiling_usd"],
+            "cached_calls": s["cached_calls"],
+            "skipped_calls_by_teacher": dg.MetadataValue.json(s["skipped_calls_by_teacher"]),
+            "fits": s["fits"],
+            "reasons": dg.MetadataValue.json(s["reasons"]),
         },
     )
+
+
+def _front(teachers: TeachersResource, ledger: LedgerResource):
+    from composer_pipeline.teachers.front import ReplayFront
+
+    return ReplayFront(teachers.load_config(), teachers.response_cache(), ledger.open())
 
 
 @dg.asset_check(
@@ -152,15 +157,14 @@ def teacher_replays(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ):
-    from composer_pipeline.teachers.billing import predicted_vs_billed
-    from composer_pipeline.teachers.preflight import preflight
-    from composer_pipeline.teachers.replay import ReplayRun, check_plan
+    from composer_pipeline.teachers.front import load_prepared, prepared_path
+    from composer_pipeline.teachers.replay import check_plan
 
-    cfg = teachers.load_config()
-    led = ledger.open()
+    front = _front(teachers, ledger)
+    cfg, led = front.config, front.ledger
     plan = check_plan(cost_plan, cfg, led)  # the plan the blocking check passed (the same decision)
-    keys = teachers.api_key_values()
-    preflight(cfg, keys, teachers=plan.teachers_to_call)  # missing key variable / unknown host: fail before any call
+    # missing key variable / unknown host: fail before any call
+    keys = front.keys(plan, teachers.api_key_values())
     teachers.ensure_local_servers(log=context.log, only=plan.teachers_to_call)  # all cached: no server needed
     step = {"last": -1}
 
@@ -170,13 +174,12 @@ def teacher_replays(
             step["last"] = tenth
             context.log.info(f"teacher calls: {done}/{total}")
 
-    res = ReplayRun.prepare(trace_states, trace_messages, cfg, render_options(recipes)).replay(
-        keys,
-        cache=teachers.response_cache(),
-        ledger=led,
-        run_id=context.run_id,
-        progress=progress,
-    )
+    # the requests cost_plan built in this run, when they are the ones its checked table priced; else built here
+    run = load_prepared(prepared_path(teachers.prepared_dir, context.run_id, context.partition_key), cfg, cost_plan)
+    if run is None:
+        run = front.prepare(trace_states, trace_messages, render_options(recipes))
+    outcome = front.replay(run, plan, keys, context.run_id, progress)
+    res = outcome.result
     table = tables.conform(res.table, "teacher_replays")
     summary = res.summary  # run_report.replay_summary: the dict `composer-pipeline replay` prints
     total = float(summary["spend_usd"])  # this run's spend
@@ -189,9 +192,7 @@ def teacher_replays(
             "spend_usd_by_teacher": dg.MetadataValue.json(summary["spend_usd_by_teacher"]),
             # the cost plan's prediction beside what providers billed this run (cache reads/writes at their
             # prices, and the same tokens at full price): the shape `composer-pipeline replay` prints
-            "predicted_vs_billed": dg.MetadataValue.json(
-                predicted_vs_billed(plan, led, context.run_id, [t.name for t in cfg.teachers])
-            ),
+            "predicted_vs_billed": dg.MetadataValue.json(outcome.predicted_vs_billed),
             # numbers plotted over runs, each the summary's, under the summary's name (teachers/run_report.py)
             "fitted_answers": summary["fitted_answers"],
             "cached_prompt_tokens": int(sum(summary["cached_prompt_tokens_by_teacher"].values())),

@@ -21,7 +21,7 @@ Out: :class:`RenderedState` ``(messages, tools)``:
 * ``tools``: OpenAI function schemas of the tools the stream shows the agent using, with the
   argument keys observed (values untyped: ``{}``).
 
-Every rendered prefix is scrubbed once more as the JSON it is sent as (:func:`_scrubbed`), after a
+Every rendered message is scrubbed once more as the JSON it is sent as (:func:`_scrubbed_json`), after a
 secret split across two blocks of a message (or two tool arguments) is redacted in both halves
 (:func:`_seams_scrubbed`).
 
@@ -31,6 +31,8 @@ traces; ``system_prompt`` is a recipe option and tool schemas are inferred from 
 
 from __future__ import annotations
 
+import bisect
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -217,11 +219,26 @@ def record_payload(raw: str | bytes | None, record_type: str | None) -> tuple[An
     return content, obj.get("toolUseResult")
 
 
+_MISSING = object()
+
+
 class Conversation:
-    """``trace_messages`` rows indexed by stream and uuid (one or many sessions)."""
+    """``trace_messages`` rows indexed by stream and uuid (one or many sessions).
+
+    The messages :func:`render_state` returns are shared between the states of a stream (made and
+    scrubbed once each): callers copy a message before changing it."""
 
     def __init__(self) -> None:
         self.streams: dict[str, _Stream] = {}
+        # rendered (and scrubbed) messages, each made once and shared by every state whose prefix holds it:
+        # a stream's states cost what their new messages cost, not their whole prefix again (issue 30 #13)
+        self._memo: dict[tuple, Any] = {}
+
+    def _once(self, key: tuple, make: Any) -> Any:
+        hit = self._memo.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._memo[key] = make()
+        return hit
 
     @classmethod
     def from_table(cls, trace_messages: pa.Table) -> "Conversation":
@@ -260,6 +277,10 @@ class Conversation:
                     s.results.setdefault(str(b.get("tool_use_id")), (row, b))
 
     def tool_schemas(self, stream_id: str) -> list[dict]:
+        """The stream's tools as OpenAI function schemas, scrubbed (made once per stream; do not mutate)."""
+        return self._once(("tools", stream_id), lambda: _scrubbed_json(self._tool_schemas(stream_id)))
+
+    def _tool_schemas(self, stream_id: str) -> list[dict]:
         s = self.streams.get(stream_id)
         if s is None:
             return []
@@ -306,54 +327,161 @@ def _assistant_message(rows: list[dict], strip_thinking: bool) -> tuple[dict, li
     msg = action.to_chat_message()
     if not strip_thinking and action.thinking:
         msg["content"] = f"<thinking>{action.thinking}</thinking>" + (f"\n{action.text}" if action.text else "")
-    return msg, [(c.id, c.name) for c in action.tool_calls]
+    return _scrubbed_json(msg), [(c.id, c.name) for c in action.tool_calls]
 
 
 def render_state(conv: Conversation, state: dict, opts: RenderOptions | None = None) -> RenderedState:
-    opts = opts or RenderOptions()
-    sid = state["stream_id"]
-    s = conv.streams.get(sid)
-    messages: list[dict] = [{"role": "system", "content": opts.system_prompt}]
-    if s is None:
-        return RenderedState(messages, [])
+    return _render(conv, state, opts or RenderOptions(), None)[0]
+
+
+@dataclass
+class _Walk:
+    """What rendering one state's prefix left behind, for the next state of its stream to extend."""
+
+    leaf: str | None
+    messages: list[dict]
+    emitted: set[str]  # assistant message keys rendered
+    crossed: bool  # the path went through a compaction into the earlier history
+    skipped_own: bool  # a row of the state's own message was in its path (left out)
+    pending: list[int]  # lines of the results rendered INTERRUPTED (a later state may have seen them)
+    last_seen: int  # the latest line of a result rendered as seen
+
+
+class StreamRenderer:
+    """:func:`render_state` for many states of one :class:`Conversation`: a state whose prefix extends the
+    previous state's of the same stream (the usual case, states taken in stream order) renders only the
+    records after that prefix and reuses the rest (the same messages, the same objects), so a stream of
+    ``n`` states costs about ``n`` renders of one turn, not ``n`` renders of its whole prefix. Anything that
+    could render the shared part differently (the state's own message or a result seen in between, another
+    branch, a compaction) renders the state from its root."""
+
+    def __init__(self, conv: Conversation, opts: RenderOptions | None = None) -> None:
+        self.conv, self.opts = conv, opts or RenderOptions()
+        self._last: dict[str, _Walk] = {}
+
+    def render(self, state: dict) -> RenderedState:
+        rendered, walk = _render(self.conv, state, self.opts, self._last.get(state["stream_id"]))
+        if walk is not None:
+            self._last[state["stream_id"]] = walk
+        return rendered
+
+
+def _state_keys(state: dict) -> tuple[Any, int | None]:
     own_key = state.get("message_id") or state.get("request_id") or (state.get("record_uuids") or [None])[0]
     src = state.get("source_lines") or []
-    first_line = min(src) if src else None
-    path, crossed = prefix_path(s, state.get("prefix_leaf_uuid"), opts.compaction)
-    emitted: set[str] = set()
-    for row in path:
+    return own_key, (min(src) if src else None)
+
+
+def _extension(s: _Stream, state: dict, last: _Walk | None) -> list[dict] | None:
+    """The records after ``last``'s prefix up to this state's leaf, when this state's prefix renders as
+    ``last``'s plus them; else None."""
+    if last is None or last.leaf is None or last.skipped_own:
+        return None
+    own_key, first_line = _state_keys(state)
+    if own_key in last.emitted:
+        return None
+    if any(first_line is None or line < first_line for line in last.pending):
+        return None
+    if first_line is not None and last.last_seen >= first_line:
+        return None
+    rows: list[dict] = []
+    u = state.get("prefix_leaf_uuid")
+    seen: set[str] = set()
+    while u != last.leaf:
+        row = s.by_uuid.get(u) if u else None
+        if row is None or u in seen or row.get("subtype") == "compact_boundary":
+            return None
+        seen.add(u)
+        rows.append(row)
+        u = row.get("parent_uuid")
+    rows.reverse()
+    return rows
+
+
+def _render(
+    conv: Conversation, state: dict, opts: RenderOptions, last: _Walk | None
+) -> tuple[RenderedState, _Walk | None]:
+    sid = state["stream_id"]
+    s = conv.streams.get(sid)
+    system = conv._once(("system", opts.system_prompt), lambda: _scrubbed_json(_system(opts.system_prompt)))
+    if s is None:
+        return RenderedState([system], []), None
+    own_key, first_line = _state_keys(state)
+    rows = _extension(s, state, last)
+    if rows is not None and last is not None:
+        walk = _Walk(
+            state.get("prefix_leaf_uuid"),
+            list(last.messages),
+            last.emitted,
+            last.crossed,
+            False,
+            last.pending,
+            last.last_seen,
+        )
+    else:
+        rows, crossed = prefix_path(s, state.get("prefix_leaf_uuid"), opts.compaction)
+        walk = _Walk(state.get("prefix_leaf_uuid"), [system], set(), crossed, False, [], -1)
+    messages, emitted = walk.messages, walk.emitted
+    for row in rows:
         rt = row["record_type"]
         if rt == "assistant":
             key = row.get("message_key") or row["uuid"]
+            if key == own_key:
+                walk.skipped_own = True
             if key in emitted or key == own_key:
                 continue
             group = s.groups.get(key, [row])
             if any(_is_synthetic_row(r) for r in group):
                 continue
             emitted.add(key)
-            msg, calls = _assistant_message(group, opts.strip_thinking)
+            msg, calls = conv._once(
+                ("assistant", sid, key, opts.strip_thinking), lambda: _assistant_message(group, opts.strip_thinking)
+            )
             messages.append(msg)
             for call_id, _name in calls:
                 res = s.results.get(call_id)
-                seen_before = res is not None and (first_line is None or (res[0]["line_no"] or 0) < first_line)
-                tool_msg = {
-                    "role": "tool",
-                    "tool_call_id": call_id,
-                    "content": flatten_content(res[1].get("content")) if seen_before else INTERRUPTED,
-                }
-                if seen_before and res[1].get("is_error") is True:  # for Claude's tool_result (anthropic.py)
-                    tool_msg["is_error"] = True
-                messages.append(tool_msg)
+                line = (res[0]["line_no"] or 0) if res is not None else None
+                seen_before = line is not None and (first_line is None or line < first_line)
+                if line is not None:
+                    if seen_before:
+                        walk.last_seen = max(walk.last_seen, line)
+                    else:
+                        walk.pending = [*walk.pending, line]
+                messages.append(
+                    conv._once(
+                        ("tool", sid, call_id, seen_before),
+                        lambda: _tool_message(call_id, res if seen_before else None),
+                    )
+                )
         elif rt == "user":
-            if row.get("is_meta") or (crossed and row.get("is_compact_summary")):
+            if row.get("is_meta") or (walk.crossed and row.get("is_compact_summary")):
                 continue
-            parts = _egress().scrub_seams(user_parts(row["_content"], s.tool_uses))
-            if parts:
-                messages.append({"role": "user", "content": "\n\n".join(parts)})
-    return _scrubbed(RenderedState(messages, conv.tool_schemas(sid)))
+            msg = conv._once(("user", sid, id(row)), lambda: _user_message(row, s))
+            if msg is not None:
+                messages.append(msg)
+    return RenderedState(list(messages), conv.tool_schemas(sid)), walk
 
 
-_EGRESS = None  # the built-in secret patterns, for _scrubbed
+def _system(prompt: str) -> dict:
+    return {"role": "system", "content": prompt}
+
+
+def _tool_message(call_id: str, res: tuple[dict, dict] | None) -> dict:
+    """The tool message answering ``call_id``: its result's text, or :data:`INTERRUPTED` (``res`` None: the
+    state came before its result), scrubbed."""
+    content = flatten_content(res[1].get("content")) if res is not None else INTERRUPTED
+    msg = {"role": "tool", "tool_call_id": call_id, "content": content}
+    if res is not None and res[1].get("is_error") is True:  # for Claude's tool_result (anthropic.py)
+        msg["is_error"] = True
+    return _scrubbed_json(msg)
+
+
+def _user_message(row: dict, s: _Stream) -> dict | None:
+    parts = _egress().scrub_seams(user_parts(row["_content"], s.tool_uses))
+    return _scrubbed_json({"role": "user", "content": "\n\n".join(parts)}) if parts else None
+
+
+_EGRESS = None  # the built-in secret patterns, for _scrubbed_json
 
 
 def _egress():
@@ -414,19 +542,19 @@ def _with_strings(v: Any, it) -> Any:
     return v
 
 
-def _scrubbed(rs: RenderedState) -> RenderedState:
-    """The prefix scrubbed once more, in the form it leaves the machine in (defense in depth).
+def _scrubbed_json(obj: Any) -> Any:
+    """A rendered message (or the tools list) scrubbed once more, in the form it leaves the machine in
+    (defense in depth); each message once, where it is made (messages are shared by the states of a stream).
 
     Ingest already scrubbed the raw lines (escape-aware, scrub.py). Here the decoded text is
     re-encoded by orjson (which escapes no ASCII letter), so a key that a writer had spelled with
     escapes (``s\\u006b-...``), invisible in the raw line, is visible and caught. One Hyperscan pass
     over the JSON; the exact patterns run only on the rare candidate lines (one line here)."""
-    data = orjson.dumps([rs.messages, rs.tools])
+    data = orjson.dumps(obj)
     clean = _egress().scrub_bytes(data)
     if clean is data or clean == data:
-        return rs
-    messages, tools = orjson.loads(clean)
-    return RenderedState(messages, tools)
+        return obj
+    return orjson.loads(clean)
 
 
 def _is_synthetic_row(row: dict) -> bool:
@@ -462,10 +590,50 @@ ELIDED_MARKER = "[{n} earlier messages elided to fit the teacher's context windo
 CUT_MARKER = "\n[... {n} characters cut to fit the teacher's context window ...]\n"
 
 
-def count_tokens(obj: Any, bytes_per_token: float = FIT_BYTES_PER_TOKEN) -> int:
-    """Tokens of one message (or the tools list) as sent: its JSON bytes / ``bytes_per_token``, rounded up."""
-    n = len(orjson.dumps(obj))
+def count_tokens(obj: Any, bytes_per_token: float = FIT_BYTES_PER_TOKEN, n_bytes: int | None = None) -> int:
+    """Tokens of one message (or the tools list) as sent: its JSON bytes (``n_bytes`` when already
+    measured) / ``bytes_per_token``, rounded up."""
+    n = len(orjson.dumps(obj)) if n_bytes is None else n_bytes
     return -(-n * 1000 // int(bytes_per_token * 1000)) + FIT_TOKENS_PER_MESSAGE
+
+
+class JsonSizes:
+    """The JSON bytes of each message (or tools list) object, measured once: the states of a stream share
+    their messages (:class:`Conversation`), so fitting and pricing a stream's requests measure each
+    message once instead of once per state. Keeps the objects it measured (an ``id`` is never reused)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, int]] = {}
+        self._lists: dict[Any, tuple[list[Any], int]] = {}  # key -> (the last list measured, its bytes)
+        self._prefixes: dict[Any, _Prefix] = {}
+
+    def __call__(self, obj: Any) -> int:
+        hit = self._by_id.get(id(obj))
+        if hit is None:
+            hit = self._by_id[id(obj)] = (obj, len(orjson.dumps(obj)))
+        return hit[1]
+
+    def prefix(self, key: Any) -> "_Prefix":
+        """The running sums :func:`fit_messages` keeps under ``key``."""
+        pre = self._prefixes.get(key)
+        if pre is None:
+            pre = self._prefixes[key] = _Prefix()
+        return pre
+
+    def of_list(self, items: list[Any] | None, key: Any = None) -> int:
+        """Bytes of ``orjson.dumps(items)``: the brackets, the items and the commas between them. With a
+        ``key`` (e.g. a teacher's stream), a list that extends the last one measured under it (the same
+        objects first) adds only its new items."""
+        if not items:
+            return 2
+        prev, total = self._lists.get(key, ((), 0)) if key is not None else ((), 0)
+        if prev and len(items) >= len(prev) and all(map(operator.is_, prev, items)):
+            total += sum(self(x) for x in items[len(prev) :]) + len(items) - len(prev)
+        else:
+            total = 1 + sum(self(x) for x in items) + len(items)
+        if key is not None:
+            self._lists[key] = (items, total)
+        return total
 
 
 def min_window(max_tokens: int, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> int:
@@ -480,47 +648,147 @@ def min_window(max_tokens: int, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> i
 
 @dataclass
 class Fitted:
-    """A prefix fitted into a token budget: the messages to send and what was done to them."""
+    """A prefix fitted into a token budget: the messages (and tools) to send and what was done to them.
+
+    ``fits`` is False when even the fitted prefix is over the budget (e.g. one turn of hundreds of parallel
+    calls, each answered): such a request is never sent (replay records it ``over_context_window``)."""
 
     messages: list[dict[str, Any]]
     elided: int = 0  # messages replaced by the marker (the marker itself not counted)
-    cut: int = 0  # messages whose content was cut in its middle
+    cut: int = 0  # messages (and the tools list) whose content or tool-call arguments were cut in the middle
     tokens: int = 0  # estimated prompt tokens of the result (tools included)
+    tools: list[dict[str, Any]] | None = None  # the tools as sent (argument names dropped when too many)
+    fits: bool = True
 
     @property
     def changed(self) -> bool:
         return bool(self.elided or self.cut)
 
 
-def _units(messages: list[dict]) -> list[list[int]]:
-    """Indices grouped so that an assistant message with tool calls stays with the tool results after it."""
-    units: list[list[int]] = []
-    for i, m in enumerate(messages):
-        if m.get("role") == "tool" and units and messages[units[-1][0]].get("tool_calls"):
-            units[-1].append(i)
-        else:
-            units.append([i])
-    return units
+MIN_CUT_CHARS = 64  # a text shorter than this is not worth a cut marker
+
+
+def _cut_text(text: str, drop: int) -> str:
+    keep = max(0, len(text) - drop)
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :] if keep else ""
+    return head + CUT_MARKER.format(n=len(text) - keep) + tail
+
+
+def _texts(msg: dict) -> tuple[list[str], list[Any]]:
+    """The cuttable texts of a message: its string content, then the string values inside each tool call's
+    arguments (decoded: a cut keeps the arguments valid JSON; arguments that are not JSON are one text);
+    and the decoded arguments per call (None: not JSON)."""
+    texts: list[str] = [msg["content"]] if isinstance(msg.get("content"), str) else []
+    decoded: list[Any] = []
+    for call in msg.get("tool_calls") or []:
+        raw = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+        args = None
+        if isinstance(raw, str):
+            try:
+                args = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                texts.append(raw)
+            else:
+                _strings_in(args, texts)
+        decoded.append(args)
+    return texts, decoded
+
+
+def _with_texts(msg: dict, decoded: list[Any], texts: list[str]) -> dict:
+    """``msg`` with its :func:`_texts` replaced, in the same order."""
+    it = iter(texts)
+    out = dict(msg)
+    if isinstance(msg.get("content"), str):
+        out["content"] = next(it)
+    if msg.get("tool_calls"):
+        calls = []
+        for call, args in zip(msg["tool_calls"], decoded):
+            raw = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+            if not isinstance(raw, str):
+                calls.append(call)
+                continue
+            new = next(it) if args is None else orjson.dumps(_with_strings(args, it)).decode()
+            calls.append({**call, "function": {**call["function"], "arguments": new}})
+        out["tool_calls"] = calls
+    return out
 
 
 def _cut_middle(msg: dict, max_tokens: int, bpt: float, tok: Any) -> dict:
-    """``msg`` with its text content cut in the middle so that the message counts (``tok``) at most ``max_tokens``."""
-    content = msg.get("content")
-    if not isinstance(content, str):
-        return msg
+    """``msg`` cut so that it counts (``tok``) at most ``max_tokens`` where it can be: its largest texts (the
+    content, or a string inside a tool call's arguments, e.g. a 5 MB ``Write``) lose their middle, largest
+    first, each behind one marker saying how many characters went."""
     over = tok(msg) - max_tokens
     if over <= 0:
         return msg
-    # bytes to drop: the overrun at the ratio, plus the marker; characters ≥ bytes/4 (UTF-8), so drop by
-    # characters conservatively and re-check
-    drop = int(over * bpt) + len(CUT_MARKER) + 16
-    while True:
-        keep = max(0, len(content) - drop)
-        head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2) :] if keep else ""
-        out = {**msg, "content": head + CUT_MARKER.format(n=len(content) - keep) + tail}
-        if tok(out) <= max_tokens or keep == 0:
-            return out
-        drop += max(64, drop // 4)
+    texts, decoded = _texts(msg)
+    if not texts:
+        return msg
+    n_content = 1 if isinstance(msg.get("content"), str) else 0
+    drops = [0] * len(texts)
+    out = msg
+    for _ in range(256):  # each pass cuts more of the largest text still long; a few passes in practice
+        i = max(range(len(texts)), key=lambda j: len(texts[j]) - drops[j])
+        left = len(texts[i]) - drops[i]
+        if left < MIN_CUT_CHARS:
+            break
+        # bytes to drop: the overrun at the ratio, plus the marker, as characters of this text at its bytes
+        # per character as sent (UTF-8 and JSON escapes; an argument's string is escaped twice); re-checked
+        sent = orjson.dumps(texts[i]) if i < n_content else orjson.dumps(orjson.dumps(texts[i]).decode())
+        per_char = max(1.0, len(sent) / max(1, len(texts[i])))
+        more = int((over * bpt + len(CUT_MARKER)) / per_char) + 16
+        drops[i] = min(len(texts[i]), drops[i] + max(more, MIN_CUT_CHARS, drops[i] // 4))
+        cut = [_cut_text(t, d) if d else t for t, d in zip(texts, drops)]
+        out = _with_texts(msg, decoded, cut)
+        over = tok(out) - max_tokens
+        if over <= 0:
+            break
+    return out
+
+
+TOOLS_SHARE = 4  # over the window, the tools list may take at most 1/4 of the prompt budget
+
+
+def _fit_tools(tools: list[dict], budget: int, tok: Any) -> tuple[list[dict], int]:
+    """``tools`` within ``budget`` tokens: each tool keeps its first ``k`` argument names (the largest ``k``
+    that fits, found by bisection; the schemas' values are untyped, the names what the agent used), and
+    when even names-free schemas are too many, the first tools that fit. Each trimmed tool says in its
+    description how many names it lost. Returns (tools, how many names and tools were dropped)."""
+
+    def props(t: dict) -> dict:
+        params = (t.get("function") or {}).get("parameters") if isinstance(t, dict) else None
+        p = params.get("properties") if isinstance(params, dict) else None
+        return p if isinstance(p, dict) else {}
+
+    def capped(k: int, n_tools: int) -> list[dict]:
+        out = []
+        for t in tools[:n_tools]:
+            p = props(t)
+            if len(p) <= k:
+                out.append(t)
+                continue
+            fn = t["function"]
+            note = f" ({len(p) - k} more argument names omitted to fit the teacher's context window)"
+            params = {**fn["parameters"], "properties": dict(list(p.items())[:k])}
+            out.append(
+                {**t, "function": {**fn, "description": str(fn.get("description") or "") + note, "parameters": params}}
+            )
+        return out
+
+    widest = max(len(props(t)) for t in tools)
+    lo, hi = 0, widest  # the largest k whose schemas fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if tok(capped(mid, len(tools))) <= budget else (lo, mid - 1)
+    n = len(tools)
+    if tok(capped(lo, n)) > budget:  # too many tools even without argument names: the first ones that fit
+        a, b = 0, n
+        while a < b:
+            mid = (a + b + 1) // 2
+            a, b = (mid, b) if tok(capped(0, mid)) <= budget else (a, mid - 1)
+        n = a
+    out = capped(lo, n)
+    dropped = sum(max(0, len(props(t)) - lo) for t in tools[:n]) + (len(tools) - n)
+    return out, dropped
 
 
 def fit_messages(
@@ -532,30 +800,47 @@ def fit_messages(
     step: int = 1,
     count: Any = None,
     scale: float = 1.0,
+    sizes: JsonSizes | None = None,
+    key: Any = None,
 ) -> Fitted:
     """Fit a rendered prefix into ``max_prompt_tokens`` (the window minus the answer's ``max_tokens``).
 
     Keeps the system prompt and the session's first user message, then as many of the most recent turns
     as fit; the elided middle becomes ONE user message saying how many messages were elided. An assistant
     message with tool calls and its tool results are kept or elided together (every call stays answered
-    exactly once). A single message too large even alone (a huge tool result) is cut in its middle. With
+    exactly once). A single message too large even alone (a huge tool result, or a tool call's huge
+    arguments) is cut in its middle. A tools list larger than 1/4 of the budget loses argument names (then
+    tools) until it fits. What still does not fit (one turn of hundreds of answered parallel calls) comes
+    back with ``fits`` False. With
     ``step`` > 1 the number of elided units is a multiple of ``step``: consecutive states of a stream then
     share the same elision point (the same prefix) for several steps, so a provider's prompt cache still
     hits behind the marker; the price is keeping up to ``step`` − 1 fewer turns than would fit.
     Counts with ``count`` (a tokenizer's count of a message, teachers/token_count.py) times ``scale``
-    when given, else :func:`count_tokens` (conservative bytes-per-token ratio)."""
+    when given, else :func:`count_tokens` (conservative bytes-per-token ratio). ``sizes`` measures each
+    message object once across calls, and with a ``key`` (a teacher's stream) keeps the running token
+    sums and turn boundaries of the last list fitted under it: the next state's list, extending it, adds
+    only its new messages, and the elision point is found by bisection, so fitting a state costs its new
+    messages and what it keeps, not its whole prefix."""
     bpt = bytes_per_token
 
     def tok(obj: Any) -> int:
         if count is None:
-            return count_tokens(obj, bpt)
+            return count_tokens(obj, bpt, sizes(obj) if sizes is not None else None)
         return int(-(-count(obj) * scale // 1))  # the tokenizer's count, scaled up for a refit
 
-    fixed = FIT_TOKENS_FIXED + (tok(tools) if tools else 0)
-    costs = [tok(m) for m in messages]
-    total = fixed + sum(costs)
+    pre = _Prefix() if sizes is None or key is None else sizes.prefix((key, bpt, scale, count))
+    pre.extend(messages, tok)
+    cum, starts = pre.cum, pre.starts  # cum[i]: tokens of messages[:i]; starts: where each turn begins
+    tools_cost = tok(tools) if tools else 0
+    total = FIT_TOKENS_FIXED + tools_cost + cum[len(messages)]
     if total <= max_prompt_tokens:
-        return Fitted(list(messages), tokens=total)
+        return Fitted(list(messages), tokens=total, tools=tools)
+    cut = 0
+    if tools and tools_cost > max_prompt_tokens // TOOLS_SHARE:
+        tools, dropped = _fit_tools(tools, max_prompt_tokens // TOOLS_SHARE, tok)
+        tools_cost = tok(tools) if tools else 0
+        cut += bool(dropped)
+    fixed = FIT_TOKENS_FIXED + tools_cost
     # head: system prompt(s) + the first user message
     h = 0
     while h < len(messages) and messages[h].get("role") == "system":
@@ -563,51 +848,73 @@ def fit_messages(
     if h < len(messages) and messages[h].get("role") == "user":
         h += 1
     head = list(messages[:h])
-    cut = 0
     head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
-    if h and sum(costs[:h]) > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
-        others = sum(costs[: h - 1])
-        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - others), bpt, tok)
+    if h and cum[h] > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
+        head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - cum[h - 1]), bpt, tok)
         cut += 1
     head_cost = sum(tok(m) for m in head)
-    rest = messages[h:]
-    units = _units(rest)
-    ucost = [sum(costs[h + i] for i in u) for u in units]
+    # the turns after the head: starts[first:] (a head message never holds tool calls, so the turns of the
+    # whole list from h on are the turns of messages[h:])
+    first = bisect.bisect_left(starts, h)
+    n_units = len(starts) - first
     marker_cost = tok({"role": "user", "content": ELIDED_MARKER.format(n=10**9)})
     room = max_prompt_tokens - fixed - head_cost
-    # suffix sums: keeping units[k:] costs suffix[k]
-    suffix = [0] * (len(units) + 1)
-    for k in range(len(units) - 1, -1, -1):
-        suffix[k] = suffix[k + 1] + ucost[k]
+    end = cum[len(messages)]
+
+    def over(k: int) -> bool:  # keeping the turns from the k-th on does not fit (monotone in k >= 1)
+        return end - cum[starts[first + k]] + (marker_cost if k else 0) > room
+
     step = max(1, int(step))
-
-    def over(k: int) -> bool:
-        return suffix[k] + (marker_cost if k else 0) > room
-
     k = 0
-    while k < len(units) and over(k):
-        k += step
-    if k >= len(units):  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
-        k = max(0, k - step)
-        while k < len(units) - 1 and over(k):
-            k += 1
-    k = min(k, max(len(units) - 1, 0))  # keep at least the last turn (cut below when even it is too large)
-    kept_idx = [i for u in units[k:] for i in u]
-    elided = sum(len(u) for u in units[:k])
+    if n_units and over(0):
+        lo, hi = 1, (n_units - 1) // step + 1  # the first multiple of step that fits, else hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if not over(mid * step) else (mid + 1, hi)
+        k = lo * step
+        if k >= n_units:  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+            k = max(0, k - step)
+            while k < n_units - 1 and over(k):
+                k += 1
+    k = min(k, max(n_units - 1, 0))  # keep at least the last turn (cut below when even it is too large)
+    keep_from = starts[first + k] if n_units else len(messages)
+    elided = keep_from - h
     out = head + ([{"role": "user", "content": ELIDED_MARKER.format(n=elided)}] if elided else [])
-    tail = [rest[i] for i in kept_idx]
+    tail = messages[keep_from:]
     used = fixed + sum(tok(m) for m in out)
-    tail_cost = sum(tok(m) for m in tail)
-    if used + tail_cost > max_prompt_tokens and tail:
-        # the kept turn is itself too large: cut its largest text contents in the middle, biggest first
-        order = sorted(range(len(tail)), key=lambda i: -tok(tail[i]))
-        for i in order:
-            over = used + sum(tok(m) for m in tail) - max_prompt_tokens
-            if over <= 0:
+    tail_costs = [cum[i + 1] - cum[i] for i in range(keep_from, len(messages))]
+    if used + sum(tail_costs) > max_prompt_tokens and tail:
+        # the kept turn is itself too large: cut its largest texts (contents, tool-call arguments) in the
+        # middle, biggest message first
+        for i in sorted(range(len(tail)), key=lambda i: -tail_costs[i]):
+            excess = used + sum(tail_costs) - max_prompt_tokens
+            if excess <= 0:
                 break
-            if not isinstance(tail[i].get("content"), str):
-                continue
-            tail[i] = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, tok(tail[i]) - over), bpt, tok)
-            cut += 1
+            new = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, tail_costs[i] - excess), bpt, tok)
+            if new is not tail[i]:
+                tail[i], tail_costs[i] = new, tok(new)
+                cut += 1
     out += tail
-    return Fitted(out, elided, cut, fixed + sum(tok(m) for m in out))
+    tokens = used + sum(tail_costs)
+    return Fitted(out, elided, cut, tokens, tools, tokens <= max_prompt_tokens)
+
+
+class _Prefix:
+    """Running token sums and turn starts of a message list, extended in place when the next list holds the
+    same message objects first. A turn: an assistant message with tool calls and the tool results after it
+    (kept or elided together), or any other single message."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.cum: list[int] = [0]
+        self.starts: list[int] = []
+
+    def extend(self, messages: list[dict], tok: Any) -> None:
+        if len(messages) < len(self.items) or not all(map(operator.is_, self.items, messages)):
+            self.items, self.cum, self.starts = [], [0], []
+        for i in range(len(self.items), len(messages)):
+            m = messages[i]
+            self.cum.append(self.cum[-1] + tok(m))
+            if not (m.get("role") == "tool" and self.starts and messages[self.starts[-1]].get("tool_calls")):
+                self.starts.append(i)
+        self.items = list(messages)

@@ -21,6 +21,9 @@ import contextlib
 import os
 import posixpath
 import secrets
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator
 
@@ -189,22 +192,32 @@ class Store:
                     names.append(canonical)
         return names
 
-    def duckdb(self):
+    def duckdb(self, temp_directory: str | None = None):
         """An in-memory DuckDB connection with one view per stored table (named after the asset), that
         reads those views only: the tables are read here (pyarrow, s3fs for S3) and registered, then
         DuckDB's file system and network access is switched off and its configuration locked, so a query
         can neither write (``COPY ... TO``, ``EXPORT``), nor read other files (``read_text('/etc/passwd')``,
         ``ATTACH``), nor fetch or load extensions (``read_csv('https://...')``, ``INSTALL``), nor turn any
-        of that back on (``SET``); it is refused with DuckDB's permission error."""
+        of that back on (``SET``); it is refused with DuckDB's permission error.
+
+        DuckDB keeps its temp directory (spilled data) reachable from queries even with external access
+        off; its default is ``<cwd>/.tmp``, a folder of the user's. It is ``temp_directory`` instead, else a
+        fresh private (0700) folder removed with the connection."""
         import duckdb
 
+        own_temp = temp_directory is None
+        if own_temp:
+            temp_directory = tempfile.mkdtemp(prefix="composer-duckdb-")
         con = duckdb.connect(
             config={
                 "autoinstall_known_extensions": False,
                 "autoload_known_extensions": False,
                 "python_enable_replacements": False,
+                "temp_directory": str(temp_directory),
             }
         )  # (no Python variable is a table)
+        if own_temp:
+            weakref.finalize(con, shutil.rmtree, temp_directory, True)
         for name in self.table_names():
             table = self.read_table(name)
             if name == "trace_messages" and "content" not in table.column_names:

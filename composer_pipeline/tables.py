@@ -89,6 +89,7 @@ COST_PLAN = pa.schema(
         ("est_prompt_tokens", pa.int64()),
         ("worst_case_usd", pa.float64()),
         ("predicted_usd", pa.float64()),  # expected cost with prompt caching (teachers/replay.predict_cached)
+        ("skip_reason", _str),  # why this call is not sent (over_context_window: ...); null: sent or cached
     ]
 )
 

@@ -66,6 +66,11 @@ class TeachersResource(dg.ConfigurableResource):
 
         return default_cache_dir(self.cache_dir)
 
+    @property
+    def prepared_dir(self) -> str:
+        """Where ``cost_plan`` leaves a run's prepared requests for ``teacher_replays`` (beside the cache)."""
+        return str(Path(self.cache_path).expanduser().parent / "prepared_requests")
+
     def load_config(self):
         from composer_pipeline.teachers.config import load_teachers
 

@@ -6,8 +6,8 @@ Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` w
 into ``--out`` and prints one JSON summary line: :func:`~composer_pipeline.teachers.run_report.replay_summary`
 (the same dict the ``teacher_replays`` asset shows as ``summary``), the older names of its numbers
 (``calls``, ``cache_hits``, ``total_spend``, ...: ``run_report.CLI_LEGACY_KEYS``), ``run_id``, ``out``,
-``ledger``, ``cache`` and ``predicted_vs_billed``. Rendering, pricing and sending go through
-:class:`~composer_pipeline.teachers.replay.ReplayRun`, as in the assets. Before any call: missing API-key variables, a key with a
+``ledger``, ``cache`` and ``predicted_vs_billed``. Rendering, pricing, pre-flight and sending go through
+:class:`~composer_pipeline.teachers.front.ReplayFront`, as in the assets. Before any call: missing API-key variables, a key with a
 control character inside (surrounding whitespace is stripped), unknown hosts, an unwritable ``--out`` and
 a teacher name the ledger knows with another endpoint, model or price exit 2 naming them. A PostgreSQL
 ledger lost mid-run is retried for ``ledger_outage_s``, then exit 2. Exit 1 when a teacher was cut off (invalid
@@ -21,6 +21,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+
+def usd_amount(text: str) -> float:
+    """A USD amount on the command line: a finite number >= 0 (``nan``, ``inf`` and negatives are refused
+    at parsing, as the recipes' settings layer refuses them; a nan ceiling compares false with every cost)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an amount in USD: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite amount in USD >= 0, got {text!r}")
+    return v
 
 
 def register(subparsers) -> None:
@@ -39,7 +53,12 @@ def register(subparsers) -> None:
         "(default $COMPOSER_LEDGER_URL, else $COMPOSER_PIPELINE_HOME/ledger.sqlite)",
     )
     p.add_argument("--cache", default=None, help="response cache dir (default $COMPOSER_PIPELINE_HOME/teacher_cache)")
-    p.add_argument("--ceiling-usd", type=float, default=None, help="override the YAML's ceiling_usd for this run")
+    p.add_argument(
+        "--ceiling-usd",
+        type=usd_amount,
+        default=None,
+        help="override the YAML's ceiling_usd for this run (a finite amount >= 0)",
+    )
     p.add_argument("--run-id", default=None, help="id of this run in the ledger (default: a fresh uuid)")
     p.add_argument(
         "--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)"
@@ -57,19 +76,17 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from composer_pipeline import render, tables
+    from composer_pipeline.home import default_cache_dir
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.config import clean_api_keys, load_teachers
-    from composer_pipeline.home import default_cache_dir
+    from composer_pipeline.teachers.config import load_teachers
+    from composer_pipeline.teachers.front import ReplayFront, plan_summary
     from composer_pipeline.teachers.ledger import open_ledger
-    from composer_pipeline.teachers.preflight import PreflightError, check_writable, preflight
-    from composer_pipeline.teachers.replay import ReplayRun
+    from composer_pipeline.teachers.preflight import PreflightError, check_writable
     from composer_pipeline.teachers.run_report import cli_legacy_keys
 
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:
-        if args.ceiling_usd < 0:
-            raise ValueError("--ceiling-usd must be >= 0")
         cfg = dataclasses.replace(cfg, ceiling_usd=args.ceiling_usd)
     src, out = Store(args.states), Store(args.out)
     if not src.exists("trace_states"):
@@ -77,21 +94,13 @@ def run(args: argparse.Namespace) -> int:
     states, messages = src.read_table("trace_states"), src.read_table("trace_messages")
     ledger = open_ledger(args.ledger)
     cache_dir = Path(args.cache or default_cache_dir()).expanduser()
-    cache = ResponseCache(cache_dir)
-    opts = render.RenderOptions.from_recipe(args.ingest_recipe)
+    front = ReplayFront(cfg, ResponseCache(cache_dir), ledger)
 
-    replay_run = ReplayRun.prepare(states, messages, cfg, opts)
-    plan = replay_run.plan(cache, ledger)
-    api_keys = clean_api_keys(
-        cfg, {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
-    )
+    replay_run = front.prepare(states, messages, render.RenderOptions.from_recipe(args.ingest_recipe))
+    plan = front.plan(replay_run)
+    env_keys = {t.name: (os.environ.get(t.api_key_env) if t.api_key_env else None) for t in cfg.teachers}
     # before anything is sent: keys, hosts, and where the answers go
-    preflight(
-        cfg,
-        api_keys,
-        teachers=None if args.plan_only else plan.teachers_to_call,
-        writable={} if out.is_remote else {"--out": args.out},
-    )
+    keys = front.keys(plan, env_keys, plan_only=args.plan_only, writable={} if out.is_remote else {"--out": args.out})
     try:
         check_writable(cache_dir, "response cache")
     except PreflightError as e:  # paid answers are stored in the ledger first: the run can still go on
@@ -101,19 +110,7 @@ def run(args: argparse.Namespace) -> int:
         for reason in plan.reasons:
             print(f"cost plan: {reason}", file=sys.stderr)
     if args.plan_only:
-        print(
-            orjson.dumps(
-                {
-                    "calls_planned": plan.table.num_rows,
-                    "worst_case_by_teacher": plan.worst_case_by_teacher,
-                    "predicted_usd_by_teacher": plan.predicted_by_teacher,
-                    "remaining_budget_by_teacher": plan.remaining_budget_by_teacher,
-                    "ceiling_usd": cfg.ceiling_usd,
-                    "fits": plan.fits,
-                    "reasons": plan.reasons,
-                }
-            ).decode()
-        )
+        print(orjson.dumps(plan_summary(plan)).decode())
         return 0
 
     tty = sys.stderr.isatty()
@@ -123,10 +120,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"\rteacher calls {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
-    res = replay_run.replay(api_keys, cache=cache, ledger=ledger, run_id=run_id, progress=progress)
+    outcome = front.replay(replay_run, plan, keys, run_id, progress)
+    res = outcome.result
     path = out.write_table(tables.cli_file_name("teacher_replays"), res.table)  # replays.parquet (tables.FILE_ALIASES)
-    from composer_pipeline.teachers.billing import predicted_vs_billed
-
     # the one replay summary (run_report.replay_summary, also the asset's `summary`), the names this command
     # printed before it (run_report.CLI_LEGACY_KEYS), and where this run wrote
     summary = {
@@ -135,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
         "run_id": run_id,
         "out": out.url(f"{tables.cli_file_name('teacher_replays')}.parquet") if out.is_remote else path,
         "ledger": ledger.label,
-        "cache": str(cache.dir),
+        "cache": str(cache_dir),
         # the plan's expectation with prompt caching beside what providers billed this run
-        "predicted_vs_billed": predicted_vs_billed(plan, ledger, run_id, [t.name for t in cfg.teachers]),
+        "predicted_vs_billed": outcome.predicted_vs_billed,
     }
     print(orjson.dumps(summary).decode(), flush=True)
     rc = 0

@@ -2,7 +2,9 @@
 
 Read-only by construction (``Store.duckdb``): a query reads the stored tables and nothing else; one that
 would write a file, read another, reach the network, load an extension or change a setting is refused
-(exit 2). Cells are printed with control characters escaped (a session key can hold a terminal escape).
+(exit 2). DuckDB's temp directory is a private folder made for the query and removed after it (never
+``<cwd>/.tmp``, which queries could read and write). A query running longer than ``--timeout-s`` (default
+120 s) is interrupted (exit 2, saying so). Cells are printed with control characters escaped (a session key can hold a terminal escape).
 
 The short partition key the Dagster UI shows (``calc/a1f0c3d2``) is accepted wherever a query names a
 session: the view ``sessions`` (``session_key``, ``partition_key``) maps one to the other, the macro
@@ -17,6 +19,20 @@ from __future__ import annotations
 import argparse
 
 MAX_CELL = 80
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def _timeout(text: str) -> float:
+    """``--timeout-s``: a positive, finite number of seconds."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
 
 
 def register(subparsers) -> None:
@@ -35,6 +51,12 @@ def register(subparsers) -> None:
     fmt.add_argument("--json", action="store_true", help="one JSON array of row objects")
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
     p.add_argument("--full", action="store_true", help="do not truncate long cells in the table view")
+    p.add_argument(
+        "--timeout-s",
+        type=_timeout,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"interrupt a query running longer than this (default {DEFAULT_TIMEOUT_S:g} s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -110,19 +132,40 @@ def _query_error(e: Exception, store) -> ValueError:
 
 
 def run(args: argparse.Namespace) -> int:
-    import csv
-    import sys
-
-    import duckdb
-    import orjson
+    import tempfile
 
     from composer_pipeline.store import Store, default_store
 
     store = Store(args.store or default_store())
-    con = store.duckdb()
-    add_session_keys(con)
+    with tempfile.TemporaryDirectory(prefix="composer-sql-") as temp_dir:  # private (0700), removed after
+        con = store.duckdb(temp_directory=temp_dir)
+        try:
+            add_session_keys(con)
+            columns, rows = _execute(con, args.query, args.timeout_s, store)
+        finally:
+            con.close()
+    if columns is not None:
+        _print(columns, rows, args)
+    return 0
+
+
+def _execute(con, query: str, timeout_s: float, store) -> tuple[list[str] | None, list[tuple]]:
+    """The query's columns and rows; interrupted after ``timeout_s`` (a clear ValueError, exit 2)."""
+    import threading
+
+    import duckdb
+
+    timer = threading.Timer(timeout_s, con.interrupt)
+    timer.start()
     try:
-        cur = con.execute(args.query)
+        cur = con.execute(query)
+        if cur.description is None:
+            return None, []
+        return [d[0] for d in cur.description], cur.fetchall()
+    except duckdb.InterruptException:
+        raise ValueError(
+            f"query interrupted after {timeout_s:g} s (--timeout-s {timeout_s:g}; raise it for a longer query)"
+        ) from None
     except (duckdb.PermissionException, duckdb.InvalidInputException) as e:
         if isinstance(e, duckdb.PermissionException) or "configuration has been locked" in str(e):
             raise ValueError(
@@ -131,10 +174,16 @@ def run(args: argparse.Namespace) -> int:
         raise _query_error(e, store) from None
     except duckdb.Error as e:
         raise _query_error(e, store) from None
-    if cur.description is None:
-        return 0
-    columns = [d[0] for d in cur.description]
-    rows = cur.fetchall()
+    finally:
+        timer.cancel()
+
+
+def _print(columns: list[str], rows: list[tuple], args: argparse.Namespace) -> None:
+    import csv
+    import sys
+
+    import orjson
+
     if args.json:
         print(orjson.dumps([dict(zip(columns, r)) for r in rows], default=str).decode())
     elif args.csv:
@@ -148,4 +197,3 @@ def run(args: argparse.Namespace) -> int:
         w.writerows(rows)
     else:
         print(format_table(columns, rows, args.full))
-    return 0

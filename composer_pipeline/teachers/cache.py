@@ -18,6 +18,7 @@ neither the key nor anything derived from it reaches ``call_id`` or the cache fi
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import tempfile
 from pathlib import Path
@@ -61,6 +62,59 @@ def legacy_call_id(teacher: str, model: str, body: dict[str, Any]) -> str:
     """The id earlier versions gave the same request (no endpoint in it): their cache files and ledger answers
     are served to the teacher that holds the name on the ledger (one identity per name, ``Ledger.check_identities``)."""
     return call_id(teacher, model, body)
+
+
+_MESSAGES_SLOT = "\x00messages\x00"  # stands for the messages list while the rest of a body is serialized
+_SLOT_JSON = b'"messages":"\\u0000messages\\u0000"'
+
+
+class StreamCallIds:
+    """:func:`call_id` and :func:`legacy_call_id` of one teacher's requests along one stream, hashing each
+    message once: a state's messages usually extend the previous state's, so the hash state after the
+    shared messages is kept and copied (``hashlib``'s ``copy``) instead of hashing the whole prefix again.
+    The same ids as :func:`call_id` (the canonical body is the same bytes, fed in pieces); a body whose
+    messages do not extend the previous one's (fitting moved its elision point) is hashed from its start.
+    ``canonical`` gives a message's canonical JSON (memoized by the caller: messages are shared objects)."""
+
+    def __init__(self, teacher: str, model: str, base_url: str, canonical: Any = canonical_json):
+        self._starts = (f"{teacher}|{model}|{base_url.rstrip('/')}|".encode(), f"{teacher}|{model}|".encode())
+        self._canonical = canonical
+        self._frame: tuple[int, Any, bytes, bytes] | None = None  # (id(tools), tools, head, tail)
+        self._messages: list[Any] = []
+        self._hashes: list[Any] = []
+
+    def _split(self, body: dict[str, Any]) -> tuple[bytes, bytes]:
+        tools = body.get("tools")
+        if self._frame is None or self._frame[0] != id(tools) or self._frame[1] is not tools:
+            frame = canonical_json({**body, "messages": _MESSAGES_SLOT})
+            at = frame.index(_SLOT_JSON)  # the top-level key: no other value holds NUL characters here
+            self._frame = (id(tools), tools, frame[:at] + b'"messages":[', b"]" + frame[at + len(_SLOT_JSON) :])
+            self._messages = []  # another frame: start again
+        return self._frame[2], self._frame[3]
+
+    def ids(self, body: dict[str, Any]) -> tuple[str, str]:
+        """(call_id, legacy_call_id) of ``body`` (== ``call_id(teacher, model, body, base_url)`` and
+        ``legacy_call_id(teacher, model, body)``)."""
+        head, tail = self._split(body)
+        msgs = body["messages"]
+        prev = self._messages
+        if not prev or len(msgs) < len(prev) or not all(map(operator.is_, prev, msgs)):
+            self._hashes = [hashlib.sha256(start + head) for start in self._starts]
+            prev = []
+        for i in range(len(prev), len(msgs)):
+            msg = msgs[i]
+            if isinstance(msg, dict) and "is_error" in msg:  # not part of the id (see without_error_marks)
+                msg = {k: v for k, v in msg.items() if k != "is_error"}
+            piece = (b"," if i else b"") + self._canonical(msg)
+            for h in self._hashes:
+                h.update(piece)
+        self._messages = list(msgs)
+        out = []
+        for h in self._hashes:
+            done = h.copy()
+            done.update(tail)
+            out.append(done.hexdigest())
+        return out[0], out[1]
 
 
 class ResponseCache:

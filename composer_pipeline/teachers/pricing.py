@@ -33,11 +33,13 @@ TOKENS_PER_MESSAGE = 8  # role markers, separators, tool-call framing of chat te
 TOKENS_FIXED = 32  # generation prompt, BOS, tool-list framing
 
 
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Upper bound of the prompt tokens of a chat request (see module docstring)."""
+def estimate_prompt_tokens(body: dict[str, Any], n_bytes: int | None = None) -> int:
+    """Upper bound of the prompt tokens of a chat request (see module docstring); ``n_bytes``: the JSON
+    bytes of its messages and tools when the caller measured them already."""
     messages = body.get("messages") or []
     tools = body.get("tools") or []
-    n_bytes = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
+    if n_bytes is None:
+        n_bytes = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
     return int(math.ceil(n_bytes / BYTES_PER_TOKEN)) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_FIXED
 
 
@@ -51,9 +53,9 @@ def max_completion_tokens(body: dict[str, Any], teacher: TeacherConfig) -> int:
     return int(body.get("max_tokens") or body.get("max_completion_tokens") or teacher.max_tokens)
 
 
-def worst_case_usd(body: dict[str, Any], teacher: TeacherConfig) -> tuple[int, float]:
+def worst_case_usd(body: dict[str, Any], teacher: TeacherConfig, n_bytes: int | None = None) -> tuple[int, float]:
     """(estimated prompt tokens, worst-case cost = estimate × input price + max_tokens × output price)."""
-    est = estimate_prompt_tokens(body)
+    est = estimate_prompt_tokens(body, n_bytes)
     return est, usd(est, max_completion_tokens(body, teacher), teacher)
 
 

@@ -2,7 +2,7 @@
 
 In:  ``trace_states`` + ``trace_messages`` tables, a :class:`TeachersConfig`, API keys as values,
      render options, a :class:`ResponseCache` and a :class:`Ledger`.
-Out: :class:`ReplayRun` (the one entry of the CLI and the assets): ``prepare`` renders the requests,
+Out: :class:`ReplayRun` (what the CLI and the assets run, through ``teachers/front.py``): ``prepare`` renders the requests,
      ``.plan`` → :class:`CostPlan` (schema ``cost_plan``: worst case per call, what the cache already
      holds, whether it fits the budgets and the run ceiling), ``.replay`` → :class:`ReplayResult` (schema
      ``teacher_replays`` + :func:`run_report.replay_summary`). ``make_request`` / ``plan_requests`` /
@@ -34,7 +34,23 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import tables
-from composer_pipeline.teachers.cache import ResponseCache, call_id, legacy_call_id
+from composer_pipeline.render import (
+    FIT_BYTES_PER_TOKEN,
+    Conversation,
+    JsonSizes,
+    RenderOptions,
+    StreamRenderer,
+    fit_messages,
+    min_window,
+    render_state,
+)
+from composer_pipeline.teachers.cache import (
+    ResponseCache,
+    StreamCallIds,
+    call_id,
+    canonical_json,
+    legacy_call_id,
+)
 from composer_pipeline.teachers.client import (
     CallResult,
     TeacherGuard,
@@ -48,6 +64,7 @@ from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, cle
 from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
 from composer_pipeline.teachers.run_report import RunInfo, replay_summary
+from composer_pipeline.teachers.token_count import counter_for
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,9 @@ class ReplayRequest:
     source: tuple[list[dict], list[dict] | None] | None = None  # the unfitted prefix, for a tighter refit
     counter: Callable[[Any], int] | None = None  # the teacher's tokenizer count (local models), else the bytes ratio
     cache_hint: CacheHint | None = None  # its place in its stream (with_cache_hints): where to read, whether to write
+    skip_reason: str | None = None  # never sent, and why (over_context_window: even fitted it is too long)
+    legacy_id: str = ""  # legacy_call_id of the body (computed with call_id; "" = compute when asked)
+    prompt_bytes: int = 0  # JSON bytes of its messages and tools (0 = not measured)
 
 
 @dataclass
@@ -79,14 +99,19 @@ class CostPlan:
     total_worst_case_usd: float = 0.0
     over_budget: list[str] = field(default_factory=list)  # teachers whose worst case exceeds what remains
     predicted_by_teacher: dict[str, float] = field(default_factory=dict)  # expected USD with prompt caching
+    skipped_by_teacher: dict[str, int] = field(default_factory=dict)  # calls never sent (skip_reason), per teacher
 
     @property
     def teachers_to_call(self) -> set[str]:
         """Teachers with at least one call the cache and the ledger cannot answer (the ones that need a key)."""
         return {
             t
-            for t, c in zip(self.table.column("teacher").to_pylist(), self.table.column("cached").to_pylist())
-            if not c
+            for t, c, skip in zip(
+                self.table.column("teacher").to_pylist(),
+                self.table.column("cached").to_pylist(),
+                self.table.column("skip_reason").to_pylist(),
+            )
+            if not c and skip is None
         }
 
 
@@ -116,58 +141,78 @@ def make_request(
     bytes_per_token: float | None = None,
     counter: Callable[[Any], int] | None = None,
     scale: float = 1.0,
+    sizes: JsonSizes | None = None,
+    ids: StreamCallIds | None = None,
 ) -> ReplayRequest:
     """One state × teacher request; fitted into the teacher's ``context_window`` when it has one (counted
-    with ``counter``, the teacher's tokenizer, when given, else at ``bytes_per_token``)."""
+    with ``counter``, the teacher's tokenizer, when given, else at ``bytes_per_token``). A request that does
+    not fit even fitted carries its ``skip_reason`` and is never sent. ``sizes`` and ``ids`` measure and hash
+    the messages a stream's requests share once (:func:`build_requests`)."""
+    sizes = sizes if sizes is not None else JsonSizes()
     elided = cut = 0
     source = None
+    skip = None
     if teacher.context_window is not None:
-        from composer_pipeline.render import FIT_BYTES_PER_TOKEN, fit_messages
-
+        budget = teacher.context_window - teacher.max_tokens
         fitted = fit_messages(
             messages,
             tools,
-            teacher.context_window - teacher.max_tokens,
+            budget,
             bytes_per_token=bytes_per_token or FIT_BYTES_PER_TOKEN,
             step=teacher.fit_elide_step,
             count=counter,
             scale=scale,
+            sizes=sizes,
+            key=(teacher.name, stream_id),
         )
         source = (messages, tools)
-        messages, elided, cut = fitted.messages, fitted.elided, fitted.cut
+        messages, tools, elided, cut = fitted.messages, fitted.tools, fitted.elided, fitted.cut
+        if not fitted.fits:
+            skip = (
+                f"over_context_window: not sent: about {fitted.tokens} prompt tokens after fitting ({elided} messages "
+                f"elided, {cut} cut) exceed {teacher.name}'s context_window {teacher.context_window} less "
+                f"max_tokens {teacher.max_tokens} ({budget} tokens)"
+            )
     body = request_body(teacher, messages, tools)
-    est, worst = worst_case_usd(body, teacher)
+    n_bytes = sizes.of_list(messages, (teacher.name, stream_id)) + (sizes.of_list(tools) if tools else 0)
+    est, worst = worst_case_usd(body, teacher, n_bytes)
+    if ids is None:
+        cid, legacy = call_id(teacher.name, teacher.model, body, teacher.base_url), ""
+    else:
+        cid, legacy = ids.ids(body)
     return ReplayRequest(
         state_id,
         session_key,
         teacher,
         body,
-        call_id(teacher.name, teacher.model, body, teacher.base_url),
+        cid,
         est,
-        worst,
+        0.0 if skip else worst,
         stream_id,
         order,
         elided,
         cut,
         source,
         counter,
+        skip_reason=skip,
+        legacy_id=legacy,
+        prompt_bytes=n_bytes,
     )
 
 
 def _legacy_id(r: ReplayRequest) -> str:
-    return legacy_call_id(r.teacher.name, r.teacher.model, r.body)
+    return r.legacy_id or legacy_call_id(r.teacher.name, r.teacher.model, r.body)
 
 
 REFIT_FACTOR = 0.7  # a provider said "too long": count 1/0.7 more tokens per byte and fit again, once
 
 
 def refit(r: ReplayRequest) -> ReplayRequest | None:
-    """The request fitted tighter after a provider's context-length answer (None: nothing to refit).
-    Keeps the original ``call_id``: the answer is the answer to this state for this teacher."""
+    """The request fitted tighter after a provider's context-length answer (None: nothing to refit, or the
+    tighter fit is still over the window: never sent again). Keeps the original ``call_id``: the answer is
+    the answer to this state for this teacher."""
     if r.source is None:
         return None
-    from composer_pipeline.render import FIT_BYTES_PER_TOKEN
-
     tighter = make_request(
         r.state_id,
         r.session_key,
@@ -180,7 +225,9 @@ def refit(r: ReplayRequest) -> ReplayRequest | None:
         counter=r.counter,
         scale=1 / REFIT_FACTOR,
     )
-    return dataclasses.replace(tighter, call_id=r.call_id)
+    if tighter.skip_reason is not None:
+        return None
+    return dataclasses.replace(tighter, call_id=r.call_id, legacy_id=_legacy_id(r))
 
 
 def render_prompt(conv, state_row: dict, render_opts):
@@ -188,16 +235,12 @@ def render_prompt(conv, state_row: dict, render_opts):
 
     The single rendering path of replay; ``composer-pipeline show`` prints this same function's output.
     """
-    from composer_pipeline.render import render_state
-
     return render_state(conv, state_row, render_opts)
 
 
 def check_windows(config: TeachersConfig, render_opts) -> None:
     """Every ``context_window`` holds the system prompt actually rendered (the ingest recipe's, which the
     teachers recipe cannot see at load), one turn and ``max_tokens``; else a ValueError naming the teacher."""
-    from composer_pipeline.render import RenderOptions, min_window
-
     system_prompt = (render_opts or RenderOptions()).system_prompt
     for t in config.teachers:
         if t.context_window is not None and t.context_window < min_window(t.max_tokens, system_prompt):
@@ -211,29 +254,43 @@ def check_windows(config: TeachersConfig, render_opts) -> None:
 def build_requests(
     states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts
 ) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
-    """All state × teacher requests, and (state_id, session_key, reason) for states that failed to render."""
-    from composer_pipeline.render import Conversation
+    """All state × teacher requests (in state order, then teacher order), and (state_id, session_key,
+    reason) for states that failed to render.
 
-    from composer_pipeline.teachers.token_count import counter_for
-
+    Near-linear in a session's length: the states of a stream are prepared in stream order, their rendered
+    messages are shared objects (``render.Conversation``), each measured (:class:`~render.JsonSizes`),
+    counted by a local tokenizer and hashed (:class:`StreamCallIds`) once, so a state costs what its new
+    messages cost rather than its whole prefix again."""
     check_windows(config, render_opts)
     conv = Conversation.from_table(messages)
-    counters = {t.name: counter_for(config, t) for t in config.teachers}
-    reqs: list[ReplayRequest] = []
-    failed: list[tuple[str, str | None, str]] = []
-    for row in states.to_pylist():
+    sizes = JsonSizes()
+    canonical = _CanonicalJson()
+    counters = {t.name: _memoized(counter_for(config, t)) for t in config.teachers}
+    rows = states.to_pylist()
+    by_state: list[list[ReplayRequest]] = [[] for _ in rows]
+    failed_at: dict[int, tuple[str, str | None, str]] = {}
+    ids: dict[tuple[str, str], StreamCallIds] = {}
+    order = sorted(range(len(rows)), key=lambda i: (str(rows[i].get("stream_id")), _prefix_len(rows[i]), i))
+    renderer = StreamRenderer(conv, render_opts)  # render_prompt's output, extending each stream's previous state
+    for i in order:
+        row = rows[i]
         try:
-            rs = render_prompt(conv, row, render_opts)
+            rs = renderer.render(row)
         except Exception as e:  # one bad state must not sink the partition: recorded per teacher
-            failed.append(
-                (row["state_id"], row.get("session_key"), f"render_error: {type(e).__name__}: {str(e)[:200]}")
+            failed_at[i] = (
+                row["state_id"],
+                row.get("session_key"),
+                f"render_error: {type(e).__name__}: {str(e)[:200]}",
             )
             continue
         if not rs.messages:
-            failed.append((row["state_id"], row.get("session_key"), "render_error: empty prompt"))
+            failed_at[i] = (row["state_id"], row.get("session_key"), "render_error: empty prompt")
             continue
         for t in config.teachers:
-            reqs.append(
+            key = (t.name, str(row.get("stream_id")))
+            if key not in ids:
+                ids[key] = StreamCallIds(t.name, t.model, t.base_url, canonical)
+            by_state[i].append(
                 make_request(
                     row["state_id"],
                     row.get("session_key"),
@@ -241,11 +298,46 @@ def build_requests(
                     rs.messages,
                     rs.tools,
                     stream_id=row.get("stream_id"),
-                    order=int(row.get("n_prefix_messages") or 0),
+                    order=_prefix_len(row),
                     counter=counters[t.name],
+                    sizes=sizes,
+                    ids=ids[key],
                 )
             )
-    return reqs, failed
+    reqs = [r for per_state in by_state for r in per_state]
+    return reqs, [failed_at[i] for i in sorted(failed_at)]
+
+
+def _prefix_len(row: dict) -> int:
+    return int(row.get("n_prefix_messages") or 0)
+
+
+class _CanonicalJson:
+    """Canonical JSON of each message object, made once (messages are shared by a stream's states)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, bytes]] = {}
+
+    def __call__(self, obj: Any) -> bytes:
+        hit = self._by_id.get(id(obj))
+        if hit is None:
+            hit = self._by_id[id(obj)] = (obj, canonical_json(obj))
+        return hit[1]
+
+
+def _memoized(count: Callable[[Any], int] | None) -> Callable[[Any], int] | None:
+    """A tokenizer's count per message object, counted once (the objects are kept: an id is never reused)."""
+    if count is None:
+        return None
+    seen: dict[int, tuple[Any, int]] = {}
+
+    def counted(obj: Any) -> int:
+        hit = seen.get(id(obj))
+        if hit is None:
+            hit = seen[id(obj)] = (obj, count(obj))
+        return hit[1]
+
+    return counted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +361,7 @@ def plan_requests(
         rows["cached"].append(r.call_id in in_cache or r.call_id in in_ledger)
         rows["est_prompt_tokens"].append(r.est_prompt_tokens)
         rows["worst_case_usd"].append(r.worst_case_usd)
+        rows["skip_reason"].append(r.skip_reason)
     rows["predicted_usd"] = predict_cached(requests)
     return check_plan(pa.table(rows, schema=tables.COST_PLAN), config, ledger)
 
@@ -300,9 +393,11 @@ def predict_cached(requests: list[ReplayRequest]) -> list[float]:
             r = requests[i]
             t = r.teacher
             msgs = r.body.get("messages") or []
-            tokens = int(
-                (len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))) / PREDICT_BYTES_PER_TOKEN
-            )
+            if r.skip_reason is not None:  # never sent: costs nothing, and the next one cannot read it
+                prev_msgs, prev_tokens = None, 0
+                continue
+            n_bytes = r.prompt_bytes or len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))
+            tokens = int(n_bytes / PREDICT_BYTES_PER_TOKEN)
             extends = _extends(msgs, prev_msgs)
             reads = writes = 0
             if t.api == "anthropic":
@@ -341,6 +436,11 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
         if not cached:
             worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
             predicted_by[teacher] = predicted_by.get(teacher, 0.0) + float(usd if pred is None else pred)
+    skipped_by = {t.name: 0 for t in config.teachers}
+    if "skip_reason" in plan.column_names:
+        for teacher, skip in zip(plan.column("teacher").to_pylist(), plan.column("skip_reason").to_pylist()):
+            if skip is not None:
+                skipped_by[teacher] = skipped_by.get(teacher, 0) + 1
     remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
     reasons, over = [], []
     for t in config.teachers:
@@ -356,10 +456,13 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
         reasons.append(
             f"run worst case ${total:.4f} exceeds ceiling_usd ${config.ceiling_usd:g}; calls past it will be recorded budget_exhausted"
         )
-    if "predicted_usd" not in plan.column_names:  # a plan written before predictions existed
-        plan = plan.append_column("predicted_usd", pa.array([None] * plan.num_rows, pa.float64()))
+    for column, kind in (("predicted_usd", pa.float64()), ("skip_reason", pa.string())):
+        if column not in plan.column_names:  # a plan written before this column existed
+            plan = plan.append_column(column, pa.array([None] * plan.num_rows, kind))
     table = tables.conform(plan, "cost_plan")
-    return CostPlan(table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over, predicted_by)
+    return CostPlan(
+        table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over, predicted_by, skipped_by
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -631,8 +734,14 @@ def replay_requests(
 ) -> ReplayResult:
     """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
     requests = with_cache_hints(requests)
-    results, info = asyncio.run(_with_signals(_replay(requests, config, api_keys, cache, ledger, run_id, progress)))
-    rows = [_row(r, res) for r, res in zip(requests, results)]
+    # a request that cannot fit its teacher's window is never sent: its row says why (over_context_window)
+    sent = [r for r in requests if r.skip_reason is None]
+    results, info = asyncio.run(_with_signals(_replay(sent, config, api_keys, cache, ledger, run_id, progress)))
+    answers = iter(results)
+    rows = [
+        _row(r, next(answers) if r.skip_reason is None else CallResult(status="failed", reason=r.skip_reason))
+        for r in requests
+    ]
     for sid, skey, reason in extra_failed:
         for t in config.teachers:
             stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)  # the fit fields keep their defaults

@@ -21,7 +21,7 @@ In:  a ``teacher_replays`` table (one row per state × teacher) and what the run
 * ``refused``: answers that are a refusal (``status: refused``); ``cut_answers``: answers cut at their token
   limit (``finish_reason`` length / max_tokens; they never vote);
 * ``fitted_answers``: answers whose prompt was elided or cut to fit the teacher's window;
-  ``over_context_window``: rows still too long after one refit;
+  ``over_context_window``: rows still too long after one refit, or never sent (too long even fitted);
 * the row counts per teacher under ``by_teacher``;
 * ``latency_s_http``: seconds per answer fetched over HTTP in this run; ``latency_s_cached``: the
   latency recorded when a cached answer was bought. Each is :func:`latency_summary`;

@@ -82,3 +82,36 @@ def write_long_sessions(
             s.result(tid, _filler(rng, size))
         files.append(s.write(root / project / f"{sid}.jsonl"))
     return files
+
+
+def write_edit_session(
+    root: str | Path, n_edits: int, file_chars: int = 200_000, snippet_chars: int = 2_000, seed: int = 0
+) -> Path:
+    """One session that reads a large file (``file_chars``) and then edits it ``n_edits`` times, each
+    ``Edit`` answered with a snippet of ``snippet_chars`` (the shape of issue 30's 700-Edit session): every
+    state's prefix holds the file and all earlier edits, so a preparation that redoes the whole prefix per
+    state grows with the square of ``n_edits`` (``bench/bench_prepare.py``, ``tests/replay/test_prepare_scaling.py``)."""
+    rng = random.Random(seed)
+    counter = itertools.count(1)
+    sid = f"{seed:08x}-edit-4000-8000-{n_edits:012x}"
+
+    def new() -> str:
+        return f"{seed:08x}-0000-4000-8000-{next(counter):012x}"
+
+    s = Session(sid=sid, new_uuid=new, cwd="/home/u/editproj")
+    s.user("Rename every `value` to `amount` in src/big.py, one occurrence at a time.")
+    s.assistant(
+        text("Reading the file."), tool("Read", "toolu_read", file_path="/home/u/editproj/src/big.py"), mid="msg_read"
+    )
+    s.result("toolu_read", _filler(rng, file_chars))
+    for t in range(n_edits):
+        tid = f"toolu_edit_{t:06d}"
+        s.assistant(
+            text(f"Edit {t}."),
+            tool(
+                "Edit", tid, file_path="/home/u/editproj/src/big.py", old_string=f"value_{t}", new_string=f"amount_{t}"
+            ),
+            mid=f"msg_edit_{t:06d}",
+        )
+        s.result(tid, "The file src/big.py has been updated. Snippet:\n" + _filler(rng, snippet_chars))
+    return s.write(Path(root) / "editproj" / f"{sid}.jsonl")
