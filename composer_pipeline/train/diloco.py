@@ -224,7 +224,12 @@ def train_group(
     done = manager.current_step()
     if done < target:
         raise RuntimeError(f"group {group} committed {done} of {target} outer steps in {2 * n_steps} inner steps")
-    res.metrics["diloco"] = {"group": group, "outer_steps": done, "healed": outer.healed_at is not None}
+    res.metrics["diloco"] = {
+        "replica_groups": d.replica_groups,
+        "group": group,
+        "outer_steps": done,
+        "healed": outer.healed_at is not None,
+    }
     return GroupRun(res, done, outer.healed_at is not None, manager.allreduce_bytes)
 
 
