@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -142,3 +144,37 @@ def test_a_restarted_group_that_does_not_rejoin_in_time_is_dropped(tmp_path):
     reasons = [e["reason"] for e in run.events if e["event"] == "dropped"]
     assert reasons == ["did not rejoin within rejoin_timeout_s = 1"], run.events
     assert [g.status for g in run.groups] == ["done", "dropped"]
+
+
+def test_trained_policy_runs_the_replica_groups_when_the_recipe_says_so(tmp_path, tiny_model_dir, repo_root):
+    """The ``trained_policy`` asset (Pipes subprocess, the default launcher) with a two-group recipe:
+    its metadata shows the groups and the outer steps."""
+    from assets.train import trained_policy
+    from resources.recipes import PipelineRecipes
+    from resources.storage import StoreResource
+    from resources.trainer import TrainerLauncher
+
+    data = write_store(tmp_path / "data", 16)
+    recipe = _recipe(tmp_path, tiny_model_dir, repo_root)
+
+    @dg.asset(name="training_set")
+    def training_set():
+        return pa.table({"session_key": ["s1"], "kind": ["pair"]})
+
+    res = dg.materialize(
+        [training_set, trained_policy],
+        resources={
+            "recipes": PipelineRecipes(
+                trace_root=str(tmp_path), train=str(recipe), train_steps=4, checkpoints_dir=str(tmp_path / "ck")
+            ),
+            "store": StoreResource(root=data),
+            "trainer": TrainerLauncher(),
+            "pipes_subprocess_client": dg.PipesSubprocessClient(),
+        },
+        instance=dg.DagsterInstance.ephemeral(),
+    )
+    assert res.success
+    md = res.asset_materializations_for_node("trained_policy")[-1].metadata
+    assert md["replica_groups"].value == 2 and md["outer_steps"].value == 2
+    assert md["groups_lost"].value == 0 and md["groups_rejoined"].value == 0 and md["groups_dropped"].value == []
+    assert Path(md["checkpoint"].value, "model.safetensors").is_file()
