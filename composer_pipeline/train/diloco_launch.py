@@ -53,22 +53,20 @@ class Group:
     outer_step: int = 0
     done: dict[str, Any] | None = None
     allreduce_bytes: int = 0
-    stderr: list[str] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
 
     @property
     def live(self) -> bool:
         return self.status in ("running", "rejoining")
 
 
-def _reader(g: int, proc: subprocess.Popen, lines: queue.Queue, err: Path) -> None:
-    """Forward a group's stdout lines to ``lines``; its stderr goes to ``err`` (appended across restarts)."""
+def _copy_stderr(proc: subprocess.Popen, err: Path) -> None:
+    with err.open("a") as f:  # appended across restarts
+        for line in proc.stderr:
+            f.write(line)
 
-    def copy_err():
-        with err.open("a") as f:
-            for line in proc.stderr:
-                f.write(line)
 
-    threading.Thread(target=copy_err, daemon=True).start()
+def _forward_stdout(g: int, proc: subprocess.Popen, lines: queue.Queue) -> None:
     for line in proc.stdout:
         lines.put((g, proc.pid, line))
 
@@ -90,9 +88,12 @@ class Launch:
         grp.proc = subprocess.Popen(
             self.command(grp.group, must_heal), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
         )
-        threading.Thread(
-            target=_reader, args=(grp.group, grp.proc, self.lines, log_dir / "stderr.log"), daemon=True
-        ).start()
+        grp.readers = [
+            threading.Thread(target=_forward_stdout, args=(grp.group, grp.proc, self.lines), daemon=True),
+            threading.Thread(target=_copy_stderr, args=(grp.proc, log_dir / "stderr.log"), daemon=True),
+        ]
+        for t in grp.readers:
+            t.start()
 
     def event(self, kind: str, grp: Group, **extra: Any) -> None:
         ev = {"event": kind, "group": grp.group, "outer_step": grp.outer_step, **extra}
@@ -142,11 +143,14 @@ class Launch:
             if grp.status == "rejoining" and waited > self.d.rejoin_timeout_s:
                 self.drop(grp, f"did not rejoin within rejoin_timeout_s = {self.d.rejoin_timeout_s:g}")
             return
+        for t in grp.readers:  # the pipes are closed: its last lines are on their way
+            t.join(timeout=10)
         self.take_lines()  # its last step lines and its done line
         if rc == 0 and grp.done is not None:
             grp.status = "done"
             return
-        tail = (self.out_dir / "groups" / str(grp.group) / "stderr.log").read_text()[-300:].strip().splitlines()
+        err = self.out_dir / "groups" / str(grp.group) / "stderr.log"
+        tail = err.read_text()[-300:].strip().splitlines() if err.exists() else []
         self.event("lost", grp, exit_code=rc, last_error=tail[-1] if tail else "")
         if grp.restarts >= self.d.max_restarts:
             self.drop(grp, f"exited with code {rc} after {grp.restarts} restarts (max_restarts)")
@@ -272,10 +276,12 @@ def train(
 ) -> TrainResult:
     """Train with whatever the recipe asks: one process / DDP ranks (:func:`.run.train`), the replica
     groups on this machine (:func:`launch`), or one group of many hosts (``lighthouse`` + ``group``)."""
-    from composer_pipeline.train import run
+    from composer_pipeline.train import distributed, run
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     d = recipe.diloco
+    if d.enabled and distributed.current().distributed:
+        raise ValueError("a DiLoCo replica group is one process: run it without torchrun ranks (nproc_per_node 1)")
     lighthouse = lighthouse or d.lighthouse
     group = group if group is not None else d.group
     if not d.enabled:
