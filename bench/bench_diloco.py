@@ -172,7 +172,7 @@ def main() -> int:
             dl = metrics["diloco"]
             steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
             inner = max(r["step"] for r in steps)
-            row["bytes_per_step"] = max(dl["allreduce_bytes"].values()) / inner
+            row["bytes_per_step"] = round(max(dl["allreduce_bytes"].values()) / inner)
             row["outer_steps"] = dl["outer_steps"]
         elif name.startswith("DDP"):
             row["bytes_per_step"] = ddp_bytes
