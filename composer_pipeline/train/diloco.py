@@ -7,7 +7,7 @@ Out: :func:`train_group` runs :func:`.run.train` on the group's shard (:func:`.d
      :class:`~.run.TrainResult` (the checkpoint under ``out_dir/checkpoint``); every step line gains
      ``group``, ``outer_step`` (torchft's committed syncs so far), ``replica_groups_live`` (groups in the
      last sync) and ``allreduce_bytes`` (pseudo-gradient bytes this group has sent so far).
-     ``python -m composer_pipeline.train.diloco`` is the process :mod:`.diloco_launch` starts per group.
+     ``python -m composer_pipeline.train.diloco_group`` is the process :mod:`.diloco_launch` starts per group.
 
 The engine is torchft's (``torchft.local_sgd.DiLoCo``, ``Manager``, ``ProcessGroupGloo`` on CPU / NCCL on
 CUDA): every H inner optimizer steps its post-step hook asks the lighthouse for a quorum of the live
@@ -23,86 +23,25 @@ outer steps (``optim.steps / H``): a sync whose commit fails is retried with H m
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import socket
-import sys
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.distributed import TCPStore
-from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+from torchft import Manager
 from torchft.local_sgd import DiLoCo
 from transformers import TrainerCallback
 
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.diloco_config import DiLoCoSection
-
-# how long the lighthouse still counts a silent group as alive (torchft's default is 5 s): long enough
-# that a group killed and restarted on the same machine heartbeats again before its peers give up on it
-HEARTBEAT_TIMEOUT_MS = 15_000
+from composer_pipeline.train.diloco_group import CountingManager, make_manager
+from composer_pipeline.train.run import train
 
 
 def outer_optimizer(params, d: DiLoCoSection) -> torch.optim.Optimizer:
     """The outer optimizer: SGD with (Nesterov) momentum on the averaged pseudo-gradient
     (DiLoCo, arXiv:2311.08455: lr 0.7, momentum 0.9, Nesterov)."""
     return torch.optim.SGD(params, lr=d.outer_lr, momentum=d.outer_momentum, nesterov=d.nesterov)
-
-
-def lighthouse_server(d: DiLoCoSection):
-    """A torchft lighthouse on this machine (any free port): quorums of ≥ 1 live group; a sync waits up to
-    ``rejoin_timeout_s`` for a group that heartbeats but has not reached it yet."""
-    from torchft.coordination import LighthouseServer
-
-    return LighthouseServer(
-        bind="[::]:0",
-        min_replicas=1,
-        join_timeout_ms=int(d.rejoin_timeout_s * 1000),
-        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
-    )
-
-
-class CountingManager(Manager):
-    """torchft's Manager, counting the bytes each all-reduce hands to the process group."""
-
-    allreduce_bytes = 0
-
-    def allreduce(self, tensor, *args, **kw):
-        self.allreduce_bytes += tensor.numel() * tensor.element_size()
-        return super().allreduce(tensor, *args, **kw)
-
-
-def make_manager(group: int, lighthouse: str, d: DiLoCoSection, *, host: str | None = None) -> CountingManager:
-    """The group's torchft Manager (rank 0 of a one-process group), with its own TCPStore for the
-    quorum's process-group rendezvous; heartbeats to ``lighthouse`` from here on."""
-    host = host or socket.gethostname()
-    store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
-    timeout = timedelta(seconds=d.timeout_s)
-    pg = ProcessGroupNCCL(timeout=timeout) if torch.cuda.is_available() else ProcessGroupGloo(timeout=timeout)
-    manager = CountingManager(
-        pg=pg,
-        load_state_dict=None,
-        state_dict=None,
-        min_replica_size=1,
-        use_async_quorum=False,  # DiLoCo needs the quorum before each sync, not during it
-        timeout=timeout,
-        quorum_timeout=timedelta(seconds=max(600.0, 4 * d.rejoin_timeout_s)),
-        connect_timeout=timeout,
-        rank=0,
-        world_size=1,
-        store_addr=host,
-        store_port=store.port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"group{group}",
-        hostname=host,
-        init_sync=False,  # every group starts from the same weights (same model, same seed)
-    )
-    manager.tcp_store = store  # kept alive with the manager
-    return manager
 
 
 def wrap(manager: Manager, model: torch.nn.Module, inner: torch.optim.Optimizer, d: DiLoCoSection) -> DiLoCo:
@@ -191,16 +130,16 @@ def train_group(
     on_step: Callable[[dict], None] | None = None,
     must_heal: bool = False,
     host: str | None = None,
+    manager: CountingManager | None = None,
 ) -> GroupRun:
     """Train group ``group`` of ``recipe.diloco.replica_groups`` until ``steps / H`` outer steps are
-    committed (at most twice ``steps`` inner steps, should syncs fail and be retried)."""
-    from composer_pipeline.train.run import train
-
+    committed (at most twice ``steps`` inner steps, should syncs fail and be retried). ``manager``: one
+    already heartbeating to ``lighthouse`` (:func:`.diloco_group.main` starts it before the heavy imports)."""
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     d = recipe.diloco
     n_steps = int(steps if steps is not None else recipe.optim.steps)
     target = d.outer_steps(n_steps)
-    manager = make_manager(group, lighthouse, d, host=host)
+    manager = manager or make_manager(group, lighthouse, d, host=host)
     outer = OuterSteps(manager, d, group, target, must_heal)
 
     def step_line(rec: dict) -> None:
@@ -231,43 +170,3 @@ def train_group(
         "healed": outer.healed_at is not None,
     }
     return GroupRun(res, done, outer.healed_at is not None, manager.allreduce_bytes)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """One group's process: step lines and a final ``{"done": ...}`` line as JSON on stdout."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    p = argparse.ArgumentParser(prog="python -m composer_pipeline.train.diloco")
-    p.add_argument("--data", required=True)
-    p.add_argument("--recipe", required=True)
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--group", required=True, type=int)
-    p.add_argument("--lighthouse", required=True)
-    p.add_argument("--model", default=None)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--host", default=None, help="address peers reach this group at (default: the hostname)")
-    p.add_argument("--must-heal", action="store_true", help="a restart: the first sync must heal from a peer")
-    a = p.parse_args(argv)
-    run = train_group(
-        a.data,
-        a.recipe,
-        group=a.group,
-        lighthouse=a.lighthouse,
-        out_dir=a.out,
-        model=a.model,
-        steps=a.steps,
-        on_step=lambda rec: print(json.dumps(rec), flush=True),
-        must_heal=a.must_heal,
-        host=a.host,
-    )
-    done = {
-        "group": a.group,
-        "outer_steps": run.outer_steps,
-        "healed": run.healed,
-        "checkpoint": str(run.result.checkpoint),
-    }
-    print(json.dumps({"done": done, "allreduce_bytes": run.allreduce_bytes}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

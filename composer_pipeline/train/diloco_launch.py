@@ -8,7 +8,7 @@ Out: :func:`train` (the entry the CLI and :mod:`.pipes_entry` call for any recip
      ``out_dir/replicas.json`` lists the live groups: ``{"groups": [{"group": 0, "pid": …}, …]}``.
 
 One machine (``diloco.lighthouse`` null): :func:`launch` starts a torchft lighthouse in this process and
-``python -m composer_pipeline.train.diloco`` per group (:mod:`.diloco`), each on its shard. A group that
+``python -m composer_pipeline.train.diloco_group`` per group (:mod:`.diloco`), each on its shard. A group that
 dies (any non-zero exit, SIGKILL included) is restarted, up to ``max_restarts`` times, and must heal from a
 live peer and rejoin (a step line with ``healed``) within ``rejoin_timeout_s``; otherwise it is killed and
 dropped with the reason in the summary's ``groups_dropped``, and the others go on. A restarted group that
@@ -194,7 +194,7 @@ def launch(
     on_step: Callable[[dict], None] | None = None,
 ) -> TrainResult:
     """One machine: a lighthouse here and one process per group (see the module docstring)."""
-    from composer_pipeline.train.diloco import lighthouse_server
+    from composer_pipeline.train.diloco_group import lighthouse_server
 
     d = recipe.diloco
     out_dir = Path(out_dir)
@@ -205,7 +205,7 @@ def launch(
     lighthouse = lighthouse_server(d)
 
     def command(g: int, must_heal: bool) -> list[str]:
-        cmd = [sys.executable, "-m", "composer_pipeline.train.diloco", "--data", str(data_root)]
+        cmd = [sys.executable, "-m", "composer_pipeline.train.diloco_group", "--data", str(data_root)]
         cmd += ["--recipe", str(recipe_path), "--out", str(out_dir / "groups" / str(g)), "--group", str(g)]
         cmd += ["--lighthouse", lighthouse.address(), "--host", "127.0.0.1"]
         cmd += (["--model", model] if model else []) + (["--steps", str(steps)] if steps is not None else [])

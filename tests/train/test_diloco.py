@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from composer_pipeline.train.diloco import lighthouse_server, make_manager, wrap
+from composer_pipeline.train.diloco import wrap
+from composer_pipeline.train.diloco_group import lighthouse_server, make_manager
 from composer_pipeline.train.diloco_config import DiLoCoSection, shard
 
 
