@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.diloco_config import DiLoCoSection
-from composer_pipeline.train.diloco_group import CountingManager, make_manager
+from composer_pipeline.train.diloco_manager import CountingManager, make_manager
 from composer_pipeline.train.run import train
 
 
@@ -134,7 +134,7 @@ def train_group(
 ) -> GroupRun:
     """Train group ``group`` of ``recipe.diloco.replica_groups`` until ``steps / H`` outer steps are
     committed (at most twice ``steps`` inner steps, should syncs fail and be retried). ``manager``: one
-    already heartbeating to ``lighthouse`` (:func:`.diloco_group.main` starts it before the heavy imports)."""
+    already heartbeating to ``lighthouse`` (:mod:`.diloco_group` starts it before the heavy imports)."""
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     d = recipe.diloco
     n_steps = int(steps if steps is not None else recipe.optim.steps)

@@ -194,7 +194,7 @@ def launch(
     on_step: Callable[[dict], None] | None = None,
 ) -> TrainResult:
     """One machine: a lighthouse here and one process per group (see the module docstring)."""
-    from composer_pipeline.train.diloco_group import lighthouse_server
+    from composer_pipeline.train.diloco_manager import lighthouse_server
 
     d = recipe.diloco
     out_dir = Path(out_dir)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from composer_pipeline.train.diloco import wrap
-from composer_pipeline.train.diloco_group import lighthouse_server, make_manager
+from composer_pipeline.train.diloco_manager import lighthouse_server, make_manager
 from composer_pipeline.train.diloco_config import DiLoCoSection, shard
 
 
