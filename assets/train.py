@@ -7,6 +7,8 @@ losses and final metrics back. The checkpoint dir (safetensors + tokenizer + rec
 table (checkpoint location, base model, lineage to the training set) that ``policy_eval`` reads.
 ``policy_eval`` runs ``evaluate_policy`` for the new checkpoint and the starting model; a check flags
 regressions. Simplified: one local process; swap the launcher for torchrun/k8s without touching this.
+With ``diloco.replica_groups`` ≥ 2 in the train recipe the same entry trains DiLoCo replica groups; the
+metadata then shows ``replica_groups``, ``outer_steps``, ``groups_lost``/``groups_rejoined``/``groups_dropped``.
 """
 
 import json
@@ -88,6 +90,12 @@ def trained_policy(
     for ch, v in (metrics.get("final") or {}).items():
         if isinstance(v, (int, float)):
             meta[f"final_{ch}_loss"] = float(v)
+    replicas = metrics.get("diloco") or {}  # DiLoCo replica groups (composer_pipeline/train/diloco_launch.py)
+    for k in ("replica_groups", "outer_steps", "groups_lost", "groups_rejoined"):
+        if k in replicas:
+            meta[k] = replicas[k]
+    if "groups_dropped" in replicas:
+        meta["groups_dropped"] = dg.MetadataValue.json(replicas["groups_dropped"])
     from composer_pipeline.train.plots import plot_channels
 
     png = plot_channels(losses, out_dir / "losses.png")

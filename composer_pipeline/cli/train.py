@@ -1,11 +1,14 @@
 """``composer-pipeline train``: the three-channel trainer without Dagster; ``train eval``: held-out metrics.
 
     composer-pipeline train --data DIR --recipe recipes/train.yaml [--model PATH] [--steps N] --out DIR
+                            [--lighthouse http://HOST:PORT --group G]   (DiLoCo on many hosts)
     composer-pipeline train eval --model PATH --data DIR [--recipe FILE] [--baseline PATH]
 
 ``--data`` is any Store root (local dir, s3://, flat CLI layout or the Dagster partitioned layout).
 Training prints one JSON line per step (``step``, ``grpo``, ``sdpo``, ``dpo``, ``total``, ``off``) and a
-final ``{"checkpoint": ...}`` line. ``eval`` prints one JSON object (and, with ``--baseline``, the
+final ``{"checkpoint": ...}`` line. With ``diloco.replica_groups`` ≥ 2 in the recipe it trains replica groups
+(:mod:`composer_pipeline.train.diloco_launch`): step lines also carry ``group``, ``outer_step``,
+``replica_groups_live``. ``eval`` prints one JSON object (and, with ``--baseline``, the
 regression verdict of the model against the baseline checkpoint).
 """
 
@@ -28,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides optim.steps)")
     p.add_argument("--out", type=Path, default=None, help="output dir (checkpoint goes to OUT/checkpoint)")
     p.add_argument("--baseline", default=None, help="eval: also evaluate this checkpoint and compare")
+    p.add_argument("--lighthouse", default=None, help="DiLoCo on many hosts: the lighthouse this group joins")
+    p.add_argument("--group", type=int, default=None, help="DiLoCo on many hosts: this host's replica group id")
     p.set_defaults(func=run)
 
 
@@ -48,18 +53,29 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ValueError("train needs --out DIR")
-    from composer_pipeline.train.run import train
+    from composer_pipeline.train.diloco_launch import train
 
     def on_step(rec: dict) -> None:
+        replicas = {k: rec[k] for k in ("group", "outer_step", "replica_groups_live") if k in rec}
         print(
             json.dumps(
                 {k: rec[k] for k in ("step", "grpo", "sdpo", "dpo", "total", "off")}
                 | {"off_reasons": rec["off_reasons"]}
+                | replicas
             ),
             flush=True,
         )
 
-    res = train(args.data, recipe, model=args.model, steps=args.steps, out_dir=args.out, on_step=on_step)
+    res = train(
+        args.data,
+        recipe,
+        model=args.model,
+        steps=args.steps,
+        out_dir=args.out,
+        on_step=on_step,
+        lighthouse=args.lighthouse,
+        group=args.group,
+    )
     print(
         json.dumps(
             {

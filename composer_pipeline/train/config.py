@@ -21,6 +21,7 @@ from typing import Any, Literal
 from composer_pipeline import settings
 from composer_pipeline.settings import setting
 from composer_pipeline.train import distributed
+from composer_pipeline.train.diloco_config import DiLoCoSection
 from composer_pipeline.train.hints import HintTemplates
 
 
@@ -153,6 +154,9 @@ class TrainRecipe:
     optim: OptimSection = setting(factory=OptimSection, help="optimizer and steps")
     eval: EvalSection = setting(factory=EvalSection, help="held-out evaluation (`train eval`, `policy_eval`)")
     schedule: ScheduleSection = setting(factory=ScheduleSection, help="nightly retraining")
+    diloco: DiLoCoSection = setting(
+        factory=DiLoCoSection, help="replica groups syncing every H steps (DiLoCo on torchft); replica_groups 1 = off"
+    )
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainRecipe":

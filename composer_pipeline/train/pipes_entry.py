@@ -8,7 +8,9 @@ Out: one ``pipes.log.info(<json step line>)`` per step, then
      Without Pipes, the step lines and the final metadata are printed as JSON.
 
 Under ``torchrun``/``accelerate`` with N ranks, every rank trains its shard of the same model
-(:mod:`composer_pipeline.train.distributed`); only rank 0 opens the Pipes session (or prints), so
+(:mod:`composer_pipeline.train.distributed`). With ``diloco.replica_groups`` ≥ 2 in the recipe it runs the
+replica groups instead (:mod:`composer_pipeline.train.diloco_launch`; the metadata gains ``replica_groups``,
+``outer_steps``, ``groups_lost``, ``groups_rejoined``, ``groups_dropped``); only rank 0 opens the Pipes session (or prints), so
 Dagster sees one step line per step and one materialization, with the global losses.
 
 Only ``dagster_pipes`` (the small, dependency-free protocol package) is imported, never Dagster.
@@ -31,6 +33,11 @@ def _metadata(res) -> dict:
         "mean_step_seconds": res.metrics["mean_step_seconds"],
         "channels_off": json.dumps(res.metrics["channels_off"]),
     }
+    if "diloco" in res.metrics:  # replica groups (composer_pipeline.train.diloco_launch)
+        dl = res.metrics["diloco"]
+        md |= {k: dl[k] for k in ("replica_groups", "outer_steps", "groups_lost", "groups_rejoined") if k in dl}
+        if "groups_dropped" in dl:
+            md["groups_dropped"] = json.dumps(dl["groups_dropped"])
     for ch, v in res.metrics["final"].items():
         md[f"final_{ch}_loss"] = v if v is not None else "off"
     if res.metrics.get("ln2_check"):
@@ -43,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
 
     from composer_pipeline.train import distributed
-    from composer_pipeline.train.run import train
+    from composer_pipeline.train.diloco_launch import train
 
     try:
         return _main(argv, distributed.current().main, DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes, train)
@@ -79,6 +86,8 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
                 steps=int(steps) if steps is not None else None,
                 out_dir=Path(pipes.get_extra("out_dir")),
                 on_step=lambda rec: pipes.log.info(json.dumps(rec)),
+                lighthouse=pipes.extras.get("lighthouse"),  # DiLoCo on many hosts: one Pipes run per group
+                group=pipes.extras.get("group"),
             )
             pipes.report_asset_materialization(metadata=_metadata(res))
         return 0
@@ -88,6 +97,8 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
     p.add_argument("--model", default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--lighthouse", default=None, help="DiLoCo on many hosts: the lighthouse this group joins")
+    p.add_argument("--group", type=int, default=None, help="DiLoCo on many hosts: this host's replica group id")
     a = p.parse_args(argv)
     say = main_rank
     res = train(
@@ -97,6 +108,8 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
         steps=a.steps,
         out_dir=a.out_dir,
         on_step=(lambda r: print(json.dumps(r), flush=True)) if say else None,
+        lighthouse=a.lighthouse,
+        group=a.group,
     )
     if say:
         print(json.dumps({"materialization": _metadata(res)}))

@@ -25,6 +25,7 @@ from trl import GRPOTrainer
 from composer_pipeline.train import distributed
 from composer_pipeline.train.checkpoints import write_checkpoint
 from composer_pipeline.train.config import Channels, TrainRecipe, decide_channels, grpo_config
+from composer_pipeline.train.diloco_config import shard as shard_of
 from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
 from composer_pipeline.train.modeling import load_policy, lora_config, resolve_model_path
 from composer_pipeline.train.step_log import StepLog
@@ -62,9 +63,11 @@ def build_trainer(
     steps: int | None = None,
     out_dir: Path,
     plain_grpo: bool = False,
+    shard: tuple[int, int] | None = None,
 ) -> Built:
     """Load data and model and construct the trainer (``plain_grpo``: TRL's GRPOTrainer, same
-    config, data and rewards, no extra channels: the benchmark baseline)."""
+    config, data and rewards, no extra channels: the benchmark baseline; ``shard``: ``(group, groups)``,
+    train on that DiLoCo replica group's share of the prompts and pairs only)."""
     from datasets import Dataset
 
     from composer_pipeline.train import rewards as reward_mod
@@ -86,6 +89,8 @@ def build_trainer(
         include_unpaired_states=recipe.data.include_unpaired_states,
         render_recipe=recipe.data.render_recipe,
     )
+    if shard is not None:
+        data.prompts, data.pairs = shard_of(data.prompts, *shard), shard_of(data.pairs, *shard)
     if not data.prompts:
         raise ValueError(f"no training prompts under {data_root} (after the held-out split): {data.summary()}")
     channels = decide_channels(
@@ -146,11 +151,12 @@ def train(
     out_dir: Path,
     on_step: Callable[[dict], None] | None = None,
     callbacks: list | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> TrainResult:
     """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots.
     ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps)."""
     out_dir = Path(out_dir)
-    built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=out_dir)
+    built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=out_dir, shard=shard)
     trainer, recipe, tok = built.trainer, built.recipe, built.tokenizer
 
     losses: list[dict[str, Any]] = []
