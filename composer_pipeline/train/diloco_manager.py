@@ -25,14 +25,15 @@ from composer_pipeline.train.diloco_config import DiLoCoSection
 HEARTBEAT_TIMEOUT_MS = 20_000
 
 
-def lighthouse_server(d: DiLoCoSection):
-    """A torchft lighthouse on this machine (any free port): quorums of ≥ 1 live group; a sync waits up to
-    ``rejoin_timeout_s`` for a group that heartbeats but has not reached it yet."""
+def lighthouse_server(d: DiLoCoSection, min_replicas: int = 1):
+    """A torchft lighthouse on this machine (any free port): quorums of ≥ ``min_replicas`` live groups (1:
+    training goes on while any group lives); a sync waits up to ``rejoin_timeout_s`` for a group that
+    heartbeats but has not reached it yet."""
     from torchft.coordination import LighthouseServer
 
     return LighthouseServer(
         bind="[::]:0",
-        min_replicas=1,
+        min_replicas=min_replicas,
         join_timeout_ms=int(d.rejoin_timeout_s * 1000),
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
     )

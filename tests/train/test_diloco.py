@@ -22,7 +22,9 @@ from composer_pipeline.train.diloco_config import DiLoCoSection, shard
 
 def _run_groups(d: DiLoCoSection, models, losses, inner_lr: float, steps: int):
     """Each group g: ``steps`` inner SGD steps on ``losses[g](model)`` under torchft's DiLoCo."""
-    lighthouse = lighthouse_server(d)
+    # every quorum holds all groups: under load the first group can ask before the second heartbeats,
+    # and a quorum of one would be a correct DiLoCo step but not the one computed by hand here
+    lighthouse = lighthouse_server(d, min_replicas=len(models))
 
     def group(g: int):
         manager = make_manager(g, lighthouse.address(), d, host="127.0.0.1")
