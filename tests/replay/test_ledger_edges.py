@@ -159,8 +159,9 @@ def test_a_dropped_connection_is_reopened(postgres_server, tmp_path, server):
 @pytest.mark.slow
 def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_path, server):
     """The SQLite ledger's disk fills while four calls are in flight: their settles fail (the ledger cannot
-    grow), the answers go to the response cache (another volume, here: small files under the limit), and the
-    re-run serves them instead of buying them again; the dead run's reservations are kept at worst case.
+    grow), the answers go to the response cache and the spool beside it (another volume, here: small files
+    under the limit), and the re-run records the held settles at their actual cost, then serves the answers
+    instead of buying them again.
 
     The full disk is simulated at the OS boundary: ``RLIMIT_FSIZE`` set on the running replay process from
     outside (``prlimit``), so every write past 8 KiB into a file fails with EFBIG (SIGXFSZ ignored), as a
@@ -196,5 +197,7 @@ def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_pat
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert ledger.open_reservations() == 0
     held = [r for r in ledger_rows(ledger, "reservations") if r["run_id"] == "full"]
-    assert len(held) == len(states) and {r["state"] for r in held} == {"kept"}  # counted at worst case, once
+    assert len(held) == len(states) and {r["state"] for r in held} == {"settled"}  # at the billed cost, once
+    assert sum(r["cost_usd"] for r in held) == pytest.approx(sum(p * 1e-6 + c * 2e-6 for _, p, c in server.billed))
+    assert not list((tmp_path / "cache" / "unrecorded").glob("*.pending"))
     assert {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")} == {"full": "expired", "after": "closed"}
