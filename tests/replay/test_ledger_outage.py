@@ -211,3 +211,34 @@ def test_a_server_restart_expires_no_lease(pg):
     ledger._tx(lambda c: c.execute("UPDATE runs SET lease_s = 0.5 WHERE run_id = 'quiet'"))
     time.sleep(1.0)
     assert ledger.reconcile()["expired_runs"] == ["quiet"]
+
+
+@pytest.mark.slow
+def test_answers_paid_while_the_ledger_is_down_reach_every_run(tmp_path, pg, server):
+    """Four answers arrive while the PostgreSQL ledger is stopped, longer than the run's ``ledger_outage_s``:
+    the run holds them (in the spool beside its response cache), waits for the ledger and records them once
+    it is back, so a run on another machine (another response cache) buys none of them again. Before issue 30
+    they were kept only in the receiving run's cache, and that run bought all four again."""
+    from .test_concurrency import _result, _start
+
+    url = pg.create_database("ledger")
+    states = [0, 1, 2, 3]
+    common = {"url": server.url, "ledger": url, "states": states, "max_concurrency": 4, "script": "hang:2"}
+    first = _start({**common, "cache": str(tmp_path / "cache1"), "run": "first", "ledger_outage_s": 1.0})
+    deadline = time.monotonic() + 90
+    while len(server.requests) < len(states):  # all four sent; their answers come 2 s later
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.01)
+    pg.halt()
+    time.sleep(4.0)  # the answers arrive, their settles ride the outage for 1 s, then are held
+    held = list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))
+    assert len(held) == len(states) and first.poll() is None  # waiting for the ledger, not gone
+    pg.resume()
+    rc, res = _result(first)
+    assert rc == 0 and res["summary"]["answered"] == len(states), res
+    assert not list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))
+    ledger = Ledger(url)
+    assert ledger.open_reservations() == 0 and abs(_settled_usd(ledger) - _billed_usd(server)) < 1e-9
+    rc, res = _result(_start({**common, "cache": str(tmp_path / "cache2"), "run": "second"}))
+    assert rc == 0 and res["summary"]["answered"] == len(states) and res["summary"]["http_requests"] == 0
+    assert len(server.requests) == len(states) == len({r.body_hash for r in server.requests})  # each bought once
