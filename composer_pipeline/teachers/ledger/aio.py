@@ -280,11 +280,21 @@ class AsyncLedger:
         was down): recorded now, before this run claims anything."""
         if self.spool is None or not self.spool.is_dir():
             return
+        keys = {"reservation_id", "state", "cost_usd", "note", "answer", "usage"}
         for path in sorted(self.spool.glob(f"*{HELD_SUFFIX}")):
             try:
                 close = orjson.loads(path.read_bytes())
+            except FileNotFoundError:
+                continue  # another run with this spool recorded and removed it meanwhile
             except (OSError, orjson.JSONDecodeError):
-                continue  # another run recorded and removed it meanwhile, or a torn write (never renamed)
+                close = None
+            if not isinstance(close, dict) or set(close) != keys:  # not written by _hold: set aside, named
+                path.rename(path.with_suffix(".unreadable"))
+                print(
+                    f"ledger: {path} is not a held answer; set aside as {path.with_suffix('.unreadable').name}",
+                    file=sys.stderr,
+                )
+                continue
             self.held[close.pop("reservation_id")] = close
         if self.held and await self._record_held() is not None:
             raise LedgerUnavailable(
