@@ -150,8 +150,10 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
     sig, tmp_path, pg, server, samples_dir, samples_tables
 ):
     """While the server is stopped: SIGTERM/SIGINT to one run exits 143/130 once the run could be closed (no traceback);
-    the other run, with ``ledger_outage_s: 4``, stops with a clear error when the server stays down; after the
-    server is back the next replay finalizes that run at its start and buys only what was never answered."""
+    the other run, with ``ledger_outage_s: 4``, stops buying when the server stays down: holding nothing, it
+    exits with a clear error; holding answers paid during the outage (when it had requests of its own in
+    flight), it waits for the server and records them (issue 30). After the server is back the next replay
+    finalizes what is left and buys only what was never answered."""
     states, _ = samples_tables
     server.latency_s = 0.3
     url = pg.create_database("ledger")
@@ -169,15 +171,29 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
     p1.send_signal(sig)
     time.sleep(1.0)
     assert p1.poll() is None, "exited without closing its ledger run"
-    rc2, _, err2 = _finish(p2, timeout=60)  # the server stays down longer than ledger_outage_s
-    assert rc2 == 2, err2[-3000:]
-    assert "Traceback" not in err2 and "unreachable for 4s" in err2, err2[-3000:]
+    deadline = time.monotonic() + 60  # the server stays down longer than p2's ledger_outage_s
+    while p2.poll() is None and not list((tmp_path / "cache2" / "unrecorded").glob("*.pending")):
+        assert time.monotonic() < deadline, "p2 neither stopped nor held its answers"
+        time.sleep(0.05)
+    held = p2.poll() is None
+    if held:  # waits for the ledger: its deadline passed (its other calls fail), the answers it holds wait
+        time.sleep(1.0)
+        assert p2.poll() is None, "exited holding paid answers"
+    else:
+        rc2, _, err2 = _finish(p2, timeout=5)
+        assert rc2 == 2, err2[-3000:]
+        assert "Traceback" not in err2 and "unreachable for 4s" in err2, err2[-3000:]
     pg.resume()
+    if held:
+        rc2, _, err2 = _finish(p2, timeout=60)
+        assert rc2 == 0 and "waiting for it to record" in err2 and "Traceback" not in err2, err2[-3000:]
+        assert not list((tmp_path / "cache2" / "unrecorded").glob("*.pending"))  # recorded
     rc1, _, err1 = _finish(p1, timeout=60)
     assert rc1 == 128 + sig and "Traceback" not in err1 and f"interrupted by {sig.name}" in err1, err1[-3000:]
     ledger = Ledger(url)
     runs = {r["pid"]: r["state"] for r in ledger_rows(ledger, "runs")}
-    assert runs[p1.pid] == "closed" and runs[p2.pid] == "live"  # p2 could not close it: the server was gone
+    # p2 closed its run once the server was back; or, gone during the outage, it could not
+    assert runs[p1.pid] == "closed" and runs[p2.pid] == ("closed" if held else "live")
     n = len(server.requests)
     answered = {c["call_id"] for c in ledger_rows(ledger, "claims") if c["state"] == "answered"}
 
@@ -189,7 +205,7 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
         answered & {r["call_id"] for r in pq.read_table(tmp_path / "out3" / "replays.parquet").to_pylist()}
     )
     assert len(server.requests) - n == 2 * states.num_rows - s3["shared_answers"]  # only what was never answered
-    assert {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed", "expired"}
+    assert {r["state"] for r in ledger_rows(ledger, "runs")} == ({"closed"} if held else {"closed", "expired"})
     assert ledger.open_reservations() == 0
 
 
