@@ -24,7 +24,15 @@ Money rules (the replay client follows them):
 * **leases**: a run heartbeats (``lease_s`` in the teachers recipe). A run whose lease expired is
   finalized by :meth:`Ledger.reconcile` (any process does it while waiting, or ``composer-pipeline
   teachers reconcile``): never-sent reservations are released, sent ones are kept at their worst case
-  with the note ``lease expired: outcome unknown``, its claims and waits are dropped.
+  with the note ``lease expired: outcome unknown``, its claims and waits are dropped. A run whose process
+  is gone is finalized at once, judged only from the same machine and PID namespace (:func:`machine_id`):
+  a hostname is shared by containers, pods and machines named alike.
+* **owners**: a run id is held by one process at a time (``runs.owner``, a token; :meth:`Ledger.start_run`
+  refuses another live owner, :class:`RunIdInUse`), and a claim belongs to that owner. With an owner a
+  reservation and its *mark sent* are granted only while the run holds its lease and the claim, in the same
+  transaction: a run paused past its lease and finalized meanwhile learns it just before it would buy
+  what another run took over (``Reservation.lost`` / ``mark_sent`` False). A settle that arrives after
+  its reservation was finalized still counts, at its actual cost (:meth:`Ledger.close`).
 
 Time comes from the database's clock, so leases agree across hosts. A teacher name has one identity per
 ledger (``teacher_identities``, :meth:`Ledger.check_identities`). DuckDB stays the SQL engine over the
