@@ -239,16 +239,19 @@ def test_answers_paid_while_the_ledger_is_down_reach_every_run(tmp_path, pg, ser
 
     url = pg.create_database("ledger")
     states = [0, 1, 2, 3]
-    common = {"url": server.url, "ledger": url, "states": states, "max_concurrency": 4, "script": "hang:2"}
+    common = {"url": server.url, "ledger": url, "states": states, "max_concurrency": 4, "script": "hang:3"}
     first = _start({**common, "cache": str(tmp_path / "cache1"), "run": "first", "ledger_outage_s": 1.0})
     deadline = time.monotonic() + 90
-    while len(server.requests) < len(states):  # all four sent; their answers come 2 s later
+    while len(server.requests) < len(states):  # all four sent; their answers come 3 s later
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()
         time.sleep(0.01)
     pg.halt()
-    time.sleep(4.0)  # the answers arrive, their settles ride the outage for 1 s, then are held
-    held = list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))
-    assert len(held) == len(states) and first.poll() is None  # waiting for the ledger, not gone
+    deadline = time.monotonic() + 30  # the answers arrive, their settles ride the outage for 1 s, then are held
+    while len(list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))) < len(states):
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert first.poll() is None  # waiting for the ledger, not gone
     pg.resume()
     rc, res = _result(first)
     assert rc == 0 and res["summary"]["answered"] == len(states), res

@@ -87,7 +87,8 @@ def test_a_run_paused_past_its_lease_buys_nothing_twice(tmp_path, server, ledger
     everything it had claimed."""
     server.latency_s = 1.0
     states = list(range(10))
-    common = {"url": server.url, "ledger": ledger_url, "max_concurrency": 2, "lease_s": 1.0}
+    # a read timeout far above the pause: the answers in flight are read when A wakes, however slow B is here
+    common = {"url": server.url, "ledger": ledger_url, "max_concurrency": 2, "lease_s": 1.0, "timeout_s": 300.0}
     a = _start({**common, "cache": str(tmp_path / "ca"), "run": "paused", "states": states})
     _wait(lambda: len(server.requests) >= 2, "A's first requests", [a])
     os.kill(a.pid, signal.SIGSTOP)
@@ -218,9 +219,9 @@ def test_the_same_run_id_twice_at_once_is_refused(tmp_path, server, ledger_url):
     """`--run-id nightly-$(date +%F)` overlapping itself: the second replay waits one lease for the first to
     stop heartbeating, then is refused with a message; nothing is bought twice. Before issue 30 each took
     the other's claims as its own and bought them."""
-    server.latency_s = 0.5
+    server.latency_s = 0.5  # the first replay runs 8 s: longer than the second's start and its wait of one lease
     states = list(range(16))
-    common = {"url": server.url, "ledger": ledger_url, "max_concurrency": 2, "lease_s": 1.0, "states": states}
+    common = {"url": server.url, "ledger": ledger_url, "max_concurrency": 1, "lease_s": 1.0, "states": states}
     a = _start({**common, "cache": str(tmp_path / "ca"), "run": "nightly"})
     _wait(lambda: len(server.requests) >= 2, "the first replay's requests", [a])
     b = _start({**common, "cache": str(tmp_path / "cb"), "run": "nightly"})

@@ -1,7 +1,7 @@
 """One replay process for the concurrency tests: ``python worker.py '<json args>'``.
 
 Args: url, ledger (URL), cache, run, states (list of ints), pad, teachers (1 or 2), budget_usd,
-max_concurrency, lease_s, ledger_outage_s, script, start_file (wait for it to exist before replaying: a
+max_concurrency, timeout_s, lease_s, ledger_outage_s, script, start_file (wait for it to exist before replaying: a
 common start line), ignore_sigxfsz (for a file-size limit set on this process from outside: a full disk).
 Prints one JSON line: the summary and the rows; exits 128+signal after SIGTERM/SIGINT (run closed), 2 with
 ``{"error": ...}`` on a ledger error (e.g. its run id live in another process).
@@ -29,8 +29,10 @@ if a.get("ignore_sigxfsz"):  # a file-size limit (a simulated full disk) makes w
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 over = dict(
-    budget_usd=a.get("budget_usd", 10.0), max_concurrency=a.get("max_concurrency", 4), timeout_s=20.0
-)  # a loaded 2-core CI box
+    budget_usd=a.get("budget_usd", 10.0),
+    max_concurrency=a.get("max_concurrency", 4),
+    timeout_s=a.get("timeout_s", 20.0),  # a loaded 2-core CI box
+)
 teachers = [teacher_dict(a["url"], "t1", **over)] + (
     [teacher_dict(a["url"], "t2", model="scripted-b", **over)] if a.get("teachers", 1) > 1 else []
 )
