@@ -61,7 +61,7 @@ from composer_pipeline.teachers.client import (
 )
 from composer_pipeline.teachers.anthropic import CacheHint, min_cached_tokens
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
-from composer_pipeline.teachers.ledger import AsyncLedger, Ledger, ReplayInterrupted
+from composer_pipeline.teachers.ledger import AsyncLedger, ClaimLost, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
 from composer_pipeline.teachers.run_report import RunInfo, replay_summary
 from composer_pipeline.teachers.token_count import counter_for
@@ -526,7 +526,7 @@ async def _replay(
         config, api_keys
     )  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
     ledger.outage_s = config.ledger_outage_s
-    aledger = AsyncLedger(ledger, run_id, config.lease_s)
+    aledger = AsyncLedger(ledger, run_id, config.lease_s, spool=cache.dir / "unrecorded")
     sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
     guards = {t.name: TeacherGuard(config.max_invalid_responses) for t in config.teachers}
     clients = {t.name: make_http_client(t) for t in config.teachers}
@@ -564,14 +564,22 @@ async def _replay(
             )
         if guards[t.name].disabled_reason:
             return CallResult(status="failed", reason=guards[t.name].disabled_reason)
-        claim = await aledger.claim(r.call_id, t.name)  # waits while another live run is buying it
-        if claim.state == "answered":
-            shared += 1
+        while True:  # claimed again when this run lost the claim while paused past its lease (ClaimLost)
+            claim = await aledger.claim(r.call_id, t.name)  # waits while another live run is buying it
+            if claim.state == "answered":
+                shared += 1
+                try:
+                    await asyncio.to_thread(cache.put, r.call_id, claim.record)  # repair the cache from the ledger
+                except OSError:
+                    pass
+                return _from_cache(claim.record, t)
             try:
-                await asyncio.to_thread(cache.put, r.call_id, claim.record)  # repair the cache from the ledger
-            except OSError:
-                pass
-            return _from_cache(claim.record, t)
+                return await bought(r, t, key)
+            except ClaimLost:
+                continue
+
+    async def bought(r: ReplayRequest, t: TeacherConfig, key: str | None) -> CallResult:
+        """The request bought under this run's claim (one tighter refit after a context-length answer)."""
 
         def call(body: dict, cache_hint):  # one priced, ledgered call of this request's teacher
             return call_teacher(
@@ -609,6 +617,8 @@ async def _replay(
                         f"over_context_window: {'refitted once, ' if tighter is not None else ''}still too long for "
                         f"{t.name} (context_window {t.context_window}): {res.reason}"
                     )
+        except ClaimLost:
+            raise  # not this run's claim any more: nothing to fail
         except Exception as e:
             await aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
             raise

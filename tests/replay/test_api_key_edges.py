@@ -90,6 +90,7 @@ def test_a_request_httpx_refuses_to_form_is_released_not_kept(tmp_path, server, 
     async def go():
         al = AsyncLedger(ledger, "r")
         await al.start()
+        assert (await al.claim(req.call_id, t.name)).state == "mine"  # call_teacher's caller holds the claim
         http = make_http_client(t)
         try:
             return await call_teacher(

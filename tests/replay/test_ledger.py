@@ -125,7 +125,12 @@ def test_close_run_releases_unsent_and_keeps_sent(ledger_url):
     assert led.close_run("r", "run interrupted") == {"released": 1, "kept": 1, "claims_dropped": 0}
     assert {r["id"]: r["state"] for r in ledger_rows(led)} == {a.id: "released", b.id: "kept"}
     assert led.spent("t") == pytest.approx(0.1)
-    assert not led.close(b.id, "settled", 0.01)  # a late settle after finalization changes nothing
+    assert not led.close(b.id, "kept")  # a late close of a finalized reservation changes nothing...
+    assert led.spent("t") == pytest.approx(0.1)
+    # ...but a late answer was billed: it is settled at its actual cost (a run paused past its lease, issue 30)
+    assert led.close(b.id, "settled", 0.01)
+    assert led.spent("t") == pytest.approx(0.01) and led.balance("t", 1.0).kept_calls == 0
+    assert not led.close(b.id, "settled", 0.01)  # once
 
 
 def test_auditor_connection_held_open_blocks_no_writer(tmp_path):

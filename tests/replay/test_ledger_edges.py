@@ -159,8 +159,9 @@ def test_a_dropped_connection_is_reopened(postgres_server, tmp_path, server):
 @pytest.mark.slow
 def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_path, server):
     """The SQLite ledger's disk fills while four calls are in flight: their settles fail (the ledger cannot
-    grow), the answers go to the response cache (another volume, here: small files under the limit), and the
-    re-run serves them instead of buying them again; the dead run's reservations are kept at worst case.
+    grow), the answers go to the response cache and the spool beside it (another volume, here: small files
+    under the limit), and the re-run records the held settles at their actual cost, then serves the answers
+    instead of buying them again.
 
     The full disk is simulated at the OS boundary: ``RLIMIT_FSIZE`` set on the running replay process from
     outside (``prlimit``), so every write past 8 KiB into a file fails with EFBIG (SIGXFSZ ignored), as a
@@ -196,5 +197,40 @@ def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_pat
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert ledger.open_reservations() == 0
     held = [r for r in ledger_rows(ledger, "reservations") if r["run_id"] == "full"]
-    assert len(held) == len(states) and {r["state"] for r in held} == {"kept"}  # counted at worst case, once
+    assert len(held) == len(states) and {r["state"] for r in held} == {"settled"}  # at the billed cost, once
+    assert sum(r["cost_usd"] for r in held) == pytest.approx(sum(p * 1e-6 + c * 2e-6 for _, p, c in server.billed))
+    assert not list((tmp_path / "cache" / "unrecorded").glob("*.pending"))
     assert {r["run_id"]: r["state"] for r in ledger_rows(ledger, "runs")} == {"full": "expired", "after": "closed"}
+
+
+def test_answers_held_in_the_spool_are_recorded_by_the_next_run_with_that_cache(tmp_path, server, ledger_url, capsys):
+    """A run stopped while it held paid answers the ledger could not record (issue 30, item 8) leaves them in
+    ``<cache>/unrecorded/``: the next replay with that cache records them (settled at their cost, the answer
+    stored) before it claims anything; a file that is not a held answer is set aside, named."""
+    import orjson
+
+    from composer_pipeline.teachers.ledger import AsyncLedger
+
+    cfg = make_config(server.url)
+    req = scripted_request(cfg, 7)
+    ledger = Ledger(ledger_url)
+    ledger.start_run("stopped", 0.2)
+    res = ledger.try_reserve(Reserve("t1", 10.0, "stopped", 10.0, 0.25, req.call_id))
+    ledger.mark_sent(res.id)
+    answer = {"role": "assistant", "content": "Done."}
+    response = {"choices": [{"index": 0, "finish_reason": "stop", "message": answer}], "model": "scripted"}
+    record = {"teacher": "t1", "model": "scripted", "response": response, "cost_usd": 0.01, "run_id": "stopped"}
+    spool = tmp_path / "c" / "unrecorded"
+    held = AsyncLedger(ledger, "stopped", spool=spool)
+    assert str(spool) in held._hold(
+        res.id, {"state": "settled", "cost_usd": 0.01, "note": "", "answer": [req.call_id, record], "usage": None}
+    )
+    (spool / "junk.pending").write_bytes(b'{"not": "a held answer"}')
+    out = replay_requests([req], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="next")
+    assert server.requests == [] and out.table.column("cache_hit").to_pylist() == [True]  # from the ledger
+    row = next(r for r in ledger_rows(ledger) if r["id"] == res.id)
+    assert row["state"] == "settled" and row["cost_usd"] == pytest.approx(0.01)
+    assert ledger.answer(req.call_id) == record and ledger.spent("t1") == pytest.approx(0.01)
+    assert sorted(p.name for p in spool.iterdir()) == ["junk.unreadable"]
+    assert "not a held answer" in capsys.readouterr().err
+    assert orjson.loads((spool / "junk.unreadable").read_bytes()) == {"not": "a held answer"}

@@ -150,8 +150,10 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
     sig, tmp_path, pg, server, samples_dir, samples_tables
 ):
     """While the server is stopped: SIGTERM/SIGINT to one run exits 143/130 once the run could be closed (no traceback);
-    the other run, with ``ledger_outage_s: 4``, stops with a clear error when the server stays down; after the
-    server is back the next replay finalizes that run at its start and buys only what was never answered."""
+    the other run, with ``ledger_outage_s: 4``, stops buying when the server stays down: holding nothing, it
+    exits with a clear error; holding answers paid during the outage (when it had requests of its own in
+    flight), it waits for the server and records them (issue 30). After the server is back the next replay
+    finalizes what is left and buys only what was never answered."""
     states, _ = samples_tables
     server.latency_s = 0.3
     url = pg.create_database("ledger")
@@ -169,15 +171,29 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
     p1.send_signal(sig)
     time.sleep(1.0)
     assert p1.poll() is None, "exited without closing its ledger run"
-    rc2, _, err2 = _finish(p2, timeout=60)  # the server stays down longer than ledger_outage_s
-    assert rc2 == 2, err2[-3000:]
-    assert "Traceback" not in err2 and "unreachable for 4s" in err2, err2[-3000:]
+    deadline = time.monotonic() + 60  # the server stays down longer than p2's ledger_outage_s
+    while p2.poll() is None and not list((tmp_path / "cache2" / "unrecorded").glob("*.pending")):
+        assert time.monotonic() < deadline, "p2 neither stopped nor held its answers"
+        time.sleep(0.05)
+    held = p2.poll() is None
+    if held:  # waits for the ledger: its deadline passed (its other calls fail), the answers it holds wait
+        time.sleep(1.0)
+        assert p2.poll() is None, "exited holding paid answers"
+    else:
+        rc2, _, err2 = _finish(p2, timeout=5)
+        assert rc2 == 2, err2[-3000:]
+        assert "Traceback" not in err2 and "unreachable for 4s" in err2, err2[-3000:]
     pg.resume()
+    if held:
+        rc2, _, err2 = _finish(p2, timeout=60)
+        assert rc2 == 0 and "waiting for it to record" in err2 and "Traceback" not in err2, err2[-3000:]
+        assert not list((tmp_path / "cache2" / "unrecorded").glob("*.pending"))  # recorded
     rc1, _, err1 = _finish(p1, timeout=60)
     assert rc1 == 128 + sig and "Traceback" not in err1 and f"interrupted by {sig.name}" in err1, err1[-3000:]
     ledger = Ledger(url)
     runs = {r["pid"]: r["state"] for r in ledger_rows(ledger, "runs")}
-    assert runs[p1.pid] == "closed" and runs[p2.pid] == "live"  # p2 could not close it: the server was gone
+    # p2 closed its run once the server was back; or, gone during the outage, it could not
+    assert runs[p1.pid] == "closed" and runs[p2.pid] == ("closed" if held else "live")
     n = len(server.requests)
     answered = {c["call_id"] for c in ledger_rows(ledger, "claims") if c["state"] == "answered"}
 
@@ -189,7 +205,7 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
         answered & {r["call_id"] for r in pq.read_table(tmp_path / "out3" / "replays.parquet").to_pylist()}
     )
     assert len(server.requests) - n == 2 * states.num_rows - s3["shared_answers"]  # only what was never answered
-    assert {r["state"] for r in ledger_rows(ledger, "runs")} == {"closed", "expired"}
+    assert {r["state"] for r in ledger_rows(ledger, "runs")} == ({"closed"} if held else {"closed", "expired"})
     assert ledger.open_reservations() == 0
 
 
@@ -211,3 +227,37 @@ def test_a_server_restart_expires_no_lease(pg):
     ledger._tx(lambda c: c.execute("UPDATE runs SET lease_s = 0.5 WHERE run_id = 'quiet'"))
     time.sleep(1.0)
     assert ledger.reconcile()["expired_runs"] == ["quiet"]
+
+
+@pytest.mark.slow
+def test_answers_paid_while_the_ledger_is_down_reach_every_run(tmp_path, pg, server):
+    """Four answers arrive while the PostgreSQL ledger is stopped, longer than the run's ``ledger_outage_s``:
+    the run holds them (in the spool beside its response cache), waits for the ledger and records them once
+    it is back, so a run on another machine (another response cache) buys none of them again. Before issue 30
+    they were kept only in the receiving run's cache, and that run bought all four again."""
+    from .test_concurrency import _result, _start
+
+    url = pg.create_database("ledger")
+    states = [0, 1, 2, 3]
+    common = {"url": server.url, "ledger": url, "states": states, "max_concurrency": 4, "script": "hang:3"}
+    first = _start({**common, "cache": str(tmp_path / "cache1"), "run": "first", "ledger_outage_s": 1.0})
+    deadline = time.monotonic() + 90
+    while len(server.requests) < len(states):  # all four sent; their answers come 3 s later
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.01)
+    pg.halt()
+    deadline = time.monotonic() + 30  # the answers arrive, their settles ride the outage for 1 s, then are held
+    while len(list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))) < len(states):
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert first.poll() is None  # waiting for the ledger, not gone
+    pg.resume()
+    rc, res = _result(first)
+    assert rc == 0 and res["summary"]["answered"] == len(states), res
+    assert not list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))
+    ledger = Ledger(url)
+    assert ledger.open_reservations() == 0 and abs(_settled_usd(ledger) - _billed_usd(server)) < 1e-9
+    rc, res = _result(_start({**common, "cache": str(tmp_path / "cache2"), "run": "second"}))
+    assert rc == 0 and res["summary"]["answered"] == len(states) and res["summary"]["http_requests"] == 0
+    assert len(server.requests) == len(states) == len({r.body_hash for r in server.requests})  # each bought once

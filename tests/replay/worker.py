@@ -1,9 +1,10 @@
 """One replay process for the concurrency tests: ``python worker.py '<json args>'``.
 
 Args: url, ledger (URL), cache, run, states (list of ints), pad, teachers (1 or 2), budget_usd,
-max_concurrency, lease_s, start_file (wait for it to exist before replaying: a common start line),
-ignore_sigxfsz (for a file-size limit set on this process from outside: a full disk).
-Prints one JSON line: the summary and the rows; exits 128+signal after SIGTERM/SIGINT (run closed).
+max_concurrency, timeout_s, lease_s, ledger_outage_s, script, start_file (wait for it to exist before replaying: a
+common start line), ignore_sigxfsz (for a file-size limit set on this process from outside: a full disk).
+Prints one JSON line: the summary and the rows; exits 128+signal after SIGTERM/SIGINT (run closed), 2 with
+``{"error": ...}`` on a ledger error (e.g. its run id live in another process).
 """
 
 import dataclasses
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: t
 from replay.conftest import make_config, scripted_request, teacher_dict  # noqa: E402
 
 from composer_pipeline.teachers.cache import ResponseCache  # noqa: E402
-from composer_pipeline.teachers.ledger import Ledger, ReplayInterrupted  # noqa: E402
+from composer_pipeline.teachers.ledger import Ledger, LedgerError, ReplayInterrupted  # noqa: E402
 from composer_pipeline.teachers.replay import replay_requests  # noqa: E402
 
 a = json.loads(sys.argv[1])
@@ -28,13 +29,17 @@ if a.get("ignore_sigxfsz"):  # a file-size limit (a simulated full disk) makes w
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 over = dict(
-    budget_usd=a.get("budget_usd", 10.0), max_concurrency=a.get("max_concurrency", 4), timeout_s=20.0
-)  # a loaded 2-core CI box
+    budget_usd=a.get("budget_usd", 10.0),
+    max_concurrency=a.get("max_concurrency", 4),
+    timeout_s=a.get("timeout_s", 20.0),  # a loaded 2-core CI box
+)
 teachers = [teacher_dict(a["url"], "t1", **over)] + (
     [teacher_dict(a["url"], "t2", model="scripted-b", **over)] if a.get("teachers", 1) > 1 else []
 )
 cfg = dataclasses.replace(
-    make_config(a["url"], teachers=teachers, ceiling_usd=a.get("ceiling_usd", 10.0)), lease_s=a.get("lease_s", 30.0)
+    make_config(a["url"], teachers=teachers, ceiling_usd=a.get("ceiling_usd", 10.0)),
+    lease_s=a.get("lease_s", 30.0),
+    ledger_outage_s=a.get("ledger_outage_s", 120.0),
 )
 reqs = [
     scripted_request(cfg, i, a.get("script", "answer"), teacher=k, pad=a.get("pad", 0))
@@ -51,5 +56,8 @@ try:
 except ReplayInterrupted as e:
     print(json.dumps({"interrupted": e.signum}), flush=True)
     sys.exit(128 + e.signum)
+except LedgerError as e:
+    print(json.dumps({"error": str(e)}), flush=True)
+    sys.exit(2)
 cols = ["call_id", "state_id", "teacher", "status", "reason", "cost_usd", "paid_usd", "cache_hit", "attempts"]
 print(json.dumps({"summary": res.summary, "rows": res.table.select(cols).to_pylist()}), flush=True)

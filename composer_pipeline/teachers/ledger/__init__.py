@@ -13,8 +13,9 @@ The modules, each importing only those above it:
 * ``backends.py``: the two databases behind one transaction helper (:class:`~.backends.Store`): a
   connection per thread, retries on lock contention, a lost PostgreSQL server ridden through for
   ``outage_s``, passwords kept out of every message (:func:`redact_url`).
-* ``schema.py``: the versioned DDL (:data:`MIGRATIONS`) applied on open, and the one-time import of the
-  DuckDB ledger of earlier versions.
+* ``schema.py``: the versioned DDL (:data:`MIGRATIONS`) applied on open, the oldest code version a ledger
+  admits (``ledger_meta.min_code_version``, :class:`LedgerTooNew`), and the one-time import of the DuckDB
+  ledger of earlier versions.
 * ``core.py``: :class:`Ledger`, the money state machine (claim, reserve, mark sent, settle / keep /
   release, leases and reconcile, teacher identities) and its reads; the money rules are in its docstring.
 * ``aio.py``: :class:`AsyncLedger`, the ledger as one asyncio replay run sees it (heartbeat, waits, the
@@ -23,7 +24,7 @@ The modules, each importing only those above it:
 Deliberately simplified: see each module; this file only names what the rest of the pipeline imports.
 """
 
-from composer_pipeline.teachers.ledger.aio import AsyncLedger, ReplayInterrupted
+from composer_pipeline.teachers.ledger.aio import AsyncLedger, ClaimLost, ReplayInterrupted
 from composer_pipeline.teachers.ledger.backends import (
     LedgerError,
     LedgerUnavailable,
@@ -40,24 +41,29 @@ from composer_pipeline.teachers.ledger.core import (
     Ledger,
     Reservation,
     Reserve,
+    RunIdInUse,
     TeacherIdentityError,
     open_ledger,
 )
-from composer_pipeline.teachers.ledger.schema import MIGRATIONS
+from composer_pipeline.teachers.ledger.schema import CODE_VERSION, MIGRATIONS, LedgerTooNew
 
 __all__ = [
+    "CODE_VERSION",
     "DEFAULT_LEASE_S",
     "DEFAULT_OUTAGE_S",
     "MIGRATIONS",
     "AsyncLedger",
     "Balance",
     "Claim",
+    "ClaimLost",
     "Ledger",
     "LedgerError",
+    "LedgerTooNew",
     "LedgerUnavailable",
     "Reservation",
     "Reserve",
     "ReplayInterrupted",
+    "RunIdInUse",
     "TeacherIdentityError",
     "is_postgres",
     "open_ledger",

@@ -24,7 +24,15 @@ Money rules (the replay client follows them):
 * **leases**: a run heartbeats (``lease_s`` in the teachers recipe). A run whose lease expired is
   finalized by :meth:`Ledger.reconcile` (any process does it while waiting, or ``composer-pipeline
   teachers reconcile``): never-sent reservations are released, sent ones are kept at their worst case
-  with the note ``lease expired: outcome unknown``, its claims and waits are dropped.
+  with the note ``lease expired: outcome unknown``, its claims and waits are dropped. A run whose process
+  is gone is finalized at once, judged only from the same machine and PID namespace (:func:`machine_id`):
+  a hostname is shared by containers, pods and machines named alike.
+* **owners**: a run id is held by one process at a time (``runs.owner``, a token; :meth:`Ledger.start_run`
+  refuses another live owner, :class:`RunIdInUse`), and a claim belongs to that owner. With an owner a
+  reservation and its *mark sent* are granted only while the run holds its lease and the claim, in the same
+  transaction: a run paused past its lease and finalized meanwhile learns it just before it would buy
+  what another run took over (``Reservation.lost`` / ``mark_sent`` False). A settle that arrives after
+  its reservation was finalized still counts, at its actual cost (:meth:`Ledger.close`).
 
 Time comes from the database's clock, so leases agree across hosts. A teacher name has one identity per
 ledger (``teacher_identities``, :meth:`Ledger.check_identities`). DuckDB stays the SQL engine over the
@@ -49,7 +57,7 @@ import orjson
 
 from composer_pipeline import home
 from composer_pipeline.teachers.config import TeachersConfig
-from composer_pipeline.teachers.ledger.backends import Cursor, Store
+from composer_pipeline.teachers.ledger.backends import Cursor, LedgerError, Store
 from composer_pipeline.teachers.ledger.schema import migrate
 
 EPS = 1e-12  # float slack when comparing sums of dollars
@@ -68,6 +76,7 @@ class Reserve:
     ceiling_usd: float
     amount_usd: float
     call_id: str = ""
+    owner: str = ""  # the run's owner token (AsyncLedger): then the run must hold its lease and the call's claim
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class Reservation:
     id: str
     reason: str = ""  # why it was refused (or, with wait=True, what it waits for)
     wait: bool = False  # not granted yet: money held by calls in flight or earlier waiters
+    lost: bool = False  # refused because the run lost its lease or the call's claim (paused past its lease)
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,60 @@ class TeacherIdentityError(ValueError):
     """A recipe gives a teacher name the ledger already knows a different identity (base_url, model, prices)."""
 
 
+class RunIdInUse(LedgerError):
+    """Another live process holds this run id: two processes under one id would share its claims."""
+
+    def __init__(self, message: str, lease_s: float = DEFAULT_LEASE_S):
+        super().__init__(message)
+        self.lease_s = lease_s  # the holder's lease: how long it may go without a heartbeat before it is dead
+
+
+def machine_id() -> str | None:
+    """The machine and PID namespace this process's pid belongs to (``<boot id>/pidns:<inode>``): a pid says
+    whether a run is alive only to a process with the same one (containers and pods on one node, or two
+    machines named alike, share a hostname but not this). None where the system does not tell (not Linux):
+    such runs are judged by their lease alone."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}/pidns:{namespace}" if boot else None
+
+
+# What the fields an older identity lacks meant when it was written (field-by-field comparison): before
+# ``api`` every teacher spoke the OpenAI protocol; before cache prices cached and cache-write tokens cost the
+# input price (what ``TeacherConfig`` still assumes when they are not set).
+IDENTITY_DEFAULTS = {
+    "api": lambda ident: "openai",
+    "cached_input_usd_per_mtok": lambda ident: ident.get("input_usd_per_mtok"),
+    "cache_write_usd_per_mtok": lambda ident: ident.get("input_usd_per_mtok"),
+}
+
+
+def identity_differences(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
+    """The fields of ``want`` (this code's identity) that ``have`` (the ledger's, possibly written by older code
+    with fewer fields) gives another value, each as ``field: recipe X, ledger Y``. Fields ``have`` lacks take
+    :data:`IDENTITY_DEFAULTS`; fields only ``have`` has (newer code) are not compared."""
+    out = []
+    for key in sorted(want):
+        if key in have:
+            theirs = have[key]
+        elif key in IDENTITY_DEFAULTS:
+            theirs = IDENTITY_DEFAULTS[key](have)
+        else:
+            theirs = "(missing)"
+        mine = want[key]
+        same = (
+            float(mine) == float(theirs)
+            if isinstance(mine, (int, float)) and isinstance(theirs, (int, float))
+            else mine == theirs
+        )
+        if not same:
+            out.append(f"{key}: recipe {mine!r}, ledger {theirs!r}")
+    return out
+
+
 class Ledger(Store):
     """The ledger at ``url`` (file path → SQLite, ``postgresql://`` → PostgreSQL); thread-safe."""
 
@@ -111,6 +175,8 @@ class Ledger(Store):
         super().__init__(url, outage_s=outage_s)
         migrate(self._tx, self._db)
         self._opened = True
+        # the owner of runs and claims this object makes when the caller names none (an AsyncLedger names its own)
+        self.owner = uuid.uuid4().hex
 
     # -- teacher identities
     def check_identities(self, identities: dict[str, dict[str, Any]], *, register: bool = True) -> None:
@@ -121,29 +187,40 @@ class Ledger(Store):
         its spend.) The budget is not part of the identity: raising it is how a lifetime budget grows."""
         if not identities:
             return
-        want = {name: orjson.dumps(ident, option=orjson.OPT_SORT_KEYS).decode() for name, ident in identities.items()}
         now = self._db.now
 
-        def run(c: Cursor) -> dict[str, str]:
+        def canonical(ident: dict[str, Any]) -> str:
+            return orjson.dumps(ident, option=orjson.OPT_SORT_KEYS).decode()
+
+        def run(c: Cursor) -> list[str]:
+            names = sorted(identities)
             if register:
-                for name, ident in sorted(want.items()):
+                for name in names:
                     c.execute(
                         f"INSERT INTO teacher_identities VALUES (?, ?, {now}) ON CONFLICT (teacher) DO NOTHING",
-                        [name, ident],
+                        [name, canonical(identities[name])],
                     )
-            names = sorted(want)
             rows = c.all(
                 f"SELECT teacher, identity FROM teacher_identities WHERE teacher IN ({','.join('?' * len(names))})",
                 names,
             )
-            return dict(rows)
+            clashes = []
+            for name, stored in rows:
+                have, want = orjson.loads(stored), identities[name]
+                differ = identity_differences(want, have)
+                if differ:
+                    clashes.append(
+                        f"teacher {name!r}: {'; '.join(differ)} (this recipe has {canonical(want)}, the ledger "
+                        f"{self.label} already knows it as {stored})"
+                    )
+                elif register and set(want) - set(have):  # an older identity that matches: stored in full now
+                    c.execute(
+                        "UPDATE teacher_identities SET identity = ? WHERE teacher = ?",
+                        [canonical({**have, **want}), name],
+                    )
+            return clashes
 
-        have = self._tx(run, write=register)
-        clashes = [
-            f"teacher {name!r}: this recipe has {want[name]}, the ledger {self.label} already knows it as {have[name]}"
-            for name in sorted(want)
-            if name in have and have[name] != want[name]
-        ]
+        clashes = self._tx(run, write=register)
         if clashes:
             raise TeacherIdentityError(
                 "a teacher name is reused for a different endpoint, model or price; give it a new name (a new name "
@@ -151,42 +228,91 @@ class Ledger(Store):
             )
 
     # -- runs and leases
-    def start_run(self, run_id: str, lease_s: float = DEFAULT_LEASE_S) -> None:
-        """Register (or revive) a live run with a lease of ``lease_s`` seconds from now."""
+    _RUN_COLUMNS = "run_id, host, pid, state, lease_s, started_at, heartbeat_at, closed_at, owner, machine"
+
+    def _live(self, alias: str = "") -> str:
+        """SQL: the run row (``alias.``) is live and its lease has not expired, by the database's clock."""
+        return f"{alias}state = 'live' AND {self._db.beat(f'{alias}heartbeat_at')} + {alias}lease_s >= {self._db.now}"
+
+    def start_run(self, run_id: str, lease_s: float = DEFAULT_LEASE_S, owner: str | None = None) -> None:
+        """Register (or revive) a live run held by ``owner`` with a lease of ``lease_s`` seconds from now.
+
+        A run id held by another live owner is refused (:class:`RunIdInUse`): two processes under one id would
+        share its claims and each buy what the other is buying. One whose lease expired, or whose process is
+        gone from this machine, is finalized first and taken over (a re-run after a crash)."""
+        owner = owner or self.owner
         now = self._db.now
+        machine = machine_id()
 
         def run(c: Cursor) -> None:
             c.execute(
-                f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO UPDATE SET "
-                f"state = 'live', lease_s = excluded.lease_s, heartbeat_at = excluded.heartbeat_at, pid = excluded.pid, "
-                "host = excluded.host, closed_at = NULL",
-                [run_id, socket.gethostname(), os.getpid(), float(lease_s)],
+                f"INSERT INTO runs ({self._RUN_COLUMNS}) VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL, ?, ?) "
+                "ON CONFLICT (run_id) DO NOTHING",
+                [run_id, socket.gethostname(), os.getpid(), float(lease_s), owner, machine],
+            )
+            holder, state, host, pid, where, age, held_s = c.one(
+                f"SELECT owner, state, host, pid, machine, {now} - {self._db.beat('heartbeat_at')}, lease_s FROM runs "
+                f"WHERE run_id = ?{self._db.for_update}",
+                [run_id],
+            )
+            if holder != owner and state == "live":
+                gone = bool(machine and where == machine and pid and not _pid_alive(int(pid)))
+                if float(age) <= float(held_s) and not gone:
+                    raise RunIdInUse(
+                        f"run id {run_id!r} is live in another process ({host} pid {pid}, last heartbeat "
+                        f"{max(float(age), 0):.1f}s ago, lease {float(held_s):g}s) on ledger {self.label}: two "
+                        "processes under one run id would share its claims. Give this run another --run-id, or "
+                        "wait until that run ends",
+                        float(held_s),
+                    )
+                self._finalize(c, run_id, "expired", "lease expired (process gone)" if gone else "lease expired")
+            c.execute(
+                f"UPDATE runs SET state = 'live', lease_s = ?, heartbeat_at = {now}, pid = ?, host = ?, owner = ?, "
+                "machine = ?, closed_at = NULL WHERE run_id = ?",
+                [float(lease_s), os.getpid(), socket.gethostname(), owner, machine, run_id],
             )
 
         self._tx(run)
 
-    def heartbeat(self, run_id: str) -> bool:
-        """Extend the lease; False when the run was already finalized (its lease had expired)."""
+    def heartbeat(self, run_id: str, owner: str | None = None) -> bool:
+        """Extend the lease; False when the run is no longer ``owner``'s live run (finalized after its lease
+        expired, or its id taken over by another process)."""
         return bool(
             self._tx(
                 lambda c: c.execute(
-                    f"UPDATE runs SET heartbeat_at = {self._db.now} WHERE run_id = ? AND state = 'live'", [run_id]
+                    f"UPDATE runs SET heartbeat_at = {self._db.now} WHERE run_id = ? AND state = 'live' AND owner = ?",
+                    [run_id, owner or self.owner],
                 ).rowcount
             )
         )
 
-    def close_run(self, run_id: str, note: str = "run ended") -> dict[str, int]:
-        """Finalize a run that is ending: never-sent reservations released, sent ones kept."""
-        return self._tx(lambda c: self._finalize(c, run_id, "closed", note))
+    def close_run(self, run_id: str, note: str = "run ended", owner: str | None = None) -> dict[str, int]:
+        """Finalize ``owner``'s run that is ending: never-sent reservations released, sent ones kept. A run id
+        another process has taken over since is left to it."""
+        owner = owner or self.owner
+
+        def run(c: Cursor) -> dict[str, int]:
+            row = c.one(f"SELECT owner FROM runs WHERE run_id = ?{self._db.for_update}", [run_id])
+            if row and row[0] != owner:
+                return {"released": 0, "kept": 0, "claims_dropped": 0}
+            return self._finalize(c, run_id, "closed", note)
+
+        return self._tx(run)
 
     def reconcile(self) -> dict[str, Any]:
-        """Finalize every run whose lease expired, and at once every live run of a process on this host that
-        no longer exists (kill -9: no need to wait out its lease); what was done, for the CLI and the logs."""
-        host = socket.gethostname()
-        local = self._tx(
-            lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND host = ?", [host]), write=False
+        """Finalize every run whose lease expired, and at once every live run whose process is gone from this
+        machine and PID namespace (kill -9: no need to wait out its lease); what was done, for the CLI and the
+        logs. A run of another machine or namespace (same hostname or not) is judged by its lease alone."""
+        machine = machine_id()
+        local = (
+            self._tx(
+                lambda c: c.all("SELECT run_id, pid FROM runs WHERE state = 'live' AND machine = ?", [machine]),
+                write=False,
+            )
+            if machine
+            else []
         )
-        gone = {rid for rid, pid in local if pid and not _pid_alive(int(pid))}
+        dead = {rid: int(pid) for rid, pid in local if pid and not _pid_alive(int(pid))}
 
         def run(c: Cursor) -> dict[str, Any]:
             expired = [
@@ -195,6 +321,15 @@ class Ledger(Store):
                     f"SELECT run_id FROM runs WHERE state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s < {self._db.now} ORDER BY run_id"
                 )
             ]
+            # still the run seen gone (not revived since by a new process under the same id)
+            gone = {
+                rid
+                for rid, pid in dead.items()
+                if c.one(
+                    "SELECT 1 FROM runs WHERE run_id = ? AND pid = ? AND machine = ? AND state = 'live'",
+                    [rid, pid, machine],
+                )
+            }
             expired += sorted(gone - set(expired))
             # reservations of runs that never registered (a direct Ledger.try_reserve without start_run) are covered
             # by the auto-registration in try_reserve, so every open reservation has a runs row
@@ -253,32 +388,35 @@ class Ledger(Store):
         return {"released": released, "kept": kept, "claims_dropped": max(dropped, 0)}
 
     # -- claims
-    def claim(self, call_id: str, teacher: str, run_id: str) -> Claim:
-        """Claim the purchase of ``call_id`` for ``run_id``: mine, already answered (with the answer), or wait."""
+    def claim(self, call_id: str, teacher: str, run_id: str, owner: str | None = None) -> Claim:
+        """Claim the purchase of ``call_id`` for ``owner``'s run ``run_id``: mine, already answered (with the
+        answer), or wait (another live run holds it)."""
         now = self._db.now
+        owner = owner or self.owner
 
         def run(c: Cursor) -> Claim:
             ins = c.execute(
-                f"INSERT INTO claims VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}) ON CONFLICT (call_id) DO NOTHING",
-                [call_id, teacher, run_id],
+                "INSERT INTO claims (call_id, teacher, run_id, state, record, reason, cost_usd, created_at, updated_at, "
+                f"owner) VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}, ?) ON CONFLICT (call_id) DO NOTHING",
+                [call_id, teacher, run_id, owner],
             )
             if ins.rowcount == 1:
                 return Claim("mine")
-            state, owner, record = c.one(
-                f"SELECT state, run_id, record FROM claims WHERE call_id = ?{self._db.for_update}", [call_id]
+            state, holder, holder_owner, record = c.one(
+                f"SELECT state, run_id, owner, record FROM claims WHERE call_id = ?{self._db.for_update}", [call_id]
             )
             if state == "answered":
                 return Claim("answered", orjson.loads(record))
-            if state == "inflight" and owner != run_id:
+            if state == "inflight" and (holder, holder_owner) != (run_id, owner):
                 live = c.one(
-                    f"SELECT 1 FROM runs WHERE run_id = ? AND state = 'live' AND {self._db.beat('heartbeat_at')} + lease_s >= {now}",
-                    [owner],
+                    f"SELECT 1 FROM runs WHERE run_id = ? AND owner = ? AND {self._live()}", [holder, holder_owner]
                 )
                 if live:
-                    return Claim("wait", owner=owner)
+                    return Claim("wait", owner=holder)
             c.execute(
-                f"UPDATE claims SET run_id = ?, state = 'inflight', reason = NULL, updated_at = {now} WHERE call_id = ?",
-                [run_id, call_id],
+                f"UPDATE claims SET run_id = ?, owner = ?, state = 'inflight', reason = NULL, updated_at = {now} "
+                "WHERE call_id = ?",
+                [run_id, owner, call_id],
             )
             return Claim("mine")
 
@@ -294,8 +432,8 @@ class Ledger(Store):
             for i in range(0, len(call_ids), 500):
                 chunk = call_ids[i : i + 500]
                 q = (
-                    f"SELECT c.call_id, c.state, CASE WHEN r.state = 'live' AND {self._db.beat('r.heartbeat_at')} + r.lease_s >= {self._db.now} THEN 1 ELSE 0 END "
-                    f"FROM claims c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.call_id IN ({','.join('?' * len(chunk))})"
+                    f"SELECT c.call_id, c.state, CASE WHEN {self._live('r.')} THEN 1 ELSE 0 END FROM claims c "
+                    f"LEFT JOIN runs r ON r.run_id = c.run_id AND r.owner = c.owner WHERE c.call_id IN ({','.join('?' * len(chunk))})"
                 )
                 for cid, state, live in c.all(q, chunk):
                     out[cid] = "orphaned" if state == "inflight" and not live else state
@@ -303,13 +441,13 @@ class Ledger(Store):
         self._tx(run, write=False)
         return out
 
-    def fail_claim(self, call_id: str, run_id: str, reason: str) -> None:
+    def fail_claim(self, call_id: str, run_id: str, reason: str, owner: str | None = None) -> None:
         """The claimant gave up without an answer: the next run that needs it may buy it."""
         self._tx(
             lambda c: c.execute(
                 f"UPDATE claims SET state = 'failed', reason = ?, updated_at = {self._db.now} "
-                "WHERE call_id = ? AND run_id = ? AND state = 'inflight'",
-                [reason[:300], call_id, run_id],
+                "WHERE call_id = ? AND run_id = ? AND owner = ? AND state = 'inflight'",
+                [reason[:300], call_id, run_id, owner or self.owner],
             )
         )
 
@@ -334,9 +472,13 @@ class Ledger(Store):
 
         def run(c: Cursor) -> Reservation:
             c.execute(
-                f"INSERT INTO runs VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL) ON CONFLICT (run_id) DO NOTHING",
-                [op.run_id, socket.gethostname(), os.getpid(), DEFAULT_LEASE_S],
+                f"INSERT INTO runs ({self._RUN_COLUMNS}) VALUES (?, ?, ?, 'live', ?, {now}, {now}, NULL, ?, ?) "
+                "ON CONFLICT (run_id) DO NOTHING",
+                [op.run_id, socket.gethostname(), os.getpid(), DEFAULT_LEASE_S, op.owner or self.owner, machine_id()],
             )
+            if op.owner and not self._holds(c, op.run_id, op.owner, op.call_id):
+                c.execute("DELETE FROM waiters WHERE id = ?", [waiter_id])
+                return Reservation(False, "", f"claim lost: run {op.run_id} no longer holds {op.call_id}", lost=True)
             for scope, key in (("run", op.run_id), ("teacher", op.teacher)):
                 c.execute(
                     "INSERT INTO totals (scope, key) VALUES (?, ?) ON CONFLICT (scope, key) DO NOTHING", [scope, key]
@@ -399,13 +541,37 @@ class Ledger(Store):
 
         return self._tx(run)
 
-    def mark_sent(self, reservation_id: str) -> None:
-        """The request is about to leave: from now on an unknown outcome is kept, not released."""
-        self._tx(
-            lambda c: c.execute(
-                "UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]
+    def _holds(self, c: Cursor, run_id: str, owner: str, call_id: str | None) -> bool:
+        """``owner`` holds the live run ``run_id`` (lease not expired) and, when given, the claim on ``call_id``."""
+        if not c.one(f"SELECT 1 FROM runs WHERE run_id = ? AND owner = ? AND {self._live()}", [run_id, owner]):
+            return False
+        return not call_id or bool(
+            c.one(
+                "SELECT 1 FROM claims WHERE call_id = ? AND run_id = ? AND owner = ? AND state = 'inflight'",
+                [call_id, run_id, owner],
             )
         )
+
+    def mark_sent(self, reservation_id: str, owner: str | None = None) -> bool:
+        """The request is about to leave: from now on an unknown outcome is kept, not released. With ``owner``
+        (a replay run) only while that run still holds its lease and the request's claim; False when it does
+        not (a run paused past its lease: another run may be buying it), and the request must not be sent."""
+
+        def run(c: Cursor) -> bool:
+            if owner:
+                row = c.one(
+                    "SELECT run_id, call_id FROM reservations WHERE id = ? AND state = 'reserved'", [reservation_id]
+                )
+                if not row or not self._holds(c, row[0], owner, row[1]):
+                    return False
+            return (
+                c.execute(
+                    "UPDATE reservations SET state = 'sent' WHERE id = ? AND state = 'reserved'", [reservation_id]
+                ).rowcount
+                == 1
+            )
+
+        return bool(self._tx(run))
 
     def close(
         self,
@@ -417,21 +583,41 @@ class Ledger(Store):
         usage: dict[str, Any] | None = None,
     ) -> bool:
         """Settle / keep / release one reservation; with ``answer=(call_id, record)`` the answer is stored in
-        its claim in the same transaction. False when it was already closed (e.g. finalized by reconcile).
-        ``usage`` (a settle's :class:`~composer_pipeline.teachers.pricing.Billed` as a dict) is recorded in
-        ``billed_usage`` in the same transaction."""
+        its claim in the same transaction (unless the claim already holds an answer). ``usage`` (a settle's
+        :class:`~composer_pipeline.teachers.pricing.Billed` as a dict) is recorded in ``billed_usage`` in the
+        same transaction.
+
+        A settle of a reservation already finalized (kept at its worst case, or released, by a reconcile while
+        its run was paused past its lease or cut off from the ledger) still counts: the provider billed it, so
+        it is settled at its actual cost. Any other close of a closed reservation changes nothing (False)."""
         if state not in ("settled", "kept", "released"):
             raise ValueError(f"unknown reservation state {state!r}")
         now = self._db.now
 
         def run(c: Cursor) -> bool:
             row = c.one(
-                f"SELECT teacher, run_id, state, reserved_usd FROM reservations WHERE id = ?{self._db.for_update}",
+                f"SELECT teacher, run_id, state, reserved_usd, cost_usd, note FROM reservations WHERE id = ?{self._db.for_update}",
                 [reservation_id],
             )
             done = False
-            if row and row[2] in OPEN_STATES:
-                teacher, run_id, _, amount = row
+            if row and state == "settled" and row[2] in ("kept", "released"):
+                teacher, run_id, was, _, before, was_note = row
+                counted, before = float(cost_usd or 0.0), float(before or 0.0)
+                late = f"settled late (was {was}: {was_note or ''})"
+                c.execute(
+                    f"UPDATE reservations SET state = 'settled', cost_usd = ?, note = ?, closed_at = {now} WHERE id = ?",
+                    [counted, (f"{note}; {late}" if note else late)[:300], reservation_id],
+                )
+                kept_before = before if was == "kept" else 0.0
+                for scope, key in (("run", run_id), ("teacher", teacher)):
+                    c.execute(
+                        "UPDATE totals SET hard_usd = hard_usd + ?, settled_usd = settled_usd + ?, kept_usd = kept_usd - ?, "
+                        "kept_calls = kept_calls - ? WHERE scope = ? AND key = ?",
+                        [counted - before, counted, kept_before, 1 if was == "kept" else 0, scope, key],
+                    )
+                done = True
+            elif row and row[2] in OPEN_STATES:
+                teacher, run_id, _, amount, *_ = row
                 counted = {"settled": float(cost_usd or 0.0), "kept": float(amount), "released": 0.0}[state]
                 c.execute(
                     f"UPDATE reservations SET state = ?, cost_usd = ?, note = ?, closed_at = {now} WHERE id = ?",
@@ -446,30 +632,32 @@ class Ledger(Store):
                         [float(amount), counted, s_add, k_add, 1 if state == "kept" else 0, scope, key],
                     )
                 done = True
-                if usage is not None and state == "settled":
-                    c.execute(
-                        f"INSERT INTO billed_usage (reservation_id, teacher, run_id, call_id, prompt_tokens, completion_tokens, "
-                        f"cached_tokens, cache_write_tokens, billed_usd, full_price_usd, created_at) "
-                        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now})",
-                        [
-                            reservation_id,
-                            teacher,
-                            run_id,
-                            answer[0] if answer else None,
-                            int(usage["prompt_tokens"]),
-                            int(usage["completion_tokens"]),
-                            int(usage["cached_tokens"]),
-                            int(usage["cache_write_tokens"]),
-                            counted,
-                            float(usage["full_price_usd"]),
-                        ],
-                    )
+            if done and usage is not None and state == "settled":
+                c.execute(
+                    f"INSERT INTO billed_usage (reservation_id, teacher, run_id, call_id, prompt_tokens, completion_tokens, "
+                    f"cached_tokens, cache_write_tokens, billed_usd, full_price_usd, created_at) "
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now})",
+                    [
+                        reservation_id,
+                        teacher,
+                        run_id,
+                        answer[0] if answer else None,
+                        int(usage["prompt_tokens"]),
+                        int(usage["completion_tokens"]),
+                        int(usage["cached_tokens"]),
+                        int(usage["cache_write_tokens"]),
+                        counted,
+                        float(usage["full_price_usd"]),
+                    ],
+                )
             if answer is not None:
                 cid, record = answer
                 teacher_name = record.get("teacher") or (row[0] if row else "")
                 c.execute(
-                    f"INSERT INTO claims VALUES (?, ?, ?, 'answered', ?, NULL, ?, {now}, {now}) ON CONFLICT (call_id) DO UPDATE SET "
-                    f"state = 'answered', record = excluded.record, cost_usd = excluded.cost_usd, reason = NULL, updated_at = {now}",
+                    "INSERT INTO claims (call_id, teacher, run_id, state, record, reason, cost_usd, created_at, updated_at, "
+                    f"owner) VALUES (?, ?, ?, 'answered', ?, NULL, ?, {now}, {now}, '') ON CONFLICT (call_id) DO UPDATE SET "
+                    f"state = 'answered', record = excluded.record, cost_usd = excluded.cost_usd, reason = NULL, updated_at = {now} "
+                    "WHERE claims.state <> 'answered'",
                     [
                         cid,
                         teacher_name,

@@ -1,14 +1,23 @@
-"""The ledger's tables: a versioned schema applied on open, and the import of the DuckDB ledger of earlier versions.
+"""The ledger's tables: a versioned schema applied on open, the code version a ledger needs, and the import
+of the DuckDB ledger of earlier versions.
 
 In:  a :class:`~composer_pipeline.teachers.ledger.backends.Store`'s transaction function and backend.
 Out: the tables ``runs``, ``reservations``, ``totals``, ``claims``, ``waiters`` (1), ``teacher_identities``
-     (2), ``billed_usage`` (3), and ``schema_migrations`` (which versions were applied, when); a ledger
-     opened over an earlier ``ledger.duckdb`` beside it carries that ledger's spend.
+     (2), ``billed_usage`` (3), the owner of each run and claim and ``ledger_meta`` (4), and
+     ``schema_migrations`` (which versions were applied, when); a ledger opened over an earlier
+     ``ledger.duckdb`` beside it carries that ledger's spend.
+
+Mixed code versions on one ledger: ``ledger_meta.min_code_version`` is the oldest code that may use the
+ledger, counted in schema versions (code "knows" :data:`CODE_VERSION`, the newest migration it has). A
+migration that older code would misread (buy again what is paid, share claims) raises it; code older than
+it refuses the ledger on open with :class:`LedgerTooNew`, before anything is read or bought. Code from before
+version 4 does not read ``ledger_meta``: version 4's new NOT NULL owner columns make its first write (the
+run's registration) fail instead, so it stops before it buys.
 
 Deliberately simplified: migrations only go forward (append one, never edit one that has shipped; no
-down-migrations); one DDL text for both backends, in types both accept (TEXT, INTEGER, DOUBLE PRECISION,
-times as epoch seconds); the DuckDB import reads that ledger's ``reservations`` only (its spend), not its
-runs or answers.
+down-migrations); one DDL text for both backends where the two agree (a statement may be a
+``{backend: sql}`` entry where they do not, run on that backend only); times as epoch seconds; the DuckDB import reads that
+ledger's ``reservations`` only (its spend), not its runs or answers.
 """
 
 from __future__ import annotations
@@ -16,10 +25,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from composer_pipeline.teachers.ledger.backends import Cursor
+from composer_pipeline.teachers.ledger.backends import Cursor, LedgerError
+
+
+class LedgerTooNew(LedgerError):
+    """The ledger was migrated by newer code that older code would misuse: upgrade before using it."""
+
 
 # Versioned schema: append a migration, never edit one that has shipped.
-MIGRATIONS: list[tuple[int, list[str]]] = [
+MIGRATIONS: list[tuple[int, list[str | dict[str, str]]]] = [
     (
         1,
         [
@@ -102,7 +116,27 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             "CREATE INDEX billed_usage_run ON billed_usage (run_id)",
         ],
     ),
+    # 4: who holds a run and a claim. ``owner`` is a token of one run's process (a run id may be reused, but is
+    # held by one live process at a time); ``machine`` is the boot id and PID namespace the run's pid belongs to
+    # (a pid is only checked for liveness from the same machine and namespace). Older code would share claims
+    # and judge liveness by hostname: its INSERTs name no owner and fail (SQLite: too few values; PostgreSQL:
+    # NOT NULL without a default), and ``min_code_version`` makes later code check before it starts.
+    (
+        4,
+        [
+            "ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+            {"postgresql": "ALTER TABLE runs ALTER COLUMN owner DROP DEFAULT"},  # SQLite: a short INSERT fails anyway
+            "ALTER TABLE runs ADD COLUMN machine TEXT",
+            "ALTER TABLE claims ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+            {"postgresql": "ALTER TABLE claims ALTER COLUMN owner DROP DEFAULT"},  # SQLite: a short INSERT fails anyway
+            """CREATE TABLE ledger_meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL)""",
+            "INSERT INTO ledger_meta VALUES ('min_code_version', '4')",
+        ],
+    ),
 ]
+CODE_VERSION = MIGRATIONS[-1][0]  # the newest ledger schema this code knows
 
 
 def migrate(tx: Callable[..., Any], db: Any) -> None:
@@ -111,7 +145,17 @@ def migrate(tx: Callable[..., Any], db: Any) -> None:
     def current(c: Cursor) -> bool:
         if not int(c.one(db.has_schema)[0]):
             return False
-        return int(c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]) >= MIGRATIONS[-1][0]
+        have = int(c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0])
+        if have >= 4:
+            need = int(c.one("SELECT value FROM ledger_meta WHERE key = 'min_code_version'")[0])
+            if need > CODE_VERSION:
+                raise LedgerTooNew(
+                    f"ledger {db.label} was migrated to schema {have} by newer composer-pipeline code and needs code "
+                    f"that knows schema {need} or later; this code knows schema {CODE_VERSION}. Upgrade "
+                    "composer-pipeline on this machine before using this ledger (older code would buy paid answers "
+                    "again and misjudge which runs are alive)"
+                )
+        return have >= CODE_VERSION
 
     if tx(current, write=False):
         return  # nothing to create: a role that may only read (``teachers budget``) opens it too
@@ -124,8 +168,10 @@ def migrate(tx: Callable[..., Any], db: Any) -> None:
         have = c.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0]
         for version, stmts in MIGRATIONS:
             if version > have:
-                for s in stmts:
-                    c.execute(s)
+                for stmt in stmts:
+                    sql = stmt.get(db.kind) if isinstance(stmt, dict) else stmt
+                    if sql:
+                        c.execute(sql)
                 c.execute(f"INSERT INTO schema_migrations VALUES (?, {db.now})", [version])
         legacy = db.legacy_duckdb() if have == 0 else None
         if legacy is not None:
