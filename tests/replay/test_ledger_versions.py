@@ -167,3 +167,26 @@ def test_an_older_ledger_is_served_by_newer_code_through_the_cli(tmp_path, serve
     assert replay("o2", "c2") == 0 and len(server.requests) == n
     rows = pq.read_table(tmp_path / "o2" / "replays.parquet").to_pylist()
     assert rows and {r["status"] for r in rows} == {"answered"} and all(r["paid_usd"] == 0 for r in rows)
+
+
+def test_an_identity_stored_with_the_base_url_password_matches_and_loses_it(ledger_url):
+    """Code from before base_url's user info became basic auth stored the URL as the recipe gave it: the same
+    teacher still matches (its identity now holds the plain URL), the stored identity is rewritten without
+    the password, and a clash message never prints it."""
+    cfg = make_config("http://127.0.0.1:9/v1")
+    ident = cfg.teachers[0].identity()
+    ledger = Ledger(ledger_url)
+    old = {**ident, "base_url": "http://vllm:s3cr3t-pw@127.0.0.1:9/v1"}
+    ledger._tx(
+        lambda c: c.execute(
+            f"INSERT INTO teacher_identities VALUES (?, ?, {ledger._db.now})",
+            [cfg.teachers[0].name, orjson.dumps(old, option=orjson.OPT_SORT_KEYS).decode()],
+        )
+    )
+    other = {**ident, "model": "other"}
+    with pytest.raises(TeacherIdentityError) as e:
+        ledger.check_identities({cfg.teachers[0].name: other}, register=False)
+    assert "s3cr3t-pw" not in str(e.value) and "model: recipe 'other'" in str(e.value)
+    ledger.check_identities({cfg.teachers[0].name: ident})
+    stored = ledger_rows(ledger, "teacher_identities")[0]["identity"]
+    assert "s3cr3t-pw" not in stored and orjson.loads(stored) == ident

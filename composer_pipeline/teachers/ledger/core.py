@@ -56,7 +56,7 @@ from typing import Any
 import orjson
 
 from composer_pipeline import home
-from composer_pipeline.teachers.config import TeachersConfig
+from composer_pipeline.teachers.config import TeachersConfig, split_user_info
 from composer_pipeline.teachers.ledger.backends import Cursor, LedgerError, Store
 from composer_pipeline.teachers.ledger.schema import migrate
 
@@ -145,6 +145,16 @@ IDENTITY_DEFAULTS = {
 }
 
 
+def _without_user_info(identity: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``identity`` with any user info (``user:password@``) taken out of its ``base_url``, and whether it had
+    some: older code stored the URL as the recipe gave it, password included."""
+    url = identity.get("base_url")
+    if not isinstance(url, str):
+        return identity, False
+    clean, auth = split_user_info(url)
+    return ({**identity, "base_url": clean}, True) if auth is not None else (identity, False)
+
+
 def identity_differences(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
     """The fields of ``want`` (this code's identity) that ``have`` (the ledger's, possibly written by older code
     with fewer fields) gives another value, each as ``field: recipe X, ledger Y``. Fields ``have`` lacks take
@@ -206,14 +216,17 @@ class Ledger(Store):
             )
             clashes = []
             for name, stored in rows:
-                have, want = orjson.loads(stored), identities[name]
+                have, had_user_info = _without_user_info(orjson.loads(stored))
+                want = identities[name]
                 differ = identity_differences(want, have)
                 if differ:
                     clashes.append(
                         f"teacher {name!r}: {'; '.join(differ)} (this recipe has {canonical(want)}, the ledger "
-                        f"{self.label} already knows it as {stored})"
+                        f"{self.label} already knows it as {canonical(have)})"
                     )
-                elif register and set(want) - set(have):  # an older identity that matches: stored in full now
+                elif register and (had_user_info or set(want) - set(have)):
+                    # an older identity that matches (fewer fields, or a base_url that still held its user
+                    # info, written before config.py took it out): stored in full and without the password now
                     c.execute(
                         "UPDATE teacher_identities SET identity = ? WHERE teacher = ?",
                         [canonical({**have, **want}), name],
