@@ -40,6 +40,7 @@ TRACE_STATES = pa.schema(
         ("version", _str),
         ("timestamp", _str),
         ("usage", _str),  # JSON usage of the last record of the response
+        ("source", _str),  # the agent that wrote the session: claude | codex
     ]
 )
 
@@ -61,6 +62,7 @@ TRACE_MESSAGES = pa.schema(
         ("line_no", pa.int64()),
         ("timestamp", _str),
         ("raw", _str),  # the scrubbed JSONL line: lineage, and the one copy of the record's payload
+        ("source", _str),  # claude | codex
     ]
 )
 # The message payload (``message.content``, ``toolUseResult``) is stored once, inside ``raw``:
@@ -76,6 +78,7 @@ QUARANTINE = pa.schema(
         ("text", _str),  # scrubbed, truncated
         ("salvaged_uuid", _str),
         ("salvaged_parent_uuid", _str),
+        ("source", _str),  # claude | codex; null for a file in neither format
     ]
 )
 
@@ -152,6 +155,7 @@ _PAIR_FIELDS = [
     ("cost_usd", pa.float64()),
     ("has_error", pa.bool_()),
     ("error_after", _str),
+    ("source", _str),  # the agent whose session the state comes from: claude | codex
 ]
 DPO_PAIRS = pa.schema(_PAIR_FIELDS)
 NORMALIZED_DPO_PAIRS = DPO_PAIRS

@@ -33,6 +33,9 @@ from composer_pipeline import tables
 CSRC = Path(__file__).with_name("csrc")
 
 
+SOURCE = "claude"  # the agent whose sessions this engine reads (the ``source`` column)
+
+
 def stale_sources(module_file: str | Path, csrc: Path = CSRC) -> list[str]:
     """C++ sources modified after the compiled module was built (a pull or checkout that changes them
     updates their times); empty where the sources are not shipped (a wheel install)."""
@@ -107,6 +110,9 @@ class Builder:
         for name in TABLES:
             schema = tables.SCHEMAS[name]
             arrays = [_array(spec, f.type) for spec, f in zip(specs[name], schema)]
+            # the compiled engine reads Claude Code sessions only: their ``source`` is a constant
+            n = len(arrays[0]) if arrays else 0
+            arrays += [pa.array([SOURCE] * n, f.type) for f in list(schema)[len(arrays) :]]
             out[name] = pa.Table.from_arrays(arrays, schema=schema)
         return out
 
