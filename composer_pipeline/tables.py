@@ -214,12 +214,19 @@ def cli_file_name(name: str) -> str:
     return FILE_ALIASES.get(name, (name,))[0]
 
 
+LEGACY_SOURCE = "claude"  # the agent of every table stored before the ``source`` column
+
+
 def conform(table: pa.Table, name: str) -> pa.Table:
     """Return ``table`` with exactly the columns of ``SCHEMAS[name]``, in order, cast to type.
 
-    Missing nullable columns are an error: a stage must say what it means by each column.
+    Missing nullable columns are an error: a stage must say what it means by each column. The one
+    exception is ``source``: a table stored before the column (before Codex CLI sessions were read) is
+    Claude Code's, and is read as such.
     """
     schema = SCHEMAS[name]
+    if "source" in schema.names and "source" not in table.column_names:
+        table = table.append_column("source", pa.array([LEGACY_SOURCE] * table.num_rows, pa.string()))
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise ValueError(f"{name}: missing columns {missing}")

@@ -134,3 +134,13 @@ def test_trl_dpo_trainer_trains_one_step_on_the_export(pair_store, tmp_path, tin
     out = trainer.train()
     assert out.global_step == 1 and out.training_loss == out.training_loss  # a number, not NaN
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_a_table_stored_before_the_source_column_reads_as_claude_codes(pair_store, tmp_path):
+    """Stores written before Codex support have no ``source``: conform fills it, export names it."""
+    store, kept, _ = pair_store
+    old = pa.Table.from_pylist(kept, schema=tables.NORMALIZED_DPO_PAIRS).drop_columns(["source"])
+    assert set(tables.conform(old, "dpo_pairs").column("source").to_pylist()) == {"claude"}
+    (tmp_path / "old").mkdir()
+    pq.write_table(old, tmp_path / "old" / "normalized_dpo_pairs.parquet")
+    assert _export(tmp_path / "old", "trl", tmp_path / "ds")["sources"] == {"claude": len(kept)}
