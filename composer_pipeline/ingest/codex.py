@@ -39,9 +39,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+import numpy as np
 import orjson
+import pyarrow as pa
 
-from composer_pipeline import codex_items
+from composer_pipeline import codex_items, tables
 from composer_pipeline.actions import Action
 from composer_pipeline.ingest.states import ERROR_TEXT_CHARS, state_id_of
 from composer_pipeline.jsonutil import dumps
@@ -53,9 +55,10 @@ DETECT_LINES = 20  # parsed lines looked at, at most
 NOT_A_SESSION = "neither a Claude Code session nor a Codex rollout (no line of either format in the file's head)"
 NOT_A_ROLLOUT_LINE = "not a Codex rollout line"
 
-# a URL's userinfo with a password (``https://user:token@host``): git remotes in session_meta.git
-_URL_CREDENTIALS = re.compile(rb"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s\"'@:\\]+:[^/\s\"'@\\]+@")
+# a URL's userinfo with a password (``https://user:token@host``), matched right after a ``://``
+_USERINFO = re.compile(rb"[^/\s\"'@:\\]{1,256}:[^/\s\"'@\\]{1,256}@")
 URL_CREDENTIALS_KIND = "url_credentials"
+_URL_TAG = f"[REDACTED:{URL_CREDENTIALS_KIND}]".encode()
 
 _CLAUDE_TYPES = frozenset(
     {"user", "assistant", "system", "summary", "progress", "attachment", "file-history-snapshot", "queue-operation"}
@@ -97,12 +100,17 @@ def _is_codex_line(obj: dict) -> bool:
 
 def scrub_url_credentials(data: bytes, counts: Counter) -> bytes:
     """``scheme://user:password@`` -> ``scheme://[REDACTED:url_credentials]@`` (git remotes; counted)."""
-    if b"://" not in data:
+    parts, start, pos = [], 0, data.find(b"://")
+    while pos >= 0:
+        m = _USERINFO.match(data, pos + 3)
+        if m is not None:
+            parts += [data[start : pos + 3], _URL_TAG]
+            start = m.end() - 1  # (keeps the "@")
+        pos = data.find(b"://", pos + 3)
+    if not parts:
         return data
-    new, n = _URL_CREDENTIALS.subn(rb"\1[REDACTED:" + URL_CREDENTIALS_KIND.encode() + rb"]@", data)
-    if n:
-        counts[URL_CREDENTIALS_KIND] += n
-    return new
+    counts[URL_CREDENTIALS_KIND] += len(parts) // 2
+    return b"".join([*parts, data[start:]])
 
 
 _MESSAGE_COLUMNS = (
@@ -436,3 +444,50 @@ def _last_token_usage(obj: dict) -> bytes | None:
     info = p.get("info") if type(p) is dict else None
     usage = info.get("last_token_usage") if type(info) is dict else None
     return dumps(usage) if usage is not None else None
+
+
+# ---- Arrow columns from buffers ------------------------------------------------------------------
+# ``pa.array`` (and ``pa.scalar``) import pandas on first use: ~0.2 CPU-s of every ingest process that
+# reads a rollout. The reader's columns are built from buffers instead (numpy offsets and bitmaps).
+
+
+def table_of(name: str, columns: dict[str, list]) -> pa.Table:
+    """Column lists -> an Arrow table with exactly ``tables.SCHEMAS[name]`` (strings may be ``bytes``:
+    every row value here comes from a line ``orjson`` parsed, so it is valid UTF-8)."""
+    schema = tables.SCHEMAS[name]
+    return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _validity(values: list) -> tuple[pa.Buffer | None, int]:
+    present = np.fromiter((v is not None for v in values), bool, len(values))
+    nulls = len(values) - int(present.sum())
+    return (pa.py_buffer(np.packbits(present, bitorder="little").tobytes()) if nulls else None), nulls
+
+
+def _offsets(lengths) -> pa.Buffer:
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.py_buffer(offsets.tobytes())
+
+
+def _column(values: list, typ: pa.DataType) -> pa.Array:
+    n = len(values)
+    validity, nulls = _validity(values)
+    if pa.types.is_string(typ):
+        encoded = [b"" if v is None else v.encode() if type(v) is str else v for v in values]
+        lengths = np.fromiter(map(len, encoded), np.int64, n)
+        return pa.Array.from_buffers(
+            typ, n, [validity, _offsets(lengths), pa.py_buffer(b"".join(encoded))], null_count=nulls
+        )
+    if pa.types.is_int64(typ):
+        data = np.fromiter((0 if v is None else v for v in values), np.int64, n)
+        return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(data.tobytes())], null_count=nulls)
+    if pa.types.is_boolean(typ):
+        bits = np.packbits(np.fromiter((v is True for v in values), bool, n), bitorder="little")
+        return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(bits.tobytes())], null_count=nulls)
+    if pa.types.is_list(typ):
+        items = [[] if v is None else v for v in values]
+        child = _column([x for v in items for x in v], typ.value_type)
+        lengths = np.fromiter(map(len, items), np.int64, n)
+        return pa.ListArray.from_buffers(typ, n, [validity, _offsets(lengths)], null_count=nulls, children=[child])
+    raise TypeError(f"no buffer builder for {typ}")

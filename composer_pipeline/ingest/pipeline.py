@@ -126,6 +126,7 @@ class SessionIngester:
             )
         self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
         self._native = native.Builder() if self.engine == "native" else None
+        self._native_pending = False  # rows added to the native builder since its last take
         self._pending: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self._python_rows = 0
         self._python_bytes = 0
@@ -191,6 +192,7 @@ class SessionIngester:
             self.recipe.render.compaction == "full",
             self.recipe.drop_warmup,
         )
+        self._native_pending = True
         if not got[0]:
             return got[1]
         (streams, warmup_dropped, states, messages), per_file = got[1], got[2]
@@ -308,13 +310,13 @@ class SessionIngester:
         n_states = n_messages = 0
         for name, cols in (("trace_states", states), ("trace_messages", messages)):
             if cols is not None:
-                t = to_table(name, cols)
+                t = codex.table_of(name, cols)
                 n_states, n_messages = (t.num_rows, n_messages) if name == "trace_states" else (n_states, t.num_rows)
                 if t.num_rows:
                     self._pending[name].append(t)
                     self._python_bytes += t.nbytes
         if qrows:
-            qt = to_table("quarantine", {f.name: [r[f.name] for r in qrows] for f in tables.QUARANTINE})
+            qt = codex.table_of("quarantine", {f.name: [r[f.name] for r in qrows] for f in tables.QUARANTINE})
             self._pending["quarantine"].append(qt)
         self._python_rows += n_messages
         stats = _session_stats(reports, 1 if messages else 0, 0, n_states, n_messages)
@@ -329,8 +331,9 @@ class SessionIngester:
         return self._python_bytes + (self._native.nbytes() if self._native is not None else 0)
 
     def _flush_native(self) -> None:
-        if self._native is None:
+        if self._native is None or not self._native_pending:
             return
+        self._native_pending = False
         for name, t in self._native.take().items():
             if t.num_rows:
                 self._pending[name].append(t)

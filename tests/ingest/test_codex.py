@@ -160,3 +160,17 @@ def test_source_override_and_a_bad_line(tmp_path):
     as_codex = _ingest(claude_root, source="codex")
     assert as_codex.states.num_rows == 0
     assert {r["reason"] for r in as_codex.quarantine.to_pylist()} == {codex.NOT_A_ROLLOUT_LINE}
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_buffer_built_tables_equal_pyarrows_own_conversion(tmp_path, generation):
+    """codex.table_of (no pandas import) builds what pa.array would, nulls and lists included."""
+    from composer_pipeline.ingest.pipeline import to_table
+
+    path = fx.write(tmp_path, generation)
+    build = codex.read_rollout(path.read_bytes() + b"not json\n", "r.jsonl", "k", 50)
+    qcols = {k: [r[k] for r in build.quarantine] for k in build.quarantine[0]}
+    for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
+        got = codex.table_of(name, cols)
+        got.validate(full=True)
+        assert got.equals(to_table(name, cols)), name
