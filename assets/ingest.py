@@ -31,11 +31,13 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     from composer_pipeline.ingest.discover import discover_sessions
     from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
 
+    from composer_pipeline.ingest.remote import is_remote, local_root
+
     roots = [trace_root] if isinstance(trace_root, str) else trace_root
     found = {}
     for root in roots:
-        if len(roots) == 1 or Path(root).is_dir():
-            for sf in discover_sessions(root):
+        if len(roots) == 1 or is_remote(root) or Path(root).is_dir():
+            for sf in discover_sessions(local_root(root)):
                 found.setdefault(sf.key, sf)
     trace_root = ", ".join(roots)
     if not is_short_key(partition_key):

@@ -27,9 +27,11 @@ def scan_sessions(trace_root: str | list[str]) -> dict[str, str]:
     under two roots is the first root's, as ``assets.ingest.find_session`` reads it)."""
     from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
 
+    from composer_pipeline.ingest.remote import local_root
+
     found: dict[str, str] = {}
     for root in [trace_root] if isinstance(trace_root, str) else trace_root:
-        for sf in discover_sessions(root):
+        for sf in discover_sessions(local_root(root)):  # (an s3:// root: its mirror, new/changed objects fetched)
             found.setdefault(sf.key, session_fingerprint(sf))
     return found
 
@@ -63,7 +65,7 @@ def build_sessions_sensor(
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def sessions_sensor(context: dg.SensorEvaluationContext, recipes: PipelineRecipes):
-        roots = [r for r in recipes.roots() if Path(r).is_dir()]
+        roots = [r for r in recipes.roots() if "://" in r or Path(r).is_dir()]
         if not roots:
             return dg.SkipReason(
                 f"trace root {', '.join(recipes.roots())} does not exist: set trace_roots in "

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from assets.deployment import DeploymentSettings
 from composer_pipeline import home, settings
+from composer_pipeline.ingest.remote import DEFAULT_TRACE_ROOTS
 from composer_pipeline.settings import setting
 from resources.recipes import CHECKPOINTS_DIR, CheckThresholds
 
@@ -38,7 +39,6 @@ class TrainerRun:
     steps: int | None = setting(None, help="optimizer steps; null: the train recipe's optim.steps")
 
 
-DEFAULT_TRACE_ROOTS = ("~/.claude/projects", "~/.codex/sessions")  # Claude Code's sessions, Codex CLI's rollouts
 
 
 @dataclass(frozen=True)

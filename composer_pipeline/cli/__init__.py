@@ -19,6 +19,7 @@ from composer_pipeline.cli import (
     model,
     pairs,
     replay,
+    sessions,
     show,
     sql,
     teachers,
@@ -27,6 +28,7 @@ from composer_pipeline.cli import (
 
 # in the order a user runs them
 SUBCOMMANDS = [
+    sessions,  # sessions push --to s3://bucket/prefix [--root DIR]
     ingest,  # ingest PATH... --out DIR
     replay,  # replay --states DIR --teachers FILE --out DIR
     teachers,  # teachers serve ...

@@ -147,6 +147,7 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
 
     from composer_pipeline import tables
     from composer_pipeline.ingest.discover import discover_sessions
+    from composer_pipeline.ingest.remote import local_root
     from composer_pipeline.ingest.pipeline import TABLES
 
     writers = {
@@ -185,7 +186,7 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     files, done = 0, False
     try:
         for path in args.paths:
-            for sf in discover_sessions(Path(path)):
+            for sf in discover_sessions(local_root(path)):  # (an s3:// root: its local mirror, brought up to date)
                 rep = ingester.add(sf)
                 if ingester.pending_rows() >= FLUSH_ROWS or ingester.pending_bytes() >= FLUSH_BYTES:
                     flush()

@@ -459,9 +459,11 @@ def table_of(name: str, columns: dict[str, list]) -> pa.Table:
 
 
 def _validity(values: list) -> tuple[pa.Buffer | None, int]:
+    nulls = values.count(None)
+    if not nulls:
+        return None, 0
     present = np.fromiter((v is not None for v in values), bool, len(values))
-    nulls = len(values) - int(present.sum())
-    return (pa.py_buffer(np.packbits(present, bitorder="little").tobytes()) if nulls else None), nulls
+    return pa.py_buffer(np.packbits(present, bitorder="little").tobytes()), nulls
 
 
 def _offsets(lengths) -> pa.Buffer:

@@ -127,6 +127,7 @@ class SessionIngester:
         self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
         self._native = native.Builder() if self.engine == "native" else None
         self._native_pending = False  # rows added to the native builder since its last take
+        self._codex_columns: dict[str, dict[str, list]] = {n: {} for n in TABLES}  # Codex rows not yet built
         self._pending: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self._python_rows = 0
         self._python_bytes = 0
@@ -162,6 +163,7 @@ class SessionIngester:
         return rep
 
     def _add_native(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport | str:
+        self._flush_codex()  # keep session order in the pending tables
         q = self.recipe.quarantine_text_chars
         specs = []
         for i, f in enumerate(files):
@@ -255,7 +257,8 @@ class SessionIngester:
             reports, build.streams, build.warmup_dropped, len(build.states["state_id"]), len(build.messages["uuid"])
         )
         qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE if f.name != "source"}
-        self._flush_native()  # keep session order in the pending tables
+        self._flush_codex()  # keep session order in the pending tables
+        self._flush_native()
         for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
             t = to_table(name, cols)
             if t.num_rows:
@@ -307,17 +310,16 @@ class SessionIngester:
             report["bad_lines"] = sum(1 for r in qrows if r["source_file"] == rel)
             reports.append(report)
         self._flush_native()  # keep session order in the pending tables
-        n_states = n_messages = 0
-        for name, cols in (("trace_states", states), ("trace_messages", messages)):
-            if cols is not None:
-                t = codex.table_of(name, cols)
-                n_states, n_messages = (t.num_rows, n_messages) if name == "trace_states" else (n_states, t.num_rows)
-                if t.num_rows:
-                    self._pending[name].append(t)
-                    self._python_bytes += t.nbytes
+        n_states = len(states["state_id"]) if states else 0
+        n_messages = len(messages["uuid"]) if messages else 0
+        # column lists gathered over sessions, built into Arrow once per take (:meth:`_flush_codex`)
+        if states:
+            self._extend_codex("trace_states", states)
+        if messages:
+            self._extend_codex("trace_messages", messages)
+            self._python_bytes += sum(map(len, messages["raw"]))
         if qrows:
-            qt = codex.table_of("quarantine", {f.name: [r[f.name] for r in qrows] for f in tables.QUARANTINE})
-            self._pending["quarantine"].append(qt)
+            self._extend_codex("quarantine", {f.name: [r[f.name] for r in qrows] for f in tables.QUARANTINE})
         self._python_rows += n_messages
         stats = _session_stats(reports, 1 if messages else 0, 0, n_states, n_messages)
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="python")
@@ -330,6 +332,18 @@ class SessionIngester:
     def pending_bytes(self) -> int:
         return self._python_bytes + (self._native.nbytes() if self._native is not None else 0)
 
+    def _extend_codex(self, name: str, columns: dict[str, list]) -> None:
+        pending = self._codex_columns[name]
+        for column, values in columns.items():
+            pending.setdefault(column, []).extend(values)
+
+    def _flush_codex(self) -> None:
+        for name in TABLES:
+            columns = self._codex_columns[name]
+            if columns:
+                self._pending[name].append(codex.table_of(name, columns))
+                self._codex_columns[name] = {}
+
     def _flush_native(self) -> None:
         if self._native is None or not self._native_pending:
             return
@@ -341,6 +355,7 @@ class SessionIngester:
     def take(self) -> dict[str, pa.Table]:
         """The rows gathered since the last call, one table each (empty tables where none)."""
         self._flush_native()
+        self._flush_codex()
         out = {}
         for name in TABLES:
             parts = self._pending[name]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from composer_pipeline.actions import Action
-from composer_pipeline.ingest import codex
+from composer_pipeline.ingest import codex, native
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.partition_keys import candidates
 from composer_pipeline.ingest.pipeline import ingest_session
@@ -174,3 +174,25 @@ def test_buffer_built_tables_equal_pyarrows_own_conversion(tmp_path, generation)
         got = codex.table_of(name, cols)
         got.validate(full=True)
         assert got.equals(to_table(name, cols)), name
+
+
+@pytest.mark.parametrize("engine", ["python", "native"] if native.AVAILABLE else ["python"])
+def test_claude_and_codex_sessions_in_one_run_keep_session_order(tmp_path, engine):
+    from composer_pipeline.ingest.pipeline import SessionIngester
+
+    for name in ("a", "c"):
+        s = Session()
+        s.user(f"hi {name}")
+        s.assistant(text("hello"))
+        s.write(tmp_path / "claude" / name / "s.jsonl")
+    fx.write(tmp_path / "codex", "shell")
+    sessions = discover_sessions(tmp_path / "claude")
+    sessions.insert(1, *discover_sessions(tmp_path / "codex"))
+    ing = SessionIngester(engine=engine)
+    for sf in sessions:
+        ing.add(sf)
+    assert ing.pending_rows() > 0
+    states = ing.take()["trace_states"]
+    keys = list(dict.fromkeys(states.column("session_key").to_pylist()))
+    assert keys == [sf.key for sf in sessions]
+    assert states.column("source").to_pylist() == ["claude"] + ["codex"] * fx.STEPS["shell"] + ["claude"]
