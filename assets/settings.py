@@ -39,8 +39,6 @@ class TrainerRun:
     steps: int | None = setting(None, help="optimizer steps; null: the train recipe's optim.steps")
 
 
-
-
 @dataclass(frozen=True)
 class PipelineFile:
     """``recipes/pipeline.yaml`` as written (relative paths are relative to the repo root)."""
@@ -52,7 +50,8 @@ class PipelineFile:
 
     trace_roots: list[str] = setting(
         factory=lambda: list(DEFAULT_TRACE_ROOTS),
-        help="where the sessions sensor scans for sessions: Claude Code's and Codex CLI's folders "
+        help="where the sessions sensor scans for sessions: Claude Code's and Codex CLI's folders, or "
+        "s3://bucket/prefix (what `sessions push` uploads; new/changed objects by ETag and size) "
         "($COMPOSER_TRACE_ROOT, one root, overrides)",
     )
     store_root: str = setting(

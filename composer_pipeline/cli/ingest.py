@@ -141,7 +141,6 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     is raised with ``.table`` set to the table being written."""
     import gc
     from collections import Counter
-    from pathlib import Path
 
     import pyarrow.parquet as pq
 
