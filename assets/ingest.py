@@ -110,8 +110,12 @@ def _with_content(messages: pa.Table) -> pa.Table:
     from composer_pipeline.render import record_payload
 
     content = [
-        record_payload(raw, t)[0]
-        for raw, t in zip(messages.column("raw").to_pylist(), messages.column("record_type").to_pylist())
+        record_payload(raw, t, source)[0]
+        for raw, t, source in zip(
+            messages.column("raw").to_pylist(),
+            messages.column("record_type").to_pylist(),
+            messages.column("source").to_pylist(),
+        )
     ]
     return messages.append_column(
         "content", pa.array([None if c is None else json.dumps(c) for c in content], pa.string())

@@ -93,7 +93,7 @@ def _is_codex_line(obj: dict) -> bool:
         return True
     if "payload" in obj or "uuid" in obj:
         return False
-    if obj.get("record_type") == "state" or (t in codex_items.RESPONSE_ITEMS and "role" in obj or "call_id" in obj):
+    if obj.get("record_type") == "state" or (t in codex_items.RESPONSE_ITEMS and ("role" in obj or "call_id" in obj)):
         return True
     return "id" in obj and "timestamp" in obj and "instructions" in obj and t is None  # early session meta
 
