@@ -178,7 +178,8 @@ def _classify(obj: dict) -> tuple[str, str | None, str | None] | None:
     t = obj.get("type")
     if t == "compacted":
         return "user", "compacted", "user"
-    if t in codex_items.ROLLOUT_LINE_TYPES:
+    if t in codex_items.ROLLOUT_LINE_TYPES or (isinstance(t, str) and type(obj.get("payload")) is dict):
+        # (a line type newer than this reader: kept for lineage, not rendered)
         p = obj.get("payload")
         sub = p.get("type") if type(p) is dict and isinstance(p.get("type"), str) else None
         return t, sub, None

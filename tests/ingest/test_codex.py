@@ -196,3 +196,13 @@ def test_claude_and_codex_sessions_in_one_run_keep_session_order(tmp_path, engin
     keys = list(dict.fromkeys(states.column("session_key").to_pylist()))
     assert keys == [sf.key for sf in sessions]
     assert states.column("source").to_pylist() == ["claude"] + ["codex"] * fx.STEPS["shell"] + ["claude"]
+
+
+def test_a_line_type_newer_than_the_reader_is_kept_not_quarantined(tmp_path):
+    """Newer cli versions add line types (``world_state``, ...): kept as rows for lineage, never rendered."""
+    lines = fx.exec_()
+    lines.insert(5, json.dumps({"timestamp": "2026-03-04T08:00:05Z", "type": "future_kind", "payload": {"x": 1}}))
+    fx.write(tmp_path, "exec", lines)
+    res = _ingest(tmp_path)
+    assert res.quarantine.num_rows == 0 and res.states.num_rows == fx.STEPS["exec"]
+    assert "future_kind" in res.messages.column("record_type").to_pylist()
