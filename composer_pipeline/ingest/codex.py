@@ -68,8 +68,12 @@ _CLAUDE_TYPES = frozenset(
 def detect_format(data: bytes) -> str | None:
     """``claude``, ``codex``, or ``None`` (neither) from the first lines of a file. A file none of whose
     head lines parses is left to the Claude Code reader (which quarantines each line)."""
-    parsed = 0
-    for line in data[:DETECT_BYTES].split(b"\n"):
+    parsed = start = 0
+    head = data[:DETECT_BYTES]
+    while start < len(head):  # (line by line: the first line nearly always decides)
+        end = head.find(b"\n", start)
+        end = len(head) if end < 0 else end
+        line, start = head[start:end], end + 1
         if not line.strip():
             continue
         try:
