@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from composer_pipeline.store import Store
+from composer_pipeline.train.data import load_train_data
+from composer_pipeline.train.hints import HintTemplates
 
 from tests.ingest import codex_fixtures as fx
 from tests.support.scripted_server import ScriptedServer
@@ -65,3 +67,13 @@ def test_codex_states_replay_pair_and_export(tmp_path):
     assert pairs and {p["source"] for p in pairs} == {"codex"}
     summary = json.loads(_cli("export", "--store", store, "--format", "trl", "--out", tmp_path / "ds", env=env))
     assert summary["sources"] == {"codex": len(pairs)}
+    # lineage down to the raw rollout lines; the trainer's data loader takes the Codex rows as they are
+    chain = json.loads(_cli("lineage", pairs[0]["pair_id"], "--store", store, "--json", env=env))
+    assert chain["state"]["source"] == "codex" and chain["records"]
+    assert all(
+        r["uuid_matches"] and json.loads(r["raw"])["type"] in ("response_item", "message", "function_call", "reasoning")
+        for r in chain["records"]
+    )
+    data = load_train_data(str(store), heldout_fraction=0.0, hints=HintTemplates())
+    assert len(data.prompts) == len(states) and not data.skipped
+    assert {p.state_id for p in data.prompts if p.hint} == {s["state_id"] for s in states if s["has_error"]}
