@@ -67,6 +67,13 @@ def test_codex_states_replay_pair_and_export(tmp_path):
     assert pairs and {p["source"] for p in pairs} == {"codex"}
     summary = json.loads(_cli("export", "--store", store, "--format", "trl", "--out", tmp_path / "ds", env=env))
     assert summary["sources"] == {"codex": len(pairs)}
+    stored = "".join(
+        p.read_bytes().decode("latin-1") for p in store.glob("*.parquet")
+    )  # (compressed: also decoded below)
+    tables = [Store(str(store)).read_table(t).to_pylist() for t in Store(str(store)).table_names()]
+    dumped = json.dumps(tables, default=str)
+    for key in fx.PLANTED:
+        assert key not in dumped and key not in stored
     # lineage down to the raw rollout lines; the trainer's data loader takes the Codex rows as they are
     chain = json.loads(_cli("lineage", pairs[0]["pair_id"], "--store", store, "--json", env=env))
     assert chain["state"]["source"] == "codex" and chain["records"]
