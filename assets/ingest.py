@@ -59,7 +59,7 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     group_name=GROUP,
     tags=STAGE,
     kinds={"file"},
-    description="A Claude Code session on disk: its main JSONL file plus subagent files. Records the file "
+    description="A session on disk: a Claude Code main JSONL file plus subagent files, or a Codex CLI rollout. Records the file "
     "list, sizes and a content fingerprint (the data version); the files themselves are not copied.",
 )
 def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) -> dg.MaterializeResult:
