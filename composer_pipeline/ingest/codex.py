@@ -39,6 +39,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+
 import numpy as np
 import orjson
 import pyarrow as pa
