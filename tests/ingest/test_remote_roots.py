@@ -19,6 +19,7 @@ from . import codex_fixtures as fx
 
 BUCKET = "team-sessions"
 CLAUDE_KEY = "sk-ant-api03-" + "ClAuDeLaPtOp" * 4
+DIR_KEY = "ghp_" + "DiRnAmE1" * 5  # Claude Code names a project folder after its cwd
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def laptop(tmp_path):
     s.assistant(tool("Bash", "toolu_1", command=f"ANTHROPIC_API_KEY={CLAUDE_KEY} make deploy"))
     s.user([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}])
     s.assistant(text("Deployed."))
-    s.write(claude_root / "-home-dev-app" / "5e5510e0-0000-4000-8000-000000000000.jsonl")
+    s.write(claude_root / f"-home-dev-{DIR_KEY}-app" / "5e5510e0-0000-4000-8000-000000000000.jsonl")
     fx.write(codex_root, "exec")
     return claude_root, codex_root
 
@@ -72,10 +73,10 @@ def test_push_sends_scrubbed_copies_only_and_repush_sends_what_changed(laptop, s
     assert first["uploaded"] == 2 and first["unchanged"] == 0
     assert first["secrets_scrubbed"].get("url_credentials") == 1
     objects = _bucket_objects(s3, "laptop1/")
-    assert len(objects) == 2
+    assert len(objects) == 2 and not any(DIR_KEY in k for k in objects), list(objects)
     everything = b"".join(objects.values()).decode()
     assert "[REDACTED:" in everything
-    for key in (CLAUDE_KEY, *fx.PLANTED):
+    for key in (CLAUDE_KEY, DIR_KEY, *fx.PLANTED):
         assert key not in everything, key
     again = json.loads(cli("sessions", "push", "--to", to, "--root", claude_root, "--root", codex_root))
     assert again["uploaded"] == 0 and again["unchanged"] == 2
