@@ -64,7 +64,7 @@ def build_defs(settings: PipelineSettings | None = None) -> dg.Definitions:
         ],
         asset_checks=[replay.cost_plan_within_budget],
         jobs=[session_chain_job, nightly_training_job],
-        sensors=[build_sessions_sensor(session_chain_job, s.sensor_interval_s, s.trace_root)],
+        sensors=[build_sessions_sensor(session_chain_job, s.sensor_interval_s, s.trace_roots)],
         schedules=[build_nightly_schedule(training_cron(s.recipe("train")))],
         resources=build_resources(s),
         executor=build_executor(s),  # deployment.executor (default in_process; docs/SCALING.md)

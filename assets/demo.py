@@ -122,7 +122,7 @@ def run_demo(
     settings = load_settings()
     settings = replace(
         settings,
-        trace_root=str(Path(trace_root or SAMPLES).expanduser().resolve()),
+        trace_roots=[str(Path(trace_root or SAMPLES).expanduser().resolve())],
         store_root=str(store)
         if store and "://" in str(store)
         else str(Path(store or settings.store_root).expanduser().resolve()),
@@ -131,21 +131,22 @@ def run_demo(
     )
     defs = build_defs(settings)
     instance = dg.DagsterInstance.get()
-    sessions = scan_sessions(settings.trace_root)
+    (root,) = settings.trace_roots
+    sessions = scan_sessions(root)
     if not sessions:
-        raise FileNotFoundError(f"no Claude Code sessions under {settings.trace_root}")
+        raise FileNotFoundError(f"no Claude Code sessions under {root}")
     keymap = session_keymap(instance, sessions)
     added = keymap.assign()  # short, readable partition keys (project/id) for sessions without one
     if added:
         instance.add_dynamic_partitions(sessions_partitions.name, sorted(added.values()))
     keys = sorted(keymap.partition_of[k] for k in sessions)
-    echo(f"{len(keys)} sessions under {settings.trace_root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
+    echo(f"{len(keys)} sessions under {root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
 
     report = DemoReport(store=settings.store_root, sessions=keys, dagster_home=str(dagster_home))
     report.ui_env = " ".join(
         [
             f"DAGSTER_HOME={dagster_home}",
-            f"COMPOSER_TRACE_ROOT={settings.trace_root}",
+            f"COMPOSER_TRACE_ROOT={root}",
             f"COMPOSER_STORE={settings.store_root}",
             f"COMPOSER_TEACHERS_RECIPE={settings.recipes['teachers']}",
         ]

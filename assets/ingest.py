@@ -10,6 +10,7 @@ secret in it goes on to the teachers).
 
 import json
 import os
+from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -23,13 +24,22 @@ from resources.recipes import PipelineRecipes
 STAGE = stage("ingest")  # (one group for every asset: assets/layout.py)
 
 
-def find_session(trace_root: str, partition_key: str, instance=None):
-    """The session a ``sessions`` partition names: a short key (``calc/a1f0c3d2``) through the
+def find_session(trace_root: str | list[str], partition_key: str, instance=None):
+    """The session a ``sessions`` partition names, under one trace root or several (the first root
+    holding a session key wins, as the sensor's scan): a short key (``calc/a1f0c3d2``) through the
     instance's partitions (``assets.partitions.session_keymap``), a long one (older instances) directly."""
     from composer_pipeline.ingest.discover import discover_sessions
     from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
 
-    found = {sf.key: sf for sf in discover_sessions(trace_root)}
+    from composer_pipeline.ingest.remote import is_remote, local_root
+
+    roots = [trace_root] if isinstance(trace_root, str) else trace_root
+    found = {}
+    for root in roots:
+        if len(roots) == 1 or is_remote(root) or Path(root).is_dir():
+            for sf in discover_sessions(local_root(root)):
+                found.setdefault(sf.key, sf)
+    trace_root = ", ".join(roots)
     if not is_short_key(partition_key):
         if partition_key in found:
             return found[partition_key]
@@ -49,13 +59,13 @@ def find_session(trace_root: str, partition_key: str, instance=None):
     group_name=GROUP,
     tags=STAGE,
     kinds={"file"},
-    description="A Claude Code session on disk: its main JSONL file plus subagent files. Records the file "
+    description="A session on disk: a Claude Code main JSONL file plus subagent files, or a Codex CLI rollout. Records the file "
     "list, sizes and a content fingerprint (the data version); the files themselves are not copied.",
 )
 def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) -> dg.MaterializeResult:
     from composer_pipeline.ingest.discover import session_fingerprint
 
-    sf = find_session(recipes.trace_root, context.partition_key, context.instance)
+    sf = find_session(recipes.roots(), context.partition_key, context.instance)
     files = sf.files
     sizes = {sf.rel(f): f.stat().st_size for f in files}
     fp = session_fingerprint(sf)
@@ -66,7 +76,7 @@ def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) ->
             "n_subagent_files": len(sf.subagent_files),
             "total_bytes": sum(sizes.values()),
             "fingerprint": fp,
-            "trace_root": recipes.trace_root,
+            "trace_root": str(sf.root),
             # the partition key is short (project/id); these name the session in full
             "session_key": sf.key,
             # (as the tables name it: a folder or file name holding a secret is cleaned, discover.clean_name)
@@ -100,8 +110,12 @@ def _with_content(messages: pa.Table) -> pa.Table:
     from composer_pipeline.render import record_payload
 
     content = [
-        record_payload(raw, t)[0]
-        for raw, t in zip(messages.column("raw").to_pylist(), messages.column("record_type").to_pylist())
+        record_payload(raw, t, source)[0]
+        for raw, t, source in zip(
+            messages.column("raw").to_pylist(),
+            messages.column("record_type").to_pylist(),
+            messages.column("source").to_pylist(),
+        )
     ]
     return messages.append_column(
         "content", pa.array([None if c is None else json.dumps(c) for c in content], pa.string())
@@ -160,7 +174,7 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
     from composer_pipeline.ingest.recipe import IngestRecipe
 
     recipe = IngestRecipe.load(recipes.ingest)
-    sf = find_session(recipes.trace_root, context.partition_key, context.instance)
+    sf = find_session(recipes.roots(), context.partition_key, context.instance)
     res = ingest_session(sf, recipe)
     states = tables.conform(res.states, "trace_states")
     messages = tables.conform(res.messages, "trace_messages")

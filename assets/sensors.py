@@ -22,11 +22,18 @@ from assets.partitions import recorded_sessions, session_keymap, sessions_partit
 from resources.recipes import PipelineRecipes
 
 
-def scan_sessions(trace_root: str) -> dict[str, str]:
-    """session key -> fingerprint of everything under ``trace_root``."""
+def scan_sessions(trace_root: str | list[str]) -> dict[str, str]:
+    """session key -> fingerprint of everything under ``trace_root`` (one root or several: a key found
+    under two roots is the first root's, as ``assets.ingest.find_session`` reads it)."""
     from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
 
-    return {sf.key: session_fingerprint(sf) for sf in discover_sessions(trace_root)}
+    from composer_pipeline.ingest.remote import local_root
+
+    found: dict[str, str] = {}
+    for root in [trace_root] if isinstance(trace_root, str) else trace_root:
+        for sf in discover_sessions(local_root(root)):  # (an s3:// root: its mirror, new/changed objects fetched)
+            found.setdefault(sf.key, session_fingerprint(sf))
+    return found
 
 
 CHAIN_END = "normalized_dpo_pairs"  # the last asset of a session's chain (session_chain)
@@ -42,28 +49,30 @@ def materialized_fingerprints(instance, keys: list[str]) -> dict[str, str]:
 
 
 def build_sessions_sensor(
-    target, minimum_interval_seconds: int = 60, trace_root: str | None = None
+    target, minimum_interval_seconds: int = 60, trace_roots: str | list[str] | None = None
 ) -> dg.SensorDefinition:
-    where = f"`{trace_root}`" if trace_root else "the trace root"
+    roots = [trace_roots] if isinstance(trace_roots, str) else list(trace_roots or [])
+    where = ", ".join(f"`{r}`" for r in roots) if roots else "the trace roots"
 
     @dg.sensor(
         name="sessions_sensor",
         target=target,
         minimum_interval_seconds=minimum_interval_seconds,
-        description=f"Watches {where} (`trace_root` in recipes/pipeline.yaml, `$COMPOSER_TRACE_ROOT`): adds a "
-        "`sessions` partition per new Claude Code session there and requests a run for each new or changed "
+        description=f"Watches {where} (`trace_roots` in recipes/pipeline.yaml, `$COMPOSER_TRACE_ROOT`): adds a "
+        "`sessions` partition per new Claude Code session or Codex CLI rollout there and requests a run for each new or changed "
         f"session, every {minimum_interval_seconds} s. A tick that requests nothing is listed as '0 runs requested': "
         "hover it for the reason.",
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def sessions_sensor(context: dg.SensorEvaluationContext, recipes: PipelineRecipes):
-        if not Path(recipes.trace_root).is_dir():
+        roots = [r for r in recipes.roots() if "://" in r or Path(r).is_dir()]
+        if not roots:
             return dg.SkipReason(
-                f"trace root {recipes.trace_root} does not exist: set trace_root in "
+                f"trace root {', '.join(recipes.roots())} does not exist: set trace_roots in "
                 "recipes/pipeline.yaml or COMPOSER_TRACE_ROOT"
             )
         seen = json.loads(context.cursor) if context.cursor else {}
-        current = scan_sessions(recipes.trace_root)
+        current = scan_sessions(roots)
         keymap = session_keymap(context.instance, current)
         added = keymap.assign()  # session key -> partition key, for sessions without a partition
         pk = keymap.partition_of
@@ -74,7 +83,7 @@ def build_sessions_sensor(
         seen = {**seen, **done}  # already materialized with these very files: no run, just remembered
         changed = sorted(k for k, fp in current.items() if seen.get(k) != fp)
         if not added and not changed:
-            msg = f"{len(current)} sessions under {recipes.trace_root}, none new or changed"
+            msg = f"{len(current)} sessions under {', '.join(roots)}, none new or changed"
             if not done:
                 return dg.SkipReason(msg)
             return dg.SensorResult(

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from assets.deployment import DeploymentSettings
 from composer_pipeline import home, settings
+from composer_pipeline.ingest.remote import DEFAULT_TRACE_ROOTS
 from composer_pipeline.settings import setting
 from resources.recipes import CHECKPOINTS_DIR, CheckThresholds
 
@@ -42,10 +43,16 @@ class TrainerRun:
 class PipelineFile:
     """``recipes/pipeline.yaml`` as written (relative paths are relative to the repo root)."""
 
-    MOVED: ClassVar[dict[str, str]] = {"schedule_cron": "recipes/train.yaml (schedule.cron)"}
+    MOVED: ClassVar[dict[str, str]] = {
+        "schedule_cron": "recipes/train.yaml (schedule.cron)",
+        "trace_root": "trace_roots (a list of roots; one root is a list of one)",
+    }
 
-    trace_root: str = setting(
-        "~/.claude/projects", help="where the sessions sensor scans for sessions ($COMPOSER_TRACE_ROOT overrides)"
+    trace_roots: list[str] = setting(
+        factory=lambda: list(DEFAULT_TRACE_ROOTS),
+        help="where the sessions sensor scans for sessions: Claude Code's and Codex CLI's folders, or "
+        "s3://bucket/prefix (what `sessions push` uploads; new/changed objects by ETag and size) "
+        "($COMPOSER_TRACE_ROOT, one root, overrides)",
     )
     store_root: str = setting(
         ".store", help="Parquet tables: a local dir or s3://bucket/prefix ($COMPOSER_STORE overrides)"
@@ -64,7 +71,7 @@ class PipelineFile:
         help="stage recipes: ingest, teachers, pairs, normalize, train ($COMPOSER_TEACHERS_RECIPE overrides teachers)",
     )
     train: TrainerRun = setting(factory=TrainerRun, help="the trainer run by `trained_policy` (through Dagster Pipes)")
-    sensor_interval_s: int = setting(60, help="how often the sessions sensor looks at trace_root (seconds)")
+    sensor_interval_s: int = setting(60, help="how often the sessions sensor looks at trace_roots (seconds)")
     checks: CheckThresholds = setting(factory=CheckThresholds, help="asset check thresholds")
     deployment: DeploymentSettings = setting(
         factory=DeploymentSettings, help="where steps and the trainer run (docs/SCALING.md)"
@@ -90,7 +97,10 @@ def load_settings(path: str | Path | None = None) -> PipelineSettings:
     if os.environ.get("COMPOSER_TEACHERS_RECIPE"):
         recipes["teachers"] = _abs(os.environ["COMPOSER_TEACHERS_RECIPE"])
     return PipelineSettings(
-        trace_root=_abs(os.environ.get("COMPOSER_TRACE_ROOT") or f.trace_root),
+        trace_roots=[
+            _abs(r)
+            for r in ([os.environ["COMPOSER_TRACE_ROOT"]] if os.environ.get("COMPOSER_TRACE_ROOT") else f.trace_roots)
+        ],
         store_root=_abs(os.environ.get("COMPOSER_STORE") or f.store_root),
         ledger_path=_abs(home.default_ledger_url(f.ledger_path)),
         cache_dir=_abs(home.default_cache_dir(f.cache_dir)),

@@ -157,6 +157,7 @@ def trace_pair(store: StoresLike, pair_id: str) -> dict[str, Any]:
                 "model",
                 "version",
                 "timestamp",
+                "source",
             )
         }
     src = state or pair

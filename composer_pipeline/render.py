@@ -40,7 +40,7 @@ from typing import Any, Iterator, Literal
 import orjson
 import pyarrow as pa
 
-from composer_pipeline import settings
+from composer_pipeline import codex_items, settings
 from composer_pipeline.actions import Action
 from composer_pipeline.jsonutil import dumps
 from composer_pipeline.salvage import SALVAGED_MARK, SALVAGED_RESULTS, salvaged_tool_results
@@ -196,13 +196,15 @@ _COLUMNS = [
     "is_compact_summary",
     "line_no",
     "raw",
+    "source",
 ]
 
 
-def record_payload(raw: str | bytes | None, record_type: str | None) -> tuple[Any, Any]:
+def record_payload(raw: str | bytes | None, record_type: str | None, source: str | None = None) -> tuple[Any, Any]:
     """``(content, toolUseResult)`` of a stored record, decoded from its ``raw`` line (``trace_messages``
     keeps the payload once, there): ``message.content`` (a system record's own ``content``); ``None``
-    where absent or for a damaged line."""
+    where absent or for a damaged line. A Codex rollout line (``source`` ``codex``) gives its content
+    blocks (``codex_items.blocks_of``) and no tool result object."""
     if not raw or record_type == "damaged":
         return None, None
     try:
@@ -211,6 +213,8 @@ def record_payload(raw: str | bytes | None, record_type: str | None) -> tuple[An
         return None, None
     if type(obj) is not dict:
         return None, None
+    if source == "codex":
+        return (codex_items.blocks_of(obj) if record_type in ("user", "assistant") else None), None
     m = obj.get("message")
     if type(m) is dict and m:
         content = m.get("content")
@@ -253,7 +257,7 @@ class Conversation:
         if s is None:
             s = self.streams[row["stream_id"]] = _Stream()
         raw = row.pop("raw", None)
-        row["_content"] = record_payload(raw, row.get("record_type"))[0]
+        row["_content"] = record_payload(raw, row.get("record_type"), row.pop("source", None))[0]
         u = row.get("uuid")
         if u and u not in s.by_uuid:
             s.by_uuid[u] = row

@@ -40,6 +40,7 @@ TRACE_STATES = pa.schema(
         ("version", _str),
         ("timestamp", _str),
         ("usage", _str),  # JSON usage of the last record of the response
+        ("source", _str),  # the agent that wrote the session: claude | codex
     ]
 )
 
@@ -61,6 +62,7 @@ TRACE_MESSAGES = pa.schema(
         ("line_no", pa.int64()),
         ("timestamp", _str),
         ("raw", _str),  # the scrubbed JSONL line: lineage, and the one copy of the record's payload
+        ("source", _str),  # claude | codex
     ]
 )
 # The message payload (``message.content``, ``toolUseResult``) is stored once, inside ``raw``:
@@ -76,6 +78,7 @@ QUARANTINE = pa.schema(
         ("text", _str),  # scrubbed, truncated
         ("salvaged_uuid", _str),
         ("salvaged_parent_uuid", _str),
+        ("source", _str),  # claude | codex; null for a file in neither format
     ]
 )
 
@@ -159,6 +162,7 @@ _PAIR_FIELDS = [
     ("cost_usd", pa.float64()),
     ("has_error", pa.bool_()),
     ("error_after", _str),
+    ("source", _str),  # the agent whose session the state comes from: claude | codex
 ]
 DPO_PAIRS = pa.schema(_PAIR_FIELDS)
 NORMALIZED_DPO_PAIRS = DPO_PAIRS
@@ -217,12 +221,19 @@ def cli_file_name(name: str) -> str:
     return FILE_ALIASES.get(name, (name,))[0]
 
 
+LEGACY_SOURCE = "claude"  # the agent of every table stored before the ``source`` column
+
+
 def conform(table: pa.Table, name: str) -> pa.Table:
     """Return ``table`` with exactly the columns of ``SCHEMAS[name]``, in order, cast to type.
 
-    Missing nullable columns are an error: a stage must say what it means by each column.
+    Missing nullable columns are an error: a stage must say what it means by each column. The one
+    exception is ``source``: a table stored before the column (before Codex CLI sessions were read) is
+    Claude Code's, and is read as such.
     """
     schema = SCHEMAS[name]
+    if "source" in schema.names and "source" not in table.column_names:
+        table = table.append_column("source", pa.array([LEGACY_SOURCE] * table.num_rows, pa.string()))
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise ValueError(f"{name}: missing columns {missing}")

@@ -37,7 +37,10 @@ _CHECKS = CheckThresholds()
 
 
 class PipelineRecipes(dg.ConfigurableResource):
-    trace_root: str
+    # the roots the sensor scans and partitions are found under (recipes/pipeline.yaml ``trace_roots``);
+    # ``trace_root``: one root, for a resource built by hand (both given: the list, then it)
+    trace_roots: list[str] = []
+    trace_root: str = ""
     ingest: Optional[str] = None
     pairs: Optional[str] = None
     normalize: Optional[str] = None
@@ -54,7 +57,7 @@ class PipelineRecipes(dg.ConfigurableResource):
     @classmethod
     def from_settings(cls, s) -> "PipelineRecipes":
         return cls(
-            trace_root=s.trace_root,
+            trace_roots=list(s.trace_roots),
             ingest=s.recipe("ingest"),
             pairs=s.recipe("pairs"),
             normalize=s.recipe("normalize"),
@@ -64,3 +67,7 @@ class PipelineRecipes(dg.ConfigurableResource):
             checkpoints_dir=s.checkpoints_dir,
             **dataclasses.asdict(s.checks),
         )
+
+    def roots(self) -> list[str]:
+        """Every trace root, in order (a session key found under two roots is the first root's)."""
+        return [*self.trace_roots, *([self.trace_root] if self.trace_root else [])]

@@ -10,14 +10,30 @@ import argparse
 import os
 import sys
 
-from composer_pipeline.cli import demo, experiment, ingest, lineage, model, pairs, replay, show, sql, teachers, train
+from composer_pipeline.cli import (
+    demo,
+    experiment,
+    export,
+    ingest,
+    lineage,
+    model,
+    pairs,
+    replay,
+    sessions,
+    show,
+    sql,
+    teachers,
+    train,
+)
 
 # in the order a user runs them
 SUBCOMMANDS = [
+    sessions,  # sessions push --to s3://bucket/prefix [--root DIR]
     ingest,  # ingest PATH... --out DIR
     replay,  # replay --states DIR --teachers FILE --out DIR
     teachers,  # teachers serve ...
     pairs,  # pairs --replays DIR --states DIR --out DIR
+    export,  # export --store DIR --format trl|sft --out DIR
     train,  # train --data DIR --recipe FILE --out DIR
     model,  # model init-tiny --out DIR
     show,  # show ID... [--store] [--json] [--all]

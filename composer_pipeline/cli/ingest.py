@@ -1,4 +1,5 @@
-"""``composer-pipeline ingest PATH... --out DIR [--recipe FILE] [--engine auto|native|python]``: sessions -> Parquet.
+"""``composer-pipeline ingest PATH... --out DIR [--recipe FILE] [--engine auto|native|python] [--source auto|claude|codex]``:
+sessions (Claude Code or Codex CLI) -> Parquet.
 
 Writes ``trace_states.parquet``, ``trace_messages.parquet`` and ``quarantine.parquet`` under DIR
 (local or ``s3://``), streaming session by session; prints one JSON line per input file and a
@@ -35,7 +36,9 @@ FLUSH_BYTES = 32 << 20  # ...or sooner, for sessions with very large lines
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ingest", help="parse Claude Code session JSONL into trace states (Parquet)")
+    p = subparsers.add_parser(
+        "ingest", help="parse Claude Code sessions and Codex CLI rollouts into trace states (Parquet)"
+    )
     p.add_argument("paths", nargs="+", metavar="PATH", help="session file or directory (walked recursively)")
     p.add_argument("--out", required=True, help="output directory (local path or s3://bucket/prefix)")
     p.add_argument("--recipe", default=None, help="ingest recipe YAML (default: built-in defaults)")
@@ -45,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("auto", "native", "python"),
         default=None,
         help="parser engine (default: the recipe's, auto): native = compiled, python = the reference; same output",
+    )
+    p.add_argument(
+        "--source",
+        choices=("auto", "claude", "codex"),
+        default=None,
+        help="the agent that wrote the sessions (default: the recipe's, auto: detected per file): claude | codex",
     )
     p.set_defaults(func=run)
 
@@ -105,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.ingest.recipe import IngestRecipe
 
     recipe = IngestRecipe.load(args.recipe)
-    ingester = SessionIngester(recipe, args.engine)
+    ingester = SessionIngester(recipe, args.engine, args.source)
     with contextlib.ExitStack() as stack:  # the outputs replace the previous ones only if all are written
         handles, paths, out_url = _open_outputs(args.out, TABLES, stack)
         try:
@@ -132,12 +141,12 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     is raised with ``.table`` set to the table being written."""
     import gc
     from collections import Counter
-    from pathlib import Path
 
     import pyarrow.parquet as pq
 
     from composer_pipeline import tables
     from composer_pipeline.ingest.discover import discover_sessions
+    from composer_pipeline.ingest.remote import local_root
     from composer_pipeline.ingest.pipeline import TABLES
 
     writers = {
@@ -176,7 +185,7 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     files, done = 0, False
     try:
         for path in args.paths:
-            for sf in discover_sessions(Path(path)):
+            for sf in discover_sessions(local_root(path)):  # (an s3:// root: its local mirror, brought up to date)
                 rep = ingester.add(sf)
                 if ingester.pending_rows() >= FLUSH_ROWS or ingester.pending_bytes() >= FLUSH_BYTES:
                     flush()

@@ -26,11 +26,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 
 from composer_pipeline import tables
 
 CSRC = Path(__file__).with_name("csrc")
+
+
+SOURCE = "claude"  # the agent whose sessions this engine reads (the ``source`` column)
 
 
 def stale_sources(module_file: str | Path, csrc: Path = CSRC) -> list[str]:
@@ -61,6 +65,18 @@ else:
 
 AVAILABLE = _native is not None
 TABLES = ("trace_states", "trace_messages", "quarantine")
+
+
+def constant_strings(value: str, n: int) -> pa.Array:
+    """``n`` times ``value`` as a string array, built from buffers (``pa.array`` and ``pa.scalar`` import
+    pandas: ~0.3-1 CPU-s of an ingest run)."""
+    data = value.encode()
+    offsets = (
+        np.arange(0, len(data) * (n + 1), len(data) or 1, dtype=np.int32)[: n + 1]
+        if data
+        else np.zeros(n + 1, np.int32)
+    )
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n)])
 
 
 def _array(spec: Any, typ: pa.DataType) -> pa.Array:
@@ -107,6 +123,9 @@ class Builder:
         for name in TABLES:
             schema = tables.SCHEMAS[name]
             arrays = [_array(spec, f.type) for spec, f in zip(specs[name], schema)]
+            # the compiled engine reads Claude Code sessions only: their ``source`` is a constant
+            n = len(arrays[0]) if arrays else 0
+            arrays += [constant_strings(SOURCE, n) for _ in list(schema)[len(arrays) :]]
             out[name] = pa.Table.from_arrays(arrays, schema=schema)
         return out
 

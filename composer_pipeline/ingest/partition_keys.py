@@ -5,7 +5,8 @@ A session key (``ingest.discover.session_key``) is the main file's path under th
 ``state_id``, and far too long for a partition list. The partition key of that session is
 ``calc/a1f0c3d2``: the project (the last directory, without Claude Code's encoded
 ``-home-<user>-`` / ``-Users-<user>-`` / ``C--Users-<user>-`` prefix) and the first 8 characters
-of a UUID file name (other file names whole, up to 24 characters). Nothing stored changes:
+of a UUID file name (other file names whole, up to 24 characters); a Codex rollout
+(``rollout-<timestamp>-<uuid>.jsonl``) is ``codex/<first 8 of its session id>``. Nothing stored changes:
 ``state_id`` and every table keep the session key; only the partition (and its Parquet file,
 ``<asset>/<project>/<id>.parquet``) is named by the short key.
 
@@ -35,6 +36,8 @@ ID_LEN = 8  # characters of a UUID file name in a key (32 bits: collisions are c
 NAME_MAX = 24  # longest project name / non-UUID id shown (longer ones keep their first characters)
 
 _UUIDISH = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+# Codex CLI names a session's file rollout-<timestamp>-<session id>.jsonl (under YYYY/MM/DD)
+_ROLLOUT = re.compile(r"rollout-.+?-([0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")  # also keeps Dagster's forbidden substrings ("...", controls) out
 # Claude Code names a project directory after its cwd with "/" (and "\", ":", ".") -> "-"
 _HOME_PREFIX = re.compile(r"^(?:[A-Za-z]--)?-?(?:home|Users|users|root)(?:-[^-]+)?-(?=.)")
@@ -51,8 +54,10 @@ def split_session_key(session_key: str) -> tuple[str, str]:
 
 
 def project_name(session_key: str) -> str:
-    """The readable project of a session: its directory's last component without the home prefix."""
-    return _project_of_dir(split_session_key(session_key)[0])
+    """The readable project of a session: its directory's last component without the home prefix
+    (``codex`` for a Codex rollout)."""
+    head, stem = split_session_key(session_key)
+    return "codex" if _ROLLOUT.fullmatch(stem) else _project_of_dir(head)
 
 
 @functools.lru_cache(maxsize=4096)  # a handful of project directories for any number of sessions
@@ -63,8 +68,11 @@ def _project_of_dir(head: str) -> str:
 
 
 def _parts(session_key: str) -> tuple[str, str, int]:
-    """(project, id, length of the id in the first candidate)."""
+    """(project, id, length of the id in the first candidate); a Codex rollout's is ``codex`` and its session id."""
     _, stem = split_session_key(session_key)
+    rollout = _ROLLOUT.fullmatch(stem)
+    if rollout:
+        return "codex", rollout.group(1), ID_LEN
     ident = _safe(stem) or "session"
     return project_name(session_key), ident, ID_LEN if _UUIDISH.fullmatch(stem) else min(len(ident), NAME_MAX)
 

@@ -21,6 +21,7 @@ the largest session, not the corpus.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from composer_pipeline import tables
-from composer_pipeline.ingest import native
+from composer_pipeline.ingest import codex, native
 from composer_pipeline.ingest.discover import SessionFiles, discover_sessions
 from composer_pipeline.ingest.parser import (
     ParsedFile,
@@ -39,7 +40,7 @@ from composer_pipeline.ingest.parser import (
     parse_buffer,
     read_session_file,
 )
-from composer_pipeline.ingest.recipe import ENGINES, IngestRecipe
+from composer_pipeline.ingest.recipe import ENGINES, SOURCES, IngestRecipe
 from composer_pipeline.scrub import Scrubber, apply_splices
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
 
@@ -72,9 +73,13 @@ class IngestResult(SessionReport):
 _BULK_TEXT = ("raw", "action")
 
 
-def to_table(name: str, columns: dict[str, list]) -> pa.Table:
-    """Column lists (as the Python engine builds them) -> an Arrow table with exactly the contract's schema."""
+def to_table(name: str, columns: dict[str, list], source: str = native.SOURCE) -> pa.Table:
+    """Column lists (as the Python engine builds them) -> an Arrow table with exactly the contract's schema
+    (``source``, where the lists have none, is ``source`` on every row)."""
     schema = tables.SCHEMAS[name]
+    if "source" not in columns:
+        n = len(columns[schema.names[0]])
+        columns = {**columns, "source": [source] * n}
     arrays = [
         pa.array(columns[f.name], pa.binary()).cast(pa.string())
         if f.name in _BULK_TEXT
@@ -103,10 +108,15 @@ class SessionIngester:
     """Ingest sessions one after another; :meth:`take` hands over the rows gathered so far, in order.
 
     ``engine``: ``auto`` (native when built, else python), ``native`` (required), ``python``;
-    default: the recipe's ``engine``."""
+    default: the recipe's ``engine``. ``source``: ``auto`` (each session's format detected from its
+    main file, :func:`codex.detect_format`), ``claude`` or ``codex`` (every session read as that agent's);
+    default: the recipe's ``source``. Codex rollouts are read by ``codex.py`` (Python only)."""
 
-    def __init__(self, recipe: IngestRecipe | None = None, engine: str | None = None):
+    def __init__(self, recipe: IngestRecipe | None = None, engine: str | None = None, source: str | None = None):
         self.recipe = recipe or IngestRecipe()
+        self.source = source or self.recipe.source
+        if self.source not in SOURCES:
+            raise ValueError(f"ingest source must be one of {', '.join(SOURCES)}, not {self.source!r}")
         engine = engine or self.recipe.engine
         if engine not in ENGINES:
             raise ValueError(f"ingest engine must be one of {', '.join(ENGINES)}, not {engine!r}")
@@ -116,6 +126,8 @@ class SessionIngester:
             )
         self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
         self._native = native.Builder() if self.engine == "native" else None
+        self._native_pending = False  # rows added to the native builder since its last take
+        self._codex_columns: dict[str, dict[str, list]] = {n: {} for n in TABLES}  # Codex rows not yet built
         self._pending: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self._python_rows = 0
         self._python_bytes = 0
@@ -126,6 +138,9 @@ class SessionIngester:
     def add(self, sf: SessionFiles) -> SessionReport:
         scrubber = self._scrubber
         scrubber.counts = Counter()
+        fmt = self._format_of(sf)
+        if fmt != "claude":
+            return self._add_codex(sf, scrubber, fmt)
         files = []
         for p in sf.files:
             data, error = read_session_file(p)
@@ -148,6 +163,7 @@ class SessionIngester:
         return rep
 
     def _add_native(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport | str:
+        self._flush_codex()  # keep session order in the pending tables
         q = self.recipe.quarantine_text_chars
         specs = []
         for i, f in enumerate(files):
@@ -178,6 +194,7 @@ class SessionIngester:
             self.recipe.render.compaction == "full",
             self.recipe.drop_warmup,
         )
+        self._native_pending = True
         if not got[0]:
             return got[1]
         (streams, warmup_dropped, states, messages), per_file = got[1], got[2]
@@ -239,14 +256,72 @@ class SessionIngester:
         stats = _session_stats(
             reports, build.streams, build.warmup_dropped, len(build.states["state_id"]), len(build.messages["uuid"])
         )
-        qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE}
-        self._flush_native()  # keep session order in the pending tables
+        qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE if f.name != "source"}
+        self._flush_codex()  # keep session order in the pending tables
+        self._flush_native()
         for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
             t = to_table(name, cols)
             if t.num_rows:
                 self._pending[name].append(t)
                 self._python_bytes += t.nbytes
         self._python_rows += stats["messages"]
+        return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="python")
+
+    def _format_of(self, sf: SessionFiles) -> str | None:
+        """``claude``, ``codex`` or ``None`` (neither): forced by ``source``, else read from the head of the
+        session's first file (a Codex session is one file; agent files belong to Claude Code sessions)."""
+        if self.source != "auto":
+            return self.source
+        if sf.main_file is None or sf.subagent_files:
+            return "claude"
+        head = _head(sf.main_file)
+        # (an unreadable file, a link or a FIFO: the Claude Code reader quarantines it with its reason)
+        return codex.detect_format(head) if head and head.strip() else "claude"
+
+    def _add_codex(self, sf: SessionFiles, scrubber: Scrubber, fmt: str | None) -> SessionReport:
+        """A Codex rollout (``fmt`` ``codex``), or a file in neither format (``None``: one quarantine row)."""
+        q = self.recipe.quarantine_text_chars
+        qrows, reports = [], []
+        states = messages = None
+        for p in sf.files:
+            rel = sf.rel(p)
+            data, error = read_session_file(p)
+            if data is not None:
+                data = codex.scrub_url_credentials(scrubber.scrub_bytes(data), scrubber.counts)
+            report = _file_report(sf.key, rel, **_NO_COUNTS)
+            report["source"] = fmt
+            if error is not None:
+                qrows.append(codex.not_a_session_row(sf.key, rel, b"", q, error))
+            elif fmt is None:
+                qrows.append(codex.not_a_session_row(sf.key, rel, data, q))
+            else:
+                build = codex.read_rollout(data, rel, sf.key, q)
+                qrows += build.quarantine
+                states, messages = build.states, build.messages
+                report.update(
+                    lines=build.lines,
+                    records=len(messages["uuid"]),
+                    states=len(states["state_id"]),
+                    compactions_crossed=build.compactions,
+                    generation=build.generation,
+                    assistant_steps=build.assistant_steps,
+                    reasoning_only_steps=build.reasoning_only_steps,
+                )
+            report["bad_lines"] = sum(1 for r in qrows if r["source_file"] == rel)
+            reports.append(report)
+        self._flush_native()  # keep session order in the pending tables
+        n_states = len(states["state_id"]) if states else 0
+        n_messages = len(messages["uuid"]) if messages else 0
+        # column lists gathered over sessions, built into Arrow once per take (:meth:`_flush_codex`)
+        if states:
+            self._extend_codex("trace_states", states)
+        if messages:
+            self._extend_codex("trace_messages", messages)
+            self._python_bytes += sum(map(len, messages["raw"]))
+        if qrows:
+            self._extend_codex("quarantine", {f.name: [r[f.name] for r in qrows] for f in tables.QUARANTINE})
+        self._python_rows += n_messages
+        stats = _session_stats(reports, 1 if messages else 0, 0, n_states, n_messages)
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="python")
 
     # ---- pending rows -------------------------------------------------------------------------------
@@ -257,9 +332,22 @@ class SessionIngester:
     def pending_bytes(self) -> int:
         return self._python_bytes + (self._native.nbytes() if self._native is not None else 0)
 
+    def _extend_codex(self, name: str, columns: dict[str, list]) -> None:
+        pending = self._codex_columns[name]
+        for column, values in columns.items():
+            pending.setdefault(column, []).extend(values)
+
+    def _flush_codex(self) -> None:
+        for name in TABLES:
+            columns = self._codex_columns[name]
+            if columns:
+                self._pending[name].append(codex.table_of(name, columns))
+                self._codex_columns[name] = {}
+
     def _flush_native(self) -> None:
-        if self._native is None:
+        if self._native is None or not self._native_pending:
             return
+        self._native_pending = False
         for name, t in self._native.take().items():
             if t.num_rows:
                 self._pending[name].append(t)
@@ -267,6 +355,7 @@ class SessionIngester:
     def take(self) -> dict[str, pa.Table]:
         """The rows gathered since the last call, one table each (empty tables where none)."""
         self._flush_native()
+        self._flush_codex()
         out = {}
         for name in TABLES:
             parts = self._pending[name]
@@ -274,6 +363,38 @@ class SessionIngester:
             self._pending[name] = []
         self._python_rows = self._python_bytes = 0
         return out
+
+
+def _head(path: Path) -> bytes | None:
+    """The first bytes of a regular file, opened as ``parser.read_session_file`` opens it (a link is not
+    followed, a FIFO not waited on); ``None`` where that reader would refuse it."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        return os.read(fd, codex.DETECT_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_NO_COUNTS = dict(
+    lines=0,
+    records=0,
+    bad_lines=0,
+    no_uuid={},
+    states=0,
+    linked=0,
+    crossed=0,
+    warmup=0,
+    utf8_repaired=0,
+    empty=False,
+    bridged=0,
+)
 
 
 def _file_report(
@@ -324,9 +445,11 @@ def _session_stats(reports: list[dict], streams: int, warmup_dropped: int, state
     }
 
 
-def ingest_session(sf: SessionFiles, recipe: IngestRecipe | None = None, engine: str | None = None) -> IngestResult:
+def ingest_session(
+    sf: SessionFiles, recipe: IngestRecipe | None = None, engine: str | None = None, source: str | None = None
+) -> IngestResult:
     """One session -> its report and tables (what the Dagster ingest asset calls)."""
-    ing = SessionIngester(recipe, engine)
+    ing = SessionIngester(recipe, engine, source)
     return _result(ing.add(sf), ing.take())
 
 
@@ -345,10 +468,13 @@ def _result(rep: SessionReport, t: dict[str, pa.Table]) -> IngestResult:
 
 
 def ingest_paths(
-    paths: Iterable[str | Path], recipe: IngestRecipe | None = None, engine: str | None = None
+    paths: Iterable[str | Path],
+    recipe: IngestRecipe | None = None,
+    engine: str | None = None,
+    source: str | None = None,
 ) -> Iterator[IngestResult]:
     """Discover sessions under each path (dir or file) and ingest them one at a time."""
-    ing = SessionIngester(recipe, engine)
+    ing = SessionIngester(recipe, engine, source)
     for p in paths:
         for sf in discover_sessions(Path(p)):
             rep = ing.add(sf)

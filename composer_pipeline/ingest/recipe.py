@@ -19,6 +19,8 @@ from composer_pipeline.settings import setting
 
 Engine = Literal["auto", "native", "python"]  # auto: the compiled engine where built, else python
 ENGINES = typing.get_args(Engine)
+Source = Literal["auto", "claude", "codex"]  # the agent whose sessions are read; auto: detected per file
+SOURCES = typing.get_args(Source)
 
 
 @dataclass
@@ -38,10 +40,15 @@ class IngestRecipe:
     engine: Engine = setting(
         "auto", help="auto (the compiled engine where built) | native | python (the reference); same output"
     )
+    source: Source = setting(
+        "auto", help="auto (each file's format detected) | claude (Claude Code sessions) | codex (Codex CLI rollouts)"
+    )
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"ingest recipe: engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"ingest recipe: source must be one of {', '.join(SOURCES)}, not {self.source!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "IngestRecipe":

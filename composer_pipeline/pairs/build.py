@@ -517,6 +517,7 @@ def build_pairs(
             "partition_key": partition_of.get(st["session_key"]),
             "session_id": st.get("session_id"),
             "source_file": st.get("source_file"),
+            "source": st.get("source") or "claude",  # (states stored before the column: Claude Code's)
             "source_lines": st.get("source_lines") or [],
             "record_uuids": st.get("record_uuids") or [],
             "replay_call_ids": call_ids,

@@ -46,6 +46,7 @@ COVERED_ELSEWHERE = {
     r"dagster dev": "tests/ui starts a real dagster dev and drives it in Chromium",
     r"pip install -e \.": "the bootstrap runs it (CI)",
     r"composer-pipeline experiment read-before-edit": "tests/experiments/test_read_before_edit.py runs its quick form",
+    r"composer-pipeline sessions push": "tests/ingest/test_remote_roots.py runs it against the loopback S3 server",
     r"-m pytest": "it is this test suite (CI runs all of it; the fast subset is every test not marked slow)",
 }
 STARTS = ("composer-pipeline ", "python ", "python3 ", ".venv/bin/", "DAGSTER_HOME=")

@@ -102,7 +102,7 @@ def write_pipeline_recipe(
     train_path = tmp / "train.yaml"
     train_path.write_text(yaml.safe_dump(train))
     recipe = {
-        "trace_root": str(trace_root),
+        "trace_roots": [str(trace_root)],
         "store_root": str(store),
         "ledger_path": str(tmp / "state" / "ledger.sqlite"),
         "cache_dir": str(tmp / "state" / "teacher_cache"),
