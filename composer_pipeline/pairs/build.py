@@ -36,6 +36,7 @@ only when ``allow_ties`` is set, otherwise skipped); representative = first agre
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,32 @@ def find_consensus(
     return Consensus(
         "self_consistency", top.signature, top.representative, teachers, n, score, n_models, agreeing_models
     )
+
+
+def pair_ruled_out(
+    agent_json: str | None, rows: list[dict], voters: dict[str, Voter], recipe: "PairRecipe"
+) -> str | None:
+    """Why no more answers could make this state a pair (escalation's rule, teachers recipe ``escalation``),
+    or None while they still could. ``rows``: the ``teacher_replays``-shaped answers of one state so far.
+
+    ``agrees_with_agent``: every answer makes the agent's decision (:func:`same_decision`) and they already
+    form a consensus (:func:`find_consensus`); ``agent_action_unreadable``: :func:`build_pairs` pairs no
+    such state. No answers yet, an answer that differs from the agent's, or answers that agree with it
+    without a consensus: None. Deliberately simplified: :func:`_valid_answers`' rules (offered tools,
+    echoes) are not applied here, so an invalid answer that differs from the agent's keeps the state open
+    (it errs toward calling)."""
+    try:
+        agent = Action.from_json(agent_json or "")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "agent_action_unreadable"
+    if agent.is_empty:
+        return "agent_action_unreadable"
+    stats: Counter[str] = Counter()
+    votes = [r for r in rows if r.get("finish_reason") not in tables.CUT_FINISH_REASONS]  # as build_pairs drops them
+    answers = _teacher_answers(votes, stats)
+    if not answers or any(not same_decision(agent, a, recipe.signature) for a, _, _ in answers.values()):
+        return None
+    return None if isinstance(find_consensus(answers, voters, recipe, stats), str) else "agrees_with_agent"
 
 
 def _last_input_texts(prompt_json: str) -> list[str]:
