@@ -792,6 +792,8 @@ def replay_requests(
     results, info = asyncio.run(
         _with_signals(_replay(sent, config, api_keys, cache, ledger, run_id, progress, escalation))
     )
+    if progress is not None and escalation is not None and any(r is None for r in results):
+        progress(len(sent), len(sent))  # the tiers not reached are decided too (their rows say not_escalated)
     answers = iter(results)
     rows = []
     for r in requests:

@@ -12,12 +12,14 @@ import pyarrow as pa
 import pytest
 
 from composer_pipeline.ingest.pipeline import ingest_paths
-from composer_pipeline.pairs.build import PairRecipe, build_pairs
+from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_ruled_out, voters_from_config
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.front import ReplayFront, plan_summary
 from composer_pipeline.teachers.ledger import open_ledger
+from composer_pipeline.teachers.prepared import dump_run, load_run
+from composer_pipeline.teachers.replay import ReplayRun
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 from tests.support.sessions import Session, text, tool
 
@@ -196,3 +198,31 @@ def test_without_escalation_every_teacher_is_asked(emu, tmp_path, ledger_url):
 def test_escalation_names_each_teacher_once(escalation, message):
     with pytest.raises(ValueError, match="test: escalation: " + message):
         teachers("http://127.0.0.1:9/v1", escalation)
+
+
+def test_pair_ruled_out_reads_the_pair_builders_agreement():
+    agent = '{"text": "", "tool_calls": [{"id": "a", "name": "Read", "arguments": {"file_path": "/repo/f0.py"}}]}'
+    same = '{"text": "", "tool_calls": [{"id": "x", "name": "Read", "arguments": {"file_path": "/repo/./f0.py"}}]}'
+    other = '{"text": "", "tool_calls": [{"id": "y", "name": "Bash", "arguments": {"command": "ls"}}]}'
+    cfg = teachers("http://127.0.0.1:9/v1")
+    voters, recipe = voters_from_config(cfg), PairRecipe.load(None)
+
+    def row(t: str, action: str, finish: str = "tool_calls") -> dict:
+        return {"teacher": t, "status": "answered", "action": action, "call_id": t, "model": t, "finish_reason": finish}
+
+    assert pair_ruled_out(agent, [], voters, recipe) is None  # nothing answered yet
+    assert pair_ruled_out(agent, [row("cheap-a", same)], voters, recipe) is None  # one vote is no consensus
+    both = [row("cheap-a", same), row("cheap-b", same)]
+    assert pair_ruled_out(agent, both, voters, recipe) == "agrees_with_agent"
+    assert pair_ruled_out(agent, [row("cheap-a", same), row("cheap-b", other)], voters, recipe) is None
+    cut = [row("cheap-a", same), row("cheap-b", same, finish="length")]  # a cut answer never votes
+    assert pair_ruled_out(agent, cut, voters, recipe) is None
+    assert pair_ruled_out("not json", both, voters, recipe) == "agent_action_unreadable"
+
+
+def test_a_prepared_run_keeps_the_agents_actions(emu, tmp_path):
+    states, messages = ingest(tmp_path / "p", task_sessions(2))
+    cfg = teachers(emu.url, [["cheap-a", "cheap-b"], ["strong-a"]])
+    run = ReplayRun.prepare(states, messages, cfg, RenderOptions())
+    back = load_run(dump_run(run), cfg)
+    assert back.agents == run.agents and len(back.agents) == 2 and all(back.agents.values())
