@@ -169,6 +169,9 @@ def _teacher_answers(rows: list[dict], stats: dict[str, int]) -> dict[str, tuple
     """One (action, call_id, model) per teacher: its latest answered row with a parseable action."""
     best: dict[str, tuple[str, Action, str, str]] = {}
     for r in rows:
+        if r.get("status") == "skipped":  # never sent by design (no_user_turn, not_escalated): not a failure
+            stats["replays_skipped"] += 1
+            continue
         if r.get("status") != "answered" or not r.get("action"):
             stats["replays_not_answered"] += 1
             continue
@@ -461,6 +464,7 @@ def build_pairs(
             "states_no_messages",
             "states_render_error",
             "replays_not_answered",
+            "replays_skipped",
             "replays_bad_action_json",
             "replays_empty_action",
             "replays_unknown_state",

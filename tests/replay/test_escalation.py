@@ -169,6 +169,7 @@ def test_escalation_sends_the_next_tier_only_while_a_pair_is_possible(emu, tmp_p
     assert res.summary["skipped_by_reason"] == {"not_escalated": 1} and res.summary["answered"] == 8
     pairs = build_pairs(states, messages, res.table, PairRecipe.load(None), RenderOptions(), teachers=cfg)
     assert pairs.stats["pairs"] == 2 and pairs.stats["positives"] == 1
+    assert pairs.stats["replays_skipped"] == 1 and pairs.stats["replays_not_answered"] == 0
     billed = emu.billed_usd()
     assert res.summary["spend_usd"] == pytest.approx(billed, rel=0.01)
 
