@@ -47,7 +47,7 @@ def cost_plan(
 ) -> dg.Output:
     from composer_pipeline.teachers.front import plan_summary, prepared_path, save_prepared
 
-    front = _front(teachers, ledger)
+    front = _front(teachers, ledger, recipes)
     run = front.prepare(trace_states, trace_messages, render_options(recipes))
     plan = front.plan(run)
     # the requests travel to teacher_replays of this run (built once per run; teachers/front.py)
@@ -65,16 +65,20 @@ def cost_plan(
             "ceiling_usd": s["ceiling_usd"],
             "cached_calls": s["cached_calls"],
             "skipped_calls_by_teacher": dg.MetadataValue.json(s["skipped_calls_by_teacher"]),
+            "conditional_calls": s["conditional_calls"],
+            "conditional_worst_case_usd": s["conditional_worst_case_usd"],
             "fits": s["fits"],
             "reasons": dg.MetadataValue.json(s["reasons"]),
         },
     )
 
 
-def _front(teachers: TeachersResource, ledger: LedgerResource):
+def _front(teachers: TeachersResource, ledger: LedgerResource, recipes: PipelineRecipes):
+    from composer_pipeline.pairs.build import PairRecipe
     from composer_pipeline.teachers.front import ReplayFront
 
-    return ReplayFront(teachers.load_config(), teachers.response_cache(), ledger.open())
+    # the pairs recipe decides escalation (teachers recipe `escalation`) as it decides the pairs
+    return ReplayFront(teachers.load_config(), teachers.response_cache(), ledger.open(), PairRecipe.load(recipes.pairs))
 
 
 @dg.asset_check(
@@ -160,7 +164,7 @@ def teacher_replays(
     from composer_pipeline.teachers.front import load_prepared, prepared_path
     from composer_pipeline.teachers.replay import check_plan
 
-    front = _front(teachers, ledger)
+    front = _front(teachers, ledger, recipes)
     cfg, led = front.config, front.ledger
     plan = check_plan(cost_plan, cfg, led)  # the plan the blocking check passed (the same decision)
     # missing key variable / unknown host: fail before any call

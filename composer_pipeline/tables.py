@@ -92,7 +92,10 @@ COST_PLAN = pa.schema(
         ("est_prompt_tokens", pa.int64()),
         ("worst_case_usd", pa.float64()),
         ("predicted_usd", pa.float64()),  # expected cost with prompt caching (teachers/replay.predict_cached)
-        ("skip_reason", _str),  # why this call is not sent (over_context_window: ...); null: sent or cached
+        (
+            "skip_reason",
+            _str,
+        ),  # why this call is not sent (over_context_window: / no_user_turn: ...); null: sent or cached
     ]
 )
 
@@ -106,7 +109,7 @@ TEACHER_REPLAYS = pa.schema(
         ("session_key", _str),
         ("teacher", _str),
         ("model", _str),
-        ("status", _str),  # answered | refused | failed | budget_exhausted
+        ("status", _str),  # answered | refused | failed | budget_exhausted | skipped (never sent by design: reason)
         ("reason", _str),  # failure reason / parse error / cut_off / usage flag (null when answered and parsed)
         ("action", _str),  # JSON Action, null if not answered or unparseable
         ("raw_answer", _str),  # the teacher's message content as received

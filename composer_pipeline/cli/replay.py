@@ -64,6 +64,11 @@ def register(subparsers) -> None:
         "--ingest-recipe", default=None, help="render options from this ingest recipe (default: render defaults)"
     )
     p.add_argument("--plan-only", action="store_true", help="print the cost plan and stop (no calls)")
+    p.add_argument(
+        "--pairs-recipe",
+        default=None,
+        help="pairs YAML whose notion of agreement decides the teachers recipe's escalation (default: recipes/pairs.yaml)",
+    )
     p.set_defaults(func=run)
 
 
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline import render, tables
     from composer_pipeline.home import default_cache_dir
     from composer_pipeline.store import Store
+    from composer_pipeline.pairs.build import PairRecipe
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import load_teachers
     from composer_pipeline.teachers.front import ReplayFront, plan_summary
@@ -94,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     states, messages = src.read_table("trace_states"), src.read_table("trace_messages")
     ledger = open_ledger(args.ledger)
     cache_dir = Path(args.cache or default_cache_dir()).expanduser()
-    front = ReplayFront(cfg, ResponseCache(cache_dir), ledger)
+    front = ReplayFront(cfg, ResponseCache(cache_dir), ledger, PairRecipe.load(args.pairs_recipe))
 
     replay_run = front.prepare(states, messages, render.RenderOptions.from_recipe(args.ingest_recipe))
     plan = front.plan(replay_run)

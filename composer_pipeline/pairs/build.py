@@ -36,6 +36,7 @@ only when ``allow_ties`` is set, otherwise skipped); representative = first agre
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,9 @@ def _teacher_answers(rows: list[dict], stats: dict[str, int]) -> dict[str, tuple
     """One (action, call_id, model) per teacher: its latest answered row with a parseable action."""
     best: dict[str, tuple[str, Action, str, str]] = {}
     for r in rows:
+        if r.get("status") == "skipped":  # never sent by design (no_user_turn, not_escalated): not a failure
+            stats["replays_skipped"] += 1
+            continue
         if r.get("status") != "answered" or not r.get("action"):
             stats["replays_not_answered"] += 1
             continue
@@ -304,6 +308,32 @@ def find_consensus(
     )
 
 
+def pair_ruled_out(
+    agent_json: str | None, rows: list[dict], voters: dict[str, Voter], recipe: "PairRecipe"
+) -> str | None:
+    """Why no more answers could make this state a pair (escalation's rule, teachers recipe ``escalation``),
+    or None while they still could. ``rows``: the ``teacher_replays``-shaped answers of one state so far.
+
+    ``agrees_with_agent``: every answer makes the agent's decision (:func:`same_decision`) and they already
+    form a consensus (:func:`find_consensus`); ``agent_action_unreadable``: :func:`build_pairs` pairs no
+    such state. No answers yet, an answer that differs from the agent's, or answers that agree with it
+    without a consensus: None. Deliberately simplified: :func:`_valid_answers`' rules (offered tools,
+    echoes) are not applied here, so an invalid answer that differs from the agent's keeps the state open
+    (it errs toward calling)."""
+    try:
+        agent = Action.from_json(agent_json or "")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "agent_action_unreadable"
+    if agent.is_empty:
+        return "agent_action_unreadable"
+    stats: Counter[str] = Counter()
+    votes = [r for r in rows if r.get("finish_reason") not in tables.CUT_FINISH_REASONS]  # as build_pairs drops them
+    answers = _teacher_answers(votes, stats)
+    if not answers or any(not same_decision(agent, a, recipe.signature) for a, _, _ in answers.values()):
+        return None
+    return None if isinstance(find_consensus(answers, voters, recipe, stats), str) else "agrees_with_agent"
+
+
 def _last_input_texts(prompt_json: str) -> list[str]:
     """What the model read last: the last user message and any tool results after it."""
     from composer_pipeline.render import flatten_content
@@ -434,6 +464,7 @@ def build_pairs(
             "states_no_messages",
             "states_render_error",
             "replays_not_answered",
+            "replays_skipped",
             "replays_bad_action_json",
             "replays_empty_action",
             "replays_unknown_state",

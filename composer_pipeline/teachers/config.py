@@ -248,6 +248,12 @@ class TeachersConfig:
         help="stream: the states of one stream go to a teacher in order (each request extends the previous "
         "one's prefix, so it reads the cache that one wrote), streams in parallel up to max_concurrency; all: every call at once",
     )
+    escalation: list[list[str]] = setting(
+        factory=list,
+        help="cheap teachers first: tiers of teacher names, e.g. [[cheap-a, cheap-b], [strong-a]] (every teacher in "
+        "exactly one tier); a state goes to the next tier only while the answers so far could still make a pair "
+        "(they disagree with the agent or with each other, pairs/build.py pair_ruled_out); empty: every teacher at once",
+    )
 
     def __post_init__(self) -> None:
         if not self.teachers:
@@ -258,10 +264,37 @@ class TeachersConfig:
             raise ValueError(f"duplicate teacher name(s) {dupes}")
         _at_least(self, ("ceiling_usd",))
         _at_least(self, ("lease_s", "max_invalid_responses", "ledger_outage_s"), positive=True)
+        self._check_escalation(names)
         if self.lease_s > 600:
             raise ValueError(
                 f"lease_s must be <= 600 (a dead run's reservations are held that long), got {self.lease_s!r}"
             )
+
+    def _check_escalation(self, names: list[str]) -> None:
+        if not self.escalation:
+            return
+        listed = [n for tier in self.escalation for n in tier]
+        problems = []
+        if any(not tier for tier in self.escalation):
+            problems.append("a tier is empty")
+        unknown = sorted({n for n in listed if n not in names})
+        if unknown:
+            problems.append(f"{unknown} are not teachers")
+        twice = sorted({n for n in listed if listed.count(n) > 1})
+        if twice:
+            problems.append(f"{twice} appear more than once")
+        missing = [n for n in names if n not in listed]
+        if missing:
+            problems.append(f"teachers {missing} are in no tier (list every teacher once)")
+        if problems:
+            raise ValueError("escalation: " + "; ".join(problems))
+
+    def tier_of(self, name: str) -> int:
+        """The escalation tier (0 first) of a teacher; 0 for every teacher without ``escalation``."""
+        for k, tier in enumerate(self.escalation):
+            if name in tier:
+                return k
+        return 0
 
     def teacher(self, name: str) -> TeacherConfig:
         for t in self.teachers:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from composer_pipeline.pairs.build import PairRecipe
 from composer_pipeline.teachers.billing import predicted_vs_billed
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import TeachersConfig, clean_api_keys
@@ -54,6 +55,7 @@ class ReplayFront:
     config: TeachersConfig
     cache: ResponseCache
     ledger: Ledger
+    pair_recipe: PairRecipe | None = None  # escalation decides with it (None: the packaged pairs recipe)
 
     def prepare(self, states: pa.Table, messages: pa.Table, render_opts) -> ReplayRun:
         return ReplayRun.prepare(states, messages, self.config, render_opts)
@@ -83,7 +85,9 @@ class ReplayFront:
         run_id: str,
         progress: Callable[[int, int], None] | None = None,
     ) -> ReplayOutcome:
-        res = run.replay(keys, cache=self.cache, ledger=self.ledger, run_id=run_id, progress=progress)
+        res = run.replay(
+            keys, cache=self.cache, ledger=self.ledger, run_id=run_id, progress=progress, pair_recipe=self.pair_recipe
+        )
         names = [t.name for t in self.config.teachers]
         return ReplayOutcome(res, predicted_vs_billed(plan, self.ledger, run_id, names))
 
@@ -94,6 +98,8 @@ def plan_summary(plan: CostPlan) -> dict[str, Any]:
         "calls_planned": plan.table.num_rows,
         "cached_calls": sum(bool(c) for c in plan.table.column("cached").to_pylist()),
         "skipped_calls_by_teacher": {k: int(v) for k, v in plan.skipped_by_teacher.items()},
+        "conditional_calls": int(plan.conditional_calls),
+        "conditional_worst_case_usd": float(plan.conditional_worst_case_usd),
         "worst_case_usd_total": float(plan.total_worst_case_usd),
         "worst_case_by_teacher": {k: float(v) for k, v in plan.worst_case_by_teacher.items()},
         "predicted_usd_by_teacher": {k: float(v) for k, v in plan.predicted_by_teacher.items()},

@@ -22,7 +22,7 @@ import orjson
 
 from composer_pipeline.teachers.config import TeachersConfig
 
-FORMAT = 1
+FORMAT = 2  # 2: the agents' actions (escalation decides by them)
 
 
 class StalePrepared(ValueError):
@@ -104,6 +104,7 @@ def dump_run(run) -> bytes:
             "tool_lists": tools.lists,
             "requests": requests,
             "unrendered": [list(u) for u in run.unrendered],
+            "agents": run.agents,
         }
     )
 
@@ -162,7 +163,7 @@ def load_run(data: bytes, config: TeachersConfig):
                 prompt_bytes=d["prompt_bytes"],
             )
         )
-    return ReplayRun(config, requests, [tuple(u) for u in doc["unrendered"]])
+    return ReplayRun(config, requests, [tuple(u) for u in doc["unrendered"]], doc["agents"])
 
 
 def _ordered(body: dict[str, Any]) -> dict[str, Any]:

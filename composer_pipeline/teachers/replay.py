@@ -34,6 +34,7 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import tables
+from composer_pipeline.pairs.build import PairRecipe
 from composer_pipeline.render import (
     FIT_BYTES_PER_TOKEN,
     Conversation,
@@ -61,6 +62,7 @@ from composer_pipeline.teachers.client import (
 )
 from composer_pipeline.teachers.anthropic import CacheHint, min_cached_tokens
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
+from composer_pipeline.teachers.escalation import Escalation, waves
 from composer_pipeline.teachers.ledger import AsyncLedger, ClaimLost, Ledger, ReplayInterrupted
 from composer_pipeline.teachers.pricing import worst_case_usd
 from composer_pipeline.teachers.run_report import RunInfo, replay_summary
@@ -100,6 +102,10 @@ class CostPlan:
     over_budget: list[str] = field(default_factory=list)  # teachers whose worst case exceeds what remains
     predicted_by_teacher: dict[str, float] = field(default_factory=dict)  # expected USD with prompt caching
     skipped_by_teacher: dict[str, int] = field(default_factory=dict)  # calls never sent (skip_reason), per teacher
+    # escalation: calls of tiers after the first, sent only if the state's earlier answers can still make a pair
+    # (their worst case is in the totals above all the same: what might be called is reserved)
+    conditional_calls: int = 0
+    conditional_worst_case_usd: float = 0.0
 
     @property
     def teachers_to_call(self) -> set[str]:
@@ -251,6 +257,14 @@ def check_windows(config: TeachersConfig, render_opts) -> None:
             )
 
 
+# a state whose rendered prefix holds no user message: its parent links are null, missing or dangling, so the
+# teacher would see the system prompt alone; never sent (issue 34 §2), one row per teacher says so
+NO_USER_TURN = (
+    "no_user_turn: not sent: the rendered prefix holds no user message, only the system prompt "
+    "(the state's parent links are null, missing or dangling)"
+)
+
+
 def build_requests(
     states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts
 ) -> tuple[list[ReplayRequest], list[tuple[str, str | None, str]]]:
@@ -286,24 +300,24 @@ def build_requests(
         if not rs.messages:
             failed_at[i] = (row["state_id"], row.get("session_key"), "render_error: empty prompt")
             continue
+        skip = None if any(m.get("role") == "user" for m in rs.messages) else NO_USER_TURN
         for t in config.teachers:
             key = (t.name, str(row.get("stream_id")))
             if key not in ids:
                 ids[key] = StreamCallIds(t.name, t.model, t.base_url, canonical)
-            by_state[i].append(
-                make_request(
-                    row["state_id"],
-                    row.get("session_key"),
-                    t,
-                    rs.messages,
-                    rs.tools,
-                    stream_id=row.get("stream_id"),
-                    order=_prefix_len(row),
-                    counter=counters[t.name],
-                    sizes=sizes,
-                    ids=ids[key],
-                )
+            req = make_request(
+                row["state_id"],
+                row.get("session_key"),
+                t,
+                rs.messages,
+                rs.tools,
+                stream_id=row.get("stream_id"),
+                order=_prefix_len(row),
+                counter=counters[t.name],
+                sizes=sizes,
+                ids=ids[key],
             )
+            by_state[i].append(req if skip is None else dataclasses.replace(req, skip_reason=skip, worst_case_usd=0.0))
     reqs = [r for per_state in by_state for r in per_state]
     return reqs, [failed_at[i] for i in sorted(failed_at)]
 
@@ -437,10 +451,11 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
             worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
             predicted_by[teacher] = predicted_by.get(teacher, 0.0) + float(usd if pred is None else pred)
     skipped_by = {t.name: 0 for t in config.teachers}
-    if "skip_reason" in plan.column_names:
-        for teacher, skip in zip(plan.column("teacher").to_pylist(), plan.column("skip_reason").to_pylist()):
-            if skip is not None:
-                skipped_by[teacher] = skipped_by.get(teacher, 0) + 1
+    skips = plan.column("skip_reason").to_pylist() if "skip_reason" in plan.column_names else [None] * plan.num_rows
+    for teacher, skip in zip(plan.column("teacher").to_pylist(), skips):
+        if skip is not None:
+            skipped_by[teacher] = skipped_by.get(teacher, 0) + 1
+    conditional, conditional_usd = _conditional(plan, skips, config)
     remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
     reasons, over = [], []
     for t in config.teachers:
@@ -461,8 +476,33 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
             plan = plan.append_column(column, pa.array([None] * plan.num_rows, kind))
     table = tables.conform(plan, "cost_plan")
     return CostPlan(
-        table, worst_by, remaining, not reasons, reasons, config.ceiling_usd, total, over, predicted_by, skipped_by
+        table,
+        worst_by,
+        remaining,
+        not reasons,
+        reasons,
+        config.ceiling_usd,
+        total,
+        over,
+        predicted_by,
+        skipped_by,
+        conditional,
+        conditional_usd,
     )
+
+
+def _conditional(plan: pa.Table, skips: list[str | None], config: TeachersConfig) -> tuple[int, float]:
+    """Calls (and their worst case) of escalation tiers after the first that the cache cannot answer."""
+    n, usd = 0, 0.0
+    for teacher, cached, worst, skip in zip(
+        plan.column("teacher").to_pylist(),
+        plan.column("cached").to_pylist(),
+        plan.column("worst_case_usd").to_pylist(),
+        skips,
+    ):
+        if config.tier_of(teacher) > 0 and not cached and skip is None:
+            n, usd = n + 1, usd + float(worst or 0.0)
+    return n, usd
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,6 +538,13 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
     }
 
 
+SKIPPED = ("no_user_turn", "not_escalated")  # never sent by design: status skipped, not a failure
+
+
+def _skipped(reason: str) -> CallResult:
+    return CallResult(status="skipped" if reason.startswith(SKIPPED) else "failed", reason=reason)
+
+
 def _from_cache(rec: dict[str, Any], teacher: TeacherConfig) -> CallResult:
     res = answer_from_response(rec["response"], teacher)
     res.cost_usd = float(rec.get("cost_usd") or 0.0)  # what it cost when bought; this run pays 0 (paid_usd)
@@ -521,7 +568,8 @@ async def _replay(
     ledger: Ledger,
     run_id: str,
     progress: Callable[[int, int], None] | None,
-) -> tuple[list[CallResult], RunInfo]:
+    escalation: Escalation | None = None,
+) -> tuple[list[CallResult | None], RunInfo]:
     api_keys = clean_api_keys(
         config, api_keys
     )  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
@@ -658,12 +706,14 @@ async def _replay(
         await aledger.start()
         uncached = [r for r in requests if not cache.path(r.call_id).is_file()]
         legacy_answered = await aledger._run(ledger.answered_ids, sorted({_legacy_id(r) for r in uncached}))
-        if config.scheduling == "stream":
-            # session-affine: one task per (teacher, stream) sends its states in order, each after the previous
-            # one's answer, so each request can read the prefix the previous one wrote to the provider's cache
-            await asyncio.gather(*(in_order(idx) for idx in stream_groups(requests)))
-        else:
-            await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        for wave in waves(requests, results, escalation):  # escalation tiers, in order; else one wave of all
+            if config.scheduling == "stream":
+                # session-affine: one task per (teacher, stream) sends its states in order, each after the previous
+                # one's answer, so each request can read the prefix the previous one wrote to the provider's cache
+                part = [requests[i] for i in wave]
+                await asyncio.gather(*(in_order([wave[j] for j in idx]) for idx in stream_groups(part)))
+            else:
+                await asyncio.gather(*(one(i, requests[i]) for i in wave))
     except asyncio.CancelledError:
         note = "run interrupted"
         raise
@@ -671,7 +721,7 @@ async def _replay(
         await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
         await aledger.finish(note)  # anything still open is released (never sent) or kept (sent)
     info = RunInfo(aledger.waits, shared, {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason})
-    return results, info  # type: ignore[return-value]
+    return results, info  # None: a request of a tier its state never reached (escalation)
 
 
 def _extends(msgs: list[dict], prev: list[dict] | None) -> bool:
@@ -741,17 +791,26 @@ def replay_requests(
     run_id: str,
     progress: Callable[[int, int], None] | None = None,
     extra_failed: Iterable[tuple[str, str | None, str]] = (),
+    escalation: Escalation | None = None,
 ) -> ReplayResult:
-    """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher."""
+    """Replay pre-built requests; ``extra_failed`` = (state_id, session_key, reason) rows for every teacher;
+    ``escalation``: the teachers recipe's tiers, sent tier by tier (:mod:`escalation`)."""
     requests = with_cache_hints(requests)
-    # a request that cannot fit its teacher's window is never sent: its row says why (over_context_window)
+    # a request that cannot fit its teacher's window, or whose prefix has no user turn, is never sent: its row
+    # says why (over_context_window, no_user_turn)
     sent = [r for r in requests if r.skip_reason is None]
-    results, info = asyncio.run(_with_signals(_replay(sent, config, api_keys, cache, ledger, run_id, progress)))
+    results, info = asyncio.run(
+        _with_signals(_replay(sent, config, api_keys, cache, ledger, run_id, progress, escalation))
+    )
+    if progress is not None and escalation is not None and any(r is None for r in results):
+        progress(len(sent), len(sent))  # the tiers not reached are decided too (their rows say not_escalated)
     answers = iter(results)
-    rows = [
-        _row(r, next(answers) if r.skip_reason is None else CallResult(status="failed", reason=r.skip_reason))
-        for r in requests
-    ]
+    rows = []
+    for r in requests:
+        res = next(answers) if r.skip_reason is None else _skipped(r.skip_reason)
+        if res is None:  # its state never reached this teacher's tier
+            res = _skipped(escalation.reason(r.state_id) if escalation is not None else "not_escalated")
+        rows.append(_row(r, res))
     for sid, skey, reason in extra_failed:
         for t in config.teachers:
             stub = ReplayRequest(sid, skey, t, {}, "", 0, 0.0)  # the fit fields keep their defaults
@@ -773,11 +832,13 @@ class ReplayRun:
     config: TeachersConfig
     requests: list[ReplayRequest]
     unrendered: list[tuple[str, str | None, str]]  # (state_id, session_key, reason)
+    agents: dict[str, str] = field(default_factory=dict)  # state_id -> the agent's action (escalation decides by it)
 
     @classmethod
     def prepare(cls, states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> "ReplayRun":
         requests, unrendered = build_requests(states, messages, config, render_opts)
-        return cls(config, requests, unrendered)
+        agents = dict(zip(states.column("state_id").to_pylist(), states.column("action").to_pylist()))
+        return cls(config, requests, unrendered, agents)
 
     def plan(self, cache: ResponseCache, ledger: Ledger) -> CostPlan:
         """Worst-case cost of these requests, net of what the cache and the ledger already hold."""
@@ -791,8 +852,10 @@ class ReplayRun:
         ledger: Ledger,
         run_id: str,
         progress: Callable[[int, int], None] | None = None,
+        pair_recipe: PairRecipe | None = None,
     ) -> ReplayResult:
-        """Ask every teacher for the next action at every state; one row per state × teacher."""
+        """Ask every teacher for the next action at every state; one row per state × teacher. With the
+        config's ``escalation``, tier by tier, decided with ``pair_recipe`` (None: the packaged pairs recipe)."""
         return replay_requests(
             self.requests,
             self.config,
@@ -802,4 +865,5 @@ class ReplayRun:
             run_id=run_id,
             progress=progress,
             extra_failed=self.unrendered,
+            escalation=Escalation.of(self.config, self.agents, pair_recipe),
         )

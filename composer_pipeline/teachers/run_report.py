@@ -8,6 +8,8 @@ In:  a ``teacher_replays`` table (one row per state × teacher) and what the run
 * ``rows``: state × teacher rows; ``answered``: rows with an answer (from HTTP or the cache), of which
   ``unparsed`` carry no parseable action; ``failed`` / ``budget_exhausted``: rows without an answer,
   ``failures_by_reason``: those rows counted by the reason's prefix (``http_500``, ``missing_api_key``...);
+  ``skipped``: rows never sent by design, ``skipped_by_reason`` by the reason's prefix (``no_user_turn``: the
+  prefix holds no user message; ``not_escalated``: escalation stopped before this teacher's tier);
 * ``from_cache``: answers taken from the response cache (or from an identical request earlier in the
   same run), no request sent; ``http_requests``: requests sent over HTTP in this run (their
   ``http_attempts`` include retries);
@@ -45,7 +47,16 @@ import pyarrow as pa
 
 from composer_pipeline.tables import CUT_FINISH_REASONS
 
-_COUNTS = ("rows", "answered", "from_cache", "http_requests", "http_attempts", "failed", "budget_exhausted")
+_COUNTS = (
+    "rows",
+    "answered",
+    "from_cache",
+    "http_requests",
+    "http_attempts",
+    "failed",
+    "budget_exhausted",
+    "skipped",
+)
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -111,6 +122,7 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
     prompt_tokens: dict[str, int] = {}
     cached_tokens: dict[str, int] = {}
     failures: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
     unparsed = fitted = over_window = refused = cut = 0
     flagged: Counter[str] = Counter()
     http_lat: list[float] = []
@@ -128,6 +140,7 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
             "http_attempts": attempts if sent else 0,
             "failed": status == "failed",
             "budget_exhausted": status == "budget_exhausted",
+            "skipped": status == "skipped",
         }
         for k, n in inc.items():
             t[k] += int(n)
@@ -145,6 +158,8 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
             fitted += bool(r["elided_messages"] or r["cut_messages"])
             if r["latency_s"] is not None:
                 (cached_lat if cache_hit else http_lat).append(float(r["latency_s"]))
+        elif status == "skipped":
+            skipped[reason.split(":", 1)[0] or status] += 1
         else:
             failures[reason.split(":", 1)[0] or status] += 1
         over_window += reason.startswith("over_context_window")
@@ -152,6 +167,7 @@ def replay_summary(table: pa.Table, info: RunInfo | None = None) -> dict[str, An
         **total,
         "unparsed": unparsed,
         "failures_by_reason": dict(sorted(failures.items())),
+        "skipped_by_reason": dict(sorted(skipped.items())),
         "spend_usd": round(sum(spend.values()), 8),
         "spend_usd_by_teacher": {k: round(v, 8) for k, v in sorted(spend.items())},
         "prompt_tokens_by_teacher": dict(sorted(prompt_tokens.items())),

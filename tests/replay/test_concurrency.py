@@ -22,7 +22,7 @@ import pytest
 from composer_pipeline.teachers.ledger import Ledger
 from ledger_helpers import ledger_rows, reserve
 
-from .conftest import make_config, scripted_request
+from .conftest import make_config, scripted_request, teacher_dict
 
 pytestmark = pytest.mark.slow  # multi-process races with kills
 
@@ -190,9 +190,7 @@ def test_cli_budget_and_reconcile(tmp_path, ledger_url, server):
 
     teachers = tmp_path / "t.yaml"
     teachers.write_text(
-        yaml.safe_dump(
-            {"ceiling_usd": 1.0, "teachers": [{**make_config(server.url).teachers[0].__dict__, "budget_usd": 1.0}]}
-        )
+        yaml.safe_dump({"ceiling_usd": 1.0, "teachers": [{**teacher_dict(server.url), "budget_usd": 1.0}]})
     )
     led = Ledger(ledger_url)
     led.start_run("gone", lease_s=0.2)

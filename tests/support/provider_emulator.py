@@ -29,6 +29,9 @@ Rules emulated (from the providers' docs, /work/shared/notes/providers.md):
   usage reported instead of the true one: absurd, negative or overflowing counts), ``stop`` (the stop reason,
   e.g. ``length`` / ``max_tokens``), ``refusal`` (a refusal text: OpenAI ``message.refusal``, Anthropic
   ``stop_reason: refusal``);
+* ``answer`` (OpenAI protocol): a function of the request body giving the answer's message fields
+  (``tool_calls`` in OpenAI's shape, or ``content``) instead of the default one, or None for the default:
+  scripted teachers that agree or disagree with the agent state by state, whatever order requests come in;
 * current models' request rules (providers.md): ``reasoning`` (OpenAI gpt-5 / o-series: ``max_tokens`` is
   400 ``unsupported_parameter``, a temperature other than 1 is 400 ``unsupported_value``) and
   ``sampling=False`` (newer Claude models: ``temperature`` / ``top_p`` are 400 "... is deprecated for this model.").
@@ -45,7 +48,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -172,6 +175,7 @@ class ProviderEmulator(ThreadingHTTPServer):
         self.over_window: list[tuple[str, int]] = []  # (model, prompt tokens + max_tokens) rejected as too long
         self.inject: list[tuple[int, dict[str, str]]] = []
         self.script: list[dict[str, Any]] = []  # scripted answers (see the module docstring)
+        self.answer: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None  # see the module docstring
         self._thread: threading.Thread | None = None
 
     # -- cache
@@ -296,6 +300,9 @@ class ProviderEmulator(ThreadingHTTPServer):
             ]
         else:
             message["content"] = "Done."
+        scripted = self.answer(body) if self.answer is not None else None
+        if scripted is not None:
+            message = {"role": "assistant", "content": None, **scripted}
         completion = 12
         self._touch(keys, rules.ttl_s)  # the entries exist once this request is answered
         self._bill(str(body.get("model")), rules, prompt, cached, 0, completion)
