@@ -10,7 +10,20 @@ import argparse
 import os
 import sys
 
-from composer_pipeline.cli import demo, experiment, ingest, lineage, model, pairs, replay, show, sql, teachers, train
+from composer_pipeline.cli import (
+    demo,
+    experiment,
+    ingest,
+    lineage,
+    model,
+    pairs,
+    replay,
+    show,
+    sql,
+    teachers,
+    train,
+    workspace,
+)
 
 # in the order a user runs them
 SUBCOMMANDS = [
@@ -25,6 +38,7 @@ SUBCOMMANDS = [
     sql,  # sql "<query>" [--store]
     demo,  # demo: the main job end to end through Dagster
     experiment,  # experiment read-before-edit --out DIR: does the data make a better policy?
+    workspace,  # workspace verify --store DIR: would each file-tool action work in the workspace the agent saw?
 ]
 
 
