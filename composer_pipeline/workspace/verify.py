@@ -83,3 +83,22 @@ def summarize(verdicts: list[Verdict]) -> dict[str, Any]:
         "failures_predicted": caught,
         "failure_recall": caught / len(failures) if failures else None,
     }
+
+
+def workspace_snapshots(store: str | Store, state_ids: list[str]) -> dict[str, str]:
+    """``state_id`` -> the JSON snapshot of the workspace its agent had seen (the ``workspace`` column the
+    GRPO reward ``workspace_executes`` reads); states not in the store get none."""
+    import orjson
+
+    st = store if isinstance(store, Store) else Store(store)
+    if not (st.exists("trace_states") and st.exists("trace_messages")):
+        raise FileNotFoundError(
+            f"the workspace_executes reward needs trace_states and trace_messages in {st.root}: run ingest there"
+        )
+    wanted = set(state_ids)
+    history = SessionHistory(st.read_table("trace_messages"))
+    out = {}
+    for state in st.read_table("trace_states").to_pylist():
+        if state["state_id"] in wanted:
+            out[state["state_id"]] = orjson.dumps(history.workspace_at(state).to_dict()).decode()
+    return out
