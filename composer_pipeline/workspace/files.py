@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_pipeline.workspace.shell import glob_regex, listing, may_write
+from composer_pipeline.workspace.shell import glob_regex, listing, may_write, shell_cwd_after
 
 FILE_TOOLS = ("Read", "Edit", "MultiEdit", "Write", "Glob", "Grep", "LS", "NotebookEdit")
 
@@ -146,6 +146,7 @@ class Workspace:
 
     def __init__(self, cwd: str | None = None):
         self.cwd = cwd or "/"
+        self.shell_cwd: str | None = self.cwd  # the Bash shell's cwd while it can be followed
         self.files: dict[str, FileView] = {}
         self.dirs: set[str] = set()
         # complete listings seen (Glob, ls -la, find): (base dir, regex over the relative path); a path that
@@ -199,6 +200,8 @@ class Workspace:
                 self._outside_change()
             if command is not None and ev.ok:
                 self._observe_shell_listing(command, ev)
+            if command is not None:  # another agent's cd moves a shared shell (Claude Code 1.0.x subagents)
+                self.shell_cwd = shell_cwd_after(command, self.shell_cwd) if ev.own or "cd " not in command else None
             return
         if name in ("Glob", "Grep"):
             self._observe_listing(ev)
@@ -266,7 +269,7 @@ class Workspace:
             if words[:1] == ["mkdir"]:
                 made = [self.path(w, ev.cwd) for w in words[1:] if not w.startswith("-")]
                 self.complete = [c for c in self.complete if c[0] not in made]
-        seen = listing(command, ev.content, ev.cwd or self.cwd)
+        seen = listing(command, ev.content, self.shell_cwd)
         for d in seen.dirs:
             self._exists(d)
             self.files.pop(d, None)
@@ -465,6 +468,7 @@ class Workspace:
             "dirs": sorted(self.dirs),
             "complete": [list(c) for c in self.complete],
             "reads_reliable": self.reads_reliable,
+            "shell_cwd": self.shell_cwd,
             "files": {
                 p: {
                     "exists": v.exists,
@@ -485,6 +489,7 @@ class Workspace:
         ws.dirs = set(d.get("dirs") or ())
         ws.complete = [(str(b), str(r)) for b, r in d.get("complete") or ()]
         ws.reads_reliable = bool(d.get("reads_reliable", True))
+        ws.shell_cwd = d.get("shell_cwd")
         for p, f in (d.get("files") or {}).items():
             ws.files[p] = FileView(
                 exists=f.get("exists"),

@@ -8,8 +8,9 @@ Out: :func:`may_write` (False only for commands made of known read-only programs
      path under ``base`` that matches and is not listed did not exist.
 
 Deliberately simplified: only ``cd``, ``ls -l`` and ``find`` are read, and only where the listed directory
-is absolute or follows a ``cd`` to an absolute one (the shell's cwd is not the record's ``cwd``: a ``cd``
-persists between calls and parallel subagents share one shell; real sessions show both); any other listing (``tree``,
+is absolute or the shell's cwd is known (:func:`shell_cwd_after`: the session's cwd until a ``cd`` it cannot
+follow; the record's ``cwd`` field is not the shell's: a ``cd`` persists between calls and parallel
+subagents share one shell, real sessions show both); any other listing (``tree``,
 ``git ls-files``) teaches nothing; a command this module cannot read counts as one that may write.
 """
 
@@ -88,7 +89,22 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def listing(command: str, output: str, cwd: str) -> Listing:
+def shell_cwd_after(command: str, cwd: str | None) -> str | None:
+    """The shell's cwd after ``command`` (a ``cd`` persists between Bash calls); None once it is unknown."""
+    for seg in re.split(r"&&|\|\||;|\|", command):
+        words = seg.split()
+        if words[:1] == ["cd"]:
+            target = _unquote(words[1]) if len(words) == 2 else ""
+            if target.startswith("/"):
+                cwd = posixpath.normpath(target)
+            elif cwd is not None and target and not target.startswith(("~", "-", "$")):
+                cwd = posixpath.normpath(posixpath.join(cwd, target))
+            else:
+                cwd = None
+    return cwd
+
+
+def listing(command: str, output: str, cwd: str | None) -> Listing:
     """The paths one Bash call listed (see the module docstring); empty where it cannot be read."""
     found = Listing()
     cmd = _NULL_REDIRECT.sub(" ", command).strip()
@@ -97,15 +113,12 @@ def listing(command: str, output: str, cwd: str) -> Listing:
     listers = [s for s in steps if s.split()[:1] in (["ls"], ["find"])]
     if len(listers) != 1 or any(s.split()[:1] not in (["cd"], ["ls"], ["find"], ["pwd"], ["mkdir"]) for s in steps):
         return found
-    cwd_known = False  # the shell's cwd is not the record's (a cd persists, subagents share one shell)
-    for s in steps:
-        words = s.split()
-        if words[0] == "cd" and len(words) == 2 and _unquote(words[1]).startswith("/"):
-            cwd, cwd_known = posixpath.normpath(_unquote(words[1])), True
+    cwd = shell_cwd_after("&&".join(s for s in steps if s.split()[:1] == ["cd"]), cwd)
     words = listers[0].split()
     target = next((_unquote(w) for w in words[1:] if not w.startswith("-")), ".")
-    if not (cwd_known or target.startswith("/")):
+    if cwd is None and not target.startswith("/"):
         return found
+    cwd = cwd or "/"
     if words[0] == "ls":
         _ls(words, output, cwd, piped, found)
     else:

@@ -146,8 +146,12 @@ def test_ls_listing_gives_files_sizes_and_the_missing_rest():
     assert ws.execute("Read", {"file_path": F}).ok is True  # exists and 120 bytes: under the limit
     assert ws.execute("Read", {"file_path": f"{D}/lib"}).ok is False
     assert ws.execute("Read", {"file_path": f"{D}/nope.py"}).ok is False  # not in the complete listing
-    # a relative listing after no cd: the shell's cwd is not known
-    assert _ws(Event("Bash", {"command": "ls -la"}, True, out)).execute("Read", {"file_path": F}).ok is None
+    # a relative listing: at the start the shell's cwd is the session's; after another agent's cd it is not known
+    assert _ws(Event("Bash", {"command": "ls -la"}, True, out)).execute("Read", {"file_path": F}).ok is True
+    moved = Event("Bash", {"command": "cd /elsewhere && ls"}, True, "x", own=False)
+    assert _ws(moved, Event("Bash", {"command": "ls -la"}, True, out)).execute("Read", {"file_path": F}).ok is None
+    followed = Event("Bash", {"command": "cd lib"}, True, "")
+    assert _ws(followed, Event("Bash", {"command": "ls -la .."}, True, out)).execute("Read", {"file_path": F}).ok
 
 
 def test_another_agents_write_makes_the_file_exist_but_not_read_by_this_one():
