@@ -14,7 +14,7 @@ import sys
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("workspace", help="the workspace environment: verify file-tool actions of trace states")
-    sub = p.add_subparsers(dest="workspace_command", required=True, metavar="SUBCOMMAND")
+    sub = p.add_subparsers(dest="workspace_command", required=True, metavar="{verify}")
     v = sub.add_parser("verify", help="predict each file-tool action's result and compare with the trace")
     v.add_argument(
         "--store",
