@@ -252,7 +252,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
                 else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
             )
             if stand_in:
-                c_mask = torch.zeros_like(c_mask)  # generalized_jsd of an empty span: 0 with a gradient path
+                c_mask = torch.zeros_like(c_mask)  # every hint divergence of an empty span: 0 with a gradient path
             student = self._captured_logits
             self._captured_logits = None
             with self.accelerator.autocast():
@@ -264,14 +264,14 @@ class ThreeChannelTrainer(RowSeededRollouts):
                     student = student[idx]
                 with torch.no_grad():
                     teacher = self._hint_teacher_logits(model, hint_ids, hint_mask, c_ids, c_mask)
-            jsd = self._hint_divergence(student, teacher, c_mask)
+            hint_loss = self._hint_divergence(student, teacher, c_mask)
             if self.taid is not None:
                 rec["taid_t"] = self.taid.t
             if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
-                jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
-            term = w.alpha * jsd / ga
+                hint_loss = hint_loss * c_mask.sum() * self.rank.world / global_tokens
+            term = w.alpha * hint_loss / ga
             total = term if total is None else total + term
-            rec["sdpo"] = float(jsd.detach())
+            rec["sdpo"] = float(hint_loss.detach())
             rec["error_sites"] = int(idx.numel()) if sdpo_now else 0
         self._captured_logits = None
 
