@@ -99,7 +99,9 @@ class WorkspaceTools:
     def _run(self, tool: str, arguments: dict[str, Any]) -> str:
         out = self._ws.execute(tool, {k: v for k, v in arguments.items() if v is not None})
         self._results.append(out.ok)
-        return out.observation or f"(the environment cannot tell: {out.reason})"
+        if out.ok is None:
+            return f"(the environment cannot tell: {out.reason})"
+        return out.observation or f"(the call works; its output is not known here: {out.reason})"
 
     def Read(self, file_path: str, offset: int | None = None, limit: int | None = None) -> str:  # noqa: N802
         """Read a file.

@@ -120,5 +120,6 @@ def test_trl_environment_factory_tools(file_tool_store):
     assert tools.reset(workspace=_snapshots(file_tool_store)[1], prompt="p") is None
     assert "has been updated" in tools.Edit(f"{CWD}/app.py", "b = 2", "b = 5")
     assert "File has not been read yet" in tools.Edit(f"{CWD}/other.py", "q", "r")
-    assert tools.get_reward() == 0.5
+    assert tools.Read(f"{CWD}/never_seen.py").startswith("(the environment cannot tell")
+    assert tools.get_reward() == 0.5  # the undecided Read does not count
     assert orjson.loads(_snapshots(file_tool_store)[1])["cwd"] == CWD
