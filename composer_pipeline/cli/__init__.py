@@ -24,6 +24,7 @@ from composer_pipeline.cli import (
     sql,
     teachers,
     train,
+    workspace,
 )
 
 # in the order a user runs them
@@ -41,6 +42,7 @@ SUBCOMMANDS = [
     sql,  # sql "<query>" [--store]
     demo,  # demo: the main job end to end through Dagster
     experiment,  # experiment read-before-edit --out DIR: does the data make a better policy?
+    workspace,  # workspace verify --store DIR: would each file-tool action work in the workspace the agent saw?
 ]
 
 

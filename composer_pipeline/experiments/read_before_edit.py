@@ -58,6 +58,7 @@ class Arm:
         None  # None: the recipe's; 0.0: the sigmoid term is a constant ln 2 (no gradient), NLL alone
     )
     grpo_order: str = "error_sites_first"  # or "shuffled": a seeded shuffle (the control for the order)
+    divergence: str = "jsd"  # the hint channel's loss (sdpo.divergence): jsd | taid | eopd
 
 
 ARMS: dict[str, Arm | None] = {
@@ -65,6 +66,8 @@ ARMS: dict[str, Arm | None] = {
     "grpo": Arm((1.0, 0.0, 0.0)),
     "grpo_shuffled": Arm((1.0, 0.0, 0.0), grpo_order="shuffled"),
     "sdpo": Arm((0.0, 1.0, 0.0), data="error_sites"),
+    "sdpo_taid": Arm((0.0, 1.0, 0.0), data="error_sites", divergence="taid"),  # TAID instead of the JSD
+    "sdpo_eopd": Arm((0.0, 1.0, 0.0), data="error_sites", divergence="eopd"),  # entropy-aware OPD instead
     "dpo": Arm((0.0, 0.0, 1.0)),  # RPO: preference term + dpo_sft_weight · NLL on the chosen answers
     "nll": Arm((0.0, 0.0, 1.0), dpo_beta=0.0),  # the same NLL on the same chosen answers, no preference term
     "dpo_shuffled": Arm((0.0, 0.0, 1.0), data="shuffled_labels"),  # same pairs, sides swapped at random (seeded)
@@ -569,7 +572,7 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
             data_order=spec.grpo_order,
         ),
         dpo=dpo,
-        sdpo=replace(r.sdpo, teacher=cfg.hint_teacher),
+        sdpo=replace(r.sdpo, teacher=cfg.hint_teacher, divergence=spec.divergence),
         lora=LoraSection(enabled=cfg.lora, r=16, alpha=32) if cfg.lora else r.lora,
     )
     return r

@@ -56,7 +56,31 @@ class GRPOSection:
 
 
 @dataclass
+class TaidSection:
+    t_start: float = setting(0.4, help="TAID's interpolation t at the first step (arXiv 2501.16937)")
+    t_end: float = setting(1.0, help="t never exceeds this; the linear floor reaches it at the last step")
+    alpha: float = setting(5e-4, help="TAID's adaptive step size α")
+    beta: float = setting(0.99, help="TAID's momentum β over the relative loss change")
+    adaptive: bool = setting(True, help="false: t follows the linear floor alone")
+
+
+@dataclass
+class EOPDSection:
+    entropy_threshold: float = setting(
+        1.0,
+        help="teacher token entropy (nats, after temperature) above which the forward KL is added (our choice: "
+        "the paper's exact gate could not be read here)",
+    )
+    forward_weight: float = setting(1.0, help="weight of the forward KL(teacher‖student) at gated tokens")
+
+
+@dataclass
 class SDPOSection:
+    divergence: Literal["jsd", "taid", "eopd"] = setting(
+        "jsd",
+        help="jsd (generalized JSD, jsd_beta) | taid (cross-entropy to TAID's interpolated target, sdpo.taid) | "
+        "eopd (reverse KL + forward KL where the teacher's entropy is high, sdpo.eopd)",
+    )
     jsd_beta: float = setting(
         0.5, help="generalized-JSD β: 0 forward KL(teacher‖student), 1 reverse KL(student‖teacher)"
     )
@@ -70,6 +94,8 @@ class SDPOSection:
     hint: HintTemplates = setting(
         factory=HintTemplates, help="corrective hint templates; fields {agent} {error} {consensus}"
     )
+    taid: TaidSection = setting(factory=TaidSection, help="TAID schedule (divergence: taid)")
+    eopd: EOPDSection = setting(factory=EOPDSection, help="entropy-aware OPD gate (divergence: eopd)")
 
 
 @dataclass
@@ -179,6 +205,10 @@ class TrainRecipe:
             raise ValueError("all channel weights are 0: nothing to train")
         if self.grpo.data_order not in ("error_sites_first", "shuffled"):
             raise ValueError(f"grpo.data_order must be error_sites_first or shuffled, got {self.grpo.data_order!r}")
+        if self.sdpo.divergence not in ("jsd", "taid", "eopd"):
+            raise ValueError(f"sdpo.divergence must be jsd, taid or eopd, got {self.sdpo.divergence!r}")
+        if not 0.0 <= self.sdpo.taid.t_start <= self.sdpo.taid.t_end <= 1.0:
+            raise ValueError("sdpo.taid needs 0 <= t_start <= t_end <= 1")
         if self.grpo.num_generations < 2:
             raise ValueError("grpo.num_generations must be >= 2 (group-relative advantages)")
 

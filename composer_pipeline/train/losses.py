@@ -8,6 +8,10 @@ Out: scalar losses (and per-row values where a caller logs them).
   ``JSD_β = β·KL(T‖M) + (1-β)·KL(S‖M)``; β=0 is forward KL(T‖S), β=1 reverse KL(S‖T)
   (the same convention as ``trl.experimental.gkd.GKDTrainer.generalized_jsd_loss``, which the
   tests use as the parity reference). Averaged over the tokens of a span mask only.
+* :func:`taid_loss` and :class:`TaidSchedule` — TAID (arXiv 2501.16937): cross-entropy to the
+  interpolated target ``softmax((1-t)·stopgrad(z_s) + t·z_T)``, with its adaptive schedule of ``t``.
+* :func:`entropy_aware_kl` — entropy-aware OPD (arXiv 2603.07079): reverse KL plus forward KL at the
+  tokens where the teacher's entropy is above a threshold.
 * :func:`dpo_sigmoid_loss` — DPO (Rafailov et al. 2023) with the sigmoid loss and optional
   conservative label smoothing (cDPO): ``-(1-ε)·logσ(βΔ) - ε·logσ(-βΔ)``.
 * :func:`simpo_loss` — SimPO (Meng et al. 2024): reference-free, length-normalised log-probs,
@@ -22,6 +26,8 @@ SDPO reference code); no importance-sampling correction on the distillation term
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -147,3 +153,118 @@ def completion_logps(
     if average:
         return total / completion_mask.sum(-1).clamp_min(1)
     return total
+
+
+# -- the hint channel's other divergences ------------------------------------------------------
+def _masked_token_mean(per_token: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return per_token.mean()
+    m = mask.to(per_token.dtype)
+    return (per_token * m).sum() / m.sum().clamp_min(1.0)
+
+
+def taid_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, t: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """TAID (Shing et al., ICLR 2025, arXiv 2501.16937, eq. for the interpolated target): cross-entropy of
+    the student to ``p_t = softmax((1 - t)·stopgrad(z_s) + t·z_T)``, a token mean over ``mask``.
+
+    ``(B, T, V)`` logits, a ``(B, T)`` mask; float32 throughout. A cross-entropy, not a KL: at ``t = 0``
+    the value is the student's entropy and the gradient is 0 (the target is the detached student itself).
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"student {tuple(student_logits.shape)} and teacher {tuple(teacher_logits.shape)} logits differ"
+        )
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"taid t must be in [0, 1], got {t}")
+    student = student_logits.float()
+    target = F.softmax((1.0 - t) * student.detach() + t * teacher_logits.float(), dim=-1)
+    per_token = -(target * F.log_softmax(student, dim=-1)).sum(-1)
+    return _masked_token_mean(per_token, mask)
+
+
+class TaidSchedule:
+    """TAID's adaptive interpolation schedule (arXiv 2501.16937, Algorithm 1; reference code
+    SakanaAI/TAID ``src/distil_losses/taid.py``).
+
+    ``t`` starts at ``t_start``. ``update(loss)`` is called once after each step with that step's loss
+    (the step itself used the ``t`` from before the call). The first call only records the loss; each later
+    one: ``rel = (prev - loss) / (prev + 1e-15)``, ``momentum = β·momentum + (1 - β)·rel``,
+    ``δ = α·sigmoid(momentum)·(1 - t)``, ``target = t_start + (t_end - t_start)·steps_done/total_steps``
+    (``steps_done``: the calls so far, this one included), ``t = min(t_end, max(target, t + δ))``, or
+    ``target`` alone with ``adaptive=False`` (capped at ``t_end`` too).
+    """
+
+    def __init__(
+        self,
+        t_start: float = 0.4,
+        t_end: float = 1.0,
+        alpha: float = 5e-4,
+        beta: float = 0.99,
+        total_steps: int = 1,
+        adaptive: bool = True,
+    ):
+        if not 0.0 <= t_start <= t_end <= 1.0:
+            raise ValueError(f"taid needs 0 <= t_start <= t_end <= 1, got t_start={t_start}, t_end={t_end}")
+        if total_steps < 1:
+            raise ValueError(f"taid total_steps must be >= 1, got {total_steps}")
+        self.t_start, self.t_end, self.alpha, self.beta = t_start, t_end, alpha, beta
+        self.total_steps, self.adaptive = total_steps, adaptive
+        self.t = t_start
+        self.momentum = 0.0
+        self.steps_done = 0
+        self.prev_loss: float | None = None
+
+    def update(self, loss: float) -> float:
+        """Record one step's loss and move ``t``; returns the new ``t``."""
+        loss = float(loss)
+        self.steps_done += 1
+        if self.prev_loss is None:
+            self.prev_loss = loss
+            return self.t
+        rel = (self.prev_loss - loss) / (self.prev_loss + 1e-15)
+        self.momentum = self.beta * self.momentum + (1.0 - self.beta) * rel
+        delta = self.alpha * (1.0 / (1.0 + math.exp(-self.momentum))) * (1.0 - self.t)
+        target = self.t_start + (self.t_end - self.t_start) * self.steps_done / self.total_steps
+        self.t = min(self.t_end, max(target, self.t + delta) if self.adaptive else target)
+        self.prev_loss = loss
+        return self.t
+
+
+def entropy_aware_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    entropy_threshold: float = 1.0,
+    forward_weight: float = 1.0,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Entropy-aware on-policy distillation (Jin et al., ICML 2026, arXiv 2603.07079): reverse KL(S‖T)
+    at every token, plus forward KL(T‖S) at the tokens where the TEACHER's entropy is high.
+
+    Per token: ``KL(S‖T) + forward_weight · 1[H(T) > entropy_threshold] · KL(T‖S)``, a token mean over
+    ``mask``. From the paper (its abstract and summaries; its equations could not be read here): reverse
+    KL everywhere, forward KL added where the teacher's token entropy is high, the gate computed from the
+    teacher's distribution. Our choices: a hard gate on an absolute entropy in nats (``entropy_threshold``,
+    default 1.0), the gate taken without gradient, the forward term's weight (``forward_weight``, default
+    1.0) and the shared softmax ``temperature``.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"student {tuple(student_logits.shape)} and teacher {tuple(teacher_logits.shape)} logits differ"
+        )
+    log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    reverse = (log_s.exp() * (log_s - log_t)).sum(-1)
+    forward = (log_t.exp() * (log_t - log_s)).sum(-1)
+    with torch.no_grad():
+        gate = (teacher_entropy(teacher_logits, temperature) > entropy_threshold).to(reverse.dtype)
+    return _masked_token_mean(reverse + forward_weight * gate * forward, mask)
+
+
+def teacher_entropy(teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token entropy (nats) of ``softmax(logits / temperature)``, ``(B, T)``."""
+    log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    return -(log_t.exp() * log_t).sum(-1)

@@ -13,12 +13,17 @@ Each reward is a small named function; add your own with the same signature, reg
 * ``known_tool``      1 if it calls only tools the agent had, 0 if any call is unknown, 0.5 for text only.
 * ``consensus_match`` 1 if it makes the same decision as the teacher consensus (pairs.signature), else 0;
                       None where there is no consensus.
+* ``workspace_executes`` 1 if every file-tool call of the completion works in the workspace its state's agent
+                      had seen (:mod:`composer_pipeline.workspace`: Claude Code's rules over what the trace shows),
+                      0 if one fails, None where the environment cannot tell or there is no file-tool call. Reads
+                      the ``workspace`` column (added by the trainer when this reward is listed).
 * ``format_shaped``   dense, in [0, 1]: character-level similarity to the consensus text (or, with no
                       consensus, to the tool-call shape) plus partial credit for each piece of the
                       ``<tool_call>{json}</tool_call>`` format. Random tiny models need it: binary rewards
                       give zero-variance groups and a zero GRPO gradient.
 
-Deliberately simplified: no execution of the proposed action (no sandbox); similarity is lexical.
+Deliberately simplified: actions execute against the workspace the trace shows, not a sandbox;
+similarity is lexical.
 """
 
 from __future__ import annotations
@@ -102,11 +107,32 @@ def format_shaped(
     return out
 
 
+def workspace_executes(
+    prompts: list, completions: list, workspace: list[str] | None = None, **kwargs: Any
+) -> list[float | None]:
+    from composer_pipeline.workspace.files import FILE_TOOLS, Workspace
+
+    if workspace is None:
+        raise ValueError("workspace_executes needs the `workspace` column (listed rewards add it to the GRPO rows)")
+    out: list[float | None] = []
+    for c, snapshot in zip(completions, workspace):
+        action = _parse(_text(c))
+        calls = [tc for tc in (action.tool_calls if action else ()) if tc.name in FILE_TOOLS]
+        if not calls or not snapshot:
+            out.append(None)
+            continue
+        ws = Workspace.from_dict(orjson.loads(snapshot))
+        results = [ws.execute(tc.name, dict(tc.arguments)).ok for tc in calls]
+        out.append(0.0 if False in results else None if None in results else 1.0)
+    return out
+
+
 REWARDS: dict[str, RewardFn] = {
     "valid_action": valid_action,
     "known_tool": known_tool,
     "consensus_match": consensus_match,
     "format_shaped": format_shaped,
+    "workspace_executes": workspace_executes,
 }
 
 

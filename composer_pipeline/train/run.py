@@ -103,7 +103,14 @@ def build_trainer(
         ordered = random.Random(recipe.optim.seed).sample(data.prompts, len(data.prompts))
     else:
         ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
-    ds = Dataset.from_list(grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role))
+    records = grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role)
+    if "workspace_executes" in recipe.grpo.rewards:  # the reward executes in each state's workspace
+        from composer_pipeline.workspace.verify import workspace_snapshots
+
+        snapshots = workspace_snapshots(data_root, [r["state_id"] for r in records])
+        for r in records:
+            r["workspace"] = snapshots.get(r["state_id"], "")
+    ds = Dataset.from_list(records)
     dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if channels.on("dpo") else []
     rank = distributed.current()
     if rank.distributed:  # one model on N shards: every global batch below is split over the ranks

@@ -8,7 +8,8 @@ In:  the micro-batch records ``ThreeChannelTrainer._compute_loss`` appends to ``
 Out: :class:`StepLog` appends each step's line to a list and hands it to ``on_step`` (the CLI prints it,
      Pipes logs it); the keys are ``step``, ``grpo``/``sdpo``/``dpo`` (``null`` when off), ``total``
      (the weighted sum), ``off`` and ``off_reasons``, ``states``, ``dpo_batches``, ``dpo_margin``,
-     ``dpo_accuracy``, ``dpo_sft``, ``error_sites``, ``reward``, ``reward_std`` (absent when no channel reads rollouts: none were sampled),
+     ``dpo_accuracy``, ``dpo_sft``, ``error_sites``, ``sdpo_divergence`` (when channel 2 is on) and ``taid_t``
+     (the TAID t the step used), ``reward``, ``reward_std`` (absent when no channel reads rollouts: none were sampled),
      ``step_time_s``.
      :func:`reduce_over_ranks` turns one rank's micro-batch record into the global one under DDP.
 
@@ -72,6 +73,9 @@ def step_record(
     rec["states"] = list(states)
     if any("dpo_batch" in p for p in pend):
         rec["dpo_batches"] = sorted({p["dpo_batch"] for p in pend if "dpo_batch" in p})
+    for k in ("sdpo_divergence", "taid_t"):  # the hint channel's divergence, TAID's t of this step
+        if any(k in p for p in pend):
+            rec[k] = next(p[k] for p in pend if k in p)
     for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "error_sites"):
         vals = [p[k] for p in pend if k in p]
         if vals:
@@ -100,6 +104,7 @@ class StepLog(TrainerCallback):
         rec = step_record(
             pend, tr.channels, tr.batch_states, tr._metrics["train"], state.global_step, time.perf_counter() - self.t0
         )
+        tr.after_step(rec)
         self.losses.append(rec)
         if self.on_step is not None:
             self.on_step(rec)

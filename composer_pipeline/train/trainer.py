@@ -13,7 +13,9 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
    without it. ``sdpo.teacher`` picks which weights teach: ``current`` (the policy being trained,
    SDPO's self-teacher) or ``initial`` (a frozen copy of the starting policy, OPSD's step-0 teacher:
    it cannot drift with the student, so teacher and student cannot meet at ignoring the hint).
-   Generalized JSD (:func:`.losses.generalized_jsd`) over the tokens of the targeted message only
+   ``sdpo.divergence`` picks the loss: generalized JSD (:func:`.losses.generalized_jsd`), TAID
+   (:func:`.losses.taid_loss`, its t moved after each step by :class:`.losses.TaidSchedule`) or
+   entropy-aware OPD (:func:`.losses.entropy_aware_kl`), over the tokens of the targeted message only
    (the completion span of error-site rows). The student logits are the ones of the
    GRPO forward (captured, not recomputed), so the channel costs one extra no-grad forward.
    Added to the objective (not blended as ``trl.experimental.sdpo`` does).
@@ -52,9 +54,12 @@ from composer_pipeline.train.losses import (
     completion_logps,
     completion_token_logps,
     dpo_sigmoid_loss,
+    entropy_aware_kl,
     generalized_jsd,
     last_token_logits,
     simpo_loss,
+    taid_loss,
+    TaidSchedule,
 )
 from composer_pipeline.train.step_log import reduce_over_ranks
 
@@ -79,6 +84,12 @@ class ThreeChannelTrainer(RowSeededRollouts):
         self.pending: list[dict[str, Any]] = []
         self.batch_states: list[str] = []
         self.rank = distributed.current()
+        taid = recipe.sdpo.taid
+        self.taid = (
+            TaidSchedule(taid.t_start, taid.t_end, taid.alpha, taid.beta, self.args.max_steps, taid.adaptive)
+            if recipe.sdpo.divergence == "taid"
+            else None
+        )
 
     # with GRPO and SDPO both off no loss reads a rollout: one eos per prompt instead of sampling
     # (the DPO-only arms; their losses are the same either way, tests/train/test_trainer.py)
@@ -181,10 +192,34 @@ class ThreeChannelTrainer(RowSeededRollouts):
             return self._at_start(model, completion_logits, hint_ids, hint_mask, c_ids, c_mask)
         return completion_logits(model, hint_ids, hint_mask, c_ids, c_mask)
 
+    def _hint_divergence(self, student, teacher, mask):
+        """The hint channel's loss, a token mean over ``mask``, by ``sdpo.divergence``."""
+        r = self.recipe.sdpo
+        if r.divergence == "taid":
+            return taid_loss(student, teacher, self.taid.t, mask)
+        if r.divergence == "eopd":
+            return entropy_aware_kl(
+                student,
+                teacher,
+                mask,
+                entropy_threshold=r.eopd.entropy_threshold,
+                forward_weight=r.eopd.forward_weight,
+                temperature=r.temperature,
+            )
+        return generalized_jsd(student, teacher, mask, beta=r.jsd_beta, temperature=r.temperature)
+
+    def after_step(self, rec: dict[str, Any]) -> None:
+        """Called once per optimizer step with its logged line: TAID's t moves on the step's hint loss
+        (steps where the channel did not fire leave it where it is)."""
+        if self.taid is not None and rec.get("sdpo") is not None:
+            self.taid.update(rec["sdpo"])
+
     def _compute_loss(self, model, inputs):
         ga = self.current_gradient_accumulation_steps
         w = self.channels.weights
         rec: dict[str, Any] = {"off": {}}
+        if self.channels.on("sdpo"):
+            rec["sdpo_divergence"] = self.recipe.sdpo.divergence
         total = None
         has_hint = inputs.get("has_hint")
         sdpo_now = self.channels.on("sdpo") and has_hint is not None and bool(has_hint.any())
@@ -217,7 +252,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
                 else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
             )
             if stand_in:
-                c_mask = torch.zeros_like(c_mask)  # generalized_jsd of an empty span: 0 with a gradient path
+                c_mask = torch.zeros_like(c_mask)  # every hint divergence of an empty span: 0 with a gradient path
             student = self._captured_logits
             self._captured_logits = None
             with self.accelerator.autocast():
@@ -229,14 +264,14 @@ class ThreeChannelTrainer(RowSeededRollouts):
                     student = student[idx]
                 with torch.no_grad():
                     teacher = self._hint_teacher_logits(model, hint_ids, hint_mask, c_ids, c_mask)
-            jsd = generalized_jsd(
-                student, teacher, c_mask, beta=self.recipe.sdpo.jsd_beta, temperature=self.recipe.sdpo.temperature
-            )
+            hint_loss = self._hint_divergence(student, teacher, c_mask)
+            if self.taid is not None:
+                rec["taid_t"] = self.taid.t
             if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
-                jsd = jsd * c_mask.sum() * self.rank.world / global_tokens
-            term = w.alpha * jsd / ga
+                hint_loss = hint_loss * c_mask.sum() * self.rank.world / global_tokens
+            term = w.alpha * hint_loss / ga
             total = term if total is None else total + term
-            rec["sdpo"] = float(jsd.detach())
+            rec["sdpo"] = float(hint_loss.detach())
             rec["error_sites"] = int(idx.numel()) if sdpo_now else 0
         self._captured_logits = None
 

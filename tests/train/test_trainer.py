@@ -209,3 +209,24 @@ def test_bad_recipe_and_missing_data_are_clear_errors(tiny_model_dir, tmp_path):
         train(str(tmp_path), _recipe(tiny_model_dir, grpo=0, alpha=0, beta=0), steps=1, out_dir=tmp_path / "o")
     with pytest.raises(FileNotFoundError, match="no training data"):
         train(str(tmp_path), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
+
+
+@pytest.mark.parametrize("divergence", ["taid", "eopd"])
+def test_hint_channel_trains_with_taid_and_eopd(tiny_model_dir, synth_store, tmp_path, divergence):
+    """``sdpo.divergence`` picks the hint channel's loss; it fires, moves the weights and is logged, and
+    TAID's t (logged per step) starts at t_start and never goes down."""
+    from dataclasses import replace
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=1.0, beta=0.0)
+    taid = replace(r.sdpo.taid, alpha=0.2)  # a visible adaptive step in 3 steps
+    r = replace(r, sdpo=replace(r.sdpo, divergence=divergence, taid=taid))
+    res = train(synth_store, r, steps=3, out_dir=tmp_path)
+    fired = [x for x in res.losses if x["sdpo"] is not None]
+    assert len(fired) >= 2 and all(x["sdpo"] > 0 and math.isfinite(x["sdpo"]) for x in fired)
+    assert all(x["sdpo_divergence"] == divergence for x in res.losses)
+    assert _changed(tiny_model_dir, res.checkpoint) > 0
+    if divergence == "taid":
+        ts = [x["taid_t"] for x in fired]
+        assert ts[0] == 0.4 and ts == sorted(ts) and ts[-1] > ts[0]
+    else:
+        assert all("taid_t" not in x for x in res.losses)

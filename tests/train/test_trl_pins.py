@@ -78,7 +78,12 @@ GRPO_ATTRIBUTES = [
 TRAINER_ATTRIBUTES = ["processing_class", "accelerator", "current_gradient_accumulation_steps", "model_wrapped"]
 # transformers.Trainer's public state the overrides read (self.args: the GRPOConfig fields below)
 PUBLIC_ATTRIBUTES = ["args", "state"]
-ARGS_FIELDS = ["seed", "ds3_gather_for_generation", "gradient_checkpointing_kwargs"]
+ARGS_FIELDS = [
+    "seed",
+    "ds3_gather_for_generation",
+    "gradient_checkpointing_kwargs",
+    "max_steps",
+]  # max_steps: TAID's schedule length
 # TRL helpers the rollout override (train/generation.py) calls -> the keywords it passes them
 HELPER_KEYWORDS = {
     "trl.models.utils.unwrap_model_for_generation": {"gather_deepspeed3_params", "gradient_checkpointing_kwargs"},

@@ -1,0 +1,125 @@
+"""The ``workspace_executes`` GRPO reward, a GRPO run where it varies within a group, and the OpenEnv
+environment / TRL environment-factory tools over the same workspace."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+
+from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.store import Store
+from composer_pipeline.train.rewards import workspace_executes
+from composer_pipeline.workspace.verify import workspace_snapshots
+
+CWD = "/home/u/p"
+
+
+def _completion(name: str, **args) -> str:
+    return Action(tool_calls=(ToolCall(name=name, arguments=args),)).to_text()
+
+
+def _snapshots(store: str) -> list[str]:
+    ids = [r["state_id"] for r in Store(store).read_table("trace_states").to_pylist()]
+    snaps = workspace_snapshots(store, ids)
+    return [snaps[i] for i in ids]
+
+
+def test_reward_is_1_0_or_none_by_the_workspace_of_the_state(file_tool_store):
+    after_read = _snapshots(file_tool_store)[1]  # the state of the Edit: app.py was read
+    completions = [
+        _completion("Edit", file_path=f"{CWD}/app.py", old_string="b = 2", new_string="b = 3"),
+        _completion("Edit", file_path=f"{CWD}/app.py", old_string="zzz", new_string="y"),
+        _completion("Edit", file_path=f"{CWD}/util.py", old_string="x", new_string="y"),
+        _completion("Read", file_path=f"{CWD}/never_seen.py"),
+        "I would rather explain first.",
+        _completion("Bash", command="ls"),
+    ]
+    got = workspace_executes([""] * 6, completions, workspace=[after_read] * 6)
+    assert got == [1.0, 0.0, 0.0, None, None, None]
+    with pytest.raises(ValueError, match="workspace"):
+        workspace_executes([""], completions[:1])
+
+
+def test_snapshots_need_the_ingested_tables(tmp_path):
+    with pytest.raises(FileNotFoundError, match="trace_states"):
+        workspace_snapshots(str(tmp_path), ["x"])
+
+
+@pytest.mark.slow
+def test_grpo_run_with_the_reward_varying_within_a_group(file_tool_store, tiny_model_dir, tmp_path, monkeypatch):
+    """The policy's sampling is scripted (a random tiny model never writes a tool call): each group of 4 gets
+    two calls that work in any workspace (Glob) and two that fail in any (an unread file, old == new)."""
+    from composer_pipeline.train.config import TrainRecipe
+    from composer_pipeline.train.run import train
+    from composer_pipeline.train.trainer import ThreeChannelTrainer
+
+    texts = [
+        _completion("Glob", pattern="*.py", path=CWD),
+        _completion("Glob", pattern="**/*.md", path=CWD),
+        _completion("Edit", file_path=f"{CWD}/unread.py", old_string="a", new_string="b"),
+        _completion("Edit", file_path=f"{CWD}/app.py", old_string="a", new_string="a"),
+    ]
+
+    def scripted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        eos = self.eos_token_ids[0]
+        return [self.processing_class(text=texts[i % 4])["input_ids"] + [eos] for i in range(len(prompt_ids))], None
+
+    monkeypatch.setattr(ThreeChannelTrainer, "_generate_single_turn", scripted)
+    recipe = TrainRecipe.from_dict(
+        {
+            "model": str(tiny_model_dir),
+            "weights": {"grpo": 1.0, "alpha": 0.0, "beta": 0.0},
+            "grpo": {
+                "max_completion_length": 64,
+                "num_generations": 4,
+                "prompts_per_step": 2,
+                "rewards": ["workspace_executes"],
+            },
+            "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.0},
+            "optim": {"learning_rate": 1e-3},
+        }
+    )
+    res = train(file_tool_store, recipe, steps=2, out_dir=tmp_path)
+    for rec in res.losses:
+        assert rec["reward"] == pytest.approx(0.5) and rec["reward_std"] > 0.4
+        assert rec["grpo"] is not None and math.isfinite(rec["grpo"])
+
+
+@pytest.mark.slow  # importing openenv costs ~6 s (gradio, fastmcp)
+def test_openenv_environment_reset_step_state(file_tool_store):
+    from openenv.core.env_server.interfaces import Environment
+
+    from composer_pipeline.workspace.env import WorkspaceAction, WorkspaceEnv
+
+    env = WorkspaceEnv()
+    assert isinstance(env, Environment)
+    first = env.reset(workspace=_snapshots(file_tool_store)[1], episode_id="e1")
+    assert "1 files known" in first.text
+    ok = env.step(WorkspaceAction(tool="Edit", arguments={"file_path": f"{CWD}/app.py", "old_string": "a = 1",
+                                                          "new_string": "a = 2"}))  # fmt: skip
+    assert ok.ok is True and ok.reward == 1.0 and "has been updated" in ok.text
+    again = env.step(WorkspaceAction(tool="Read", arguments={"file_path": f"{CWD}/app.py"}))
+    assert again.text == "     1→a = 2\n     2→b = 2"  # the episode goes on in the edited workspace
+    bad = env.step(WorkspaceAction(tool="Write", arguments={"file_path": f"{CWD}/new.txt", "content": "x"}))
+    assert bad.ok is None and bad.reward is None
+    assert env.state.episode_id == "e1" and env.state.step_count == 3 and env.state.results == [True, True, None]
+    with pytest.raises(ValueError, match="snapshot"):
+        env.reset()
+
+
+def test_trl_environment_factory_tools(file_tool_store):
+    from transformers.utils import get_json_schema
+
+    from composer_pipeline.workspace.env import WorkspaceTools
+
+    tools = WorkspaceTools()
+    for method in (tools.Read, tools.Write, tools.Edit, tools.Glob):  # TRL builds the tool schemas this way
+        assert get_json_schema(method)["function"]["name"] == method.__name__
+    assert tools.reset(workspace=_snapshots(file_tool_store)[1], prompt="p") is None
+    assert "has been updated" in tools.Edit(f"{CWD}/app.py", "b = 2", "b = 5")
+    assert "File has not been read yet" in tools.Edit(f"{CWD}/other.py", "q", "r")
+    assert tools.Read(f"{CWD}/never_seen.py").startswith("(the environment cannot tell")
+    assert tools.get_reward() == 0.5  # the undecided Read does not count
+    assert orjson.loads(_snapshots(file_tool_store)[1])["cwd"] == CWD
