@@ -118,7 +118,7 @@ class Store:
     base: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        import fsspec  # (here: `ingest` to a local directory uses only staged(), without fsspec's ~0.05 CPU-s import)
+        import fsspec  # (here: `ingest` to a local directory uses only staged(), without fsspec's ~0.03 CPU-s import)
 
         self.root = str(self.root).rstrip("/") or "/"
         self.fs, self.base = fsspec.core.url_to_fs(self.root)
