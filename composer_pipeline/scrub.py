@@ -416,7 +416,7 @@ class Scrubber:
         if kinds & _HIDDEN_BIT:
             shown = _shown_bytes(line)
             if shown != line:
-                new, _ = self._scrub_shown(line, shown, counts)
+                new, _ = self._scrub_shown(line, shown, counts, kinds)
                 return new
         for i, p in enumerate(self.builtin):
             if not kinds >> i & 1:
@@ -430,14 +430,22 @@ class Scrubber:
                 counts[p.kind] += n
         return line
 
-    def _scrub_shown(self, line: bytes, shown: bytes, counts: Counter) -> tuple[bytes, bool]:
+    def _scrub_shown(self, line: bytes, shown: bytes, counts: Counter, kinds: int | None = None) -> tuple[bytes, bool]:
         """A line with a hidden spelling (see ``_INVISIBLE``), scrubbed as written or, when that spelling hid
         a secret, as shown (``shown``: :func:`_shown_bytes` of it): it hid one when scrubbing the shown
-        line differs from showing the scrubbed one. (The scrubbed line, whether it is the shown one.)"""
+        line differs from showing the scrubbed one. (The scrubbed line, whether it is the shown one.)
+
+        ``kinds``: what the prefilter reported for ``line`` (:func:`_candidate_hits`; None: the exact path,
+        every kind). From Hyperscan (not RE2's ``_ALL_KINDS``), only those kinds run on the line as
+        written, and on the shown line only the kinds whose prefilter parts match it (one more scan): a
+        kind none of whose parts matches a text cannot match it (``PREFILTER_KINDS``). A zero-width
+        joiner in an emoji, common in real sessions, so costs a scan instead of every pattern twice."""
         as_written, as_shown = Counter(), Counter()
-        written = self._scrub_line(line, _BUILTIN_BITS, as_written)
-        seen = self._scrub_line(shown, _BUILTIN_BITS, as_shown)
-        if seen != _shown_bytes(written):
+        kinds = _ALL_KINDS if kinds is None else kinds
+        shown_kinds = _BUILTIN_BITS if kinds == _ALL_KINDS else _line_kinds(shown)
+        written = self._scrub_line(line, kinds & _BUILTIN_BITS, as_written)
+        seen = self._scrub_line(shown, shown_kinds, as_shown)
+        if seen != (shown if written is line else _shown_bytes(written)):
             counts.update(as_shown)
             return seen, True
         counts.update(as_written)
@@ -660,6 +668,18 @@ def _candidate_hits(data: bytes, backend: str = "auto") -> list[tuple[int, int, 
     if backend == "hyperscan":
         raise RuntimeError("hyperscan is not available")
     return [(start, end, _ALL_KINDS) for start, end in _candidate_lines_re2(data)]
+
+
+def _line_kinds(line: bytes) -> int:
+    """The built-in kinds whose prefilter parts match ``line`` (Hyperscan, as :func:`_candidate_hits`)."""
+    kinds = 0
+
+    def on(part, _from, _to, _flags, _ctx):
+        nonlocal kinds
+        kinds |= _PART_BITS[part]
+
+    _hyperscan_db().scan(line, match_event_handler=on)
+    return kinds & _BUILTIN_BITS
 
 
 def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:

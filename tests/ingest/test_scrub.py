@@ -309,3 +309,38 @@ def test_private_key_headers_without_an_end_line_scrub_in_linear_time():
     assert Scrubber().scrub(f"a\n{pem}\nb -----BEGIN RSA PRIVATE KEY-----") == (
         "a\n[REDACTED:private_key]\nb [REDACTED:private_key]"
     )
+
+
+class _Spy:
+    """A built-in pattern that records its kind whenever its exact pattern is about to run."""
+
+    def __init__(self, pattern, ran: list):
+        self._p, self._ran = pattern, ran
+
+    def __getattr__(self, name):
+        if name in ("rb", "pre"):  # the regex, or the assignment pass's name lookups
+            self._ran.append(self._p.kind)
+        return getattr(self._p, name)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="Hyperscan is declared for x86-64 only")
+def test_a_hidden_spelling_runs_only_the_kinds_its_line_and_its_shown_line_name():
+    """A line with a hidden spelling is scrubbed as written and as shown; with Hyperscan only the kinds
+    whose prefilter parts match the line (and, shown, the shown line) run: a zero-width joiner inside an
+    emoji (common in real sessions) ran every pattern twice. Same result as the exact path."""
+    family = "family \U0001f468\u200d\U0001f469\u200d\U0001f467 and \U0001f575\ufe0f\u200d\u2640\ufe0f"
+    cases = {  # text: (the kinds whose exact patterns may run, the kinds found)
+        family: ([], []),  # no key: no exact pattern runs at all
+        family + " " + SECRETS["openai_key"]: (["anthropic_key", "openai_key"], ["openai_key"]),  # (one part)
+        "ghp_" + "A1b2\u200bC3d4" * 5: (["github_token"], ["github_token"]),  # only the shown line names it
+        "&#65;KIAENT1TYENC0DED9XY it&#39;s": (["aws_access_key"], ["aws_access_key"]),
+    }
+    for c, (kinds, found) in cases.items():
+        data = orjson.dumps({"type": "user", "c": c})
+        fast, exact = Scrubber(), Scrubber()
+        ran: list[str] = []
+        fast.builtin = [_Spy(p, ran) for p in fast.builtin]
+        assert fast.scrub_bytes(data, "hyperscan") == exact._scrub_lines(data)
+        assert fast.counts == exact.counts
+        assert sorted(set(ran)) == kinds, c
+        assert sorted(fast.counts) == found
