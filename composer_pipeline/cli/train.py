@@ -1,12 +1,13 @@
 """``composer-pipeline train``: the three-channel trainer without Dagster; ``train eval``: held-out metrics.
 
     composer-pipeline train --data DIR --recipe recipes/train.yaml [--model PATH] [--steps N] --out DIR
-    composer-pipeline train eval --model PATH --data DIR [--recipe FILE] [--baseline PATH]
+    composer-pipeline train eval --model PATH --data DIR [--recipe FILE] [--baseline PATH] [--json] [--tolerance X]
 
 ``--data`` is any Store root (local dir, s3://, flat CLI layout or the Dagster partitioned layout).
 Training prints one JSON line per step (``step``, ``grpo``, ``sdpo``, ``dpo``, ``total``, ``off``) and a
 final ``{"checkpoint": ...}`` line. ``eval`` prints one JSON object (and, with ``--baseline``, the
-regression verdict of the model against the baseline checkpoint).
+regression verdict of the model against the baseline checkpoint); with ``--json`` the document of
+:func:`composer_pipeline.train.evaluate.report` (every metric as ``{value, n}``, ``action_parse_rate`` among them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides optim.steps)")
     p.add_argument("--out", type=Path, default=None, help="output dir (checkpoint goes to OUT/checkpoint)")
     p.add_argument("--baseline", default=None, help="eval: also evaluate this checkpoint and compare")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="eval: one JSON document: every held-out metric as {value, n} for --model and --baseline "
+        "(action_parse_rate among them, its failures by reason), the comparison and its one-line verdict",
+    )
+    p.add_argument(
+        "--tolerance", type=float, default=0.0, help="eval: a drop up to this much is not a regression (default 0)"
+    )
     p.set_defaults(func=run)
 
 
@@ -36,14 +46,26 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = TrainRecipe.load(args.recipe)
     if args.mode == "eval":
-        from composer_pipeline.train.evaluate import compare, evaluate_policy
+        from composer_pipeline.train.evaluate import compare, evaluate_policy, measured, report, verdict_line
 
         if not args.model:
             raise ValueError("train eval needs --model PATH")
-        result = {"eval": evaluate_policy(args.model, args.data, recipe)}
-        if args.baseline:
-            result["baseline"] = evaluate_policy(args.baseline, args.data, recipe)
-            result["verdict"] = compare(result["baseline"], result["eval"])
+        new = evaluate_policy(args.model, args.data, recipe)
+        base = evaluate_policy(args.baseline, args.data, recipe) if args.baseline else None
+        if args.json:
+            doc = report(new, base, tolerance=args.tolerance)
+            if base is not None:
+                was, rows = measured(new, recipe.eval.min_rows_to_measure)
+                doc["comparison"]["measured"] = was
+                doc["comparison"]["line"] = verdict_line(
+                    doc["comparison"], measured_rows=rows, min_rows=recipe.eval.min_rows_to_measure
+                )
+            print(json.dumps(doc, default=str))
+            return 0
+        result = {"eval": new}
+        if base is not None:
+            result["baseline"] = base
+            result["verdict"] = compare(base, new, tolerance=args.tolerance)
         print(json.dumps(result, default=str))
         return 0
     if args.out is None:

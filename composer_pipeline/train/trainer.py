@@ -49,8 +49,8 @@ from composer_pipeline.train.generation import RowSeededRollouts
 from composer_pipeline.train.losses import (
     chosen_nll,
     completion_logits,
-    completion_logps,
     completion_token_logps,
+    differing_token_masks,
     dpo_sigmoid_loss,
     generalized_jsd,
     last_token_logits,
@@ -151,15 +151,17 @@ class ThreeChannelTrainer(RowSeededRollouts):
         args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         n = b["prompt_ids"].size(0) // 2
         mask = b["completion_mask"]
+        # the tokens the preference term reads: every completion token, or only where the sides differ
+        span = mask if r.preference_tokens == "all" else torch.cat(differing_token_masks(b["completion_ids"], mask, n))
         with self.accelerator.autocast():
             tok_lp = completion_token_logps(model, *args)
-            pol = tok_lp.sum(-1)
+            pol = (tok_lp * span).sum(-1)
             if r.variant == "simpo":
-                avg = pol / mask.sum(-1).clamp_min(1)
+                avg = pol / span.sum(-1).clamp_min(1)
                 loss, margins = simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
             else:
                 with torch.no_grad():
-                    ref = self._at_start(model, completion_logps, *args)
+                    ref = (self._at_start(model, completion_token_logps, *args) * span).sum(-1)
                 loss, margins = dpo_sigmoid_loss(
                     pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing
                 )
