@@ -209,3 +209,28 @@ def test_bad_recipe_and_missing_data_are_clear_errors(tiny_model_dir, tmp_path):
         train(str(tmp_path), _recipe(tiny_model_dir, grpo=0, alpha=0, beta=0), steps=1, out_dir=tmp_path / "o")
     with pytest.raises(FileNotFoundError, match="no training data"):
         train(str(tmp_path), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
+
+
+def test_the_nll_term_reads_the_chosen_answers_not_the_rejected(tiny_model_dir, synth_store, tmp_path):
+    """The NLL term carries every measured gain (bench/RESULTS.md): computed on the rejected side it would
+    teach the agents' mistakes. Its first logged value is the chosen answers' NLL under the start weights."""
+    from dataclasses import replace
+
+    from composer_pipeline.train.data import dpo_batches_from, load_train_data
+    from composer_pipeline.train.losses import chosen_nll, completion_token_logps
+    from composer_pipeline.train.modeling import load_policy
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = replace(r, dpo=replace(r.dpo, sft_weight=1.0))
+    res = train(synth_store, r, steps=1, out_dir=tmp_path)
+    (rec,) = res.losses
+    data = load_train_data(synth_store, heldout_fraction=r.data.heldout_fraction, hints=r.sdpo.hint)
+    tok, model = load_policy(str(tiny_model_dir))
+    (i,) = rec["dpo_batches"]
+    b = dpo_batches_from(tok, data.pairs, r)[i]
+    n = b["prompt_ids"].size(0) // 2
+    with torch.no_grad():
+        lp = completion_token_logps(model, b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
+    chosen, rejected = (chosen_nll(lp[s], b["completion_mask"][s]).item() for s in (slice(0, n), slice(n, None)))
+    assert abs(chosen - rejected) > 1e-3  # the two sides are told apart by this check
+    assert rec["dpo_sft"] == pytest.approx(chosen, abs=1e-4), (rec["dpo_sft"], chosen, rejected)
