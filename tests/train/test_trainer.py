@@ -234,3 +234,17 @@ def test_the_nll_term_reads_the_chosen_answers_not_the_rejected(tiny_model_dir, 
     chosen, rejected = (chosen_nll(lp[s], b["completion_mask"][s]).item() for s in (slice(0, n), slice(n, None)))
     assert abs(chosen - rejected) > 1e-3  # the two sides are told apart by this check
     assert rec["dpo_sft"] == pytest.approx(chosen, abs=1e-4), (rec["dpo_sft"], chosen, rejected)
+
+
+def test_preference_over_the_differing_tokens_starts_at_ln2_and_moves_the_margin(tiny_model_dir, synth_store, tmp_path):
+    """``dpo.preference_tokens: differing``: the reference reads the same span (first loss exactly ln 2),
+    and the margin over that span moves; off by default it sums every token, as before."""
+    from dataclasses import replace
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = replace(r, dpo=replace(r.dpo, preference_tokens="differing"))
+    res = train(synth_store, r, steps=3, out_dir=tmp_path)
+    assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)
+    assert res.losses[-1]["dpo_margin"] != res.losses[0]["dpo_margin"]
+    with pytest.raises(ValueError, match="preference_tokens"):
+        TrainRecipe.from_dict({"dpo": {"preference_tokens": "some"}}).validate()
