@@ -20,17 +20,21 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`.ses
    ``sdpo`` (hint distillation, error-site rows only), ``dpo`` (RPO: preference + NLL on the chosen
    answers), ``all``, and the controls that attribute a gain: ``nll`` (the same NLL on the same
    chosen answers, no preference term), ``dpo_shuffled`` (the pairs' sides swapped at a seeded random
-   half), ``grpo_shuffled`` (a seeded prompt order instead of error sites first). Same steps per arm;
+   half), ``grpo_shuffled`` (a seeded prompt order instead of error sites first), ``nll_all`` (the NLL on
+   the teachers' consensus at every task state that has one, not only where a pair exists), and the
+   preference-loss candidates ``dpo_differing`` / ``dpo_first`` (the preference term over the tokens
+   where chosen and rejected differ / over the first of them only). Same steps per arm;
 7. held-out probe by greedy decoding, per state kind (:data:`STATE_KINDS`: the request, after a decoy
    read of *another* file, after an error, after the first / second read of the target); the score is
    ``combined`` = min(reading an unread target, editing a once-read one) on the decisive kinds (where the
    agents split 50/50), so always reading or always editing scores 0; prompts are cut at 320 tokens,
-   where every held-out request is still visible.
+   where every held-out request is still visible. Every answer's ``parse_rate`` (greedy answers that
+   parse as an action) and failures by reason are recorded too: a preference term can break the format.
 
 Out (under ``--out``): each arm × seed *cell* in ``cells/`` when it is done (row, curve, per-state
 outputs); a re-run with the same settings skips finished cells and ``budget_minutes`` stops between
 cells. From all cells: ``results.jsonl``, ``per_kind.jsonl`` (seed × arm × state kind),
-``states.jsonl`` (seed × arm × held-out state), ``table.md`` (per-kind shares, paired 95% intervals
+``states.jsonl`` (seed × arm × held-out state, with the answer's full text), ``table.md`` (per-kind shares, paired 95% intervals
 against the start and between each arm and its control), ``curves.json`` / ``curves.png``.
 The sessions are fixed; the seeds vary the start policy's fitting and every arm's training.
 """
@@ -72,6 +76,8 @@ ARMS: dict[str, Arm | None] = {
     "dpo_shuffled": Arm((0.0, 0.0, 1.0), data="shuffled_labels"),  # same pairs, sides swapped at random (seeded)
     # the preference term over the tokens where chosen and rejected differ only (+ the same NLL)
     "dpo_differing": Arm((0.0, 0.0, 1.0), preference_tokens="differing"),
+    # ... over the first differing token only (the decision; nothing after it is pushed down)
+    "dpo_first": Arm((0.0, 0.0, 1.0), preference_tokens="first_differing"),
     # the NLL term on the teachers' consensus at every task state with one (pairs and positives), not
     # only where a pair exists: does selecting the states where the agent disagreed matter?
     "nll_all": Arm((0.0, 0.0, 1.0), data="consensus_all", dpo_beta=0.0),
@@ -400,7 +406,8 @@ def consensus_store(train_root: str, out_root: Path) -> str:
         )
     dst.write_table("pairs", tables.conform(pa.Table.from_pylist(rows), "normalized_dpo_pairs"))
     for name in ("trace_states", "trace_messages"):
-        dst.write_table(name, src.read_table(name))
+        if src.exists(name):
+            dst.write_table(name, src.read_table(name))
     return str(out_root)
 
 
@@ -906,6 +913,7 @@ CONTRASTS = [
     ("dpo", "nll", "the preference term adds to the NLL on the chosen answers"),
     ("dpo_differing", "nll", "the preference term over the differing tokens adds to the NLL"),
     ("dpo_differing", "dpo", "summing the preference term over the differing tokens only matters"),
+    ("dpo_first", "nll", "the preference term on the first differing token adds to the NLL"),
     ("nll", "nll_all", "selecting the states where the agent disagreed matters (vs the consensus everywhere)"),
     ("dpo", "dpo_shuffled", "the pairs' labels carry the DPO gain"),
     ("grpo", "grpo_shuffled", "the error-sites-first order matters to GRPO"),

@@ -150,7 +150,7 @@ def completion_logps(
 
 
 def differing_token_masks(
-    completion_ids: torch.Tensor, completion_mask: torch.Tensor, n: int
+    completion_ids: torch.Tensor, completion_mask: torch.Tensor, n: int, *, first_only: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For a DPO batch ``[chosen_1..n, rejected_1..n]`` (right-padded completions): per side, the mask of
     the tokens from the first one where the two answers differ to the last one before their common
@@ -160,7 +160,9 @@ def differing_token_masks(
     ending does not (it follows different tokens), so a margin over whole answers also pushes down the
     rejected answer's closing structure (``"}\\n</tool_call>`` and eos), which every answer needs.
     When one answer is a prefix/suffix of the other the shorter side's span may be empty; an
-    all-equal pair (dropped before training) gives two empty spans.
+    all-equal pair (dropped before training) gives two empty spans. ``first_only``: only the first
+    differing token of each side (the decision: ``}`` closing a Read's arguments vs ``,"new_string"`` of an
+    Edit on the same path), so no token after it, content or structure, is pushed down.
     """
     out = torch.zeros_like(completion_mask)
     lens = completion_mask.sum(-1).tolist()
@@ -173,6 +175,10 @@ def differing_token_masks(
         end = 0  # common ending, not overlapping the common beginning
         while end < min(len(c), len(r)) - start and c[len(c) - 1 - end] == r[len(r) - 1 - end]:
             end += 1
-        out[i, start : len(c) - end] = 1
-        out[n + i, start : len(r) - end] = 1
+        if first_only:
+            out[i, start : min(start + 1, len(c) - end)] = 1
+            out[n + i, start : min(start + 1, len(r) - end)] = 1
+        else:
+            out[i, start : len(c) - end] = 1
+            out[n + i, start : len(r) - end] = 1
     return out[:n], out[n:]

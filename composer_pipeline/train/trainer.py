@@ -152,7 +152,13 @@ class ThreeChannelTrainer(RowSeededRollouts):
         n = b["prompt_ids"].size(0) // 2
         mask = b["completion_mask"]
         # the tokens the preference term reads: every completion token, or only where the sides differ
-        span = mask if r.preference_tokens == "all" else torch.cat(differing_token_masks(b["completion_ids"], mask, n))
+        span = (
+            mask
+            if r.preference_tokens == "all"
+            else torch.cat(
+                differing_token_masks(b["completion_ids"], mask, n, first_only=r.preference_tokens == "first_differing")
+            )
+        )
         with self.accelerator.autocast():
             tok_lp = completion_token_logps(model, *args)
             pol = (tok_lp * span).sum(-1)

@@ -182,3 +182,22 @@ def test_probe_restores_training_mode(heldout):
     lm = ScriptedLM(tok, always_read)
     probe(lm, tok, cases[:3])
     assert lm.training is True
+
+
+def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_path):
+    """``nll_all``'s data: every pair and every positive (the agent agreed) as a row whose chosen side is the
+    teachers' consensus; the positives' rejected side is a stand-in its β-0 preference term never reads."""
+    from composer_pipeline.experiments.read_before_edit import ARMS, consensus_store
+    from composer_pipeline.store import Store
+    from composer_pipeline.train.data import load_train_data
+    from composer_pipeline.train.hints import HintTemplates
+    from tests.support.synthetic_train import write_store
+
+    src = Store(write_store(tmp_path / "train", 12, both_directions=True))
+    pairs, positives = src.read_table("pairs").to_pylist(), src.read_table("positives").to_pylist()
+    root = consensus_store(src.root, tmp_path / "everywhere")
+    data = load_train_data(root, heldout_fraction=0.0, hints=HintTemplates())
+    assert len(data.pairs) == len(pairs) + len(positives) and positives
+    want = {r["state_id"]: r["chosen_text"] for r in pairs + positives}
+    assert {p.state_id: p.chosen_text for p in data.pairs} == want
+    assert ARMS["nll_all"].dpo_beta == 0.0 and ARMS["nll_all"].data == "consensus_all"

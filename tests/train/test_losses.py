@@ -117,3 +117,6 @@ def test_differing_token_masks_skip_the_shared_beginning_and_ending():
     c, r = differing_token_masks(ids, mask, 2)
     assert c.tolist() == [[0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
     assert r.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]]
+    c, r = differing_token_masks(ids, mask, 2, first_only=True)
+    assert c.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
+    assert r.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]]
