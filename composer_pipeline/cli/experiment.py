@@ -72,6 +72,13 @@ def register(subparsers) -> None:
         default=None,
         help="weight of the NLL term on chosen answers beside the DPO loss (default 1.0; 0 = plain DPO)",
     )
+    r.add_argument(
+        "--preference-tokens",
+        choices=["all", "differing", "first_differing"],
+        default=None,
+        help="the tokens the preference term sums in the dpo, dpo_shuffled and all arms (default: the recipe's "
+        "dpo.preference_tokens)",
+    )
     r.set_defaults(func=run)
 
 
@@ -93,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         "dpo_sft_weight": args.dpo_sft_weight,
         "budget_minutes": args.budget_minutes,
         "eval_every": args.eval_every,
+        "preference_tokens": args.preference_tokens,
     }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())

@@ -124,6 +124,9 @@ class ExperimentConfig:
     # RPO's NLL term on the chosen answers beside the DPO loss (plain DPO broke this tiny model's output
     # format within 60 steps: the margin grew by pushing both answers down)
     dpo_sft_weight: float = 1.0
+    # the tokens the preference term sums in every DPO arm that does not set its own (dpo, dpo_shuffled,
+    # all): None = the recipe's dpo.preference_tokens; all | differing | first_differing
+    preference_tokens: str | None = None
     max_new_tokens: int = 96  # probes and rollouts: a whole Edit call with the tiny tokenizer (~80)
     probe_states: str = "all"  # all | decisive (only the decisive kinds: cheaper for a large model)
     budget_minutes: float | None = None  # stop cleanly before the next cell once spent (a re-run resumes)
@@ -167,7 +170,9 @@ class ExperimentConfig:
             max_new_tokens=72,
             probe_states="decisive",
             prompt_tokens=384,
-            arms=("start", "dpo", "nll", "dpo_shuffled", "grpo", "grpo_shuffled", "all"),
+            # the pre-registered table (bench/RESULTS.md, "SmolLM2: the plan"): primary contrasts dpo − nll
+            # and nll − nll_all
+            arms=("start", "nll", "dpo", "nll_all", "dpo_shuffled"),
         )
         base.update({k: v for k, v in kw.items() if v is not None})
         return cls(out=out, **base)
@@ -180,7 +185,9 @@ class ExperimentConfig:
             for k in self.__dataclass_fields__
             if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")
         }
-        return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 4}
+        # version 5: pairs whose chosen side repeats the prompt's last call are dropped, and every cell
+        # records parse_rate and the answers' full texts (issue 31): cells of version 4 do not mix with these
+        return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 5}
 
 
 # -- data: sessions -> ingest -> replay -> pairs ---------------------------------------------------
@@ -614,8 +621,9 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     dpo = replace(r.dpo, max_completion_tokens=cfg.max_new_tokens, sft_weight=cfg.dpo_sft_weight)
     if spec.dpo_beta is not None:
         dpo = replace(dpo, beta=spec.dpo_beta)
-    if spec.preference_tokens is not None:
-        dpo = replace(dpo, preference_tokens=spec.preference_tokens)
+    tokens = spec.preference_tokens or cfg.preference_tokens
+    if tokens is not None:
+        dpo = replace(dpo, preference_tokens=tokens)
     r = replace(
         r,
         optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),

@@ -20,7 +20,9 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
 3. **DPO** on the normalized pairs against a frozen copy of the starting policy (reference log-probs
    computed every step, never cached constants; with LoRA the reference is the adapter-disabled
    base), or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
-   answers (under DDP: the mean of each rank's token mean).
+   answers (under DDP: the mean of each rank's token mean). ``dpo.preference_tokens`` picks the tokens the
+   preference term sums (policy and reference alike): every completion token, the span where chosen and
+   rejected differ, or the first differing token only (:func:`.losses.differing_token_masks`).
 
 Each step's per-channel losses are logged (:mod:`.step_log`); a channel with weight 0 or with no
 inputs in the data (:func:`.config.decide_channels`) or in this batch (``_compute_loss``) is reported

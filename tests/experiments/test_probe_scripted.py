@@ -201,3 +201,20 @@ def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_p
     want = {r["state_id"]: r["chosen_text"] for r in pairs + positives}
     assert {p.state_id: p.chosen_text for p in data.pairs} == want
     assert ARMS["nll_all"].dpo_beta == 0.0 and ARMS["nll_all"].data == "consensus_all"
+
+
+def test_the_preference_tokens_setting_reaches_every_dpo_arm_but_the_candidates(tmp_path):
+    from pathlib import Path
+
+    from composer_pipeline.experiments.read_before_edit import ExperimentConfig, arm_recipe
+    from composer_pipeline.train.config import TrainRecipe
+
+    base = TrainRecipe.load(Path(__file__).resolve().parents[2] / "recipes" / "train.yaml")
+    cfg = ExperimentConfig.smollm2(tmp_path, preference_tokens="first_differing")
+    assert cfg.arms == ("start", "nll", "dpo", "nll_all", "dpo_shuffled")  # the pre-registered table
+    tokens = {
+        a: arm_recipe(base, a, cfg, tmp_path, 0).dpo.preference_tokens for a in ("dpo", "dpo_shuffled", "dpo_differing")
+    }
+    assert tokens == {"dpo": "first_differing", "dpo_shuffled": "first_differing", "dpo_differing": "differing"}
+    assert arm_recipe(base, "dpo", ExperimentConfig.smollm2(tmp_path), tmp_path, 0).dpo.preference_tokens == "all"
+    assert cfg.fingerprint()["preference_tokens"] == "first_differing"  # cells of other settings never mix
