@@ -46,20 +46,14 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = TrainRecipe.load(args.recipe)
     if args.mode == "eval":
-        from composer_pipeline.train.evaluate import compare, evaluate_policy, measured, report, verdict_line
+        from composer_pipeline.train.evaluate import compare, evaluate_policy, report
 
         if not args.model:
             raise ValueError("train eval needs --model PATH")
         new = evaluate_policy(args.model, args.data, recipe)
         base = evaluate_policy(args.baseline, args.data, recipe) if args.baseline else None
         if args.json:
-            doc = report(new, base, tolerance=args.tolerance)
-            if base is not None:
-                was, rows = measured(new, recipe.eval.min_rows_to_measure)
-                doc["comparison"]["measured"] = was
-                doc["comparison"]["line"] = verdict_line(
-                    doc["comparison"], measured_rows=rows, min_rows=recipe.eval.min_rows_to_measure
-                )
+            doc = report(new, base, tolerance=args.tolerance, min_rows=recipe.eval.min_rows_to_measure)
             print(json.dumps(doc, default=str))
             return 0
         result = {"eval": new}

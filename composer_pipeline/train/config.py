@@ -134,7 +134,8 @@ class EvalSection:
     min_rows_to_measure: int = setting(
         30,
         help="held-out rows (pairs or prompts) below which an evaluation measures nothing: the no_regression "
-        "check says so instead of passing, and the demo prints that its training is a smoke run",
+        "check states that verdict (not a failure, not a pass on the numbers), and the demo prints that its "
+        "training is a smoke run",
     )
 
 

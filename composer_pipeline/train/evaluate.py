@@ -215,10 +215,13 @@ def compare(before: dict[str, Any], after: dict[str, Any], *, tolerance: float =
     return verdict
 
 
-def report(model: dict[str, Any], baseline: dict[str, Any] | None = None, *, tolerance: float = 0.0) -> dict[str, Any]:
+def report(
+    model: dict[str, Any], baseline: dict[str, Any] | None = None, *, tolerance: float = 0.0, min_rows: int = 30
+) -> dict[str, Any]:
     """The one JSON document of ``train eval --json``: every held-out metric as ``{value, n}`` (plus its
     details: ``reason`` when it measured nothing, ``errors`` for the parse rate) for the model and, with a
-    baseline, for the baseline, and the comparison (:func:`compare`) with its one-line summary."""
+    baseline, for the baseline, and the comparison (:func:`compare`) with ``measured`` (:func:`measured`
+    at ``min_rows``) and its one-line summary ``line`` (:func:`verdict_line`)."""
 
     def metrics(ev: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -236,7 +239,13 @@ def report(model: dict[str, Any], baseline: dict[str, Any] | None = None, *, tol
     }
     if baseline is not None:
         doc["baseline"] = {"path": baseline.get("model"), "metrics": metrics(baseline)}
-        doc["comparison"] = compare(baseline, model, tolerance=tolerance)
+        verdict = compare(baseline, model, tolerance=tolerance)
+        was, rows = measured(model, min_rows)
+        doc["comparison"] = {
+            **verdict,
+            "measured": was,
+            "line": verdict_line(verdict, measured_rows=rows, min_rows=min_rows),
+        }
     return doc
 
 
