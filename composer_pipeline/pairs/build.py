@@ -96,8 +96,8 @@ class PairRecipe:
     drop_repeating_chosen: bool = setting(
         True,
         help="drop (to dropped_pairs, with the reason) a pair whose chosen side repeats the last tool call of its "
-        "prompt (same tools, no argument it did not already have with the same value, only tool results since): it "
-        "teaches repetition. Running the tests again after an edit is no such repeat (the last call is the edit)",
+        "prompt word for word (same tools, same arguments, only tool results since): it teaches repetition. Running "
+        "the tests again after an edit is no such repeat (the last call is the edit)",
     )
     teacher_preference: tuple[str, ...] = setting(
         (), help="whose answer represents the consensus, first match wins (then by name)"
@@ -388,29 +388,18 @@ def parrot_reason(chosen: Action, prompt_json: str, rules: SignatureRules) -> st
     return None
 
 
-def _call_of(name: str, arguments: Any) -> tuple[str, dict[str, Any] | str]:
+def _call_key(name: str, arguments: Any) -> tuple[str, str]:
     if isinstance(arguments, str):
         try:
             arguments = orjson.loads(arguments)
         except orjson.JSONDecodeError:
             return name, arguments
-    return name, arguments if isinstance(arguments, dict) else orjson.dumps(arguments).decode()
+    return name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _adds_nothing(mine: tuple[str, Any], prev: tuple[str, Any]) -> bool:
-    """The same tool, and every argument of ``mine`` is in ``prev`` with the same value: it repeats that
-    call or a part of it (an Edit of the same file with no content after an Edit, `pytest -q` again)."""
-    (name, args), (prev_name, prev_args) = mine, prev
-    if name != prev_name:
-        return False
-    if not isinstance(args, dict) or not isinstance(prev_args, dict):
-        return args == prev_args
-    return all(k in prev_args and prev_args[k] == v for k, v in args.items())
-
-
-def last_calls(prompt_json: str) -> list[tuple[str, Any]] | None:
+def last_calls(prompt_json: str) -> list[tuple[str, str]] | None:
     """The tool calls of the prompt's last assistant turn when nothing but tool results followed it (None:
-    no such turn, or a user spoke since), each as (name, arguments)."""
+    no such turn, or a user spoke since), each as (name, arguments with sorted keys)."""
     for m in reversed(orjson.loads(prompt_json)):
         role = m.get("role")
         if role == "tool":
@@ -418,27 +407,24 @@ def last_calls(prompt_json: str) -> list[tuple[str, Any]] | None:
         if role != "assistant" or not m.get("tool_calls"):
             return None
         return [
-            _call_of((c.get("function") or {}).get("name") or "", (c.get("function") or {}).get("arguments") or {})
+            _call_key((c.get("function") or {}).get("name") or "", (c.get("function") or {}).get("arguments") or {})
             for c in m["tool_calls"]
         ]
     return None
 
 
 def repeat_reason(chosen: Action, prompt_json: str) -> str | None:
-    """``chosen_repeats_last_call: <tools>`` when the answer's tool calls repeat the prompt's last call (or
-    its last turn's calls), with nothing but their results since (:func:`last_calls`): the same tools, and
-    no argument that call did not already have with the same value (so an Edit of the same file without
-    its content, or `pytest -q` right after `pytest -q`, repeats; the tests after an edit, or another hunk
-    of the same file, do not). None otherwise; a text answer is never a repeat."""
+    """``chosen_repeats_last_call: <tools>`` when the answer's tool calls are the prompt's last call (or
+    its last turn's calls) again, same tools and same arguments, with nothing but their results since
+    (:func:`last_calls`); None otherwise. A text answer is never a repeat."""
     if not chosen.tool_calls:
         return None
     prev = last_calls(prompt_json)
     if not prev:
         return None
-    mine = [_call_of(c.name, c.arguments) for c in chosen.tool_calls]
-    for against in (prev, prev[-1:]):
-        if len(mine) == len(against) and all(_adds_nothing(a, b) for a, b in zip(mine, against)):
-            return "chosen_repeats_last_call: " + ", ".join(c.name for c in chosen.tool_calls)
+    mine = [_call_key(c.name, c.arguments) for c in chosen.tool_calls]
+    if mine == prev or mine == prev[-1:]:
+        return "chosen_repeats_last_call: " + ", ".join(c.name for c in chosen.tool_calls)
     return None
 
 

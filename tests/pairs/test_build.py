@@ -488,19 +488,6 @@ def test_repeat_of_the_last_call_is_told_apart_from_a_next_step():
         )
         == "chosen_repeats_last_call: Edit"
     )
-    # the demo's third pair: an Edit of the file just edited, without any content (nothing the last call
-    # did not already say)
-    no_content = Action(tool_calls=(ToolCall("Edit", {"file_path": "/repo/src/app.py"}),))
-    assert repeat_reason(no_content, _prompt(READ, EDIT)) == "chosen_repeats_last_call: Edit"
-    # another hunk of the same file, or a Read of it with an offset: something new, no repeat
-    other_hunk = Action(tool_calls=(ToolCall("Edit", {**EDIT.tool_calls[0].arguments, "new_string": "x = 3"}),))
-    assert repeat_reason(other_hunk, _prompt(EDIT)) is None
-    assert (
-        repeat_reason(
-            Action(tool_calls=(ToolCall("Read", {"file_path": "/repo/src/app.py", "offset": 40}),)), _prompt(READ)
-        )
-        is None
-    )
     # running the tests again after an edit is the next step, not a repeat
     assert repeat_reason(pytest_again, _prompt(BASH, EDIT)) is None
     # other arguments, a user turn since, a text answer: no repeat
