@@ -488,6 +488,9 @@ def test_repeat_of_the_last_call_is_told_apart_from_a_next_step():
         )
         == "chosen_repeats_last_call: Edit"
     )
+    # another hunk of the same file: not the same call
+    other_hunk = Action(tool_calls=(ToolCall("Edit", {**EDIT.tool_calls[0].arguments, "new_string": "x = 3"}),))
+    assert repeat_reason(other_hunk, _prompt(EDIT)) is None
     # running the tests again after an edit is the next step, not a repeat
     assert repeat_reason(pytest_again, _prompt(BASH, EDIT)) is None
     # other arguments, a user turn since, a text answer: no repeat
