@@ -1,5 +1,5 @@
 """Pairs stage: ``dpo_pairs`` + ``agreement_positives`` (teacher consensus vs the agent; pairs whose chosen
-side parrots the prompt to ``pairs_dropped_at_build``, with the reason) ->
+side parrots the prompt or repeats its last tool call to ``pairs_dropped_at_build``, with the reason) ->
 ``normalized_dpo_pairs`` + ``dropped_pairs`` (data-juicer) -> ``training_set`` (all sessions).
 
 Calls ``composer_pipeline.pairs.build.build_pairs`` and ``pairs.normalize.normalize_pairs``. Checks
@@ -74,8 +74,8 @@ def example_pair_md(
         "pairs_dropped_at_build": dg.AssetOut(
             tags=STAGE,
             kinds={"parquet"},
-            description="Pairs never built, with the reason: the chosen side echoes prompt markup or parrots the prompt "
-            "(drop_op pairs.build). Folded into dropped_pairs, as the CLI's `pairs` writes it.",
+            description="Pairs never built, with the reason: the chosen side echoes prompt markup, parrots the prompt "
+            "or repeats the prompt's last tool call word for word (drop_op pairs.build). Folded into dropped_pairs, as the CLI's `pairs` writes it.",
         ),
     },
 )

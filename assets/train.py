@@ -132,7 +132,14 @@ def policy_eval(
     context: dg.AssetExecutionContext, trained_policy: pa.Table, recipes: PipelineRecipes, store: StoreResource
 ):
     from composer_pipeline.train.config import TrainRecipe
-    from composer_pipeline.train.evaluate import LEARNING_COMMAND, evaluate_policy, measured
+    from composer_pipeline.train.evaluate import (
+        GATED,
+        LEARNING_COMMAND,
+        compare,
+        evaluate_policy,
+        measured,
+        verdict_line,
+    )
 
     row = trained_policy.to_pylist()[0]
     data_root = store.store().root
@@ -152,7 +159,13 @@ def policy_eval(
             "run_id": [context.run_id] * len(metrics),
         }
     )
+    # the comparison, once: what improved, regressed, or could not be measured (and why), rounded
+    min_rows = TrainRecipe.load(recipes.train).eval.min_rows_to_measure
+    was_measured, n_rows = measured(new, min_rows)
+    verdict = compare(base, new, tolerance=recipes.max_eval_regression)
+    line = verdict_line(verdict, measured_rows=n_rows, min_rows=min_rows)
     meta = {
+        "verdict": line,
         "dagster/row_count": table.num_rows,
         "checkpoint": row["checkpoint"],
         "base_model": row["base_model"],
@@ -162,31 +175,27 @@ def policy_eval(
     }
     for k in metrics:
         if value(new, k) is not None:
-            meta[f"trained_{k}"] = float(value(new, k))
+            meta[f"trained_{k}"] = round(float(value(new, k)), 4)
+    parse = new.get("action_parse_rate") or {}
+    if parse.get("errors"):
+        meta["parse_errors"] = dg.MetadataValue.json(parse["errors"])
     yield dg.Output(table, metadata=meta)
 
-    # higher is better for these; hint_jsd (lower is better) is reported, not gated
-    deltas = {
-        k: value(new, k) - value(base, k)
-        for k in ("reward", "preference_accuracy")
-        if value(new, k) is not None and value(base, k) is not None
-    }
-    regressed = {k: d for k, d in deltas.items() if d < -recipes.max_eval_regression}
-    # a comparison on a handful of held-out rows measures nothing: say so, do not pass
-    min_rows = TrainRecipe.load(recipes.train).eval.min_rows_to_measure
-    was_measured, n_rows = measured(new, min_rows)
+    # higher is better for the gated metrics (reward, preference accuracy, action parse rate); hint_jsd
+    # (lower is better) is reported, not gated
+    deltas = {k: round(verdict[k]["delta"], 4) for k in GATED if verdict[k].get("checked")}
+    regressed = {k: d for k, d in deltas.items() if verdict[k]["regressed"]}
+    # a comparison on a handful of held-out rows measures nothing: not a failure, a stated verdict
     if not deltas:
-        description = "no metric comparable between the new and the starting model (empty held-out split?)"
+        description = f"not measured: no metric comparable between the new and the starting model ({line})"
     elif not was_measured:
-        description = (
-            f"measured nothing: {n_rows} held-out rows (fewer than eval.min_rows_to_measure {min_rows}); "
-            f"learning is measured by `{LEARNING_COMMAND}`"
-        )
+        description = f"{line}; learning is measured by `{LEARNING_COMMAND}`"
     else:
-        description = None
+        description = line
     yield dg.AssetCheckResult(
         check_name="no_regression",
-        passed=bool(deltas) and was_measured and not regressed,
+        # fails only on a measured drop beyond the tolerance; "measured nothing" is a verdict, not a failure
+        passed=not (was_measured and regressed),
         severity=dg.AssetCheckSeverity.WARN,
         description=description,
         metadata={

@@ -87,7 +87,28 @@ class Action:
 
 
 class ActionParseError(ValueError):
-    """A model answer that cannot be read as an action; the message says why."""
+    """A model answer that cannot be read as an action; the message says why and ``reason`` names the
+    kind of failure (one of :data:`PARSE_REASONS`), so failures can be counted by reason."""
+
+    def __init__(self, message: str, reason: str = "other"):
+        super().__init__(message)
+        self.reason = reason
+
+
+# the kinds of unparseable answers (ActionParseError.reason)
+PARSE_REASONS = ("invalid_json", "no_name", "arguments_not_object", "unterminated", "empty", "other")
+
+
+def parse_failure(text: str) -> str | None:
+    """Why ``text`` is not a valid action (a :data:`PARSE_REASONS` key), or None when it parses as one.
+    An empty answer (nothing but whitespace) is not an action either: ``empty``."""
+    if not text.strip():
+        return "empty"
+    try:
+        parse_action_text(text)
+    except ActionParseError as e:
+        return e.reason
+    return None
 
 
 def parse_action_text(text: str) -> Action:
@@ -101,20 +122,22 @@ def parse_action_text(text: str) -> Action:
         try:
             body = orjson.loads(m.group(1))
         except orjson.JSONDecodeError as e:
-            raise ActionParseError(f"tool_call {i} is not valid JSON: {e}") from None
+            raise ActionParseError(f"tool_call {i} is not valid JSON: {e}", "invalid_json") from None
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-            raise ActionParseError(f"tool_call {i} has no string 'name'")
+            raise ActionParseError(f"tool_call {i} has no string 'name'", "no_name")
         args = body.get("arguments", {})
         if isinstance(args, str):
             try:
                 args = orjson.loads(args)
             except orjson.JSONDecodeError:
-                raise ActionParseError(f"tool_call {i} arguments are a non-JSON string") from None
+                raise ActionParseError(
+                    f"tool_call {i} arguments are a non-JSON string", "arguments_not_object"
+                ) from None
         if not isinstance(args, dict):
-            raise ActionParseError(f"tool_call {i} arguments are not an object")
+            raise ActionParseError(f"tool_call {i} arguments are not an object", "arguments_not_object")
         calls.append(ToolCall(name=body["name"], arguments=args, id=f"call_{i}"))
     if "<tool_call>" in text and len(calls) != text.count("<tool_call>"):
-        raise ActionParseError("unterminated <tool_call> block")
+        raise ActionParseError("unterminated <tool_call> block", "unterminated")
     free = TOOL_CALL_RE.sub("", text).strip()
     return Action(text=free, tool_calls=tuple(calls))
 

@@ -36,8 +36,10 @@ def register(subparsers) -> None:
         "--arms",
         default=None,
         help="comma-separated subset of start,grpo,grpo_shuffled,sdpo,dpo,nll,"
-        "dpo_shuffled,all (the controls: nll = the NLL term alone, dpo_shuffled = labels swapped at random, "
-        "grpo_shuffled = a seeded prompt order)",
+        "dpo_shuffled,all,nll_all,dpo_differing,dpo_first (the controls: nll = the NLL term alone, dpo_shuffled = "
+        "labels swapped at random, grpo_shuffled = a seeded prompt order, nll_all = the NLL on the consensus at every "
+        "task state; dpo_differing / dpo_first: the preference term over the tokens where the sides differ / the "
+        "first such token)",
     )
     r.add_argument(
         "--budget-minutes",
@@ -70,6 +72,13 @@ def register(subparsers) -> None:
         default=None,
         help="weight of the NLL term on chosen answers beside the DPO loss (default 1.0; 0 = plain DPO)",
     )
+    r.add_argument(
+        "--preference-tokens",
+        choices=["all", "differing", "first_differing"],
+        default=None,
+        help="the tokens the preference term sums in the dpo, dpo_shuffled and all arms (default: the recipe's "
+        "dpo.preference_tokens)",
+    )
     r.set_defaults(func=run)
 
 
@@ -91,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         "dpo_sft_weight": args.dpo_sft_weight,
         "budget_minutes": args.budget_minutes,
         "eval_every": args.eval_every,
+        "preference_tokens": args.preference_tokens,
     }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())

@@ -20,17 +20,21 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`.ses
    ``sdpo`` (hint distillation, error-site rows only), ``dpo`` (RPO: preference + NLL on the chosen
    answers), ``all``, and the controls that attribute a gain: ``nll`` (the same NLL on the same
    chosen answers, no preference term), ``dpo_shuffled`` (the pairs' sides swapped at a seeded random
-   half), ``grpo_shuffled`` (a seeded prompt order instead of error sites first). Same steps per arm;
+   half), ``grpo_shuffled`` (a seeded prompt order instead of error sites first), ``nll_all`` (the NLL on
+   the teachers' consensus at every task state that has one, not only where a pair exists), and the
+   preference-loss candidates ``dpo_differing`` / ``dpo_first`` (the preference term over the tokens
+   where chosen and rejected differ / over the first of them only). Same steps per arm;
 7. held-out probe by greedy decoding, per state kind (:data:`STATE_KINDS`: the request, after a decoy
    read of *another* file, after an error, after the first / second read of the target); the score is
    ``combined`` = min(reading an unread target, editing a once-read one) on the decisive kinds (where the
    agents split 50/50), so always reading or always editing scores 0; prompts are cut at 320 tokens,
-   where every held-out request is still visible.
+   where every held-out request is still visible. Every answer's ``parse_rate`` (greedy answers that
+   parse as an action) and failures by reason are recorded too: a preference term can break the format.
 
 Out (under ``--out``): each arm × seed *cell* in ``cells/`` when it is done (row, curve, per-state
 outputs); a re-run with the same settings skips finished cells and ``budget_minutes`` stops between
 cells. From all cells: ``results.jsonl``, ``per_kind.jsonl`` (seed × arm × state kind),
-``states.jsonl`` (seed × arm × held-out state), ``table.md`` (per-kind shares, paired 95% intervals
+``states.jsonl`` (seed × arm × held-out state, with the answer's full text), ``table.md`` (per-kind shares, paired 95% intervals
 against the start and between each arm and its control), ``curves.json`` / ``curves.png``.
 The sessions are fixed; the seeds vary the start policy's fitting and every arm's training.
 """
@@ -60,6 +64,9 @@ class Arm:
     grpo_order: str = "error_sites_first"  # or "shuffled": a seeded shuffle (the control for the order)
     divergence: str = "jsd"  # the hint channel's loss (sdpo.divergence): jsd | taid | eopd
 
+    # None: the recipe's dpo.preference_tokens; "all" | "differing": which tokens the preference term sums
+    preference_tokens: str | None = None
+
 
 ARMS: dict[str, Arm | None] = {
     "start": None,
@@ -71,6 +78,13 @@ ARMS: dict[str, Arm | None] = {
     "dpo": Arm((0.0, 0.0, 1.0)),  # RPO: preference term + dpo_sft_weight · NLL on the chosen answers
     "nll": Arm((0.0, 0.0, 1.0), dpo_beta=0.0),  # the same NLL on the same chosen answers, no preference term
     "dpo_shuffled": Arm((0.0, 0.0, 1.0), data="shuffled_labels"),  # same pairs, sides swapped at random (seeded)
+    # the preference term over the tokens where chosen and rejected differ only (+ the same NLL)
+    "dpo_differing": Arm((0.0, 0.0, 1.0), preference_tokens="differing"),
+    # ... over the first differing token only (the decision; nothing after it is pushed down)
+    "dpo_first": Arm((0.0, 0.0, 1.0), preference_tokens="first_differing"),
+    # the NLL term on the teachers' consensus at every task state with one (pairs and positives), not
+    # only where a pair exists: does selecting the states where the agent disagreed matter?
+    "nll_all": Arm((0.0, 0.0, 1.0), data="consensus_all", dpo_beta=0.0),
     "all": Arm((1.0, 1.0, 1.0)),
 }
 # the teachers' entries: name -> variant (rule_teacher.VARIANTS). `rule-copy` sends the same model as
@@ -114,6 +128,9 @@ class ExperimentConfig:
     # RPO's NLL term on the chosen answers beside the DPO loss (plain DPO broke this tiny model's output
     # format within 60 steps: the margin grew by pushing both answers down)
     dpo_sft_weight: float = 1.0
+    # the tokens the preference term sums in every DPO arm that does not set its own (dpo, dpo_shuffled,
+    # all): None = the recipe's dpo.preference_tokens; all | differing | first_differing
+    preference_tokens: str | None = None
     max_new_tokens: int = 96  # probes and rollouts: a whole Edit call with the tiny tokenizer (~80)
     probe_states: str = "all"  # all | decisive (only the decisive kinds: cheaper for a large model)
     budget_minutes: float | None = None  # stop cleanly before the next cell once spent (a re-run resumes)
@@ -157,7 +174,9 @@ class ExperimentConfig:
             max_new_tokens=72,
             probe_states="decisive",
             prompt_tokens=384,
-            arms=("start", "dpo", "nll", "dpo_shuffled", "grpo", "grpo_shuffled", "all"),
+            # the pre-registered table (bench/RESULTS.md, "SmolLM2: the plan"): primary contrasts dpo − nll
+            # and nll − nll_all
+            arms=("start", "nll", "dpo", "nll_all", "dpo_shuffled"),
         )
         base.update({k: v for k, v in kw.items() if v is not None})
         return cls(out=out, **base)
@@ -170,7 +189,9 @@ class ExperimentConfig:
             for k in self.__dataclass_fields__
             if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")
         }
-        return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 4}
+        # version 5: pairs whose chosen side repeats the prompt's last call are dropped, and every cell
+        # records parse_rate and the answers' full texts (issue 31): cells of version 4 do not mix with these
+        return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 5}
 
 
 # -- data: sessions -> ingest -> replay -> pairs ---------------------------------------------------
@@ -368,6 +389,39 @@ def shuffled_label_store(train_root: str, out_root: Path, seed: int) -> str:
     return str(out_root)
 
 
+def consensus_store(train_root: str, out_root: Path) -> str:
+    """A copy of the train store whose ``pairs`` hold the teachers' consensus as the chosen side at every
+    task state that has one: the pairs, plus each positive (the agent agreed with the consensus) as a row
+    whose rejected side is an empty-text stand-in. For the ``nll_all`` arm only, whose preference term is a
+    constant (β 0): the rejected side never reaches a gradient, the NLL reads every consensus answer."""
+    import pyarrow as pa
+
+    from composer_pipeline import tables
+    from composer_pipeline.actions import Action
+    from composer_pipeline.store import Store
+
+    if (out_root / "pairs.parquet").is_file():
+        return str(out_root)
+    src, dst = Store(train_root), Store(str(out_root))
+    stand_in = Action(text="(no rejected answer: the agent agreed with the consensus)")
+    rows = src.read_table("pairs").to_pylist()
+    for r in src.read_table("positives").to_pylist():
+        rows.append(
+            {
+                **r,
+                "kind": "pair",
+                "pair_id": r.get("pair_id") or f"positive-{r['state_id']}",
+                "rejected": stand_in.to_json(),
+                "rejected_text": stand_in.to_text(),
+            }
+        )
+    dst.write_table("pairs", tables.conform(pa.Table.from_pylist(rows), "normalized_dpo_pairs"))
+    for name in ("trace_states", "trace_messages"):
+        if src.exists(name):
+            dst.write_table(name, src.read_table(name))
+    return str(out_root)
+
+
 def _pair_kinds(pairs) -> dict[str, int]:
     """How many pairs prefer which tool over which (``"Read over Edit"``): both directions are needed,
     or DPO learns "always X" instead of the rule."""
@@ -463,6 +517,11 @@ def score_outputs(outputs: list[dict]) -> dict[str, Any]:
     states (``read_when_unread``, ``edit_when_read``), per state kind, and on the decisive kinds, whose
     ``combined`` = min(decisive read, decisive edit): always reading or always editing scores 0 there."""
     by = lambda pred, key: [o[key] for o in outputs if pred(o)]  # noqa: E731
+    parsed = [o["parsed"] for o in outputs if "parsed" in o]  # cells written before 2026-11-27 lack it
+    errors: dict[str, int] = {}
+    for o in outputs:
+        if o.get("parse_error"):
+            errors[o["parse_error"]] = errors.get(o["parse_error"], 0) + 1
     dec_read = _share(by(lambda o: o["state"] in DECISIVE_READ, "hit"))
     dec_edit = _share(by(lambda o: o["state"] in DECISIVE_EDIT, "hit"))
     return {
@@ -475,6 +534,9 @@ def score_outputs(outputs: list[dict]) -> dict[str, Any]:
         "decisive_read": dec_read,
         "decisive_edit": dec_edit,
         "combined": None if dec_read is None or dec_edit is None else min(dec_read, dec_edit),
+        # share of the greedy answers that parse as an action, and the failures by reason
+        "parse_rate": _share(parsed),
+        "parse_errors": dict(sorted(errors.items())),
         "kinds": {
             k: {"n": len(h), "hit": _share(h), "tool": _share(by(lambda o, k=k: o["state"] == k, "tool_hit"))}
             for k in STATE_KINDS
@@ -489,7 +551,7 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
     whether it was the right tool, and the right tool on the right path)."""
     import torch
 
-    from composer_pipeline.actions import ActionParseError, parse_action_text
+    from composer_pipeline.actions import ActionParseError, parse_action_text, parse_failure
 
     was_training = model.training
     model.eval()
@@ -512,6 +574,7 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
             )
             for c, text in zip(chunk, tokenizer.batch_decode(out[:, w:], skip_special_tokens=True)):
                 want = "Read" if c.kind == "unread" else "Edit"
+                failure = parse_failure(text)
                 try:
                     calls = parse_action_text(text).tool_calls
                 except ActionParseError:
@@ -530,6 +593,10 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
                         else f"text: {text[:60]}",
                         "tool_hit": tool_hit,
                         "hit": int(tool_hit and first.arguments.get("file_path") == c.path),
+                        # the whole answer, and whether it parses as an action (else why not)
+                        "text": text,
+                        "parsed": int(failure is None),
+                        "parse_error": failure,
                     }
                 )
     model.train(was_training)
@@ -558,6 +625,9 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     dpo = replace(r.dpo, max_completion_tokens=cfg.max_new_tokens, sft_weight=cfg.dpo_sft_weight)
     if spec.dpo_beta is not None:
         dpo = replace(dpo, beta=spec.dpo_beta)
+    tokens = spec.preference_tokens or cfg.preference_tokens
+    if tokens is not None:
+        dpo = replace(dpo, preference_tokens=tokens)
     r = replace(
         r,
         optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),
@@ -620,8 +690,8 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     unknown = set(cfg.arms) - set(ARMS)
     if unknown:
         raise ValueError(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
-    if "nll" in cfg.arms and not cfg.dpo_sft_weight > 0:
-        raise ValueError("the nll arm is the NLL term alone: it needs --dpo-sft-weight > 0")
+    if {"nll", "nll_all"} & set(cfg.arms) and not cfg.dpo_sft_weight > 0:
+        raise ValueError("the nll and nll_all arms are the NLL term alone: they need --dpo-sft-weight > 0")
     if cfg.probe_states not in ("all", "decisive"):
         raise ValueError(f"probe_states must be all or decisive, got {cfg.probe_states!r}")
     out = Path(cfg.out)
@@ -708,6 +778,8 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
                 recipe = arm_recipe(base, arm, cfg, start, seed)
                 spec = ARMS[arm]
                 root = {"train": data_info["train_store"], "error_sites": data_info["error_site_store"]}.get(spec.data)
+                if spec.data == "consensus_all":
+                    root = consensus_store(data_info["train_store"], out / "consensus_store")
                 if spec.data == "shuffled_labels":
                     root = shuffled_label_store(
                         data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed
@@ -778,6 +850,9 @@ def collect(out: Path, cfg: ExperimentConfig | None = None) -> dict[str, Any]:
                             "hit": o["hit"],
                             "tool_hit": o["tool_hit"],
                             "answer": o["answer"],
+                            "parsed": o.get("parsed"),
+                            "parse_error": o.get("parse_error"),
+                            "text": o.get("text"),
                         },
                         separators=(",", ":"),
                     )
@@ -848,6 +923,10 @@ def _fmt_interval(iv: tuple[float, float, float] | None, n: int) -> str:
 # the comparisons the controls exist for: (arm, control) -> what a difference that excludes 0 says
 CONTRASTS = [
     ("dpo", "nll", "the preference term adds to the NLL on the chosen answers"),
+    ("dpo_differing", "nll", "the preference term over the differing tokens adds to the NLL"),
+    ("dpo_differing", "dpo", "summing the preference term over the differing tokens only matters"),
+    ("dpo_first", "nll", "the preference term on the first differing token adds to the NLL"),
+    ("nll", "nll_all", "selecting the states where the agent disagreed matters (vs the consensus everywhere)"),
     ("dpo", "dpo_shuffled", "the pairs' labels carry the DPO gain"),
     ("grpo", "grpo_shuffled", "the error-sites-first order matters to GRPO"),
     ("all", "dpo", "GRPO + hint-SDPO add to DPO"),
@@ -870,11 +949,11 @@ def summary_table(results: list[dict]) -> str:
     and the exact-hit share per state kind; then the controls' paired contrasts and the winner."""
     arms = list(dict.fromkeys(r["arm"] for r in results))
     head = (
-        "| arm | seeds | combined (decisive) | Δ combined vs start [95% CI] | decisive read | decisive edit | "
+        "| arm | seeds | combined (decisive) | Δ combined vs start [95% CI] | decisive read | decisive edit | parse rate | "
         + " | ".join(k.replace("_", " ") for k in STATE_KINDS)
         + " | steps | seconds |"
     )
-    lines = [head, "|" + "---|" * (8 + len(STATE_KINDS))]
+    lines = [head, "|" + "---|" * (9 + len(STATE_KINDS))]
     for arm in arms:
         rs = [r for r in results if r["arm"] == arm]
         d = "—" if arm == "start" else _fmt_interval(paired_interval(_paired(results, arm, "start")), len(rs))
@@ -884,7 +963,7 @@ def summary_table(results: list[dict]) -> str:
         lines.append(
             f"| {arm} | {len(rs)} | {_mean_std([r.get('combined') for r in rs])} | {d} "
             f"| {_mean_std([r.get('decisive_read') for r in rs], digits=2)} | {_mean_std([r.get('decisive_edit') for r in rs], digits=2)} "
-            f"| {kinds} | {rs[0]['steps']} | {_mean_std([r['seconds'] for r in rs], digits=0)} |"
+            f"| {_mean_std([r.get('parse_rate') for r in rs], digits=2)} | {kinds} | {rs[0]['steps']} | {_mean_std([r['seconds'] for r in rs], digits=0)} |"
         )
     contrasts = [(a, b, why) for a, b, why in CONTRASTS if a in arms and b in arms]
     if contrasts:

@@ -6,8 +6,8 @@ Out: :class:`PairsResult` with ``pairs`` (table ``dpo_pairs``: teachers agree, t
      is outside that consensus; chosen = a representative consensus answer, rejected = the
      agent's action, prompt = the rendered prefix), ``positives`` (table ``agreement_positives``:
      teachers agree *with* the agent), ``dropped`` (table ``dropped_pairs``, ``drop_op`` =
-     ``pairs.build``: pairs whose chosen side echoes prompt markup or parrots a prompt message,
-     with the reason) and ``stats`` (counts of every reason a state gave no row).
+     ``pairs.build``: pairs whose chosen side echoes prompt markup, parrots a prompt message or
+     repeats the prompt's last tool call word for word, with the reason) and ``stats`` (counts of every reason a state gave no row).
 
 Per state: one answer per teacher (the latest answered, parsed replay row); answers grouped by
 :mod:`composer_pipeline.pairs.signature`. A vote is a distinct *model* (``base_url`` + ``model`` of
@@ -93,6 +93,12 @@ class PairRecipe:
         True,
         help="drop (to dropped_pairs, with the reason) a pair whose chosen text holds prompt markup "
         "(signature.echo_markup_tags) or repeats a user message or tool result of its prompt (text_similarity_threshold)",
+    )
+    drop_repeating_chosen: bool = setting(
+        True,
+        help="drop (to dropped_pairs, with the reason) a pair whose chosen side repeats the last tool call of its "
+        "prompt word for word (same tools, same arguments, only tool results since): it teaches repetition. Running "
+        "the tests again after an edit is no such repeat (the last call is the edit)",
     )
     teacher_preference: tuple[str, ...] = setting(
         (), help="whose answer represents the consensus, first match wins (then by name)"
@@ -413,6 +419,46 @@ def parrot_reason(chosen: Action, prompt_json: str, rules: SignatureRules) -> st
     return None
 
 
+def _call_key(name: str, arguments: Any) -> tuple[str, str]:
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return name, arguments
+    return name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def last_calls(prompt_json: str) -> list[tuple[str, str]] | None:
+    """The tool calls of the prompt's last assistant turn when nothing but tool results followed it (None:
+    no such turn, or a user spoke since), each as (name, arguments with sorted keys)."""
+    for m in reversed(orjson.loads(prompt_json)):
+        role = m.get("role")
+        if role == "tool":
+            continue
+        if role != "assistant" or not m.get("tool_calls"):
+            return None
+        return [
+            _call_key((c.get("function") or {}).get("name") or "", (c.get("function") or {}).get("arguments") or {})
+            for c in m["tool_calls"]
+        ]
+    return None
+
+
+def repeat_reason(chosen: Action, prompt_json: str) -> str | None:
+    """``chosen_repeats_last_call: <tools>`` when the answer's tool calls are the prompt's last call (or
+    its last turn's calls) again, same tools and same arguments, with nothing but their results since
+    (:func:`last_calls`); None otherwise. A text answer is never a repeat."""
+    if not chosen.tool_calls:
+        return None
+    prev = last_calls(prompt_json)
+    if not prev:
+        return None
+    mine = [_call_key(c.name, c.arguments) for c in chosen.tool_calls]
+    if mine == prev or mine == prev[-1:]:
+        return "chosen_repeats_last_call: " + ", ".join(c.name for c in chosen.tool_calls)
+    return None
+
+
 def _renderer(states: pa.Table, messages: pa.Table, render_opts):
     from composer_pipeline import render
 
@@ -475,6 +521,8 @@ def build_pairs(
             "answers_fitted_dropped",
             "answers_cut_dropped",
             "pairs_dropped_parrot",
+            "answers_repeat_last_call",
+            "pairs_dropped_repeat",
             "pairs",
             "positives",
         )
@@ -531,6 +579,8 @@ def build_pairs(
             stats["states_no_messages"] += 1
             continue
         answers = _valid_answers(answers, prompt, tools_json, recipe, stats)
+        # counted, not refused: a repeat may be right (a flaky command); a pair never teaches it (below)
+        stats["answers_repeat_last_call"] += sum(repeat_reason(a, prompt) is not None for a, _, _ in answers.values())
         found = find_consensus(answers, voters, recipe, stats)
         if isinstance(found, str):
             stats["states_tied" if found == "tied" else "states_no_consensus"] += 1
@@ -572,8 +622,11 @@ def build_pairs(
             "error_after": st.get("error_after"),
         }
         why = parrot_reason(chosen, prompt, rules) if not agrees and recipe.drop_parroting_chosen else None
-        if why is not None:  # kept, with the reason, in dropped_pairs: never a chosen side, never silent
+        if why is not None:
             stats["pairs_dropped_parrot"] += 1
+        elif not agrees and recipe.drop_repeating_chosen and (why := repeat_reason(chosen, prompt)) is not None:
+            stats["pairs_dropped_repeat"] += 1
+        if why is not None:  # kept, with the reason, in dropped_pairs: never a chosen side, never silent
             drop_rows.append({**row, "drop_op": "pairs.build", "drop_reason": why, "drop_stats": "{}"})
             continue
         (pos_rows if agrees else pair_rows).append(row)

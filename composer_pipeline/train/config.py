@@ -113,6 +113,13 @@ class DPOSection:
         "preference loss: TRL's DPOConfig loss_type ['sigmoid', 'sft'] with loss_weights [1, w] (RPO, Pang et al. 2024, "
         "arXiv:2404.19733); keeps the chosen answers likely while the margin grows. 0 = off",
     )
+    preference_tokens: Literal["all", "differing", "first_differing"] = setting(
+        "all",
+        help="which completion tokens the preference term sums: all | differing (from the first token where "
+        "chosen and rejected differ to their common ending, so the margin never pushes down the closing "
+        "structure both answers share) | first_differing (only that first differing token: the decision, "
+        "nothing after it); the NLL term still reads every chosen token",
+    )
     batch_size: int = setting(2, help="pairs per step")
     max_completion_tokens: int = setting(64, help="chosen/rejected answers keep their first N tokens")
 
@@ -154,7 +161,8 @@ class EvalSection:
     min_rows_to_measure: int = setting(
         30,
         help="held-out rows (pairs or prompts) below which an evaluation measures nothing: the no_regression "
-        "check says so instead of passing, and the demo prints that its training is a smoke run",
+        "check states that verdict (not a failure, not a pass on the numbers), and the demo prints that its "
+        "training is a smoke run",
     )
 
 
@@ -203,6 +211,10 @@ class TrainRecipe:
                 raise ValueError(f"weights.{k} must be >= 0")
         if not any(getattr(self.weights, k) > 0 for k in ("grpo", "alpha", "beta")):
             raise ValueError("all channel weights are 0: nothing to train")
+        if self.dpo.preference_tokens not in ("all", "differing", "first_differing"):
+            raise ValueError(
+                f"dpo.preference_tokens must be all, differing or first_differing, got {self.dpo.preference_tokens!r}"
+            )
         if self.grpo.data_order not in ("error_sites_first", "shuffled"):
             raise ValueError(f"grpo.data_order must be error_sites_first or shuffled, got {self.grpo.data_order!r}")
         if self.sdpo.divergence not in ("jsd", "taid", "eopd"):

@@ -7,6 +7,9 @@ Out: a dict of metrics, each with the number of rows it was computed on:
 * ``preference_accuracy`` — share of held-out pairs where log p(chosen) > log p(rejected)
   (summed completion log-probs), plus ``mean_margin``.
 * ``reward`` — per reward function and weighted total, on greedy completions for held-out prompts.
+* ``action_parse_rate`` — share of those greedy completions that parse as a valid action
+  (:func:`composer_pipeline.actions.parse_failure`), with the failures counted by reason (``errors``):
+  a preference term can raise the margin while it breaks the tool-call format, and this shows it.
 * ``hint_jsd`` — generalized JSD between the hinted and unhinted contexts on the model's own greedy
   completion at held-out error sites (lower: the model already behaves as if it had the hint).
 
@@ -127,6 +130,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
                 if vals:
                     total += wgt * per_fn[name]["mean"]
             out["reward"] = {"value": total, "per_function": per_fn, "n": len(rows)}
+            out["action_parse_rate"] = parse_rate(texts)
 
             # -- hint-JSD at held-out error sites, on the model's own completion
             idx = [i for i, r in enumerate(recs) if r["hint_prompt"]]
@@ -147,8 +151,30 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
                 out["hint_jsd"] = {"value": None, "n": 0, "reason": "no held-out error sites"}
         else:
             out["reward"] = {"value": None, "n": 0, "reason": "no held-out prompts"}
+            out["action_parse_rate"] = {"value": None, "n": 0, "reason": "no held-out prompts"}
             out["hint_jsd"] = {"value": None, "n": 0, "reason": "no held-out prompts"}
     return out
+
+
+def parse_rate(texts: list[str]) -> dict[str, Any]:
+    """``{value, n, errors}``: the share of ``texts`` that parse as a valid action, and the failures by reason."""
+    from composer_pipeline.actions import parse_failure
+
+    errors: dict[str, int] = {}
+    for t in texts:
+        why = parse_failure(t)
+        if why is not None:
+            errors[why] = errors.get(why, 0) + 1
+    n = len(texts)
+    if not n:
+        return {"value": None, "n": 0, "errors": {}, "reason": "no completions"}
+    return {"value": 1.0 - sum(errors.values()) / n, "n": n, "errors": dict(sorted(errors.items()))}
+
+
+# metrics that compare two policies, and whether higher is better
+COMPARED = (("preference_accuracy", True), ("reward", True), ("action_parse_rate", True), ("hint_jsd", False))
+# the ones whose drop fails the no-regression check (hint_jsd is reported, not gated)
+GATED = ("preference_accuracy", "reward", "action_parse_rate")
 
 
 # what measures learning in this project (bench/RESULTS.md, "Learning benchmark")
@@ -172,15 +198,87 @@ def smoke_line(train_pairs: int | None, eval_rows: int, min_rows: int) -> str:
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], *, tolerance: float = 0.0) -> dict[str, Any]:
-    """Regression verdict per metric: higher is better except ``hint_jsd``. Metrics with no rows are skipped."""
+    """Regression verdict per metric (:data:`COMPARED`): higher is better except ``hint_jsd``. Metrics with
+    no rows are not checked (with the reason). ``passed``: no gated metric (:data:`GATED`) dropped by more
+    than ``tolerance``; ``hint_jsd`` is reported, not gated."""
     verdict: dict[str, Any] = {}
-    for key, higher_better in (("preference_accuracy", True), ("reward", True), ("hint_jsd", False)):
-        b, a = before.get(key, {}).get("value"), after.get(key, {}).get("value")
+    for key, higher_better in COMPARED:
+        b, a = (before.get(key) or {}).get("value"), (after.get(key) or {}).get("value")
         if b is None or a is None:
-            verdict[key] = {"checked": False, "reason": "no held-out rows"}
+            why = (after.get(key) or {}).get("reason") or (before.get(key) or {}).get("reason") or "no held-out rows"
+            verdict[key] = {"checked": False, "reason": why}
             continue
         delta = a - b
         regressed = delta < -tolerance if higher_better else delta > tolerance
         verdict[key] = {"checked": True, "before": b, "after": a, "delta": delta, "regressed": regressed}
-    verdict["passed"] = not any(v.get("regressed") for v in verdict.values() if isinstance(v, dict))
+    verdict["passed"] = not any(verdict[k].get("regressed") for k in GATED)
     return verdict
+
+
+def report(
+    model: dict[str, Any], baseline: dict[str, Any] | None = None, *, tolerance: float = 0.0, min_rows: int = 30
+) -> dict[str, Any]:
+    """The one JSON document of ``train eval --json``: every held-out metric as ``{value, n}`` (plus its
+    details: ``reason`` when it measured nothing, ``errors`` for the parse rate) for the model and, with a
+    baseline, for the baseline, and the comparison (:func:`compare`) with ``measured`` (:func:`measured`
+    at ``min_rows``) and its one-line summary ``line`` (:func:`verdict_line`)."""
+
+    def metrics(ev: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: {
+                "value": (ev.get(k) or {}).get("value"),
+                "n": (ev.get(k) or {}).get("n") or 0,
+                **{x: y for x, y in (ev.get(k) or {}).items() if x not in ("value", "n")},
+            }
+            for k, _ in COMPARED
+        }
+
+    doc: dict[str, Any] = {
+        "model": {"path": model.get("model"), "metrics": metrics(model)},
+        "heldout": model.get("heldout"),
+    }
+    if baseline is not None:
+        doc["baseline"] = {"path": baseline.get("model"), "metrics": metrics(baseline)}
+        verdict = compare(baseline, model, tolerance=tolerance)
+        was, rows = measured(model, min_rows)
+        doc["comparison"] = {
+            **verdict,
+            "measured": was,
+            "line": verdict_line(verdict, measured_rows=rows, min_rows=min_rows),
+        }
+    return doc
+
+
+def _r(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def verdict_line(verdict: dict[str, Any], *, measured_rows: int | None = None, min_rows: int | None = None) -> str:
+    """One line: what improved, what regressed, what could not be measured and why (rounded numbers).
+    With ``measured_rows`` under ``min_rows`` the whole comparison measured nothing, and the line says so."""
+    up, down, same, unmeasured = [], [], [], []
+    for key, higher_better in COMPARED:
+        v = verdict.get(key) or {}
+        if not v.get("checked"):
+            unmeasured.append(f"{key} ({v.get('reason', 'not compared')})")
+            continue
+        text = f"{key} {_r(v['before'])} -> {_r(v['after'])}"
+        better = v["delta"] > 0 if higher_better else v["delta"] < 0
+        if v["regressed"]:
+            down.append(text)
+        elif abs(v["delta"]) < 5e-4:
+            same.append(text)
+        elif better:
+            up.append(text)
+        else:
+            same.append(text + " (within tolerance)")
+    parts = []
+    if measured_rows is not None and min_rows is not None and measured_rows < min_rows:
+        parts.append(f"measured nothing: {measured_rows} held-out rows (fewer than {min_rows})")
+    parts.append("improved: " + (", ".join(up) or "none"))
+    parts.append("regressed: " + (", ".join(down) or "none"))
+    if same:
+        parts.append("unchanged: " + ", ".join(same))
+    if unmeasured:
+        parts.append("not measured: " + ", ".join(unmeasured))
+    return "; ".join(parts)

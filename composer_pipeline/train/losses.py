@@ -268,3 +268,38 @@ def teacher_entropy(teacher_logits: torch.Tensor, temperature: float = 1.0) -> t
     """Per-token entropy (nats) of ``softmax(logits / temperature)``, ``(B, T)``."""
     log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
     return -(log_t.exp() * log_t).sum(-1)
+
+
+def differing_token_masks(
+    completion_ids: torch.Tensor, completion_mask: torch.Tensor, n: int, *, first_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a DPO batch ``[chosen_1..n, rejected_1..n]`` (right-padded completions): per side, the mask of
+    the tokens from the first one where the two answers differ to the last one before their common
+    ending. ``(chosen_mask, rejected_mask)``, each ``(n, C)``.
+
+    The shared beginning cancels in the DPO margin anyway (same context, same tokens); the shared
+    ending does not (it follows different tokens), so a margin over whole answers also pushes down the
+    rejected answer's closing structure (``"}\\n</tool_call>`` and eos), which every answer needs.
+    When one answer is a prefix/suffix of the other the shorter side's span may be empty; an
+    all-equal pair (dropped before training) gives two empty spans. ``first_only``: only the first
+    differing token of each side (the decision: ``}`` closing a Read's arguments vs ``,"new_string"`` of an
+    Edit on the same path), so no token after it, content or structure, is pushed down.
+    """
+    out = torch.zeros_like(completion_mask)
+    lens = completion_mask.sum(-1).tolist()
+    for i in range(n):
+        c = completion_ids[i, : int(lens[i])].tolist()
+        r = completion_ids[n + i, : int(lens[n + i])].tolist()
+        start = 0
+        while start < min(len(c), len(r)) and c[start] == r[start]:
+            start += 1
+        end = 0  # common ending, not overlapping the common beginning
+        while end < min(len(c), len(r)) - start and c[len(c) - 1 - end] == r[len(r) - 1 - end]:
+            end += 1
+        if first_only:
+            out[i, start : min(start + 1, len(c) - end)] = 1
+            out[n + i, start : min(start + 1, len(r) - end)] = 1
+        else:
+            out[i, start : len(c) - end] = 1
+            out[n + i, start : len(r) - end] = 1
+    return out[:n], out[n:]

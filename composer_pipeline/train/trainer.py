@@ -22,7 +22,9 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
 3. **DPO** on the normalized pairs against a frozen copy of the starting policy (reference log-probs
    computed every step, never cached constants; with LoRA the reference is the adapter-disabled
    base), or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
-   answers (under DDP: the mean of each rank's token mean).
+   answers (under DDP: the mean of each rank's token mean). ``dpo.preference_tokens`` picks the tokens the
+   preference term sums (policy and reference alike): every completion token, the span where chosen and
+   rejected differ, or the first differing token only (:func:`.losses.differing_token_masks`).
 
 Each step's per-channel losses are logged (:mod:`.step_log`); a channel with weight 0 or with no
 inputs in the data (:func:`.config.decide_channels`) or in this batch (``_compute_loss``) is reported
@@ -51,8 +53,8 @@ from composer_pipeline.train.generation import RowSeededRollouts
 from composer_pipeline.train.losses import (
     chosen_nll,
     completion_logits,
-    completion_logps,
     completion_token_logps,
+    differing_token_masks,
     dpo_sigmoid_loss,
     entropy_aware_kl,
     generalized_jsd,
@@ -162,15 +164,23 @@ class ThreeChannelTrainer(RowSeededRollouts):
         args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         n = b["prompt_ids"].size(0) // 2
         mask = b["completion_mask"]
+        # the tokens the preference term reads: every completion token, or only where the sides differ
+        span = (
+            mask
+            if r.preference_tokens == "all"
+            else torch.cat(
+                differing_token_masks(b["completion_ids"], mask, n, first_only=r.preference_tokens == "first_differing")
+            )
+        )
         with self.accelerator.autocast():
             tok_lp = completion_token_logps(model, *args)
-            pol = tok_lp.sum(-1)
+            pol = (tok_lp * span).sum(-1)
             if r.variant == "simpo":
-                avg = pol / mask.sum(-1).clamp_min(1)
+                avg = pol / span.sum(-1).clamp_min(1)
                 loss, margins = simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
             else:
                 with torch.no_grad():
-                    ref = self._at_start(model, completion_logps, *args)
+                    ref = (self._at_start(model, completion_token_logps, *args) * span).sum(-1)
                 loss, margins = dpo_sigmoid_loss(
                     pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing
                 )

@@ -182,3 +182,39 @@ def test_probe_restores_training_mode(heldout):
     lm = ScriptedLM(tok, always_read)
     probe(lm, tok, cases[:3])
     assert lm.training is True
+
+
+def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_path):
+    """``nll_all``'s data: every pair and every positive (the agent agreed) as a row whose chosen side is the
+    teachers' consensus; the positives' rejected side is a stand-in its β-0 preference term never reads."""
+    from composer_pipeline.experiments.read_before_edit import ARMS, consensus_store
+    from composer_pipeline.store import Store
+    from composer_pipeline.train.data import load_train_data
+    from composer_pipeline.train.hints import HintTemplates
+    from tests.support.synthetic_train import write_store
+
+    src = Store(write_store(tmp_path / "train", 12, both_directions=True))
+    pairs, positives = src.read_table("pairs").to_pylist(), src.read_table("positives").to_pylist()
+    root = consensus_store(src.root, tmp_path / "everywhere")
+    data = load_train_data(root, heldout_fraction=0.0, hints=HintTemplates())
+    assert len(data.pairs) == len(pairs) + len(positives) and positives
+    want = {r["state_id"]: r["chosen_text"] for r in pairs + positives}
+    assert {p.state_id: p.chosen_text for p in data.pairs} == want
+    assert ARMS["nll_all"].dpo_beta == 0.0 and ARMS["nll_all"].data == "consensus_all"
+
+
+def test_the_preference_tokens_setting_reaches_every_dpo_arm_but_the_candidates(tmp_path):
+    from pathlib import Path
+
+    from composer_pipeline.experiments.read_before_edit import ExperimentConfig, arm_recipe
+    from composer_pipeline.train.config import TrainRecipe
+
+    base = TrainRecipe.load(Path(__file__).resolve().parents[2] / "recipes" / "train.yaml")
+    cfg = ExperimentConfig.smollm2(tmp_path, preference_tokens="first_differing")
+    assert cfg.arms == ("start", "nll", "dpo", "nll_all", "dpo_shuffled")  # the pre-registered table
+    tokens = {
+        a: arm_recipe(base, a, cfg, tmp_path, 0).dpo.preference_tokens for a in ("dpo", "dpo_shuffled", "dpo_differing")
+    }
+    assert tokens == {"dpo": "first_differing", "dpo_shuffled": "first_differing", "dpo_differing": "differing"}
+    assert arm_recipe(base, "dpo", ExperimentConfig.smollm2(tmp_path), tmp_path, 0).dpo.preference_tokens == "all"
+    assert cfg.fingerprint()["preference_tokens"] == "first_differing"  # cells of other settings never mix

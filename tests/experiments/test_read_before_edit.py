@@ -163,7 +163,7 @@ def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
     assert _hint_for(Action(text="Done."), rng, t) is None
 
 
-ARMS_UNDER_TEST = ("start", "grpo_shuffled", "sdpo", "nll", "dpo_shuffled", "all")
+ARMS_UNDER_TEST = ("start", "grpo_shuffled", "sdpo", "nll", "dpo_shuffled", "all", "nll_all")
 
 
 @pytest.mark.slow
@@ -244,6 +244,9 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
         assert r["combined"] == min(r["decisive_read"], r["decisive_edit"])
         assert set(r["kinds"]) == {"request", "after_decoy", "after_error", "after_first_read", "after_second_read"}
         assert sum(k["n"] for k in r["kinds"].values()) == r["n_unread"] + r["n_read"]
+        # the share of answers that parse as an action, and the failures by reason, in every cell
+        assert 0.0 <= r["parse_rate"] <= 1.0 and isinstance(r["parse_errors"], dict)
+        assert round((1 - r["parse_rate"]) * (r["n_unread"] + r["n_read"])) == sum(r["parse_errors"].values())
     # each arm really trained its channel(s), and the controls are what they say
     fired_by_arm = {}
     for arm in ARMS_UNDER_TEST[1:]:
@@ -255,6 +258,7 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
         "nll": {"dpo"},
         "dpo_shuffled": {"dpo"},
         "all": {"grpo", "sdpo", "dpo"},
+        "nll_all": {"dpo"},
     }
     from composer_pipeline.store import Store
     from composer_pipeline.train.config import TrainRecipe
@@ -271,9 +275,19 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
         p["pair_id"] for p in orig if shuf[p["pair_id"]]["chosen_text"] == p["rejected_text"] != p["chosen_text"]
     ]
     assert set(shuf) == {p["pair_id"] for p in orig} and 0 < len(swapped) < len(orig)
+    # nll_all: the NLL on the consensus at every task state with one (each pair and each positive), β 0
+    everywhere = Store(str(out / "consensus_store")).read_table("pairs").to_pylist()
+    positives = Store(str(out / "data" / "train_store")).read_table("positives").to_pylist()
+    assert len(everywhere) == len(orig) + len(positives)
+    assert {r["state_id"] for r in everywhere} == {r["state_id"] for r in orig + positives}
+    assert {r["chosen_text"] for r in everywhere} == {r["chosen_text"] for r in orig + positives}
+    assert TrainRecipe.load(out / "seed0" / "nll_all" / "checkpoint" / "train.yaml").dpo.beta == 0.0
     # what was measured is on disk: per-state outputs of every cell (every kind), per-kind lines, the table
     states = [json.loads(x) for x in (out / "states.jsonl").read_text().splitlines()]
     assert len(states) == len(ARMS_UNDER_TEST) * (rows[0]["n_unread"] + rows[0]["n_read"])
+    # every answer's whole text (not a 60-character prefix) and whether it parses
+    assert all(isinstance(x["text"], str) and x["parsed"] in (0, 1) for x in states)
+    assert any(len(x["text"]) > 60 for x in states)
     per_kind = [json.loads(x) for x in (out / "per_kind.jsonl").read_text().splitlines()]
     assert len(per_kind) == 5 * len(ARMS_UNDER_TEST)
     table = (out / "table.md").read_text()

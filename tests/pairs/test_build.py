@@ -1,4 +1,5 @@
 import orjson
+import pyarrow as pa
 import pytest
 
 from composer_pipeline import tables
@@ -6,7 +7,7 @@ from composer_pipeline.actions import Action
 from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_id_for
 from composer_pipeline.render import Conversation, RenderOptions, render_state
 
-from .conftest import BASH, EDIT, READ
+from .conftest import BASH, DONE, EDIT, READ
 
 
 def _build(t, recipe=None):
@@ -487,3 +488,64 @@ def test_an_answer_cut_at_its_token_limit_never_votes_nor_becomes_the_chosen_sid
     cut = build("length", "max_tokens")
     assert cut.stats["answers_cut_dropped"] == 2
     assert cut.pairs.num_rows == 0 and cut.positives.num_rows == 0
+
+
+def _prompt(*turns) -> str:
+    msgs = [{"role": "system", "content": "agent"}, {"role": "user", "content": "Fix src/app.py"}]
+    for t in turns:
+        if isinstance(t, Action):
+            msgs.append(t.to_chat_message())
+            msgs += [{"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in t.tool_calls]
+        else:
+            msgs.append({"role": "user", "content": t})
+    return orjson.dumps(msgs).decode()
+
+
+def test_repeat_of_the_last_call_is_told_apart_from_a_next_step():
+    from composer_pipeline.actions import ToolCall
+    from composer_pipeline.pairs.build import repeat_reason
+
+    pytest_again = Action(tool_calls=(ToolCall("Bash", {"command": "pytest -q"}),))
+    empty_edit = Action(tool_calls=(ToolCall("Edit", {"new_string": "", "old_string": "", "file_path": "/a.py"}),))
+    assert repeat_reason(pytest_again, _prompt(EDIT, BASH)) == "chosen_repeats_last_call: Bash"
+    # same arguments in another key order / another call id: still the same call
+    assert (
+        repeat_reason(
+            empty_edit,
+            _prompt(
+                Action(tool_calls=(ToolCall("Edit", {"file_path": "/a.py", "old_string": "", "new_string": ""}, "x"),))
+            ),
+        )
+        == "chosen_repeats_last_call: Edit"
+    )
+    # another hunk of the same file: not the same call
+    other_hunk = Action(tool_calls=(ToolCall("Edit", {**EDIT.tool_calls[0].arguments, "new_string": "x = 3"}),))
+    assert repeat_reason(other_hunk, _prompt(EDIT)) is None
+    # running the tests again after an edit is the next step, not a repeat
+    assert repeat_reason(pytest_again, _prompt(BASH, EDIT)) is None
+    # other arguments, a user turn since, a text answer: no repeat
+    assert repeat_reason(Action(tool_calls=(ToolCall("Bash", {"command": "pytest -x"}),)), _prompt(BASH)) is None
+    assert repeat_reason(pytest_again, _prompt(BASH, "run them again please")) is None
+    assert repeat_reason(DONE, _prompt(BASH)) is None
+
+
+def test_a_pair_whose_chosen_side_repeats_the_last_call_is_dropped_with_its_reason(session_tables):
+    """The demo's pairs: the consensus ran `pytest -q` again right after it ran (nothing done in between);
+    the agent's next step was the rejected side. Such a pair teaches repetition: dropped, with the reason."""
+    from .conftest import replay
+
+    t = dict(session_tables)
+    rows = [r for r in t["teacher_replays"].to_pylist() if r["state_id"] != "s_done_000000000003"]
+    rows += [replay("s_done_000000000003", name, BASH) for name in ("alpha", "beta")]
+    t["teacher_replays"] = pa.Table.from_pylist(rows, schema=t["teacher_replays"].schema)
+    res = _build(t)
+    assert "s_done_000000000003" not in res.pairs.column("state_id").to_pylist()
+    (d,) = [d for d in res.dropped.to_pylist() if d["state_id"] == "s_done_000000000003"]
+    assert d["drop_op"] == "pairs.build" and d["drop_reason"] == "chosen_repeats_last_call: Bash"
+    assert res.stats["pairs_dropped_repeat"] == 1 and res.stats["answers_repeat_last_call"] == 2
+    # the state-2 pair (Edit after `pytest -q` failed) stays: a next step, not a repeat
+    assert "s_bash_000000000002" in res.pairs.column("state_id").to_pylist()
+    # a switch, like the parrot rule: off, the pair is built
+    off = _build(t, PairRecipe.from_dict({"drop_repeating_chosen": False}))
+    assert "s_done_000000000003" in off.pairs.column("state_id").to_pylist()
+    assert off.stats["answers_repeat_last_call"] == 2  # still counted

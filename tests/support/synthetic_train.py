@@ -30,19 +30,24 @@ def _sid(i: int) -> str:
     return hashlib.sha256(f"state{i}".encode()).hexdigest()[:20]
 
 
-def pair_rows(n: int = 12) -> list[dict]:
+def pair_rows(n: int = 12, *, both_directions: bool = False) -> list[dict]:
+    """``n`` states (every third a positive). By default every pair prefers Read over the agent's Edit of
+    an unread file; ``both_directions``: at every other state the file was already read and the pair
+    prefers Edit over the agent's second Read, so "always Read" cannot fit the pairs."""
     rows = []
     for i in range(n):
         path = f"/repo/src/mod{i}.py"
-        agent = Action(
+        edit = Action(
             text="Editing.",
             tool_calls=(ToolCall("Edit", {"file_path": path, "old_string": "a", "new_string": "b"}, "t1"),),
         )
-        chosen = Action(text="", tool_calls=(ToolCall("Read", {"file_path": path}, "t1"),))
+        read = Action(text="", tool_calls=(ToolCall("Read", {"file_path": path}, "t1"),))
+        was_read = both_directions and i % 2 == 1
+        agent, chosen = (read, edit) if was_read else (edit, read)
         kind = "pair" if i % 3 != 2 else "positive"
         if kind == "positive":
             chosen = agent
-        has_error = i % 2 == 0
+        has_error = i % 2 == 0 and not was_read
         error = (
             orjson.dumps(
                 [{"tool_use_id": "t1", "tool_name": "Edit", "content": "File has not been read yet. Read it first."}]
@@ -62,6 +67,16 @@ def pair_rows(n: int = 12) -> list[dict]:
             },
             {"role": "tool", "tool_call_id": "t0", "content": f"mod{i}.py tests"},
         ]
+        if was_read:
+            call = {
+                "id": "r0",
+                "type": "function",
+                "function": {"name": "Read", "arguments": orjson.dumps({"file_path": path}).decode()},
+            }
+            prompt += [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "r0", "content": f"1\tdef f():\n2\t    return a  # mod{i}"},
+            ]
         sid = _sid(i)
         rows.append(
             {
@@ -98,10 +113,10 @@ def pair_rows(n: int = 12) -> list[dict]:
     return rows
 
 
-def write_store(root: str | Path, n: int = 12) -> str:
+def write_store(root: str | Path, n: int = 12, *, both_directions: bool = False) -> str:
     """Write pairs.parquet + positives.parquet (flat CLI layout) under ``root``."""
     store = Store(str(root))
-    rows = pair_rows(n)
+    rows = pair_rows(n, both_directions=both_directions)
     pairs = [r for r in rows if r["kind"] == "pair"]
     positives = [r for r in rows if r["kind"] == "positive"]
     store.write_table("pairs", tables.conform(pa.Table.from_pylist(pairs), "normalized_dpo_pairs"))

@@ -153,6 +153,42 @@ def test_cli_train_prints_json_lines_and_checkpoint(tiny_model_dir, synth_store,
     )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and "verdict" in out and out["eval"]["model"] == lines[-1]["checkpoint"]
+    rc = main(
+        ["train", "eval", "--json", "--model", lines[-1]["checkpoint"], "--baseline", str(tiny_model_dir)]
+        + ["--data", synth_store, "--recipe", str(recipe)]
+    )
+    doc = json.loads(capsys.readouterr().out)  # one JSON document
+    assert rc == 0 and set(doc) >= {"model", "baseline", "comparison"}
+    for side in ("model", "baseline"):
+        m = doc[side]["metrics"]
+        assert set(m) == {"preference_accuracy", "reward", "action_parse_rate", "hint_jsd"}
+        assert all({"value", "n"} <= set(v) for v in m.values())
+        parse = m["action_parse_rate"]
+        assert parse["n"] > 0 and 0.0 <= parse["value"] <= 1.0
+        # failures counted by reason, and they add up to the share that did not parse
+        assert sum(parse["errors"].values()) == round((1 - parse["value"]) * parse["n"])
+    assert doc["comparison"]["action_parse_rate"]["checked"] is True
+    assert "action_parse_rate" in doc["comparison"]["line"] and doc["comparison"]["measured"] is False
+
+
+def test_parse_failures_are_counted_by_reason():
+    from composer_pipeline.actions import parse_failure
+    from composer_pipeline.train.evaluate import parse_rate
+
+    good = '<tool_call>\n{"arguments":{"file_path":"/a.py"},"name":"Read"}\n</tool_call>'
+    texts = [
+        good,
+        "Done: nothing to change.",  # a text answer is an action
+        '<tool_call>\n{"arguments":{"file_path":"/a.py"},"name":"Re',  # cut before its end
+        '<tool_call>\n{"arguments":{"file_path":"/a.py"},"name":"Read"\n</tool_call>',  # broken JSON
+        '<tool_call>\n{"arguments":{"file_path":"/a.py"}}\n</tool_call>',  # no name
+        "   ",
+    ]
+    assert [parse_failure(t) for t in texts] == [None, None, "unterminated", "invalid_json", "no_name", "empty"]
+    r = parse_rate(texts)
+    assert r["n"] == 6 and r["value"] == pytest.approx(2 / 6)
+    assert r["errors"] == {"empty": 1, "invalid_json": 1, "no_name": 1, "unterminated": 1}
+    assert parse_rate([])["value"] is None
 
 
 def _pipes_env(path, payload) -> str:

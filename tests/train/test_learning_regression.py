@@ -65,9 +65,16 @@ def heldout_margin(model_dir, rows) -> float:
     return sum(margins) / len(margins)
 
 
+def _direction(r) -> str:
+    return "Edit over Read" if '"name":"Edit"' in r["chosen_text"] else "Read over Edit"
+
+
 def test_a_few_dpo_steps_raise_the_heldout_margin(tiny_model_dir, tmp_path):
-    rows = pair_rows(HELD)
+    """Pairs in both directions (Read over an Edit of an unread file, Edit over a second Read of a read
+    one), each direction's held-out margin measured apart: "always Read" raises one and lowers the other."""
+    rows = pair_rows(HELD, both_directions=True)
     held = [r for r in rows[TRAIN:] if r["kind"] == "pair"]
+    assert {_direction(r) for r in rows[:TRAIN] if r["kind"] == "pair"} == {"Edit over Read", "Read over Edit"}
     root = _store(tmp_path / "data", rows[:TRAIN])
     recipe = TrainRecipe.from_dict(
         {
@@ -79,10 +86,13 @@ def test_a_few_dpo_steps_raise_the_heldout_margin(tiny_model_dir, tmp_path):
             "optim": {"learning_rate": 3e-3, "seed": 0},
         }
     )
-    before = heldout_margin(tiny_model_dir, held)
+    by_dir = {d: [r for r in held if _direction(r) == d] for d in ("Read over Edit", "Edit over Read")}
+    assert all(by_dir.values())
+    before = {d: heldout_margin(tiny_model_dir, rs) for d, rs in by_dir.items()}
     res = train(root, recipe, steps=6, out_dir=tmp_path / "run")
-    after = heldout_margin(res.checkpoint, held)
+    after = {d: heldout_margin(res.checkpoint, rs) for d, rs in by_dir.items()}
     logged = [r["dpo_margin"] for r in res.losses]
     # the trainer's own margin on its training pairs rises too (the ln 2 start is checked in test_trainer)
     assert logged[-1] > logged[0], logged
-    assert after - before > 5.0, f"held-out chosen-vs-rejected margin {before:.3f} -> {after:.3f} after 6 DPO steps"
+    for d in by_dir:
+        assert after[d] - before[d] > 5.0, f"held-out {d} margin {before[d]:.3f} -> {after[d]:.3f} after 6 DPO steps"

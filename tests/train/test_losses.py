@@ -98,3 +98,25 @@ def test_simpo_formula():
     loss, _ = simpo_loss(c, r, beta=2.0, gamma=0.5)
     expected = -torch.nn.functional.logsigmoid(2.0 * (c - r) - 0.5).mean()
     assert loss.item() == pytest.approx(expected.item())
+
+
+def test_differing_token_masks_skip_the_shared_beginning_and_ending():
+    """The preference term over the differing tokens: a shared beginning and a shared ending (the closing
+    ``}\\n</tool_call>`` both answers need) are outside both spans; padding never is inside."""
+    from composer_pipeline.train.losses import differing_token_masks
+
+    pad = 0
+    chosen = [5, 6, 7, 8, 9, 3, 4]  # 5 6 | 7 8 9 | 3 4
+    rejected = [5, 6, 1, 3, 4]  # 5 6 | 1 | 3 4
+    same = [5, 6, 3, 4]
+    prefix = [5, 6, 3, 4, 2]  # the other is its beginning: nothing shared at the end
+    rows = [chosen, same, rejected, prefix]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    c, r = differing_token_masks(ids, mask, 2)
+    assert c.tolist() == [[0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
+    assert r.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]]
+    c, r = differing_token_masks(ids, mask, 2, first_only=True)
+    assert c.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
+    assert r.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]]

@@ -230,3 +230,42 @@ def test_hint_channel_trains_with_taid_and_eopd(tiny_model_dir, synth_store, tmp
         assert ts[0] == 0.4 and ts == sorted(ts) and ts[-1] > ts[0]
     else:
         assert all("taid_t" not in x for x in res.losses)
+
+
+def test_the_nll_term_reads_the_chosen_answers_not_the_rejected(tiny_model_dir, synth_store, tmp_path):
+    """The NLL term carries every measured gain (bench/RESULTS.md): computed on the rejected side it would
+    teach the agents' mistakes. Its first logged value is the chosen answers' NLL under the start weights."""
+    from dataclasses import replace
+
+    from composer_pipeline.train.data import dpo_batches_from, load_train_data
+    from composer_pipeline.train.losses import chosen_nll, completion_token_logps
+    from composer_pipeline.train.modeling import load_policy
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = replace(r, dpo=replace(r.dpo, sft_weight=1.0))
+    res = train(synth_store, r, steps=1, out_dir=tmp_path)
+    (rec,) = res.losses
+    data = load_train_data(synth_store, heldout_fraction=r.data.heldout_fraction, hints=r.sdpo.hint)
+    tok, model = load_policy(str(tiny_model_dir))
+    (i,) = rec["dpo_batches"]
+    b = dpo_batches_from(tok, data.pairs, r)[i]
+    n = b["prompt_ids"].size(0) // 2
+    with torch.no_grad():
+        lp = completion_token_logps(model, b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
+    chosen, rejected = (chosen_nll(lp[s], b["completion_mask"][s]).item() for s in (slice(0, n), slice(n, None)))
+    assert abs(chosen - rejected) > 1e-3  # the two sides are told apart by this check
+    assert rec["dpo_sft"] == pytest.approx(chosen, abs=1e-4), (rec["dpo_sft"], chosen, rejected)
+
+
+def test_preference_over_the_differing_tokens_starts_at_ln2_and_moves_the_margin(tiny_model_dir, synth_store, tmp_path):
+    """``dpo.preference_tokens: differing``: the reference reads the same span (first loss exactly ln 2),
+    and the margin over that span moves; off by default it sums every token, as before."""
+    from dataclasses import replace
+
+    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = replace(r, dpo=replace(r.dpo, preference_tokens="differing"))
+    res = train(synth_store, r, steps=3, out_dir=tmp_path)
+    assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)
+    assert res.losses[-1]["dpo_margin"] != res.losses[0]["dpo_margin"]
+    with pytest.raises(ValueError, match="preference_tokens"):
+        TrainRecipe.from_dict({"dpo": {"preference_tokens": "some"}}).validate()
