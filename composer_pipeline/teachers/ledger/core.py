@@ -65,7 +65,7 @@ DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defa
 DEFAULT_OUTAGE_S = (
     TeachersConfig.ledger_outage_s
 )  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
-OPEN_STATES = ("reserved", "sent")
+OPEN_STATES = ("reserved", "sent", "batched")  # batched: held by a provider batch, not a run (ledger/batches.py)
 
 
 @dataclass
