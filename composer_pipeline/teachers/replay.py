@@ -579,6 +579,11 @@ async def _replay(
                 except OSError:
                     pass
                 return _from_cache(claim.record, t)
+            if claim.state == "batched":  # never bought twice: the batch's answer is collected in batch mode
+                return CallResult(
+                    status="failed",
+                    reason=f"batch_pending: held by {claim.owner}; replay --mode batch collects it",
+                )
             try:
                 return await bought(r, t, key)
             except ClaimLost:

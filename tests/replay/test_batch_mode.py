@@ -210,3 +210,126 @@ def test_batch_budget_refuses_what_does_not_fit_and_the_plan_counts_held_money(e
     for t in cfg.teachers:
         assert plan.remaining_budget_by_teacher[t.name] < one[t.name]
         assert plan.worst_case_by_teacher[t.name] == pytest.approx(2 * one[t.name], rel=0.2)
+
+
+@pytest.mark.slow
+def test_cli_batch_replay_killed_mid_post_then_rerun_finishes_once(emu, ledger_url, tmp_path, samples_dir):
+    """The issue's case, through the CLI: ``replay --mode batch`` killed (SIGKILL) while its first batch POST
+    waits for the provider's answer (the provider made the batch; the ledger has it recorded, no provider id).
+    Run again with the same arguments: the batch is found, the other teacher's goes out, nothing twice; once
+    they end, a last run collects: every state answered, one batch per teacher, each request billed once at
+    the batch rate, the ledger's spend within 1% of what the emulator billed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import orjson
+    import pyarrow.parquet as pq
+    import yaml
+
+    cfg_file = tmp_path / "teachers.yaml"
+    teachers = []
+    for t in _config(emu.url).teachers:
+        teachers.append(
+            {
+                k: getattr(t, k)
+                for k in (
+                    "name",
+                    "base_url",
+                    "model",
+                    "api",
+                    "api_key_env",
+                    "input_usd_per_mtok",
+                    "output_usd_per_mtok",
+                    "cached_input_usd_per_mtok",
+                    "cache_write_usd_per_mtok",
+                    "budget_usd",
+                    "max_concurrency",
+                    "max_tokens",
+                )
+            }
+            | {"timeout_s": 30.0}
+        )
+    cfg_file.write_text(yaml.safe_dump({"ceiling_usd": 5.0, "poll_batches_s": 0.05, "teachers": teachers}))
+    args = [
+        sys.executable,
+        "-m",
+        "composer_pipeline",
+        "replay",
+        "--states",
+        samples_dir,
+        "--teachers",
+        cfg_file,
+        "--out",
+        tmp_path / "out",
+        "--ledger",
+        ledger_url,
+        "--cache",
+        tmp_path / "cache",
+        "--mode",
+        "batch",
+    ]
+    env = {**os.environ, "EMU_KEY": KEY}
+    emu.batches.hang_creates = 1
+    proc = subprocess.Popen([*map(str, args), "--no-wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert emu.batches.hung.wait(60), "the first batch POST never arrived"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        emu.batches.release.set()
+    led = Ledger(ledger_url)
+    assert [(b["state"], b["provider_id"]) for b in ledger_rows(led, "batches")] == [("recorded", None)]
+    assert len(emu.batches.created()) == 1  # the provider has it; the ledger does not know its id
+
+    again = subprocess.run([*map(str, args), "--no-wait"], env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = orjson.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["batch"]["batches_recovered"] == 1 and summary["batch"]["batches_submitted"] == 1
+    assert [b.api for b in emu.batches.created()] == ["openai", "anthropic"]  # one per teacher, nothing twice
+    budget = [sys.executable, "-m", "composer_pipeline", "teachers", "budget", "--teachers", str(cfg_file)]
+    budget += ["--ledger", ledger_url, "--json"]
+
+    def budgets() -> dict[str, dict]:
+        out = subprocess.run(budget, capture_output=True, text=True, timeout=60, check=True).stdout
+        return {b["teacher"]: b for b in map(orjson.loads, out.splitlines())}
+
+    held = {b.api: len(b.lines) for b in emu.batches.created()}
+    for name, api in (("oa", "openai"), ("an", "anthropic")):  # the money live batches hold, shown
+        b = budgets()[name]
+        assert (b["live_batches"], b["batch_pending_calls"]) == (1, held[api])
+        assert b["batch_held_usd"] == pytest.approx(b["reserved_usd"], rel=1e-6) and b["batch_held_usd"] > 0
+
+    emu.batches.end = True
+    last = subprocess.run(list(map(str, args)), env=env, capture_output=True, text=True, timeout=120)
+    assert last.returncode == 0, last.stderr[-2000:]
+    rows = pq.read_table(tmp_path / "out" / "replays.parquet").to_pylist()
+    assert rows and {r["status"] for r in rows} == {"answered"}, {r["reason"] for r in rows}
+    assert len(emu.batches.created()) == 2
+    cfg = _config(emu.url)
+    assert len(emu.billed) == len({r["call_id"] for r in rows}) and all(b.batch for b in emu.billed)
+    assert _spent(led, cfg) == pytest.approx(emu.billed_usd(), rel=0.01)
+    assert len(ledger_rows(led, "billed_usage")) == len(emu.billed)
+    assert all(b["batch_held_usd"] == 0 and b["live_batches"] == 0 for b in budgets().values())
+
+
+def test_a_sync_run_never_buys_a_call_a_live_batch_holds(emu, ledger_url, tmp_path):
+    import dataclasses
+
+    from composer_pipeline.teachers.replay import replay_requests
+
+    cfg = _config(emu.url)
+    reqs = _requests(cfg)
+    led = Ledger(ledger_url)
+    _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))  # submitted, in progress
+    held = sum(led.balance(t.name, t.budget_usd).spent_usd for t in cfg.teachers)
+    sync = dataclasses.replace(cfg, mode="sync")
+    keys = {t.name: KEY for t in cfg.teachers}
+    res = replay_requests(reqs, sync, keys, cache=ResponseCache(tmp_path / "c2"), ledger=led, run_id="sync")
+    assert [r for r in emu.requests if r.path in ("/v1/chat/completions", "/v1/messages")] == []
+    assert all(r["reason"].startswith("batch_pending") for r in res.table.to_pylist())
+    assert sum(led.balance(t.name, t.budget_usd).spent_usd for t in cfg.teachers) == pytest.approx(held)
+    emu.batches.end = True
+    done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="collect")
+    _assert_all_answered_at_batch_rate(emu, led, cfg, done)
