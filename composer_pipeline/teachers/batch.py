@@ -68,6 +68,7 @@ from composer_pipeline.teachers.ledger.batches import (
     live_batches,
     pending_calls,
     record_batch,
+    recorded_by_live_run,
     set_collected,
     set_submitted,
 )
@@ -362,6 +363,8 @@ class _Pass:
     # -- recovery
     def recover(self, row: BatchRow) -> None:
         client = self.clients[row.teacher]
+        if recorded_by_live_run(self.ledger, row.id, self.ledger.owner):
+            return  # its POST may be on the wire now: only its own process, or a run after it died, looks for it
         try:
             pid = client.find(row, known_provider_ids(self.ledger))
         except BatchUnknown as e:
@@ -519,11 +522,13 @@ def replay_batch(
             p.results[cid] = CallResult(
                 status="failed", reason=f"missing_api_key: environment variable {r.teacher.api_key_env} is not set"
             )
+    ledger.start_run(run_id, config.lease_s)  # a live run: no other process looks for its unanswered batches
     try:
         _run_pass(p, wait, sleep)
     finally:
         for c in clients.values():
             c.close()
+        ledger.close_run(run_id, "batch pass ended")
     states = call_states(ledger, [c for c in wanted if c not in p.results])
     rows = []
     for r in requests:
@@ -586,7 +591,18 @@ def _run_pass(p: _Pass, wait: bool, sleep: Callable[[float], None]) -> None:
             p.submit(p.config.teacher(name), reqs)
         if not wait or not _ours_pending(p):
             return
-        sleep(p.config.poll_batches_s)
+        _sleep_alive(p, sleep)
+
+
+def _sleep_alive(p: _Pass, sleep: Callable[[float], None]) -> None:
+    """Wait ``poll_batches_s``, heartbeating the run's lease at least every third of it."""
+    left = p.config.poll_batches_s
+    while left > 0:
+        step = min(left, p.config.lease_s / 3)
+        p.ledger.heartbeat(p.run_id)
+        sleep(step)
+        left -= step
+    p.ledger.heartbeat(p.run_id)
 
 
 def _ours_pending(p: _Pass) -> bool:

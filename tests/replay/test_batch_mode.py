@@ -333,3 +333,34 @@ def test_a_sync_run_never_buys_a_call_a_live_batch_holds(emu, ledger_url, tmp_pa
     emu.batches.end = True
     done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="collect")
     _assert_all_answered_at_batch_rate(emu, led, cfg, done)
+
+
+def test_a_batch_another_live_run_is_posting_is_left_to_it(emu, ledger_url, tmp_path):
+    """A batch recorded by a run that is still live (its POST may be on the wire) is neither looked for nor
+    resubmitted by another process; once that run is gone, the next run looks for it (here: absent) and
+    sends it, once."""
+    from composer_pipeline.teachers.batch import batch_priced
+    from composer_pipeline.teachers.ledger.batches import BatchCall, record_batch
+    from composer_pipeline.teachers.pricing import max_completion_tokens, worst_case_usd
+
+    cfg = _config(emu.url)
+    reqs = _requests(cfg)
+    other = Ledger(ledger_url)  # another process: its own owner token
+    other.start_run("other", 30.0)
+    oa = cfg.teacher("oa")
+    calls = []
+    for r in reqs:
+        if r.teacher.name == "oa":
+            est, worst = worst_case_usd(r.body, batch_priced(oa))
+            calls.append(BatchCall(r.call_id, worst, est, max_completion_tokens(r.body, oa)))
+    rec = record_batch(other, "oa", "openai", "other", calls, budget_usd=5.0, ceiling_usd=5.0)
+    assert len(rec.granted) == N_STATES
+    led = Ledger(ledger_url)
+    first = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))
+    assert [b.api for b in emu.batches.created()] == ["anthropic"]  # oa's calls are left to the live run
+    assert first.summary["batch"]["batches_recovered"] == 0
+    other.close_run("other")  # that process is gone without ever hearing from the provider
+    emu.batches.end = True
+    done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="r2", wait=True)
+    assert [b.api for b in emu.batches.created()] == ["anthropic", "openai"]
+    _assert_all_answered_at_batch_rate(emu, led, cfg, done)

@@ -278,3 +278,18 @@ def batch_holds(ledger: Ledger, teachers: list[str], call_ids: list[str]) -> tup
         cid for cid, (state, *_rest) in call_states(ledger, [c for c in call_ids if c]).items() if state == "pending"
     }
     return pending, held
+
+
+def recorded_by_live_run(ledger: Ledger, batch_id: str, owner: str) -> bool:
+    """The run that recorded ``batch_id`` is live in another process (its lease held, its process not seen
+    gone): its POST may be on the wire now, so nobody else may look for or resubmit the batch yet."""
+    ledger.reconcile()  # a dead process's run (same machine: at once; elsewhere: once its lease expired) ends here
+    row = ledger._tx(
+        lambda c: c.one(
+            f"SELECT 1 FROM batches b JOIN runs r ON r.run_id = b.run_id WHERE b.id = ? AND r.owner <> ? AND "
+            f"{ledger._live('r.')}",
+            [batch_id, owner],
+        ),
+        write=False,
+    )
+    return bool(row)
