@@ -458,6 +458,7 @@ class _Pass:
             note=(s.flag or "batch")[:300],
             answer=(call.call_id, record),
             usage=s.billed.as_dict() if s.billed is not None else None,
+            run_id=self.run_id,
         )
         try:
             self.cache.put(call.call_id, record)

@@ -118,6 +118,10 @@ def test_submit_then_collect_with_no_wait(emu, ledger_url, tmp_path):
     done = _run(cfg, reqs, led, cache, run_id="r3")
     assert done.summary["batch"]["batches_collected"] == 2 and len(emu.batches.created()) == 2
     _assert_all_answered_at_batch_rate(emu, led, cfg, done)
+    from composer_pipeline.teachers.billing import usage_by_run
+
+    by_run = usage_by_run(led, "r3")  # the collecting run's summary reports what it settled
+    assert sum(v["billed_usd"] for v in by_run.values()) == pytest.approx(emu.billed_usd(), rel=0.01)
     # half of what the same tokens cost in sync mode (the emulator prices the same usage at full rate)
     full = sum(b.usd for b in emu.billed) / 0.5
     assert _spent(led, cfg) == pytest.approx(full * 0.5, rel=0.01)
@@ -364,3 +368,32 @@ def test_a_batch_another_live_run_is_posting_is_left_to_it(emu, ledger_url, tmp_
     done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="r2", wait=True)
     assert [b.api for b in emu.batches.created()] == ["anthropic", "openai"]
     _assert_all_answered_at_batch_rate(emu, led, cfg, done)
+
+
+def test_batches_respect_the_provider_limits_and_a_refused_batch_releases_its_calls(
+    emu, ledger_url, tmp_path, monkeypatch
+):
+    from composer_pipeline.teachers import batch
+
+    cfg = _config(emu.url)
+    reqs = _requests(cfg)
+    client = batch.BatchClient(cfg.teacher("an"), KEY)
+    sizes = [len(client.line(r.call_id, batch.wire_body(r.teacher, r.body))) for r in reqs if r.teacher.name == "an"]
+    client.close()
+    line = int(max(sizes) * 1.5)  # more than one request line, less than two
+    monkeypatch.setitem(batch.LIMITS, "openai", (2, 10**9))  # by count: 2 + 2 + 1
+    monkeypatch.setitem(batch.LIMITS, "anthropic", (100, line))  # by bytes: one request per batch
+    emu.batches.max_requests = 1  # the provider refuses the OpenAI batches of 2 (400: certainly not created)
+    led = Ledger(ledger_url)
+    res = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))
+    created = emu.batches.created()
+    assert [len(b.lines) for b in created if b.api == "openai"] == [1]
+    assert [len(b.lines) for b in created if b.api == "anthropic"] == [1] * N_STATES
+    rows = [r for r in res.table.to_pylist() if r["teacher"] == "oa"]
+    refused = [r for r in rows if (r["reason"] or "").startswith("batch_refused")]
+    assert len(refused) == 4 and "at most 1 requests per batch" in refused[0]["reason"]
+    assert led.balance("oa", 5.0).reserved_usd == pytest.approx(
+        sum(r.worst_case_usd for r in reqs if r.teacher.name == "oa" and r.call_id in {c for c, _ in created[0].lines})
+        * 0.5,
+        rel=1e-9,
+    )  # the refused calls' money is released; only the accepted batch holds

@@ -239,18 +239,24 @@ def finish_call(
     note: str = "",
     answer: tuple[str, dict[str, Any]] | None = None,
     usage: dict[str, Any] | None = None,
+    run_id: str | None = None,
 ) -> bool:
-    """Settle (``settled``) or release (``released``) one call of a batch: its reservation closed through
-    :meth:`Ledger.close` (once: a closed reservation changes nothing again), then the call marked. True when this
-    call's reservation was closed now."""
+    """Settle (``settled``), keep or release (``released``) one call of a batch: its reservation closed through
+    :meth:`Ledger.close` (once: a closed reservation changes nothing again), then the call marked, and its
+    ``billed_usage`` row credited to ``run_id`` (the run that collected it: what its summary reports). True
+    when this call's reservation was closed now."""
     closed = ledger.close(call.reservation_id, state, cost_usd=cost_usd, note=note, answer=answer, usage=usage)
-    ledger._tx(
-        lambda c: c.execute(
+
+    def run(c) -> None:
+        c.execute(
             f"UPDATE batch_calls SET state = ?, note = ?, updated_at = {ledger._db.now} "
             "WHERE call_id = ? AND reservation_id = ? AND state = 'pending'",
             [state, note[:300] or None, call.call_id, call.reservation_id],
         )
-    )
+        if closed and run_id:
+            c.execute("UPDATE billed_usage SET run_id = ? WHERE reservation_id = ?", [run_id, call.reservation_id])
+
+    ledger._tx(run)
     return closed
 
 
