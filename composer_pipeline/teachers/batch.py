@@ -70,6 +70,7 @@ from composer_pipeline.teachers.ledger.batches import (
     record_batch,
     recorded_by_live_run,
     set_collected,
+    set_requests,
     set_submitted,
 )
 from composer_pipeline.teachers.pricing import max_completion_tokens, settle, worst_case_usd
@@ -243,9 +244,10 @@ class BatchClient:
             raise BatchUnknown(f"GET {url}: HTTP {resp.status_code}")
         return [orjson.loads(ln) for ln in resp.content.splitlines() if ln.strip()]
 
-    def find(self, row: BatchRow, known: set[str]) -> str | None:
-        """The provider's id of the batch ``row`` recorded whose POST went unanswered; None when the provider
-        provably has none (its list reaches back past the record time). Raises :class:`BatchUnknown`."""
+    def find(self, row: BatchRow, known: set[str], call_ids: set[str]) -> str | None:
+        """The provider's id of the batch ``row`` recorded (holding ``call_ids``) whose POST went unanswered;
+        None when the provider provably has none (its list reaches back past the record time). Raises
+        :class:`BatchUnknown` while that cannot be told yet."""
         resp = self._call("GET", self.root, params={"limit": 100})
         if resp.status_code != 200:
             raise BatchUnknown(f"list batches: HTTP {resp.status_code}")
@@ -264,8 +266,13 @@ class BatchClient:
                 and _epoch(b.get("created_at")) >= since
                 and sum(int(v) for v in (b.get("request_counts") or {}).values()) == row.n_requests
             ]
-            if cands:
-                return str(min(cands, key=lambda b: _epoch(b.get("created_at")))["id"])
+            if len(cands) == 1:  # its custom ids are checked when it is collected (a stranger's are released)
+                return str(cands[0]["id"])
+            for b in cands:  # several alike: the one whose results hold exactly these calls, once they end
+                if self.ended(b) and set(self.results(b)) == call_ids:
+                    return str(b["id"])
+            if any(not self.ended(b) for b in cands):
+                raise BatchUnknown(f"{len(cands)} unknown batches of {row.n_requests} requests; matched once they end")
         oldest = min((_epoch(b.get("created_at")) for b in items), default=float("inf"))
         if page.get("has_more") and oldest >= since:
             raise BatchUnknown("the provider's list of batches does not reach back to the record; looked again later")
@@ -365,8 +372,9 @@ class _Pass:
         client = self.clients[row.teacher]
         if recorded_by_live_run(self.ledger, row.id, self.ledger.owner):
             return  # its POST may be on the wire now: only its own process, or a run after it died, looks for it
+        pend = pending_calls(self.ledger, row.id)
         try:
-            pid = client.find(row, known_provider_ids(self.ledger))
+            pid = client.find(row, known_provider_ids(self.ledger), set(pend))
         except BatchUnknown as e:
             log.warning("batch %s of %s: not found yet (%s)", row.id, row.teacher, e)
             return
@@ -375,7 +383,6 @@ class _Pass:
             self.stats["batches_recovered"] += 1
             return
         # provably not at the provider: the same calls go out again under the same record and reservations
-        pend = pending_calls(self.ledger, row.id)
         mine = [self.wanted[c] for c in pend if c in self.wanted]
         for cid, call in pend.items():
             if cid not in self.wanted:  # recorded by a run with other arguments: its request is not here
@@ -383,6 +390,7 @@ class _Pass:
                     self.ledger, call, "released", note="batch never reached the provider; not resubmitted here"
                 )
         if mine:
+            set_requests(self.ledger, row.id, len(mine))  # what a later search for it counts
             t = self.config.teacher(row.teacher)
             self._send(t, row.id, [client.line(r.call_id, self.wire(r)) for r in mine], len(mine))
         else:

@@ -397,3 +397,25 @@ def test_batches_respect_the_provider_limits_and_a_refused_batch_releases_its_ca
         * 0.5,
         rel=1e-9,
     )  # the refused calls' money is released; only the accepted batch holds
+
+
+@pytest.mark.slow
+def test_two_lost_anthropic_batches_of_one_size_are_told_apart_by_their_results(emu, ledger_url, tmp_path):
+    """Message Batches carry no metadata: two unanswered POSTs of as many requests each are matched only once
+    the provider's batches end, by the custom ids in their results; nothing is resubmitted."""
+    import dataclasses
+
+    base = _config(emu.url)
+    an = base.teacher("an")
+    cfg = dataclasses.replace(base, teachers=[an, dataclasses.replace(an, name="an2", seed=7)])
+    reqs = _requests(cfg)
+    led = Ledger(ledger_url)
+    emu.batches.hang_creates = 2
+    first = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))
+    emu.batches.release.set()
+    assert first.summary["batch"]["batches_recovered"] == 0  # two alike, in progress: not told apart yet
+    assert [b["state"] for b in ledger_rows(led, "batches")] == ["recorded", "recorded"]
+    emu.batches.end = True
+    done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="r2")
+    assert done.summary["batch"]["batches_recovered"] == 2 and len(emu.batches.created()) == 2
+    _assert_all_answered_at_batch_rate(emu, led, cfg, done)

@@ -167,6 +167,11 @@ def set_submitted(ledger: Ledger, batch_id: str, provider_id: str, note: str = "
     )
 
 
+def set_requests(ledger: Ledger, batch_id: str, n: int) -> None:
+    """The batch goes out again with ``n`` of its calls (the others released)."""
+    ledger._tx(lambda c: c.execute("UPDATE batches SET n_requests = ? WHERE id = ?", [int(n), batch_id]))
+
+
 def set_collected(ledger: Ledger, batch_id: str, note: str = "") -> None:
     ledger._tx(
         lambda c: c.execute(
