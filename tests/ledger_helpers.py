@@ -23,6 +23,8 @@ ORDER = {
     "waiters": "created_at, id",
     "teacher_identities": "teacher",
     "billed_usage": "created_at, reservation_id",
+    "batches": "created_at, id",
+    "batch_calls": "updated_at, call_id",
 }
 
 

@@ -15,6 +15,10 @@ responses) or no call was answered; 143/130 after SIGTERM/SIGINT (the ledger run
 teachers YAML names. The ledger and response cache default to those of the Dagster assets
 (:mod:`composer_pipeline.home`: ``$COMPOSER_PIPELINE_HOME``, else ``~/.cache/composer-pipeline``), so
 budgets hold across runs and a re-run or a Dagster run of the same states pays for nothing twice.
+``--mode batch`` sends each teacher's outstanding calls as provider batches (:mod:`composer_pipeline.teachers.batch`):
+with ``--no-wait`` it returns after submitting (exit 0, the pending calls named in the summary's ``batch``), and
+a later run with the same arguments collects; killed at any point, a run with the same arguments goes on with
+the live batches and submits nothing twice.
 """
 
 from __future__ import annotations
@@ -69,6 +73,18 @@ def register(subparsers) -> None:
         default=None,
         help="pairs YAML whose notion of agreement decides the teachers recipe's escalation (default: recipes/pairs.yaml)",
     )
+    p.add_argument(
+        "--mode",
+        choices=("sync", "batch"),
+        default=None,
+        help="override the YAML's mode: sync (answered now) or batch (provider batch APIs at batch_price_factor)",
+    )
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="mode batch: return once the batches are submitted (and ended ones collected); a later run with the "
+        "same arguments collects the rest",
+    )
     p.set_defaults(func=run)
 
 
@@ -94,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:
         cfg = dataclasses.replace(cfg, ceiling_usd=args.ceiling_usd)
+    if args.mode is not None:
+        cfg = dataclasses.replace(cfg, mode=args.mode)
     src, out = Store(args.states), Store(args.out)
     if not src.exists("trace_states"):
         raise FileNotFoundError(f"no trace_states under {args.states} (run `composer-pipeline ingest` first)")
@@ -126,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"\rteacher calls {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
-    outcome = front.replay(replay_run, plan, keys, run_id, progress)
+    outcome = front.replay(replay_run, plan, keys, run_id, progress, wait=not args.no_wait)
     res = outcome.result
     path = out.write_table(tables.cli_file_name("teacher_replays"), res.table)  # replays.parquet (tables.FILE_ALIASES)
     # the one replay summary (run_report.replay_summary, also the asset's `summary`), the names this command
@@ -147,6 +165,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"teacher {name} was cut off for this run: {why}", file=sys.stderr)
         rc = 1
     s = res.summary
+    if s.get("batch", {}).get("calls_pending"):  # --no-wait: submitted; a later run collects
+        print(
+            f"replay: {s['batch']['calls_pending']} calls wait in provider batches; run again with the same "
+            "arguments to collect them",
+            file=sys.stderr,
+        )
+        return rc
     if s["rows"] and s["answered"] == 0:
         top = ", ".join(f"{k} ×{v}" for k, v in s["failures_by_reason"].items())
         print(f"replay: no call was answered ({top}); see the reason column of {summary['out']}", file=sys.stderr)

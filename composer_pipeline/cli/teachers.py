@@ -4,7 +4,8 @@
 serves small local causal LMs (see ``composer_pipeline.teachers.server``); with ``--config`` the
 ``serve`` section of a teachers YAML names the models. ``teachers budget --teachers FILE [--ledger URL] [--json]``
 prints one JSON line per teacher (``teacher, budget_usd, spent_usd, settled_usd, kept_usd, reserved_usd,
-remaining_usd, kept_calls``, and from the ledger's ``billed_usage``: ``settled_calls, billed_usd, full_price_usd,
+remaining_usd, kept_calls``; ``batch_held_usd, live_batches, batch_pending_calls``: the part of ``reserved_usd`` that
+live provider batches hold (``mode: batch``), and from the ledger's ``billed_usage``: ``settled_calls, billed_usd, full_price_usd,
 prompt_tokens, cached_prompt_tokens, cache_write_tokens``); ``teachers reconcile`` first finalizes every run whose lease expired.
 """
 
@@ -192,12 +193,16 @@ def _print_budgets(ledger, cfg) -> None:
     import orjson
 
     from composer_pipeline.teachers.billing import usage_by_teacher
+    from composer_pipeline.teachers.ledger.batches import held_by_batches
 
     for t in cfg.teachers:
-        # billed_usd / full_price_usd / cached_prompt_tokens: what providers billed, with prompt caching
+        # billed_usd / full_price_usd / cached_prompt_tokens: what providers billed, with prompt caching;
+        # batch_held_usd: the part of reserved_usd live provider batches hold (up to 24 h, mode: batch)
+        held, n_batches, n_calls = held_by_batches(ledger, t.name)
+        batches = {"batch_held_usd": round(held, 8), "live_batches": n_batches, "batch_pending_calls": n_calls}
         print(
             orjson.dumps(
-                {**ledger.balance(t.name, t.budget_usd).as_dict(), **usage_by_teacher(ledger, t.name)}
+                {**ledger.balance(t.name, t.budget_usd).as_dict(), **batches, **usage_by_teacher(ledger, t.name)}
             ).decode(),
             flush=True,
         )

@@ -108,6 +108,10 @@ class TeacherConfig:
         help="anthropic: the anthropic-version header (2023-06-01 is the latest version the API's versioning page "
         "lists and the official SDK sends, checked Nov 2026)",
     )
+    batch_price_factor: float = setting(
+        0.5,
+        help="mode: batch: the share of this teacher's prices its batch API bills (OpenAI and Anthropic: 0.5), in (0, 1]",
+    )
     fit_elide_step: int = setting(
         8,
         help="fitting elides turns in multiples of this many, so consecutive states share a prefix the provider can cache (1: keep every turn that fits)",
@@ -153,6 +157,8 @@ class TeacherConfig:
         _at_least(self, ("cached_input_usd_per_mtok", "cache_write_usd_per_mtok"))
         if self.api not in ("openai", "anthropic"):
             raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
+        if not 0 < self.batch_price_factor <= 1:
+            raise ValueError(f"batch_price_factor must be in (0, 1], got {self.batch_price_factor!r}")
         top = TEMPERATURE_MAX[self.api]
         if self.temperature is not None and self.temperature > top:
             raise ValueError(f"temperature must be in [0, {top:g}] for api: {self.api}, got {self.temperature!r}")
@@ -255,6 +261,14 @@ class TeachersConfig:
         "(they disagree with the agent or with each other, pairs/build.py pair_ruled_out); empty: every teacher at once",
     )
 
+    mode: Literal["sync", "batch"] = setting(
+        "sync",
+        help="sync: one request per call, answered now; batch: each teacher's outstanding calls go out as provider "
+        "batches (OpenAI Batch, Anthropic Message Batches) at batch_price_factor of the price, answered within 24 h "
+        "(replay --mode batch; --no-wait returns after submission, a later run with the same arguments collects)",
+    )
+    poll_batches_s: float = setting(30.0, help="mode: batch: seconds between two reads of a live batch's status (> 0)")
+
     def __post_init__(self) -> None:
         if not self.teachers:
             raise ValueError("'teachers' must be a non-empty list")
@@ -263,8 +277,13 @@ class TeachersConfig:
         if dupes:
             raise ValueError(f"duplicate teacher name(s) {dupes}")
         _at_least(self, ("ceiling_usd",))
-        _at_least(self, ("lease_s", "max_invalid_responses", "ledger_outage_s"), positive=True)
+        _at_least(self, ("lease_s", "max_invalid_responses", "ledger_outage_s", "poll_batches_s"), positive=True)
         self._check_escalation(names)
+        if self.escalation and self.mode == "batch":
+            raise ValueError(
+                "escalation and mode: batch do not combine yet (a batch answers every tier at once, which is what "
+                "escalation avoids): drop one of them"
+            )
         if self.lease_s > 600:
             raise ValueError(
                 f"lease_s must be <= 600 (a dead run's reservations are held that long), got {self.lease_s!r}"

@@ -9,7 +9,8 @@ Out: :class:`ReplayFront`'s steps, in order:
    report (the CLI's ``--plan-only`` line, the ``cost_plan`` asset's metadata).
 2. :meth:`~ReplayFront.keys`: keys cleaned and checked, hosts resolved, outputs writable, for the teachers
    the plan will call (:mod:`preflight`), before anything is sent.
-3. :meth:`~ReplayFront.replay` → :class:`ReplayOutcome`: the ``teacher_replays`` table, its one summary
+3. :meth:`~ReplayFront.replay` → :class:`ReplayOutcome` (``mode: batch``: through provider batches,
+   :mod:`~composer_pipeline.teachers.batch`): the ``teacher_replays`` table, its one summary
    and the plan's prediction beside what was billed (:func:`billing.predicted_vs_billed`).
 
 Between the two Dagster steps the prepared run travels as a file (:func:`save_prepared` in ``cost_plan``,
@@ -61,6 +62,11 @@ class ReplayFront:
         return ReplayRun.prepare(states, messages, self.config, render_opts)
 
     def plan(self, run: ReplayRun) -> CostPlan:
+        if self.config.mode == "batch":  # priced as batches go out: at each teacher's batch_price_factor
+            from composer_pipeline.teachers.batch import priced_for_batch
+            from composer_pipeline.teachers.replay import plan_requests
+
+            return plan_requests(priced_for_batch(run.requests), self.config, self.cache, self.ledger)
         return run.plan(self.cache, self.ledger)
 
     def keys(
@@ -84,10 +90,31 @@ class ReplayFront:
         keys: dict[str, str | None],
         run_id: str,
         progress: Callable[[int, int], None] | None = None,
+        *,
+        wait: bool = True,
     ) -> ReplayOutcome:
-        res = run.replay(
-            keys, cache=self.cache, ledger=self.ledger, run_id=run_id, progress=progress, pair_recipe=self.pair_recipe
-        )
+        if self.config.mode == "batch":  # provider batches (teachers/batch.py); wait=False returns after submitting
+            from composer_pipeline.teachers.batch import replay_batch
+
+            res = replay_batch(
+                run.requests,
+                self.config,
+                keys,
+                cache=self.cache,
+                ledger=self.ledger,
+                run_id=run_id,
+                wait=wait,
+                extra_failed=run.unrendered,
+            )
+        else:
+            res = run.replay(
+                keys,
+                cache=self.cache,
+                ledger=self.ledger,
+                run_id=run_id,
+                progress=progress,
+                pair_recipe=self.pair_recipe,
+            )
         names = [t.name for t in self.config.teachers]
         return ReplayOutcome(res, predicted_vs_billed(plan, self.ledger, run_id, names))
 

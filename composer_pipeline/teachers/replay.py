@@ -64,6 +64,7 @@ from composer_pipeline.teachers.anthropic import CacheHint, min_cached_tokens
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
 from composer_pipeline.teachers.escalation import Escalation, waves
 from composer_pipeline.teachers.ledger import AsyncLedger, ClaimLost, Ledger, ReplayInterrupted
+from composer_pipeline.teachers.ledger.batches import batch_holds
 from composer_pipeline.teachers.pricing import worst_case_usd
 from composer_pipeline.teachers.run_report import RunInfo, replay_summary
 from composer_pipeline.teachers.token_count import counter_for
@@ -441,13 +442,16 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
     predicted = (
         plan.column("predicted_usd").to_pylist() if "predicted_usd" in plan.column_names else [None] * plan.num_rows
     )
-    for teacher, cached, usd, pred in zip(
+    # money live provider batches hold stays held up to 24 h: it is not room; their calls need no new money
+    pending, held = batch_holds(ledger, config.names, plan.column("call_id").to_pylist())
+    for teacher, cached, usd, pred, cid in zip(
         plan.column("teacher").to_pylist(),
         plan.column("cached").to_pylist(),
         plan.column("worst_case_usd").to_pylist(),
         predicted,
+        plan.column("call_id").to_pylist(),
     ):
-        if not cached:
+        if not cached and cid not in pending:
             worst_by[teacher] = worst_by.get(teacher, 0.0) + float(usd or 0.0)
             predicted_by[teacher] = predicted_by.get(teacher, 0.0) + float(usd if pred is None else pred)
     skipped_by = {t.name: 0 for t in config.teachers}
@@ -456,7 +460,9 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
         if skip is not None:
             skipped_by[teacher] = skipped_by.get(teacher, 0) + 1
     conditional, conditional_usd = _conditional(plan, skips, config)
-    remaining = {t.name: ledger.room(t.name, t.budget_usd) for t in config.teachers}  # money in flight may come back
+    remaining = {  # money in flight may come back; money held by live batches not soon
+        t.name: max(0.0, ledger.room(t.name, t.budget_usd) - held.get(t.name, 0.0)) for t in config.teachers
+    }
     reasons, over = [], []
     for t in config.teachers:
         if worst_by[t.name] > remaining[t.name]:
@@ -621,6 +627,11 @@ async def _replay(
                 except OSError:
                     pass
                 return _from_cache(claim.record, t)
+            if claim.state == "batched":  # never bought twice: the batch's answer is collected in batch mode
+                return CallResult(
+                    status="failed",
+                    reason=f"batch_pending: held by {claim.owner}; replay --mode batch collects it",
+                )
             try:
                 return await bought(r, t, key)
             except ClaimLost:

@@ -201,6 +201,15 @@ def test_escalation_names_each_teacher_once(escalation, message):
         teachers("http://127.0.0.1:9/v1", escalation)
 
 
+def test_escalation_in_batch_mode_is_a_load_error_not_every_tier_at_once():
+    """A batch answers every tier at once, so escalation would silently buy what it exists to avoid."""
+    import dataclasses
+
+    cfg = teachers("http://127.0.0.1:9/v1", [["cheap-a", "cheap-b"], ["strong-a"]])
+    with pytest.raises(ValueError, match="escalation and mode: batch do not combine"):
+        dataclasses.replace(cfg, mode="batch")
+
+
 def test_pair_ruled_out_reads_the_pair_builders_agreement():
     agent = '{"text": "", "tool_calls": [{"id": "a", "name": "Read", "arguments": {"file_path": "/repo/f0.py"}}]}'
     same = '{"text": "", "tool_calls": [{"id": "x", "name": "Read", "arguments": {"file_path": "/repo/./f0.py"}}]}'

@@ -134,9 +134,11 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_spend(tmp_path, server, led
         [scripted_request(cfg, 0)], cfg, {}, cache=ResponseCache(tmp_path / "c"), ledger=ledger, run_id="r1"
     )
     spent = ledger.spent("t1")
-    assert spent > 0 and schema_version(ledger) == MIGRATIONS[-1][0] == 4
+    assert spent > 0 and schema_version(ledger) == MIGRATIONS[-1][0] >= 4
     ledger._tx(
         lambda c: (
+            c.execute("DROP TABLE batch_calls"),  # schema 5
+            c.execute("DROP TABLE batches"),
             c.execute("DROP TABLE ledger_meta"),
             c.execute("ALTER TABLE runs DROP COLUMN owner"),
             c.execute("ALTER TABLE runs DROP COLUMN machine"),

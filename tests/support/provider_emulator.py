@@ -24,6 +24,8 @@ Rules emulated (from the providers' docs, /work/shared/notes/providers.md):
   ``min_cached`` tokens long; usage ``input_tokens`` (after the last breakpoint),
   ``cache_read_input_tokens``, ``cache_creation_input_tokens``; x-api-key / anthropic-version checked;
   user/assistant alternation and every ``tool_use`` answered by a ``tool_result`` in the next user turn;
+* both batch APIs (OpenAI Files + Batches, Anthropic Message Batches): see ``tests/support/batch_api.py``;
+  their requests are answered by the same rules and billed at ``BatchBook.rate`` (``Bill.batch``);
 * ``inject``: scripted faults consumed in order, e.g. ``(529, {})`` overloaded, ``(429, {"retry-after": "0"})``;
 * ``script``: scripted answers consumed in order by answered requests, each a dict with any of ``usage`` (the
   usage reported instead of the true one: absurd, negative or overflowing counts), ``stop`` (the stop reason,
@@ -52,6 +54,7 @@ from typing import Any, Callable
 
 import orjson
 
+from tests.support.batch_api import BatchBook, batch_get, batch_post
 from tests.support.scripted_server import JsonHandler
 
 MAX_BREAKPOINTS = 4
@@ -82,6 +85,7 @@ class Bill:
     cache_write_tokens: int
     completion_tokens: int
     usd: float
+    batch: bool = False  # billed through a batch (at the batch rate)
 
 
 @dataclass
@@ -113,10 +117,16 @@ class _Handler(JsonHandler):
             data = json.dumps(obj).encode()
         super()._send(status, data, headers)
 
+    def do_GET(self):
+        if not batch_get(self):
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         srv = self.server
         path = self.path.rstrip("/")
+        if batch_post(self, path, raw):
+            return
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -177,6 +187,8 @@ class ProviderEmulator(ThreadingHTTPServer):
         self.script: list[dict[str, Any]] = []  # scripted answers (see the module docstring)
         self.answer: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None  # see the module docstring
         self._thread: threading.Thread | None = None
+        self._billing = threading.local()
+        self.batches = BatchBook()  # both batch APIs (tests/support/batch_api.py)
 
     # -- cache
     def _lookup(self, key: str) -> bool:
@@ -195,14 +207,19 @@ class ProviderEmulator(ThreadingHTTPServer):
                 self.cache[k] = exp
 
     def _bill(self, model: str, rules: ModelRules, prompt: int, cached: int, writes: int, completion: int) -> None:
+        rate = getattr(self._billing, "rate", 1.0)  # a batch's requests are billed at the batch rate (batch_api.py)
         usd = (
-            (prompt - cached - writes) * rules.input_usd_per_mtok
-            + cached * rules.cached_usd_per_mtok
-            + writes * rules.cache_write_usd_per_mtok
-            + completion * rules.output_usd_per_mtok
-        ) / 1e6
+            rate
+            * (
+                (prompt - cached - writes) * rules.input_usd_per_mtok
+                + cached * rules.cached_usd_per_mtok
+                + writes * rules.cache_write_usd_per_mtok
+                + completion * rules.output_usd_per_mtok
+            )
+            / 1e6
+        )
         with self.lock:
-            self.billed.append(Bill(model, prompt, cached, writes, completion, usd))
+            self.billed.append(Bill(model, prompt, cached, writes, completion, usd, rate != 1.0))
 
     def billed_usd(self, model: str | None = None) -> float:
         with self.lock:

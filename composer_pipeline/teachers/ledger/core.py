@@ -65,7 +65,7 @@ DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defa
 DEFAULT_OUTAGE_S = (
     TeachersConfig.ledger_outage_s
 )  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
-OPEN_STATES = ("reserved", "sent")
+OPEN_STATES = ("reserved", "sent", "batched")  # batched: held by a provider batch, not a run (ledger/batches.py)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Claim:
-    state: str  # mine | answered | wait
+    state: str  # mine | answered | wait | batched (held by a live provider batch: not bought here)
     record: dict[str, Any] | None = None  # the answer, when answered
     owner: str = ""  # the run holding it, when wait
 
@@ -403,11 +403,14 @@ class Ledger(Store):
     # -- claims
     def claim(self, call_id: str, teacher: str, run_id: str, owner: str | None = None) -> Claim:
         """Claim the purchase of ``call_id`` for ``owner``'s run ``run_id``: mine, already answered (with the
-        answer), or wait (another live run holds it)."""
+        answer), wait (another live run holds it) or batched (a live provider batch holds it)."""
         now = self._db.now
         owner = owner or self.owner
 
         def run(c: Cursor) -> Claim:
+            held = c.one("SELECT batch_id FROM batch_calls WHERE call_id = ? AND state = 'pending'", [call_id])
+            if held:  # a live provider batch holds it (ledger/batches.py): its answer comes from the batch
+                return Claim("batched", owner=f"batch:{held[0]}")
             ins = c.execute(
                 "INSERT INTO claims (call_id, teacher, run_id, state, record, reason, cost_usd, created_at, updated_at, "
                 f"owner) VALUES (?, ?, ?, 'inflight', NULL, NULL, NULL, {now}, {now}, ?) ON CONFLICT (call_id) DO NOTHING",

@@ -3,7 +3,8 @@ of the DuckDB ledger of earlier versions.
 
 In:  a :class:`~composer_pipeline.teachers.ledger.backends.Store`'s transaction function and backend.
 Out: the tables ``runs``, ``reservations``, ``totals``, ``claims``, ``waiters`` (1), ``teacher_identities``
-     (2), ``billed_usage`` (3), the owner of each run and claim and ``ledger_meta`` (4), and
+     (2), ``billed_usage`` (3), the owner of each run and claim and ``ledger_meta`` (4), ``batches`` and
+     ``batch_calls`` (5), and
      ``schema_migrations`` (which versions were applied, when); a ledger opened over an earlier
      ``ledger.duckdb`` beside it carries that ledger's spend.
 
@@ -133,6 +134,42 @@ MIGRATIONS: list[tuple[int, list[str | dict[str, str]]]] = [
             key TEXT PRIMARY KEY,
             value TEXT NOT NULL)""",
             "INSERT INTO ledger_meta VALUES ('min_code_version', '4')",
+        ],
+    ),
+    # 5: provider batches (mode: batch, teachers/batch.py). A batch is recorded with its calls and their
+    # reservations (state ``batched``: held by the batch, not by a run's lease, so a run that ends or dies
+    # leaves them held) BEFORE its POST; the provider's id is written right after the answer. A call is in at
+    # most one pending batch (``batch_calls.call_id`` is the key): no process submits it twice. Older code
+    # would buy calls a live batch holds and finalize nothing of them: min_code_version 5.
+    (
+        5,
+        [
+            """CREATE TABLE batches (
+            id TEXT PRIMARY KEY,                 -- ours: the OpenAI metadata cp_batch, found again after a lost answer
+            teacher TEXT NOT NULL,
+            api TEXT NOT NULL,                   -- openai | anthropic
+            run_id TEXT NOT NULL,                -- the replay run that recorded it
+            state TEXT NOT NULL,                 -- recorded (POST not answered yet) | submitted | collected
+            provider_id TEXT,                    -- the provider's batch id, once known
+            n_requests INTEGER NOT NULL,
+            reserved_usd DOUBLE PRECISION NOT NULL,
+            note TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+            "CREATE INDEX batches_state ON batches (state, teacher)",
+            """CREATE TABLE batch_calls (
+            call_id TEXT PRIMARY KEY,
+            batch_id TEXT NOT NULL,              -- its current (last) batch
+            teacher TEXT NOT NULL,
+            reservation_id TEXT NOT NULL,        -- its reservation in that batch (state batched until settled/released)
+            state TEXT NOT NULL,                 -- pending | settled | released
+            prompt_bound INTEGER NOT NULL,       -- what pricing.settle clamps the billed usage to
+            completion_bound INTEGER NOT NULL,
+            submissions INTEGER NOT NULL,        -- batches it went out in (a released call goes out alone again)
+            note TEXT,
+            updated_at DOUBLE PRECISION NOT NULL)""",
+            "CREATE INDEX batch_calls_batch ON batch_calls (batch_id, state)",
+            "UPDATE ledger_meta SET value = '5' WHERE key = 'min_code_version'",
         ],
     ),
 ]
