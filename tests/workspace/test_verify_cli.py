@@ -38,3 +38,36 @@ def test_workspace_without_its_subcommand_names_it(capsys):
     with pytest.raises(SystemExit) as e:
         main(["workspace"])
     assert e.value.code == 2 and "verify" in capsys.readouterr().err
+
+
+def test_an_inline_subagent_starts_in_the_sessions_shell_not_in_its_records_cwd(tmp_path, capsys):
+    """Claude Code 1.0.x writes an inline subagent's records when it ends, each with the shell's cwd of that
+    moment; the shell it ran in started where the session's main records say."""
+    from tests.support.sessions import Session, text, tool
+
+    sid = "0000aaaa-0000-4000-8000-000000000002"
+    m = Session(sid=sid, version="1.0.98", cwd="/home/u/p")
+    m.user("build it")
+    m.assistant(tool("Task", "k1", description="make lib", prompt="make lib"), timestamp="2026-01-01T00:00:01.000Z")
+    side = Session(sid=sid, version="1.0.98", sidechain=True, cwd="/home/u/p/app")  # cwd at its end, not start
+    side.user("make lib", parent=None, timestamp="2026-01-01T00:00:02.000Z")
+    empty = "total 0\ndrwxr-xr-x 2 u s 64 Jan 1 00:00 .\ndrwxr-xr-x 3 u s 96 Jan 1 00:00 .."
+    calls = [
+        (tool("Bash", "s1", command="ls -la"), empty, None),
+        (tool("Bash", "s2", command="mkdir -p lib"), "", None),
+        (tool("Write", "s3", file_path="/home/u/p/lib/a.py", content="x = 1"),
+         "File created successfully at: /home/u/p/lib/a.py", {"type": "create", "filePath": "/home/u/p/lib/a.py"}),
+    ]  # fmt: skip
+    for i, (call, out, tur) in enumerate(calls):
+        side.assistant(call, timestamp=f"2026-01-01T00:00:{3 + 2 * i:02d}.000Z")
+        side.result(call["id"], out, tur=tur, timestamp=f"2026-01-01T00:00:{4 + 2 * i:02d}.000Z")
+    side.assistant(text("made"), timestamp="2026-01-01T00:00:20.000Z")
+    m.lines += side.lines
+    m.result("k1", "made", timestamp="2026-01-01T00:00:21.000Z")
+    m.assistant(text("done"), timestamp="2026-01-01T00:00:22.000Z")
+    m.write(tmp_path / "traces" / "proj" / f"{sid}.jsonl")
+    assert main(["ingest", str(tmp_path / "traces"), "--out", str(tmp_path / "store")]) == 0
+    capsys.readouterr()
+    assert main(["workspace", "verify", "--store", str(tmp_path / "store"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["tool"], r["predicted_ok"], r["observed_ok"]) for r in rows] == [("Write", True, True)]
