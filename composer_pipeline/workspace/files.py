@@ -24,9 +24,10 @@ The rules (Claude Code's, as its tool errors state them; the texts are the ones 
   lines known, two occurrences in them already fail; otherwise cannot tell.
 * Write: to a file known to exist that this agent has not read: fails; to a path known missing, or a
   file it has read: succeeds; otherwise cannot tell.
-* A file written outside this agent's file tools after its read (a shell redirection, another agent's
-  Write/Edit) is "stale": Claude Code compares its mtime with the read's time ("File has been modified since
-  read"), so a Write or Edit of it is cannot tell until the agent reads it again.
+* A file written by a shell redirection after this agent's read is "stale": Claude Code compares its mtime
+  with the read's time ("File has been modified since read"), so a Write or Edit of it is cannot tell until
+  the agent reads it again. (Another agent's Write/Edit does not: a real session's main agent Edits with
+  success a file its subagent edited after the main agent's read.)
 * Existence: a path under a directory known missing is missing; ``mkdir`` of a directory known missing
   makes an empty one (nothing under it exists).
 * NotebookEdit: unread fails; otherwise cannot tell. Glob / Grep / LS succeed (their failures are not
@@ -69,7 +70,7 @@ UNRELIABLE_READS = (
     "Read and Write were seen not to register (Edit after Read failed 'File has not been read yet')"
 )
 STALE = (
-    "the file was written outside this agent's file tools since its read (a shell redirection, another agent): "
+    "a shell redirection wrote the file since this agent's read: "
     "Claude Code then compares the file's mtime with the read's time ('File has been modified since read')"
 )
 # Read's limits: lines returned by default, characters per line, and the token limit of one read
@@ -246,7 +247,7 @@ class Workspace:
             if ev.own:  # another agent's failure may predate changes this agent saw
                 self._observe_failure(ev, path, v)
             return
-        read_before = v.read
+        read_before, stale_before = v.read, v.stale
         if name == "Read":
             self._observe_read(ev, path, v)
         elif name == "Write":
@@ -267,9 +268,9 @@ class Workspace:
                 v.forget_contents()
             v.read_whole = False
         if not ev.own:  # read-before-write state is each agent's own
-            v.read = read_before
-            # another agent's Write or Edit changes the file's mtime after this agent's read
-            v.stale = v.stale or (read_before and name != "Read")
+            # another agent's Write or Edit does not make this agent's read stale: a 2.0.74 session's main agent
+            # Edits a file with success, unread since its subagent Edited it (kfischer-okarin b3edadab)
+            v.read, v.stale = read_before, stale_before
         else:
             v.stale = False
 

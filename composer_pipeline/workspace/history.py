@@ -1,6 +1,8 @@
 """A session's tool calls in order, from the stored tables, and the workspace at each trace state.
 
-In:  ``trace_messages`` and ``trace_states`` (one or many sessions, as ``ingest`` writes them).
+In:  ``trace_messages`` and ``trace_states`` (one or many sessions, as ``ingest`` writes them). A Task call
+     whose subagent's stream is stored (``parent_tool_use_id``) is not itself an unknown writer: its file
+     effects are the subagent's calls.
 Out: :func:`workspace_at` — the :class:`~.files.Workspace` one state's agent had seen (its own calls along
      its ``parentUuid`` path whose results came before the state, plus what the session's other agents did
      before it, by timestamp); :func:`observed_calls` — the state's own calls and what really came back.
@@ -56,7 +58,10 @@ class _Stream:
 class SessionHistory:
     """Every stream's records and tool calls of the stored sessions."""
 
-    def __init__(self, trace_messages: pa.Table):
+    def __init__(self, trace_messages: pa.Table, trace_states: list[dict] | None = None):
+        # Task/Agent calls whose subagent's stream is stored: they touch files only through that subagent's
+        # own tool calls, which every other agent's workspace observes (by timestamp)
+        self.linked_tasks = {s["parent_tool_use_id"] for s in trace_states or () if s.get("parent_tool_use_id")}
         self.streams: dict[str, _Stream] = {}
         self.session_of: dict[str, str] = {}
         self.inline: set[str] = set()  # 1.0.x subagents: sidechain records inside the main session file
@@ -151,10 +156,14 @@ class SessionHistory:
         events: list[tuple[str, int, Event]] = []
         last_ts = ""
         for i, c in enumerate(own):
+            if c.id in self.linked_tasks:
+                continue
             if c.result is not None and c.result["timestamp"]:
                 last_ts = c.result["timestamp"]
             events.append((last_ts, i, c.event(own=True)))
-        others = sorted(self._other_calls(state), key=lambda x: x[0])
+        others = sorted(
+            ((t, c) for t, c in self._other_calls(state) if c.id not in self.linked_tasks), key=lambda x: x[0]
+        )
         # own calls keep their path order; another agent's call goes before the first own call timed after it
         merged = _stable_merge(events, [(ts, -1, c.event(own=False)) for ts, c in others])
         for _, _, ev in merged:
