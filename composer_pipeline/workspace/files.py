@@ -309,7 +309,6 @@ class Workspace:
                 # mkdir: an earlier listing of it is void; a directory it had to make is new, hence empty
                 was_missing = made not in self.dirs and self.existence(made) is False
                 self.complete = [c for c in self.complete if c[0] != made]
-                self.files.pop(made, None)
                 self._exists(made)
                 self.files.pop(made, None)
                 self.dirs.add(made)

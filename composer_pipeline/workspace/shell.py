@@ -59,7 +59,10 @@ def written_files(command: str, cwd: str | None) -> list[str] | None:
         if words[:1] == ["cd"]:
             cwd = shell_cwd_after(seg, cwd)
             continue
-        targets = [_unquote(t) for t in _REDIRECT.findall(seg)]
+        found = list(_REDIRECT.finditer(seg))
+        if any(seg[: m.start()].count("'") % 2 or seg[: m.start()].count('"') % 2 for m in found):
+            return None  # a '>' inside quotes is text, or the quoting is beyond this reader
+        targets = [_unquote(m.group(1)) for m in found]
         if may_write(_REDIRECT.sub(" ", _HEREDOC.sub(" ", seg))):
             return None
         for t in targets:

@@ -224,6 +224,8 @@ def test_a_shell_redirection_writes_only_its_file_and_a_read_before_it_is_stale(
     # a redirection the module cannot place (unknown program, variable target) may have written anywhere
     anywhere = _ws(_read(path=other, text="o"), Event("Bash", {"command": 'echo x > "$OUT"'}, True, ""))
     assert anywhere.files[other].text is None
+    quoted = _ws(Event("Bash", {"command": 'echo "a > b"'}, True, "a > b"))  # no file b is written
+    assert f"{D}/b" not in quoted.files
 
 
 def test_in_a_shared_shell_another_agents_cd_is_followed():
