@@ -24,12 +24,19 @@ The rules (Claude Code's, as its tool errors state them; the texts are the ones 
   lines known, two occurrences in them already fail; otherwise cannot tell.
 * Write: to a file known to exist that this agent has not read: fails; to a path known missing, or a
   file it has read: succeeds; otherwise cannot tell.
+* A file written by a shell redirection after this agent's read is "stale": Claude Code compares its mtime
+  with the read's time ("File has been modified since read"), so a Write or Edit of it is cannot tell until
+  the agent reads it again. (Another agent's Write/Edit does not: a real session's main agent Edits with
+  success a file its subagent edited after the main agent's read.)
+* Existence: a path under a directory known missing is missing; ``mkdir`` of a directory known missing
+  makes an empty one (nothing under it exists).
 * NotebookEdit: unread fails; otherwise cannot tell. Glob / Grep / LS succeed (their failures are not
   workspace rules: rejections, permissions); their listing is what the workspace knows.
 
 Deliberately simplified: "cannot tell" wherever the history does not decide; files changed outside the
 agent's view (a shell command that may write, another agent's edits, the user's editor) turn what was known
-about contents and existence back into unknown; permission prompts and user rejections are never predicted;
+about contents and existence back into unknown (a shell command whose only writes are redirections into
+literal paths changes only those files); permission prompts and user rejections are never predicted;
 the Edit/Write success texts give the edited lines, not Claude Code's exact snippet window.
 """
 
@@ -40,7 +47,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_pipeline.workspace.shell import glob_regex, listing, may_write, shell_cwd_after
+from composer_pipeline.workspace.shell import glob_regex, listing, may_write, shell_cwd_after, written_files
 
 FILE_TOOLS = ("Read", "Edit", "MultiEdit", "Write", "Glob", "Grep", "LS", "NotebookEdit")
 
@@ -61,6 +68,10 @@ OVERSIZE_MARK = "exceeds maximum allowed"
 UNRELIABLE_READS = (
     "the rule holds but this agent's read state is not reliable: in Claude Code 1.0.x inline subagents, "
     "Read and Write were seen not to register (Edit after Read failed 'File has not been read yet')"
+)
+STALE = (
+    "a shell redirection wrote the file since this agent's read: "
+    "Claude Code then compares the file's mtime with the read's time ('File has been modified since read')"
 )
 # Read's limits: lines returned by default, characters per line, and the token limit of one read
 READ_LINES, READ_LINE_CHARS, READ_MAX_TOKENS = 2000, 2000, 25000
@@ -108,6 +119,9 @@ class FileView:
     read_whole: bool = False  # a whole-file Read succeeded and nothing changed it since
     oversize: str | None = None  # the size error a whole-file Read gave, while unchanged
     size: int | None = None  # bytes, where a listing (ls -l) showed it, while unchanged
+    # written outside the file tools (a shell redirection) since; Claude Code then compares the file's mtime
+    # with the read's time ("File has been modified since read"), which no trace shows: cannot tell
+    stale: bool = False
 
     def forget_contents(self) -> None:
         self.text, self.lines, self.read_whole, self.oversize, self.size = None, {}, False, None, None
@@ -154,6 +168,8 @@ class Workspace:
         self.complete: list[tuple[str, str]] = []
         # False where this agent's read-before-write state is observed not to follow the rule
         self.reads_reliable = True
+        # Claude Code 1.0.x runs its inline subagents in the main agent's shell: another agent's cd moves ours
+        self.shell_shared = False
 
     # -- paths ---------------------------------------------------------------------------------------
     def path(self, p: Any, cwd: str | None = None) -> str | None:
@@ -197,11 +213,18 @@ class Workspace:
                 return
             command = str(args.get("command", "")) if name == "Bash" else None
             if ev.ok is not False and (command is None or may_write(command)):
-                self._outside_change()
+                written = written_files(command, self.shell_cwd) if command is not None and ev.ok else None
+                if written is None:
+                    self._outside_change()
+                for path in written or ():  # a redirection writes its file only, outside the file tools
+                    self._exists(path)
+                    self.view(path).forget_contents()
+                    self.view(path).stale = True
             if command is not None and ev.ok:
                 self._observe_shell_listing(command, ev)
             if command is not None:  # another agent's cd moves a shared shell (Claude Code 1.0.x subagents)
-                self.shell_cwd = shell_cwd_after(command, self.shell_cwd) if ev.own or "cd " not in command else None
+                follow = ev.own or self.shell_shared or "cd " not in command
+                self.shell_cwd = shell_cwd_after(command, self.shell_cwd) if follow else None
             return
         if name in ("Glob", "Grep"):
             self._observe_listing(ev)
@@ -224,7 +247,7 @@ class Workspace:
             if ev.own:  # another agent's failure may predate changes this agent saw
                 self._observe_failure(ev, path, v)
             return
-        read_before = v.read
+        read_before, stale_before = v.read, v.stale
         if name == "Read":
             self._observe_read(ev, path, v)
         elif name == "Write":
@@ -245,7 +268,11 @@ class Workspace:
                 v.forget_contents()
             v.read_whole = False
         if not ev.own:  # read-before-write state is each agent's own
-            v.read = read_before
+            # another agent's Write or Edit does not make this agent's read stale: a 2.0.74 session's main agent
+            # Edits a file with success, unread since its subagent Edited it (kfischer-okarin b3edadab)
+            v.read, v.stale = read_before, stale_before
+        else:
+            v.stale = False
 
     def _observe_listing(self, ev: Event) -> None:
         if not ev.ok:
@@ -265,10 +292,28 @@ class Workspace:
             self.complete.append((base, glob_regex(ev.arguments["pattern"])))
 
     def _observe_shell_listing(self, command: str, ev: Event) -> None:
-        for words in (seg.split() for seg in command.split("&&")):  # mkdir: an earlier listing of it is void
-            if words[:1] == ["mkdir"]:
-                made = [self.path(w, ev.cwd) for w in words[1:] if not w.startswith("-")]
-                self.complete = [c for c in self.complete if c[0] not in made]
+        cwd = self.shell_cwd
+        for seg in command.split("&&"):
+            words = seg.split()
+            if words[:1] == ["cd"]:
+                cwd = shell_cwd_after(seg, cwd)
+            if words[:1] != ["mkdir"]:
+                continue
+            for w in words[1:]:
+                if w.startswith("-"):
+                    continue
+                made = self.path(w.strip("'\""), cwd) if cwd or w.startswith("/") else None
+                if made is None or "$" in made or "*" in made:
+                    self.complete = []  # where it made a directory is not known
+                    continue
+                # mkdir: an earlier listing of it is void; a directory it had to make is new, hence empty
+                was_missing = made not in self.dirs and self.existence(made) is False
+                self.complete = [c for c in self.complete if c[0] != made]
+                self._exists(made)
+                self.files.pop(made, None)
+                self.dirs.add(made)
+                if was_missing:
+                    self.complete.append((made, ".*"))
         seen = listing(command, ev.content, self.shell_cwd)
         for d in seen.dirs:
             self._exists(d)
@@ -281,14 +326,25 @@ class Workspace:
         self.complete.extend(seen.complete)
 
     def existence(self, path: str) -> bool | None:
-        """True / False / None (unknown): a file seen, or a path a complete Glob listing would have shown."""
+        """True / False / None (unknown): a file seen, or a path a complete listing would have shown; a path
+        under a directory known missing is missing too."""
         v = self.files.get(path)
         if v is not None and v.exists is not None:
             return v.exists
+        if self._listed_missing(path):
+            return False
+        d = posixpath.dirname(path)
+        while d not in ("", "/") and d not in self.dirs:
+            if self._listed_missing(d) or (d in self.files and self.files[d].exists is False):
+                return False
+            d = posixpath.dirname(d)
+        return None
+
+    def _listed_missing(self, path: str) -> bool:
         for base, regex in self.complete:
             if path.startswith(base.rstrip("/") + "/") and re.fullmatch(regex, posixpath.relpath(path, base)):
-                return False
-        return None
+                return True
+        return False
 
     def _observe_read(self, ev: Event, path: str, v: FileView) -> None:
         if ev.content.startswith(EISDIR.split(":")[0]):
@@ -411,6 +467,8 @@ class Workspace:
         if failed is not None:
             return failed
         v = self.files[path]
+        if v.stale:
+            return Outcome(None, "", STALE)
         if v.text is not None:
             after = _apply_edits(v.text, edits)
             if isinstance(after, Outcome):
@@ -437,6 +495,8 @@ class Workspace:
         if read:
             if not self.reads_reliable:
                 return Outcome(None, "", UNRELIABLE_READS)
+            if v is not None and v.stale:
+                return Outcome(None, "", STALE)
             text = str(args.get("content", ""))
             return Outcome(True, _updated(path, text.split("\n"), 1), "the agent read or wrote it before")
         return Outcome(None, "", "the agent never saw whether this file exists")
@@ -468,6 +528,7 @@ class Workspace:
             "dirs": sorted(self.dirs),
             "complete": [list(c) for c in self.complete],
             "reads_reliable": self.reads_reliable,
+            "shell_shared": self.shell_shared,
             "shell_cwd": self.shell_cwd,
             "files": {
                 p: {
@@ -478,6 +539,7 @@ class Workspace:
                     "read_whole": v.read_whole,
                     "oversize": v.oversize,
                     "size": v.size,
+                    "stale": v.stale,
                 }
                 for p, v in self.files.items()
             },
@@ -490,6 +552,7 @@ class Workspace:
         ws.complete = [(str(b), str(r)) for b, r in d.get("complete") or ()]
         ws.reads_reliable = bool(d.get("reads_reliable", True))
         ws.shell_cwd = d.get("shell_cwd")
+        ws.shell_shared = bool(d.get("shell_shared", False))
         for p, f in (d.get("files") or {}).items():
             ws.files[p] = FileView(
                 exists=f.get("exists"),
@@ -499,6 +562,7 @@ class Workspace:
                 read_whole=bool(f.get("read_whole")),
                 oversize=f.get("oversize"),
                 size=f.get("size"),
+                stale=bool(f.get("stale")),
             )
         return ws
 

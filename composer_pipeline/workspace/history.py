@@ -1,9 +1,15 @@
 """A session's tool calls in order, from the stored tables, and the workspace at each trace state.
 
-In:  ``trace_messages`` and ``trace_states`` (one or many sessions, as ``ingest`` writes them).
+In:  ``trace_messages`` and ``trace_states`` (one or many sessions, as ``ingest`` writes them). A Task call
+     whose subagent's stream is stored (``parent_tool_use_id``) is not itself an unknown writer: its file
+     effects are the subagent's calls.
 Out: :func:`workspace_at` — the :class:`~.files.Workspace` one state's agent had seen (its own calls along
      its ``parentUuid`` path whose results came before the state, plus what the session's other agents did
      before it, by timestamp); :func:`observed_calls` — the state's own calls and what really came back.
+
+Claude Code 1.0.x inline subagents (sidechain records inside the main file) share the session's one shell:
+their workspace starts at the cwd of the session's first main record and follows every agent's ``cd``
+(their own records' ``cwd`` is the shell's cwd when the subagent ended, as the records are written then).
 
 Deliberately simplified: another agent's calls are placed by their result's timestamp (records of
 different files have no other common order); a call with no result is "interrupted" (may or may not
@@ -52,16 +58,22 @@ class _Stream:
 class SessionHistory:
     """Every stream's records and tool calls of the stored sessions."""
 
-    def __init__(self, trace_messages: pa.Table):
+    def __init__(self, trace_messages: pa.Table, trace_states: list[dict] | None = None):
+        # Task/Agent calls whose subagent's stream is stored: they touch files only through that subagent's
+        # own tool calls, which every other agent's workspace observes (by timestamp)
+        self.linked_tasks = {s["parent_tool_use_id"] for s in trace_states or () if s.get("parent_tool_use_id")}
         self.streams: dict[str, _Stream] = {}
         self.session_of: dict[str, str] = {}
+        self.inline: set[str] = set()  # 1.0.x subagents: sidechain records inside the main session file
+        files_of: dict[str, set[tuple[str, bool]]] = {}
         cols = ["stream_id", "session_key", "uuid", "parent_uuid", "logical_parent_uuid", "record_type"]
-        cols += ["subtype", "line_no", "timestamp", "raw"]
+        cols += ["subtype", "line_no", "timestamp", "raw", "source_file", "is_sidechain"]
         results: dict[str, list[tuple[str, dict]]] = {}
         for row in trace_messages.select(cols).to_pylist():
             sid = row["stream_id"]
             s = self.streams.setdefault(sid, _Stream())
             self.session_of[sid] = row["session_key"]
+            files_of.setdefault(sid, set()).add((row.pop("source_file") or "", bool(row.pop("is_sidechain"))))
             u = row.get("uuid")
             if u and u not in s.by_uuid:
                 s.by_uuid[u] = row
@@ -86,6 +98,8 @@ class SessionHistory:
                             "timestamp": row.get("timestamp") or "",
                         }
                         results.setdefault(sid, []).append((str(b.get("tool_use_id")), res))
+        main_files = {f for fs in files_of.values() for f, side in fs if not side}
+        self.inline = {sid for sid, fs in files_of.items() if all(side and f in main_files for f, side in fs)}
         for sid, items in results.items():
             calls = self.streams[sid].calls
             for tid, res in items:
@@ -126,22 +140,44 @@ class SessionHistory:
     def workspace_at(self, state: dict) -> Workspace:
         """The workspace as the state's agent had seen it just before its action."""
         own = self._own_calls(state)
-        cwd = next((c.cwd for c in reversed(own) if c.cwd), None) or self._state_cwd(state)
+        session = self.session_of.get(state["stream_id"])
+        shared = any(self.session_of[sid] == session for sid in self.inline)
+        if shared:
+            # 1.0.x: an inline subagent's records are written when it ends, each with the shell's cwd of that
+            # moment (a record at 00:52:57 names a directory first made at 00:53:27); the shell is shared, so
+            # its cwd is followed from the session's first record through every agent's cd
+            cwd = self._session_start_cwd(session) or self._state_cwd(state)
+        else:
+            cwd = next((c.cwd for c in reversed(own) if c.cwd), None) or self._state_cwd(state)
         ws = Workspace(cwd)
+        ws.shell_shared = shared
         # Claude Code 1.0.x subagents (inline sidechains): reads seen not to register (files.UNRELIABLE_READS)
         ws.reads_reliable = state.get("stream_kind") != "inline_sidechain"
         events: list[tuple[str, int, Event]] = []
         last_ts = ""
         for i, c in enumerate(own):
+            if c.id in self.linked_tasks:
+                continue
             if c.result is not None and c.result["timestamp"]:
                 last_ts = c.result["timestamp"]
             events.append((last_ts, i, c.event(own=True)))
-        others = sorted(self._other_calls(state), key=lambda x: x[0])
+        others = sorted(
+            ((t, c) for t, c in self._other_calls(state) if c.id not in self.linked_tasks), key=lambda x: x[0]
+        )
         # own calls keep their path order; another agent's call goes before the first own call timed after it
         merged = _stable_merge(events, [(ts, -1, c.event(own=False)) for ts, c in others])
         for _, _, ev in merged:
             ws.observe(ev)
         return ws
+
+    def _session_start_cwd(self, session: str | None) -> str | None:
+        """The cwd of the session's first call in its main (live-written) stream."""
+        for sid, s in self.streams.items():
+            if self.session_of[sid] == session and sid not in self.inline:
+                first = min((c for c in s.calls.values() if c.cwd), key=lambda c: c.line_no, default=None)
+                if first is not None:
+                    return first.cwd
+        return None
 
     def _state_cwd(self, state: dict) -> str | None:
         s = self.streams.get(state["stream_id"])

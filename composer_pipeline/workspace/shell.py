@@ -2,7 +2,8 @@
 
 In:  a Bash call's ``command``, its output and the agent's cwd.
 Out: :func:`may_write` (False only for commands made of known read-only programs, no redirection into a
-     file); :func:`listing` — the files and directories it showed to exist, and the complete listings it
+     file); :func:`written_files` (the files such programs' redirections write, e.g. a ``cat > f << 'EOF'``
+     here-document, or None where the command may write elsewhere); :func:`listing` — the files and directories it showed to exist, and the complete listings it
      gave (a directory's ``ls -l``, a ``find DIR -type f`` with only ``-name`` filters and nothing piped
      after it, an ``ls``/``find`` of a missing directory), as ``(base dir, regex over the path relative to it)``: a
      path under ``base`` that matches and is not listed did not exist.
@@ -27,7 +28,48 @@ _READ_ONLY = frozenset(
 )  # fmt: skip
 _GIT_READ_ONLY = frozenset({"status", "log", "diff", "show", "branch", "rev-parse", "ls-files", "remote", "blame"})
 _NULL_REDIRECT = re.compile(r"\d?&?>\s*/dev/null|\d>&\d")
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
+_REDIRECT = re.compile(r"(?<![<\d&])\d?>>?\s*(\S+)")
 _SEGMENTS = re.compile(r"&&|\|\||;|\|")
+
+
+def strip_heredocs(command: str) -> str:
+    """The command without its here-documents' bodies (``cat > f << 'EOF'`` ... ``EOF``): their text is data."""
+    lines, out, i = command.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        for m in _HEREDOC.finditer(line):
+            while i < len(lines) and lines[i].strip() != m.group(2):
+                i += 1
+            i += 1
+    return "\n".join(out)
+
+
+def written_files(command: str, cwd: str | None) -> list[str] | None:
+    """The files a command writes when its only writes are redirections (``cat > f << 'EOF'``,
+    ``echo x >> f``) of otherwise read-only programs into literal paths; None where it may write elsewhere."""
+    cmd = _NULL_REDIRECT.sub(" ", strip_heredocs(command))
+    if "$(" in cmd or "`" in cmd:
+        return None
+    out: list[str] = []
+    for seg in re.split(r"&&|\|\||;|\||\n", cmd):
+        words = seg.split()
+        if words[:1] == ["cd"]:
+            cwd = shell_cwd_after(seg, cwd)
+            continue
+        found = list(_REDIRECT.finditer(seg))
+        if any(seg[: m.start()].count("'") % 2 or seg[: m.start()].count('"') % 2 for m in found):
+            return None  # a '>' inside quotes is text, or the quoting is beyond this reader
+        targets = [_unquote(m.group(1)) for m in found]
+        if may_write(_REDIRECT.sub(" ", _HEREDOC.sub(" ", seg))):
+            return None
+        for t in targets:
+            if not t or any(c in t for c in "$*?{~&") or (cwd is None and not t.startswith("/")):
+                return None
+            out.append(posixpath.normpath(posixpath.join(cwd or "/", t)))
+    return out
 
 
 def may_write(command: str) -> bool:

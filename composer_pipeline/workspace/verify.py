@@ -39,8 +39,9 @@ def verify_store(store: str | Store) -> Iterator[Verdict]:
     for name in ("trace_states", "trace_messages"):
         if not st.exists(name):
             raise FileNotFoundError(f"no {name} table in {st.root}: run `composer-pipeline ingest` first")
-    history = SessionHistory(st.read_table("trace_messages"))
-    for state in st.read_table("trace_states").to_pylist():
+    states = st.read_table("trace_states").to_pylist()
+    history = SessionHistory(st.read_table("trace_messages"), states)
+    for state in states:
         calls = [c for c in history.observed_calls(state) if c.name in FILE_TOOLS]
         if not calls:
             continue
@@ -96,9 +97,10 @@ def workspace_snapshots(store: str | Store, state_ids: list[str]) -> dict[str, s
             f"the workspace_executes reward needs trace_states and trace_messages in {st.root}: run ingest there"
         )
     wanted = set(state_ids)
-    history = SessionHistory(st.read_table("trace_messages"))
+    states = st.read_table("trace_states").to_pylist()
+    history = SessionHistory(st.read_table("trace_messages"), states)
     out = {}
-    for state in st.read_table("trace_states").to_pylist():
+    for state in states:
         if state["state_id"] in wanted:
             out[state["state_id"]] = orjson.dumps(history.workspace_at(state).to_dict()).decode()
     return out

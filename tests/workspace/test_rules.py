@@ -182,3 +182,59 @@ def test_snapshot_round_trip_keeps_every_rule_input():
     again = Workspace.from_dict(ws.to_dict())
     assert again.to_dict() == ws.to_dict()
     assert again.execute("Read", {"file_path": f"{D}/x.md"}).ok is False
+
+
+_EMPTY_LS = "total 0\ndrwxr-xr-x 2 u s 64 Jan 1 00:00 .\ndrwxr-xr-x 3 u s 96 Jan 1 00:00 .."
+
+
+def test_a_path_under_a_missing_directory_is_missing_and_mkdir_makes_an_empty_one():
+    ws = _ws(Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS))  # the session's directory is empty
+    assert ws.existence(f"{D}/lib/deep/a.py") is False  # lib was not listed, so nothing under it exists
+    assert ws.execute("Write", {"file_path": f"{D}/lib/a.py", "content": "x"}).ok is True
+    made = _ws(Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS), Event("Bash", {"command": "mkdir -p src"}, True))
+    assert made.execute("Read", {"file_path": f"{D}/src"}).ok is False  # now a directory (EISDIR)
+    assert made.execute("Write", {"file_path": f"{D}/src/b.py", "content": "x"}).ok is True  # new, hence empty
+    # a directory that existed before mkdir -p keeps its unknown contents
+    known = Event("Bash", {"command": f"ls -la {D}/old"}, True, _EMPTY_LS + "\n-rw-r--r-- 1 u s 3 Jan 1 00:00 f")
+    kept = _ws(Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS), known)
+    kept.observe(Event("Bash", {"command": f"mkdir -p {D}/old"}, True))
+    assert kept.existence(f"{D}/old/g.py") is None
+
+
+def test_a_shell_redirection_writes_only_its_file_and_a_read_before_it_is_stale():
+    other = f"{D}/other.py"
+    ws = _ws(_read(text="a\nb"), _read(path=other, text="o"))
+    heredoc = "cat > app.py << 'EOF'\nx = 1 > 0\nrm -rf /\nEOF"  # the here-document's text is data
+    ws.observe(Event("Bash", {"command": heredoc}, True, ""))
+    assert ws.files[other].text == "o"  # untouched
+    assert ws.files[F].text is None and ws.files[F].exists
+    # Claude Code compares the file's mtime with the read's time ("File has been modified since read")
+    assert ws.execute("Write", {"file_path": F, "content": "y"}).ok is None
+    assert ws.execute("Edit", {"file_path": F, "old_string": "x", "new_string": "y"}).ok is None
+    ws.observe(_read(text="x = 1 > 0"))  # read again: no longer stale
+    assert ws.execute("Edit", {"file_path": F, "old_string": "x = 1", "new_string": "x = 2"}).ok is True
+    # a known text does not help: the Edit's mtime check comes first
+    ws.observe(Event("Bash", {"command": "echo x >> app.py"}, True, ""))
+    ws.files[F].text = "x = 2 > 0\nx"
+    assert ws.execute("Edit", {"file_path": F, "old_string": "x = 2", "new_string": "x = 3"}).ok is None
+    # another agent's Edit after this agent's read leaves the read in force (a 2.0.74 session shows it)
+    theirs = Event("Edit", {"file_path": other, "old_string": "o", "new_string": "p"}, True, "updated", own=False)
+    ws.observe(theirs)
+    assert ws.execute("Edit", {"file_path": other, "old_string": "p", "new_string": "q"}).ok is True
+    # a redirection the module cannot place (unknown program, variable target) may have written anywhere
+    anywhere = _ws(_read(path=other, text="o"), Event("Bash", {"command": 'echo x > "$OUT"'}, True, ""))
+    assert anywhere.files[other].text is None
+    quoted = _ws(Event("Bash", {"command": 'echo "a > b"'}, True, "a > b"))  # no file b is written
+    assert f"{D}/b" not in quoted.files
+
+
+def test_in_a_shared_shell_another_agents_cd_is_followed():
+    cd = Event("Bash", {"command": f"cd {D}/app"}, True, "", own=False)
+    ls = Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS)
+    assert _ws(cd, ls).existence(f"{D}/app/x.py") is None  # unshared: the shell's cwd is no longer known
+    ws = Workspace(D)
+    ws.shell_shared = True  # Claude Code 1.0.x: inline subagents run in the main agent's shell
+    for ev in (cd, ls):
+        ws.observe(ev)
+    assert ws.existence(f"{D}/app/x.py") is False
+    assert Workspace.from_dict(ws.to_dict()).shell_shared

@@ -38,3 +38,102 @@ def test_workspace_without_its_subcommand_names_it(capsys):
     with pytest.raises(SystemExit) as e:
         main(["workspace"])
     assert e.value.code == 2 and "verify" in capsys.readouterr().err
+
+
+def test_an_inline_subagent_starts_in_the_sessions_shell_not_in_its_records_cwd(tmp_path, capsys):
+    """Claude Code 1.0.x writes an inline subagent's records when it ends, each with the shell's cwd of that
+    moment; the shell it ran in started where the session's main records say."""
+    from tests.support.sessions import Session, text, tool
+
+    sid = "0000aaaa-0000-4000-8000-000000000002"
+    m = Session(sid=sid, version="1.0.98", cwd="/home/u/p")
+    m.user("build it")
+    m.assistant(tool("Task", "k1", description="make lib", prompt="make lib"), timestamp="2026-01-01T00:00:01.000Z")
+    side = Session(sid=sid, version="1.0.98", sidechain=True, cwd="/home/u/p/app")  # cwd at its end, not start
+    side.user("make lib", parent=None, timestamp="2026-01-01T00:00:02.000Z")
+    empty = "total 0\ndrwxr-xr-x 2 u s 64 Jan 1 00:00 .\ndrwxr-xr-x 3 u s 96 Jan 1 00:00 .."
+    calls = [
+        (tool("Bash", "s1", command="ls -la"), empty, None),
+        (tool("Bash", "s2", command="mkdir -p lib"), "", None),
+        (tool("Write", "s3", file_path="/home/u/p/lib/a.py", content="x = 1"),
+         "File created successfully at: /home/u/p/lib/a.py", {"type": "create", "filePath": "/home/u/p/lib/a.py"}),
+    ]  # fmt: skip
+    for i, (call, out, tur) in enumerate(calls):
+        side.assistant(call, timestamp=f"2026-01-01T00:00:{3 + 2 * i:02d}.000Z")
+        side.result(call["id"], out, tur=tur, timestamp=f"2026-01-01T00:00:{4 + 2 * i:02d}.000Z")
+    side.assistant(text("made"), timestamp="2026-01-01T00:00:20.000Z")
+    m.lines += side.lines
+    m.result("k1", "made", timestamp="2026-01-01T00:00:21.000Z")
+    m.assistant(text("done"), timestamp="2026-01-01T00:00:22.000Z")
+    m.write(tmp_path / "traces" / "proj" / f"{sid}.jsonl")
+    assert main(["ingest", str(tmp_path / "traces"), "--out", str(tmp_path / "store")]) == 0
+    capsys.readouterr()
+    assert main(["workspace", "verify", "--store", str(tmp_path / "store"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["tool"], r["predicted_ok"], r["observed_ok"]) for r in rows] == [("Write", True, True)]
+
+
+def test_a_task_whose_subagent_is_stored_acts_only_through_the_subagents_calls(tmp_path, capsys):
+    from tests.support.sessions import Session, text, tool
+
+    sid = "0000aaaa-0000-4000-8000-000000000003"
+    f = "/home/u/p/app.py"
+    m = Session(sid=sid, version="1.0.98", cwd="/home/u/p")
+    m.user("tidy app.py")
+    m.assistant(tool("Read", "r1", file_path=f), timestamp="2026-01-01T00:00:01.000Z")
+    tur = {"type": "text", "file": {"filePath": f, "content": "a = 1", "numLines": 1, "startLine": 1, "totalLines": 1}}
+    m.result("r1", "     1→a = 1", tur=tur, timestamp="2026-01-01T00:00:02.000Z")
+    m.assistant(tool("Task", "k1", description="look", prompt="look around"), timestamp="2026-01-01T00:00:03.000Z")
+    side = Session(sid=sid, version="1.0.98", sidechain=True, cwd="/home/u/p")
+    side.user("look around", parent=None, timestamp="2026-01-01T00:00:04.000Z")
+    side.assistant(tool("Grep", "g1", pattern="a", path="/home/u/p"), timestamp="2026-01-01T00:00:05.000Z")
+    side.result("g1", f"Found 1 file\n{f}", timestamp="2026-01-01T00:00:06.000Z")
+    side.assistant(text("one file"), timestamp="2026-01-01T00:00:07.000Z")
+    m.lines += side.lines
+    m.result("k1", "one file", timestamp="2026-01-01T00:00:08.000Z")
+    edit = tool("Edit", "e1", file_path=f, old_string="a = 1", new_string="a = 2")
+    m.assistant(edit, timestamp="2026-01-01T00:00:09.000Z")
+    m.result("e1", f"The file {f} has been updated.", tur={"filePath": f}, timestamp="2026-01-01T00:00:10.000Z")
+    m.write(tmp_path / "traces" / "proj" / f"{sid}.jsonl")
+    assert main(["ingest", str(tmp_path / "traces"), "--out", str(tmp_path / "store")]) == 0
+    capsys.readouterr()
+    assert main(["workspace", "verify", "--store", str(tmp_path / "store"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    # the Task is not an unknown writer: app.py's text is still known, the Edit applies
+    assert [(r["tool"], r["predicted_ok"]) for r in rows if r["tool"] == "Edit"] == [("Edit", True)]
+
+
+def test_a_parallel_subagent_sees_another_subagents_task_end_as_no_write(tmp_path, capsys):
+    from tests.support.sessions import Session, text, tool
+
+    sid = "0000aaaa-0000-4000-8000-000000000004"
+    f = "/home/u/p/b.py"
+    m = Session(sid=sid, version="1.0.98", cwd="/home/u/p")
+    m.user("two jobs")
+    m.assistant(tool("Task", "k1", description="one", prompt="job one"), timestamp="2026-01-01T00:00:01.000Z")
+    m.assistant(tool("Task", "k2", description="two", prompt="job two"), timestamp="2026-01-01T00:00:01.500Z")
+    a = Session(sid=sid, version="1.0.98", sidechain=True, cwd="/home/u/p")
+    a.user("job one", parent=None, timestamp="2026-01-01T00:00:02.000Z")
+    a.assistant(text("nothing to do"), timestamp="2026-01-01T00:00:03.000Z")
+    b = Session(sid=sid, version="1.0.98", sidechain=True, cwd="/home/u/p")
+    b.user("job two", parent=None, timestamp="2026-01-01T00:00:02.000Z")
+    b.assistant(tool("Read", "r1", file_path=f), timestamp="2026-01-01T00:00:04.000Z")
+    tur = {"type": "text", "file": {"filePath": f, "content": "b = 1", "numLines": 1, "startLine": 1, "totalLines": 1}}
+    b.result("r1", "     1→b = 1", tur=tur, timestamp="2026-01-01T00:00:05.000Z")
+    b.assistant(
+        tool("Edit", "e1", file_path=f, old_string="b = 1", new_string="b = 2"), timestamp="2026-01-01T00:00:09Z"
+    )
+    b.result("e1", f"The file {f} has been updated.", tur={"filePath": f}, timestamp="2026-01-01T00:00:10.000Z")
+    b.assistant(text("done two"), timestamp="2026-01-01T00:00:11.000Z")
+    m.lines += a.lines + b.lines
+    m.result("k1", "nothing to do", timestamp="2026-01-01T00:00:06.000Z")  # job one ends before job two's Edit
+    m.result("k2", "done two", timestamp="2026-01-01T00:00:12.000Z")
+    m.assistant(text("done"), timestamp="2026-01-01T00:00:13.000Z")
+    m.write(tmp_path / "traces" / "proj" / f"{sid}.jsonl")
+    assert main(["ingest", str(tmp_path / "traces"), "--out", str(tmp_path / "store")]) == 0
+    capsys.readouterr()
+    assert main(["workspace", "verify", "--store", str(tmp_path / "store"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    edits = [(r["tool"], r["predicted_ok"], r["reason"]) for r in rows if r["tool"] == "Edit"]
+    # 1.0.x inline subagents' read state is not relied on, but the known text is: not a "full text" unknown
+    assert edits == [("Edit", None, edits[0][2])] and "1.0.x" in edits[0][2]
