@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
+import httpx
 import orjson
 import pyarrow as pa
 
@@ -566,6 +567,224 @@ def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
         return None
 
 
+def _too_long(res: CallResult) -> bool:
+    return res.status == "failed" and (res.reason or "").startswith("context_length_exceeded")
+
+
+@dataclass
+class _Run:
+    """One replay's shared state under the money rules, one idea per method: :meth:`serve_cached` and
+    :meth:`served_unbought` answer without buying; :meth:`buy` claims the call id (again after
+    :class:`ClaimLost`: a run paused past its lease re-claims before it buys) and serves an answer another run
+    bought meanwhile; :meth:`bought` buys it under the claim (a failure releases the claim);
+    :meth:`one` buys an identical request once per run; :func:`_replay` is the loop over the waves."""
+
+    requests: list[ReplayRequest]
+    config: TeachersConfig
+    api_keys: dict[str, str | None]
+    cache: ResponseCache
+    aledger: AsyncLedger
+    run_id: str
+    progress: Callable[[int, int], None] | None
+    sems: dict[str, asyncio.Semaphore]
+    guards: dict[str, TeacherGuard]
+    clients: dict[str, httpx.AsyncClient]
+    results: list[CallResult | None]
+    first: dict[str, asyncio.Future] = field(default_factory=dict)  # call_id -> its first occurrence's result
+    legacy_answered: set[str] = field(default_factory=set)  # legacy ids of uncached requests the ledger answered
+    done: int = 0
+    shared: int = 0  # answers another run bought while this one waited for its claim
+
+    @classmethod
+    def open(cls, requests, config, api_keys, cache, ledger, run_id, progress) -> "_Run":
+        aledger = AsyncLedger(ledger, run_id, config.lease_s, spool=cache.dir / "unrecorded")
+        return cls(
+            requests,
+            config,
+            api_keys,
+            cache,
+            aledger,
+            run_id,
+            progress,
+            sems={t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers},
+            guards={t.name: TeacherGuard(config.max_invalid_responses) for t in config.teachers},
+            clients={t.name: make_http_client(t) for t in config.teachers},
+            results=[None] * len(requests),
+        )
+
+    async def start(self, ledger: Ledger) -> None:
+        """Opens the ledger run; notes which uncached requests the ledger answered under their legacy id."""
+        # one identity per teacher name on this ledger (registered by the first run that uses it)
+        await self.aledger._run(ledger.check_identities, self.config.identities())
+        await self.aledger.start()
+        uncached = [r for r in self.requests if not self.cache.path(r.call_id).is_file()]
+        self.legacy_answered = await self.aledger._run(ledger.answered_ids, sorted({_legacy_id(r) for r in uncached}))
+
+    async def close(self, note: str) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients.values()), return_exceptions=True)
+        await self.aledger.finish(note)  # anything still open is released (never sent) or kept (sent)
+
+    def info(self) -> RunInfo:
+        disabled = {n: g.disabled_reason for n, g in self.guards.items() if g.disabled_reason}
+        return RunInfo(self.aledger.waits, self.shared, disabled)
+
+    async def send(self, wave: list[int]) -> None:
+        if self.config.scheduling == "stream":
+            # session-affine: one task per (teacher, stream) sends its states in order, each after the previous
+            # one's answer, so each request can read the prefix the previous one wrote to the provider's cache
+            part = [self.requests[i] for i in wave]
+            await asyncio.gather(*(self.in_order([wave[j] for j in idx]) for idx in stream_groups(part)))
+        else:
+            await asyncio.gather(*(self.one(i, self.requests[i]) for i in wave))
+
+    async def in_order(self, idx: list[int]) -> None:
+        for i in idx:
+            await self.one(i, self.requests[i])
+
+    async def one(self, i: int, r: ReplayRequest) -> None:
+        """Row ``i``: bought by the first occurrence of its call id in this run, repeated by the others."""
+        res = await self.repeat(r) if r.call_id in self.first else await self.first_buy(r)
+        self.results[i] = res
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, len(self.requests))
+
+    async def repeat(self, r: ReplayRequest) -> CallResult:
+        """An identical request already in this run: never pay twice."""
+        prev: CallResult = await self.first[r.call_id]
+        if prev.status == "answered":
+            return dataclasses.replace(prev, cache_hit=True)
+        # its failure is reported once with its cost; this row repeats the verdict at no cost
+        return dataclasses.replace(prev, cost_usd=0.0, reserved_usd=0.0, attempts=0)
+
+    async def first_buy(self, r: ReplayRequest) -> CallResult:
+        fut = self.first[r.call_id] = asyncio.get_running_loop().create_future()
+        try:
+            res = await self.buy(r)
+        except Exception as e:  # a bug or a ledger failure: recorded, never a lost row
+            res = CallResult(status="failed", reason=f"internal_error: {type(e).__name__}: {str(e)[:200]}")
+        fut.set_result(res)
+        return res
+
+    async def repair_cache(self, cid: str, rec: dict[str, Any]) -> None:
+        """Puts a paid answer from the ledger back into the cache (an unwritable cache: the ledger keeps it)."""
+        try:
+            await asyncio.to_thread(self.cache.put, cid, rec)
+        except OSError:
+            pass
+
+    def serve_cached(self, r: ReplayRequest) -> CallResult | None:
+        rec = _cache_get(self.cache, r.call_id) or _cache_get(self.cache, _legacy_id(r))
+        return None if rec is None else _from_cache(rec, r.teacher)
+
+    async def paid_answer(self, r: ReplayRequest) -> dict[str, Any] | None:
+        """The answer this request already has in the ledger (bought by any run, also under its legacy id)."""
+        rec = await self.aledger.answer(r.call_id)
+        if rec is None and _legacy_id(r) in self.legacy_answered:
+            rec = await self.aledger.answer(_legacy_id(r))
+        if rec is not None:
+            await self.repair_cache(r.call_id, rec)
+        return rec
+
+    async def served_unbought(self, r: ReplayRequest, key: str | None) -> CallResult | None:
+        """What a request gets when nothing is to be bought: its paid answer from the ledger (served without a
+        key, also from a cut-off teacher), else the missing key or the teacher's cut-off as its failure."""
+        t = r.teacher
+        missing_key = bool(t.api_key_env and not key)
+        disabled = self.guards[t.name].disabled_reason
+        if missing_key or disabled or _legacy_id(r) in self.legacy_answered:
+            rec = await self.paid_answer(r)
+            if rec is not None:
+                return _from_cache(rec, t)
+        if missing_key:
+            return CallResult(
+                status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set"
+            )
+        disabled = self.guards[t.name].disabled_reason  # read again: another call may have cut it off meanwhile
+        if disabled:
+            return CallResult(status="failed", reason=disabled)
+        return None
+
+    async def buy(self, r: ReplayRequest) -> CallResult:
+        """A cache or ledger hit is served; else the call id is claimed and bought, claimed again when this run
+        lost the claim while paused past its lease (:class:`ClaimLost`)."""
+        cached = self.serve_cached(r)
+        if cached is not None:
+            return cached
+        key = self.api_keys.get(r.teacher.name)
+        unbought = await self.served_unbought(r, key)
+        if unbought is not None:
+            return unbought
+        while True:
+            claim = await self.aledger.claim(r.call_id, r.teacher.name)  # waits while another live run buys it
+            if claim.state == "answered":
+                self.shared += 1
+                await self.repair_cache(r.call_id, claim.record)
+                return _from_cache(claim.record, r.teacher)
+            if claim.state == "batched":  # never bought twice: the batch's answer is collected in batch mode
+                return CallResult(
+                    status="failed", reason=f"batch_pending: held by {claim.owner}; replay --mode batch collects it"
+                )
+            try:
+                return await self.bought(r, key)
+            except ClaimLost:
+                continue
+
+    async def bought(self, r: ReplayRequest, key: str | None) -> CallResult:
+        """The request bought under this run's claim; a failure (or a bug) releases the claim."""
+        try:
+            res = await self.call(r, key, r.body, r.cache_hint)
+            if _too_long(res):
+                res = await self.refitted(r, key, res)
+        except ClaimLost:
+            raise  # not this run's claim any more: nothing to fail
+        except Exception as e:
+            await self.aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
+            raise
+        if res.status != "answered":
+            await self.aledger.fail_claim(r.call_id, res.reason or res.status)
+        return res
+
+    async def refitted(self, r: ReplayRequest, key: str | None, res: CallResult) -> CallResult:
+        """After a context-length answer (not billed; the provider counts more tokens than the fit did): one
+        tighter refit, then the request is over its window."""
+        t = r.teacher
+        tighter = refit(r)
+        if tighter is not None:
+            hint = dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None
+            again = await self.call(r, key, tighter.body, hint)
+            again.attempts += res.attempts
+            again.cost_usd += res.cost_usd
+            again.reserved_usd += res.reserved_usd
+            again.elided_messages, again.cut_messages = tighter.elided_messages, tighter.cut_messages
+            res = again
+        if _too_long(res):
+            res.reason = (
+                f"over_context_window: {'refitted once, ' if tighter is not None else ''}still too long for "
+                f"{t.name} (context_window {t.context_window}): {res.reason}"
+            )
+        return res
+
+    async def call(self, r: ReplayRequest, key: str | None, body: dict, cache_hint: CacheHint | None) -> CallResult:
+        """One priced, ledgered call of the request's teacher (:func:`call_teacher`)."""
+        t = r.teacher
+        return await call_teacher(
+            self.clients[t.name],
+            t,
+            key,
+            body,
+            r.call_id,
+            ledger=self.aledger,
+            cache=self.cache,
+            run_id=self.run_id,
+            ceiling_usd=self.config.ceiling_usd,
+            semaphore=self.sems[t.name],
+            guard=self.guards[t.name],
+            cache_key=stream_cache_key(r.stream_id),
+            cache_hint=cache_hint,
+        )
+
+
 async def _replay(
     requests: list[ReplayRequest],
     config: TeachersConfig,
@@ -576,163 +795,24 @@ async def _replay(
     progress: Callable[[int, int], None] | None,
     escalation: Escalation | None = None,
 ) -> tuple[list[CallResult | None], RunInfo]:
-    api_keys = clean_api_keys(
-        config, api_keys
-    )  # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
+    """The requests sent wave by wave (escalation tiers, in order; else one wave of all) in one ledger run;
+    each wave's results are in before the next wave is chosen. None: a request of a tier its state never
+    reached (escalation)."""
+    # a pasted key's trailing newline: stripped; a broken key: refused, nothing reserved
+    api_keys = clean_api_keys(config, api_keys)
     ledger.outage_s = config.ledger_outage_s
-    aledger = AsyncLedger(ledger, run_id, config.lease_s, spool=cache.dir / "unrecorded")
-    sems = {t.name: asyncio.Semaphore(t.max_concurrency) for t in config.teachers}
-    guards = {t.name: TeacherGuard(config.max_invalid_responses) for t in config.teachers}
-    clients = {t.name: make_http_client(t) for t in config.teachers}
-    results: list[CallResult | None] = [None] * len(requests)
-    first: dict[str, asyncio.Future] = {}  # call_id -> result of its first occurrence in this run
-    done = 0
-    shared = 0  # answers another run bought while this one waited for its claim
-
-    async def paid_answer(r: ReplayRequest) -> dict[str, Any] | None:
-        """The answer this request already has in the ledger (bought by any run, also under its legacy id)."""
-        rec = await aledger.answer(r.call_id)
-        if rec is None and _legacy_id(r) in legacy_answered:
-            rec = await aledger.answer(_legacy_id(r))
-        if rec is not None:
-            try:
-                await asyncio.to_thread(cache.put, r.call_id, rec)  # repair the cache from the ledger
-            except OSError:
-                pass
-        return rec
-
-    async def buy(r: ReplayRequest) -> CallResult:
-        nonlocal shared
-        t = r.teacher
-        rec = _cache_get(cache, r.call_id) or _cache_get(cache, _legacy_id(r))
-        if rec is not None:
-            return _from_cache(rec, t)
-        key = api_keys.get(t.name)
-        if (t.api_key_env and not key) or guards[t.name].disabled_reason or _legacy_id(r) in legacy_answered:
-            rec = await paid_answer(r)  # nothing to buy: served without a key, also from a cut-off teacher
-            if rec is not None:
-                return _from_cache(rec, t)
-        if t.api_key_env and not key:
-            return CallResult(
-                status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set"
-            )
-        if guards[t.name].disabled_reason:
-            return CallResult(status="failed", reason=guards[t.name].disabled_reason)
-        while True:  # claimed again when this run lost the claim while paused past its lease (ClaimLost)
-            claim = await aledger.claim(r.call_id, t.name)  # waits while another live run is buying it
-            if claim.state == "answered":
-                shared += 1
-                try:
-                    await asyncio.to_thread(cache.put, r.call_id, claim.record)  # repair the cache from the ledger
-                except OSError:
-                    pass
-                return _from_cache(claim.record, t)
-            if claim.state == "batched":  # never bought twice: the batch's answer is collected in batch mode
-                return CallResult(
-                    status="failed",
-                    reason=f"batch_pending: held by {claim.owner}; replay --mode batch collects it",
-                )
-            try:
-                return await bought(r, t, key)
-            except ClaimLost:
-                continue
-
-    async def bought(r: ReplayRequest, t: TeacherConfig, key: str | None) -> CallResult:
-        """The request bought under this run's claim (one tighter refit after a context-length answer)."""
-
-        def call(body: dict, cache_hint):  # one priced, ledgered call of this request's teacher
-            return call_teacher(
-                clients[t.name],
-                t,
-                key,
-                body,
-                r.call_id,
-                ledger=aledger,
-                cache=cache,
-                run_id=run_id,
-                ceiling_usd=config.ceiling_usd,
-                semaphore=sems[t.name],
-                guard=guards[t.name],
-                cache_key=stream_cache_key(r.stream_id),
-                cache_hint=cache_hint,
-            )
-
-        try:
-            res = await call(r.body, r.cache_hint)
-            if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
-                # the provider counts more tokens than the fit did (not billed): one tighter refit, then skip
-                tighter = refit(r)
-                if tighter is not None:
-                    again = await call(
-                        tighter.body, dataclasses.replace(r.cache_hint, read_through=None) if r.cache_hint else None
-                    )
-                    again.attempts += res.attempts
-                    again.cost_usd += res.cost_usd
-                    again.reserved_usd += res.reserved_usd
-                    again.elided_messages, again.cut_messages = tighter.elided_messages, tighter.cut_messages
-                    res = again
-                if res.status == "failed" and (res.reason or "").startswith("context_length_exceeded"):
-                    res.reason = (
-                        f"over_context_window: {'refitted once, ' if tighter is not None else ''}still too long for "
-                        f"{t.name} (context_window {t.context_window}): {res.reason}"
-                    )
-        except ClaimLost:
-            raise  # not this run's claim any more: nothing to fail
-        except Exception as e:
-            await aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
-            raise
-        if res.status != "answered":
-            await aledger.fail_claim(r.call_id, res.reason or res.status)
-        return res
-
-    async def one(i: int, r: ReplayRequest) -> None:
-        nonlocal done
-        if r.call_id in first:  # identical request already in this run: never pay twice
-            prev: CallResult = await first[r.call_id]
-            if prev.status == "answered":
-                res = dataclasses.replace(prev, cache_hit=True)
-            else:  # its failure is reported once with its cost; this row repeats the verdict at no cost
-                res = dataclasses.replace(prev, cost_usd=0.0, reserved_usd=0.0, attempts=0)
-        else:
-            fut = first[r.call_id] = asyncio.get_running_loop().create_future()
-            try:
-                res = await buy(r)
-            except Exception as e:  # a bug or a ledger failure: recorded, never a lost row
-                res = CallResult(status="failed", reason=f"internal_error: {type(e).__name__}: {str(e)[:200]}")
-            fut.set_result(res)
-        results[i] = res
-        done += 1
-        if progress is not None:
-            progress(done, len(requests))
-
-    async def in_order(idx: list[int]) -> None:
-        for i in idx:
-            await one(i, requests[i])
-
+    run = _Run.open(requests, config, api_keys, cache, ledger, run_id, progress)
     note = "run ended"
-    legacy_answered: set[str] = set()
     try:
-        # one identity per teacher name on this ledger (registered by the first run that uses it)
-        await aledger._run(ledger.check_identities, config.identities())
-        await aledger.start()
-        uncached = [r for r in requests if not cache.path(r.call_id).is_file()]
-        legacy_answered = await aledger._run(ledger.answered_ids, sorted({_legacy_id(r) for r in uncached}))
-        for wave in waves(requests, results, escalation):  # escalation tiers, in order; else one wave of all
-            if config.scheduling == "stream":
-                # session-affine: one task per (teacher, stream) sends its states in order, each after the previous
-                # one's answer, so each request can read the prefix the previous one wrote to the provider's cache
-                part = [requests[i] for i in wave]
-                await asyncio.gather(*(in_order([wave[j] for j in idx]) for idx in stream_groups(part)))
-            else:
-                await asyncio.gather(*(one(i, requests[i]) for i in wave))
+        await run.start(ledger)
+        for wave in waves(requests, run.results, escalation):
+            await run.send(wave)
     except asyncio.CancelledError:
         note = "run interrupted"
         raise
     finally:
-        await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
-        await aledger.finish(note)  # anything still open is released (never sent) or kept (sent)
-    info = RunInfo(aledger.waits, shared, {n: g.disabled_reason for n, g in guards.items() if g.disabled_reason})
-    return results, info  # None: a request of a tier its state never reached (escalation)
+        await run.close(note)
+    return run.results, run.info()
 
 
 def _extends(msgs: list[dict], prev: list[dict] | None) -> bool:
