@@ -1,5 +1,3 @@
-import sys
+from composer_pipeline.cli import run
 
-from composer_pipeline.cli import main
-
-sys.exit(main())
+run()

@@ -7,8 +7,11 @@ their heavy dependencies (torch, data-juicer, ...) inside ``run`` so ``--help`` 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
+import threading
+from typing import NoReturn
 
 from composer_pipeline.cli import (
     demo,
@@ -96,5 +99,33 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The ``composer-pipeline`` executable: :func:`main`, then Python's exit steps, then the process ends
+    without C++ static destruction.
+
+    Arrow's dataset scans can leave a worker thread alive into interpreter teardown, and a ``std::thread``
+    destroyed while still joinable calls ``std::terminate``: the command had done its work and printed
+    everything, yet exited -6 with "terminate called without an active exception" (seen once in ``show``
+    and once in ``lineage`` under load; apache/arrow#39862, #34314). So the atexit handlers run here
+    (temporary folders, logging, thread pools, Ray), the streams are flushed, and ``os._exit`` ends the
+    process with the command's code. :func:`main` itself returns normally (tests call it in-process)."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's --help and usage errors
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    for thread in threading.enumerate():  # as interpreter exit does: non-daemon threads finish first
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # `... | head`, or a closed stream: nothing left to say
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
