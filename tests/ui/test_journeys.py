@@ -173,7 +173,7 @@ def test_journey_1_materialize_a_partition(ui, page):
     page.get_by_text("pairs_by_agreement_kind").first.wait_for()
     shot(page, "journey1-pairs-agreement-kind")
     page.get_by_text("cross_model").first.wait_for()
-    page.get_by_text("2 of 3 models").first.wait_for()  # the preview's `agreement` column
+    page.get_by_text("2 of 2 models").first.wait_for()  # the preview's `agreement` column (the local tiny model's cut answers never vote)
     shot(page, "journey1-pairs-agreement-kind")
 
 
@@ -193,7 +193,7 @@ def test_journey_3_audit_pair_lineage(ui, page):
     # the example is show's pair view, long enough that the table offers it behind a link
     page.get_by_text("[Show Markdown]").first.click()
     page.get_by_text("agreement: cross_model").first.wait_for()
-    page.get_by_text("2 of 3 models; teachers: teacher_a, teacher_b").first.wait_for()
+    page.get_by_text("2 of 2 models; teachers: teacher_a, teacher_b").first.wait_for()
     page.get_by_text("chosen (teacher consensus)").first.wait_for()
     page.wait_for_timeout(600)  # the dialog's fade-in, so the screenshot shows it
     shot(page, "journey3-example-pair")
@@ -228,7 +228,7 @@ def test_journey_3_audit_pair_lineage(ui, page):
         CLI + ["lineage", pair_id, "--store", str(ui.store)], capture_output=True, text=True, check=True
     ).stdout
     assert pair_id in human and raw[0]["source_file"] in human
-    assert "agreement cross_model: 2 of 3 models" in human and "/repo/app.py" in human  # the consensus text
+    assert "agreement cross_model: 2 of 2 models" in human and "/repo/app.py" in human  # the consensus text
 
 
 def test_journey_4_nightly_training_from_the_schedule(ui, page):
