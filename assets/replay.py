@@ -1,10 +1,10 @@
 """Replay stage: ``cost_plan`` (worst-case spend per state x teacher, guarded by a blocking check)
 -> ``teacher_replays`` (every state sent to every teacher over OpenAI-compatible HTTP).
 
-Calls ``composer_pipeline.teachers.front.ReplayFront`` (``prepare`` → ``plan`` → ``keys`` → ``replay``),
+Calls ``composer_pipeline.replay.front.ReplayFront`` (``prepare`` → ``plan`` → ``keys`` → ``replay``),
 as the CLI does; the requests ``cost_plan`` prepares reach ``teacher_replays`` of the same run as a file
 (built once per run, used only when they are what the checked plan priced); the metadata numbers are
-read from the run's plan and its one summary (``teachers/run_report.py``), never recounted here.
+read from the run's plan and its one summary (``replay/report.py``), never recounted here.
 Spend is guarded three
 times: the blocking ``cost_plan_within_budget`` check runs before ``teacher_replays`` can start
 (the ceiling of one run and each teacher's remaining budget in the ledger), the client reserves
@@ -45,12 +45,12 @@ def cost_plan(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ) -> dg.Output:
-    from composer_pipeline.teachers.front import plan_summary, prepared_path, save_prepared
+    from composer_pipeline.replay.front import plan_summary, prepared_path, save_prepared
 
     front = _front(teachers, ledger, recipes)
     run = front.prepare(trace_states, trace_messages, render_options(recipes))
     plan = front.plan(run)
-    # the requests travel to teacher_replays of this run (built once per run; teachers/front.py)
+    # the requests travel to teacher_replays of this run (built once per run; replay/front.py)
     save_prepared(run, prepared_path(teachers.prepared_dir, context.run_id, context.partition_key))
     table = tables.conform(plan.table, "cost_plan")
     s = plan_summary(plan)
@@ -75,7 +75,7 @@ def cost_plan(
 
 def _front(teachers: TeachersResource, ledger: LedgerResource, recipes: PipelineRecipes):
     from composer_pipeline.pairs.build import PairRecipe
-    from composer_pipeline.teachers.front import ReplayFront
+    from composer_pipeline.replay.front import ReplayFront
 
     # the pairs recipe decides escalation (teachers recipe `escalation`) as it decides the pairs
     return ReplayFront(teachers.load_config(), teachers.response_cache(), ledger.open(), PairRecipe.load(recipes.pairs))
@@ -90,7 +90,7 @@ def _front(teachers: TeachersResource, ledger: LedgerResource, recipes: Pipeline
 def cost_plan_within_budget(
     cost_plan: pa.Table, teachers: TeachersResource, ledger: LedgerResource
 ) -> dg.AssetCheckResult:
-    from composer_pipeline.teachers.replay import check_plan
+    from composer_pipeline.replay.plan import check_plan
 
     cfg = teachers.load_config()
     plan = check_plan(cost_plan, cfg, ledger.open())  # the same decision the cost_plan asset reported
@@ -161,8 +161,8 @@ def teacher_replays(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ):
-    from composer_pipeline.teachers.front import load_prepared, prepared_path
-    from composer_pipeline.teachers.replay import check_plan
+    from composer_pipeline.replay.front import load_prepared, prepared_path
+    from composer_pipeline.replay.plan import check_plan
 
     front = _front(teachers, ledger, recipes)
     cfg, led = front.config, front.ledger
@@ -197,7 +197,7 @@ def teacher_replays(
             # the cost plan's prediction beside what providers billed this run (cache reads/writes at their
             # prices, and the same tokens at full price): the shape `composer-pipeline replay` prints
             "predicted_vs_billed": dg.MetadataValue.json(outcome.predicted_vs_billed),
-            # numbers plotted over runs, each the summary's, under the summary's name (teachers/run_report.py)
+            # numbers plotted over runs, each the summary's, under the summary's name (replay/report.py)
             "fitted_answers": summary["fitted_answers"],
             "cached_prompt_tokens": int(sum(summary["cached_prompt_tokens_by_teacher"].values())),
             "http_requests": summary["http_requests"],

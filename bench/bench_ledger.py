@@ -54,7 +54,7 @@ def _teachers(url: str, c: int, name: str = "bench") -> dict:
 
 
 def _requests(cfg, n: int, tag: str):
-    from composer_pipeline.teachers.replay import make_request
+    from composer_pipeline.replay.requests import make_request
 
     tools = [
         {
@@ -114,8 +114,8 @@ def worker(a: dict) -> None:
         return bare_worker(a)
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import parse_teachers
-    from composer_pipeline.teachers.ledger import Ledger
-    from composer_pipeline.teachers.replay import replay_requests
+    from composer_pipeline.ledger import Ledger
+    from composer_pipeline.replay.run import replay_requests
 
     cfg = parse_teachers(_teachers(a["url"], a["c"]))
     reqs = _requests(cfg, a["n"], a["run"])
@@ -149,7 +149,7 @@ def fresh_ledger(backend: str, pg: str | None, d: Path) -> str:
 
 
 def overhead(ledger_url: str, n: int) -> dict:
-    from composer_pipeline.teachers.ledger import Ledger, Reserve
+    from composer_pipeline.ledger import Ledger, Reserve
 
     led = Ledger(ledger_url)
     led.start_run("o", 30)

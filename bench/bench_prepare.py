@@ -34,8 +34,8 @@ from composer_pipeline.ingest.pipeline import ingest_paths
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import ReplayRun
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.run import ReplayRun
 from tests.support.long_sessions import write_edit_session
 
 n, file_chars, snippet_chars, window = (int(a) for a in sys.argv[1:5])

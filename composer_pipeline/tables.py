@@ -91,7 +91,7 @@ COST_PLAN = pa.schema(
         ("cached", pa.bool_()),
         ("est_prompt_tokens", pa.int64()),
         ("worst_case_usd", pa.float64()),
-        ("predicted_usd", pa.float64()),  # expected cost with prompt caching (teachers/replay.predict_cached)
+        ("predicted_usd", pa.float64()),  # expected cost with prompt caching (replay/plan.predict_cached)
         (
             "skip_reason",
             _str,

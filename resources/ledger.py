@@ -2,7 +2,7 @@
 
 In: ``url`` from recipes/pipeline.yaml (``ledger_path``): a local file path (embedded SQLite, the
 default) or ``postgresql://user@host/db`` (shared by every run pod; put the password in
-``PGPASSWORD``, never in the URL). Out: ``composer_pipeline.teachers.ledger.Ledger`` instances.
+``PGPASSWORD``, never in the URL). Out: ``composer_pipeline.ledger.Ledger`` instances.
 """
 
 from __future__ import annotations
@@ -16,6 +16,6 @@ class LedgerResource(dg.ConfigurableResource):
     path: str
 
     def open(self):
-        from composer_pipeline.teachers.ledger import Ledger
+        from composer_pipeline.ledger import Ledger
 
         return Ledger(self.path)

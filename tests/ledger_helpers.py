@@ -3,7 +3,7 @@ schema version, and a reserve that blocks. The pipeline reserves through ``Async
 with backoff) and reads money through ``Ledger.balance``/``spent``/``room``; these read the tables with
 raw SQL in the ledger's own transactions (``Ledger._tx``: its connection, retries and outage handling).
 
-In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`. Out: rows as dicts, sums, a ``Reservation``.
+In:  a :class:`~composer_pipeline.ledger.Ledger`. Out: rows as dicts, sums, a ``Reservation``.
 Deliberately simplified: ``reserve`` polls ``try_reserve`` on a fixed interval (the asyncio run backs off).
 """
 
@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from composer_pipeline.teachers.ledger import Ledger, Reservation, Reserve
+from composer_pipeline.ledger import Ledger, Reservation, Reserve
 
 ORDER = {
     "reservations": "created_at, id",

@@ -42,7 +42,7 @@ def test_ruff_format_leaves_every_file_as_it_is():
 
 # code kept in the shape of an attempt, its settlement and a short loop (issue 34 §1): no function over McCabe
 # complexity 15 here (the rest of the repo is not held to it yet)
-SHAPED = ["composer_pipeline/teachers"]
+SHAPED = ["composer_pipeline/teachers", "composer_pipeline/replay", "composer_pipeline/ledger"]  # issue 34
 
 
 def test_shaped_code_has_no_function_over_complexity_15():

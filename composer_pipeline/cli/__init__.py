@@ -83,11 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
     except BrokenPipeError:  # `composer-pipeline sql ... | head`
         return 0
-    except (*CLEAR_ERRORS, *_loaded("composer_pipeline.teachers.ledger.backends", "LedgerError")) as e:
+    except (*CLEAR_ERRORS, *_loaded("composer_pipeline.ledger.backends", "LedgerError")) as e:
         return report_error(args.command, e)
-    except _loaded(
-        "composer_pipeline.teachers.ledger.aio", "ReplayInterrupted"
-    ) as e:  # the ledger run was closed first
+    except _loaded("composer_pipeline.ledger.aio", "ReplayInterrupted") as e:  # the ledger run was closed first
         print(f"composer-pipeline {args.command}: {e}", file=sys.stderr)
         return 128 + e.signum
     except OSError as e:  # disk full, permission denied, ... : one line naming the path, not a traceback

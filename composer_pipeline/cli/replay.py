@@ -3,11 +3,11 @@
 Reads ``trace_states`` + ``trace_messages`` from ``--states`` (what ``ingest`` wrote), writes
 ``replays.parquet`` (table ``teacher_replays``, one row per state × teacher: the name ``sql``, ``show``,
 ``lineage`` and Dagster use; the file keeps its short name for scripts, ``tables.FILE_ALIASES``) and ``cost_plan.parquet``
-into ``--out`` and prints one JSON summary line: :func:`~composer_pipeline.teachers.run_report.replay_summary`
+into ``--out`` and prints one JSON summary line: :func:`~composer_pipeline.replay.report.replay_summary`
 (the same dict the ``teacher_replays`` asset shows as ``summary``), the older names of its numbers
 (``calls``, ``cache_hits``, ``total_spend``, ...: ``run_report.CLI_LEGACY_KEYS``), ``run_id``, ``out``,
 ``ledger``, ``cache`` and ``predicted_vs_billed``. Rendering, pricing, pre-flight and sending go through
-:class:`~composer_pipeline.teachers.front.ReplayFront`, as in the assets. Before any call: missing API-key variables, a key with a
+:class:`~composer_pipeline.replay.front.ReplayFront`, as in the assets. Before any call: missing API-key variables, a key with a
 control character inside (surrounding whitespace is stripped), unknown hosts, an unwritable ``--out`` and
 a teacher name the ledger knows with another endpoint, model or price exit 2 naming them. A PostgreSQL
 ledger lost mid-run is retried for ``ledger_outage_s``, then exit 2. Exit 1 when a teacher was cut off (invalid
@@ -15,7 +15,7 @@ responses) or no call was answered; 143/130 after SIGTERM/SIGINT (the ledger run
 teachers YAML names. The ledger and response cache default to those of the Dagster assets
 (:mod:`composer_pipeline.home`: ``$COMPOSER_PIPELINE_HOME``, else ``~/.cache/composer-pipeline``), so
 budgets hold across runs and a re-run or a Dagster run of the same states pays for nothing twice.
-``--mode batch`` sends each teacher's outstanding calls as provider batches (:mod:`composer_pipeline.teachers.batch`):
+``--mode batch`` sends each teacher's outstanding calls as provider batches (:mod:`composer_pipeline.replay.batch`):
 with ``--no-wait`` it returns after submitting (exit 0, the pending calls named in the summary's ``batch``), and
 a later run with the same arguments collects; killed at any point, a run with the same arguments goes on with
 the live batches and submits nothing twice.
@@ -102,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline.pairs.build import PairRecipe
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import load_teachers
-    from composer_pipeline.teachers.front import ReplayFront, plan_summary
-    from composer_pipeline.teachers.ledger import open_ledger
-    from composer_pipeline.teachers.preflight import PreflightError, check_writable
-    from composer_pipeline.teachers.run_report import cli_legacy_keys
+    from composer_pipeline.replay.front import ReplayFront, plan_summary
+    from composer_pipeline.ledger import open_ledger
+    from composer_pipeline.replay.preflight import PreflightError, check_writable
+    from composer_pipeline.replay.report import cli_legacy_keys
 
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:

@@ -6,7 +6,7 @@ results, the agent's action, the error that followed, each teacher's answer with
 latency, and for a pair chosen | rejected side by side). With ``--json``: one JSON object per line
 (``state_id``, ``source_file``, ``source_lines``, ``prefix``, ``action``, ``error_after``, ``teachers``, and
 for a pair ``pair_id``, ``chosen``, ``rejected`` and the agreement fields). The prefix is rendered by
-the same function replay sends (``teachers.replay.render_prompt``) with the recipe's render options.
+the same function replay sends (``replay.requests.render_prompt``) with the recipe's render options.
 """
 
 from __future__ import annotations

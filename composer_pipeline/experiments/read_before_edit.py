@@ -219,9 +219,9 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import parse_teachers
-    from composer_pipeline.teachers.ledger import Ledger
-    from composer_pipeline.teachers.replay import ReplayRun
-    from composer_pipeline.teachers.run_report import cli_legacy_keys
+    from composer_pipeline.ledger import Ledger
+    from composer_pipeline.replay.run import ReplayRun
+    from composer_pipeline.replay.report import cli_legacy_keys
 
     info_path = work / "info.json"
     sizes = {

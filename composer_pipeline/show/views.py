@@ -11,7 +11,7 @@ Out: :func:`gather` -> :class:`StateView` / :class:`PairView` per id; :meth:`to_
      ``show --json`` (and :meth:`from_dict` reads it back). For tables already in memory (Dagster
      assets), :func:`state_views` and :func:`pair_views` build the views without a store.
 
-``prefix`` comes from :func:`composer_pipeline.teachers.replay.render_prompt`, the very function replay
+``prefix`` comes from :func:`composer_pipeline.replay.requests.render_prompt`, the very function replay
 builds every teacher request from, so with the same render options it IS the ``messages`` the
 teachers were sent. Given the teachers YAML, each replay row is checked: the request body rebuilt from
 the shown prefix must hash to the row's ``call_id`` (``sent_as_shown``), otherwise the view says so.
@@ -239,7 +239,7 @@ def _teacher_answers(rows: list[dict], prefer_call_ids: Sequence[str] = ()) -> l
 
 def _verify(view: StateView, teachers_config) -> None:
     """Set ``sent_as_shown``: does the body rebuilt from the shown prefix hash to the row's call_id?"""
-    from composer_pipeline.teachers.replay import make_request
+    from composer_pipeline.replay.requests import make_request
 
     cfg = {t.name: t for t in teachers_config.teachers}
     for ans in view.teachers:
@@ -257,7 +257,7 @@ def _state_view(
     replay_rows: list[dict] | None,
     prefer_call_ids: Sequence[str] = (),
 ) -> StateView:
-    from composer_pipeline.teachers.replay import render_prompt
+    from composer_pipeline.replay.requests import render_prompt
 
     rs = render_prompt(conv, st, opts)
     missing = []

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_rows
 from dagster_sessions import session_lines, write_teachers_yaml
 

@@ -1,11 +1,11 @@
 """The replay's requests are built once per Dagster run: `cost_plan` prepares them, `teacher_replays` of the
-same run reads them back (teachers/front.py) instead of rendering, fitting and hashing every state again.
+same run reads them back (replay/front.py) instead of rendering, fitting and hashing every state again.
 A run of `teacher_replays` alone prepares once for itself; a file that is not what the checked plan priced
 is never used."""
 
 import dagster as dg
 
-import composer_pipeline.teachers.replay as replay
+import composer_pipeline.replay.run as replay
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from composer_pipeline.store import Store
@@ -74,8 +74,8 @@ def test_a_prepared_file_that_the_plan_did_not_price_is_not_used(tmp_path):
 
     from composer_pipeline.render import RenderOptions
     from composer_pipeline.teachers.config import parse_teachers
-    from composer_pipeline.teachers.front import load_prepared, prepared_path, save_prepared
-    from composer_pipeline.teachers.replay import ReplayRun
+    from composer_pipeline.replay.front import load_prepared, prepared_path, save_prepared
+    from composer_pipeline.replay.run import ReplayRun
     from tests.pairs.conftest import session_tables
 
     t = session_tables.__wrapped__()

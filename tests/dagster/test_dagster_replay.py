@@ -48,8 +48,8 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     assert checks["cost_plan_within_budget"].metadata["worst_case_usd"].value > 1e-9
     # it says why in check_plan's own words (plan.reasons), not a second wording of the same decision
     from composer_pipeline.teachers.config import load_teachers
-    from composer_pipeline.teachers.ledger import Ledger
-    from composer_pipeline.teachers.replay import check_plan
+    from composer_pipeline.ledger import Ledger
+    from composer_pipeline.replay.plan import check_plan
 
     plan = check_plan(
         Store(str(tmp_path / "store")).read_table("cost_plan"),

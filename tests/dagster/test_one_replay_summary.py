@@ -15,7 +15,7 @@ from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from assets.settings import REPO_ROOT
 from composer_pipeline.cli import main
 from composer_pipeline.store import Store
-from composer_pipeline.teachers.run_report import CLI_LEGACY_KEYS
+from composer_pipeline.replay.report import CLI_LEGACY_KEYS
 from dagster_sessions import SESSION_ID, write_teachers_yaml
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes

@@ -19,7 +19,7 @@ def test_ingest_to_a_local_directory_loads_neither_fsspec_nor_the_ledger(tmp_pat
         "import sys\n"
         "from composer_pipeline.cli import main\n"
         f"rc = main(['ingest', {str(samples)!r}, '--out', {str(tmp_path / 'out')!r}])\n"
-        "loaded = [m for m in ('fsspec', 'asyncio', 'composer_pipeline.teachers.ledger') if m in sys.modules]\n"
+        "loaded = [m for m in ('fsspec', 'asyncio', 'composer_pipeline.ledger') if m in sys.modules]\n"
         "print('LOADED', rc, loaded, file=sys.stderr)\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -37,7 +37,7 @@ def test_ingest_to_a_local_directory_loads_neither_fsspec_nor_the_ledger(tmp_pat
     [("LedgerError", 2), ("ReplayInterrupted", 128 + signal.SIGTERM)],
 )
 def test_ledger_errors_keep_their_exit_codes(monkeypatch, capsys, error, rc):
-    from composer_pipeline.teachers.ledger import LedgerError, ReplayInterrupted
+    from composer_pipeline.ledger import LedgerError, ReplayInterrupted
 
     def run(args):
         raise LedgerError("the ledger is locked") if error == "LedgerError" else ReplayInterrupted(signal.SIGTERM)

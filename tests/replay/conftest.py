@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from composer_pipeline.teachers.config import TeachersConfig, parse_teachers
-from composer_pipeline.teachers.replay import ReplayRequest, make_request
+from composer_pipeline.replay.requests import ReplayRequest, make_request
 from tests.support.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[2]

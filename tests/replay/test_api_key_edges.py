@@ -16,10 +16,10 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.client import call_teacher, make_http_client
-from composer_pipeline.teachers.ledger import AsyncLedger, Ledger
+from composer_pipeline.replay.call import call_teacher, make_http_client
+from composer_pipeline.ledger import AsyncLedger, Ledger
 from ledger_helpers import ORDER, ledger_rows
-from composer_pipeline.teachers.replay import replay_requests
+from composer_pipeline.replay.run import replay_requests
 
 from .conftest import make_config, scripted_request, teacher_dict
 

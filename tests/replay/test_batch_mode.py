@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from composer_pipeline.teachers.batch import replay_batch
+from composer_pipeline.replay.batch import replay_batch
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.ledger.batches import held_by_batches
-from composer_pipeline.teachers.replay import make_request
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.ledger.batches import held_by_batches
+from composer_pipeline.replay.requests import make_request
 from ledger_helpers import ledger_rows
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
@@ -118,7 +118,7 @@ def test_submit_then_collect_with_no_wait(emu, ledger_url, tmp_path):
     done = _run(cfg, reqs, led, cache, run_id="r3")
     assert done.summary["batch"]["batches_collected"] == 2 and len(emu.batches.created()) == 2
     _assert_all_answered_at_batch_rate(emu, led, cfg, done)
-    from composer_pipeline.teachers.billing import usage_by_run
+    from composer_pipeline.ledger.billing import usage_by_run
 
     by_run = usage_by_run(led, "r3")  # the collecting run's summary reports what it settled
     assert sum(v["billed_usd"] for v in by_run.values()) == pytest.approx(emu.billed_usd(), rel=0.01)
@@ -195,8 +195,8 @@ def test_expired_requests_alone_are_resubmitted(emu, ledger_url, tmp_path):
 
 
 def test_batch_budget_refuses_what_does_not_fit_and_the_plan_counts_held_money(emu, ledger_url, tmp_path):
-    from composer_pipeline.teachers.batch import priced_for_batch
-    from composer_pipeline.teachers.replay import plan_requests
+    from composer_pipeline.replay.batch import priced_for_batch
+    from composer_pipeline.replay.plan import plan_requests
 
     reqs0 = _requests(_config(emu.url))
     one = {n: max(r.worst_case_usd for r in reqs0 if r.teacher.name == n) * 0.5 for n in ("oa", "an")}
@@ -321,7 +321,7 @@ def test_cli_batch_replay_killed_mid_post_then_rerun_finishes_once(emu, ledger_u
 def test_a_sync_run_never_buys_a_call_a_live_batch_holds(emu, ledger_url, tmp_path):
     import dataclasses
 
-    from composer_pipeline.teachers.replay import replay_requests
+    from composer_pipeline.replay.run import replay_requests
 
     cfg = _config(emu.url)
     reqs = _requests(cfg)
@@ -343,8 +343,8 @@ def test_a_batch_another_live_run_is_posting_is_left_to_it(emu, ledger_url, tmp_
     """A batch recorded by a run that is still live (its POST may be on the wire) is neither looked for nor
     resubmitted by another process; once that run is gone, the next run looks for it (here: absent) and
     sends it, once."""
-    from composer_pipeline.teachers.batch import batch_priced
-    from composer_pipeline.teachers.ledger.batches import BatchCall, record_batch
+    from composer_pipeline.replay.batch import batch_priced
+    from composer_pipeline.ledger.batches import BatchCall, record_batch
     from composer_pipeline.teachers.pricing import max_completion_tokens, worst_case_usd
 
     cfg = _config(emu.url)
@@ -373,7 +373,7 @@ def test_a_batch_another_live_run_is_posting_is_left_to_it(emu, ledger_url, tmp_
 def test_batches_respect_the_provider_limits_and_a_refused_batch_releases_its_calls(
     emu, ledger_url, tmp_path, monkeypatch
 ):
-    from composer_pipeline.teachers import batch
+    from composer_pipeline.replay import batch
 
     cfg = _config(emu.url)
     reqs = _requests(cfg)

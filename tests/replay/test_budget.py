@@ -11,9 +11,10 @@ import textwrap
 import pytest
 
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from ledger_helpers import spend_by_run
-from composer_pipeline.teachers.replay import plan_requests, replay_requests
+from composer_pipeline.replay.plan import plan_requests
+from composer_pipeline.replay.run import replay_requests
 
 from .conftest import make_config, scripted_request
 
@@ -80,8 +81,8 @@ _WORKER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from replay.conftest import make_config, scripted_request
     from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.ledger import Ledger
-    from composer_pipeline.teachers.replay import replay_requests
+    from composer_pipeline.ledger import Ledger
+    from composer_pipeline.replay.run import replay_requests
     cfg = make_config({url!r}, budget_usd={budget!r}, max_concurrency=20)
     reqs = [scripted_request(cfg, i, pad={pad}) for i in range(25)]
     res = replay_requests(reqs, cfg, {{}}, cache=ResponseCache({cache!r}), ledger=Ledger({ledger!r}), run_id={run!r})

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_rows
 
 from .conftest import teacher_dict

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_rows, reserve
 
 from .conftest import make_config, scripted_request, teacher_dict

@@ -14,8 +14,8 @@ import pytest
 
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import ReplayRun
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.run import ReplayRun
 
 from .conftest import make_config, teacher_dict
 

@@ -16,10 +16,10 @@ from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_ruled_ou
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.teachers.front import ReplayFront, plan_summary
-from composer_pipeline.teachers.ledger import open_ledger
-from composer_pipeline.teachers.prepared import dump_run, load_run
-from composer_pipeline.teachers.replay import ReplayRun
+from composer_pipeline.replay.front import ReplayFront, plan_summary
+from composer_pipeline.ledger import open_ledger
+from composer_pipeline.replay.prepared import dump_run, load_run
+from composer_pipeline.replay.run import ReplayRun
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 from tests.support.sessions import Session, text, tool
 

@@ -93,7 +93,7 @@ def test_local_teacher_fits_with_its_own_tokenizer(tmp_path, monkeypatch):
     from tokenizers import Tokenizer
 
     from composer_pipeline.teachers.config import parse_teachers
-    from composer_pipeline.teachers.replay import make_request
+    from composer_pipeline.replay.requests import make_request
     from composer_pipeline.teachers.token_count import counter_for, tokenizer_file
     from composer_pipeline.tiny_model import build_tiny_model
 

@@ -8,8 +8,10 @@ import orjson
 
 from composer_pipeline.render import CUT_MARKER, count_tokens, fit_messages
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import make_request, plan_requests, replay_requests
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.requests import make_request
+from composer_pipeline.replay.plan import plan_requests
+from composer_pipeline.replay.run import replay_requests
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 from .test_caching import config, teacher

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger, Reserve, redact_url
+from composer_pipeline.ledger import MIGRATIONS, Ledger, Reserve, redact_url
 from ledger_helpers import ledger_rows, reserve, schema_version, spend_by_run
 
 
@@ -148,7 +148,7 @@ def test_auditor_connection_held_open_blocks_no_writer(tmp_path):
 
 
 def test_bad_urls_are_clear(tmp_path):
-    from composer_pipeline.teachers.ledger import LedgerError
+    from composer_pipeline.ledger import LedgerError
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(LedgerError, match="cannot create its directory"):
@@ -162,7 +162,7 @@ def test_an_earlier_duckdb_ledger_is_imported_once(tmp_path):
     """Upgrading never resets a budget: the DuckDB ledger of earlier versions beside the new file is read once."""
     import duckdb
 
-    from composer_pipeline.teachers.ledger import LedgerError
+    from composer_pipeline.ledger import LedgerError
 
     old = duckdb.connect(str(tmp_path / "ledger.duckdb"))
     old.execute(
@@ -209,7 +209,7 @@ def test_writes_survive_other_processes_closing_while_this_one_opens_more_connec
     tests = str(Path(__file__).resolve().parents[1])  # tests/ledger_helpers.py
     other = (
         "import sys; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
-        "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+        "from composer_pipeline.ledger import Ledger; l = Ledger(sys.argv[1]); "
         "print(len(ledger_rows(l, 'runs'))); l.disconnect()"
     )
     for _ in range(2):  # another process comes and goes, closing its last connection
@@ -222,7 +222,7 @@ def test_writes_survive_other_processes_closing_while_this_one_opens_more_connec
     led.close_run("r1")
     check = (
         "import sys, json; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
-        "from composer_pipeline.teachers.ledger import Ledger; l = Ledger(sys.argv[1]); "
+        "from composer_pipeline.ledger import Ledger; l = Ledger(sys.argv[1]); "
         "print(json.dumps([[r['run_id'], r['state']] for r in ledger_rows(l, 'runs')] + [[c['call_id'], c['state']] for c in ledger_rows(l, 'claims')]))"
     )
     out = subprocess.run([sys.executable, "-c", check, str(path), tests], capture_output=True, text=True, check=True)
@@ -243,7 +243,7 @@ def test_a_deleted_wal_fails_loudly_instead_of_losing_writes(tmp_path):
     closed the file), the next write raises instead of spending against a ledger nobody else can read."""
     import os
 
-    from composer_pipeline.teachers.ledger import LedgerError
+    from composer_pipeline.ledger import LedgerError
 
     path = tmp_path / "ledger.sqlite"
     led = Ledger(path)

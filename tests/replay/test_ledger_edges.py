@@ -15,9 +15,9 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger, LedgerError, Reserve, redact_url
+from composer_pipeline.ledger import Ledger, LedgerError, Reserve, redact_url
 from ledger_helpers import ledger_rows
-from composer_pipeline.teachers.replay import replay_requests
+from composer_pipeline.replay.run import replay_requests
 
 from .conftest import make_config, scripted_request, teacher_dict
 
@@ -209,7 +209,7 @@ def test_answers_held_in_the_spool_are_recorded_by_the_next_run_with_that_cache(
     stored) before it claims anything; a file that is not a held answer is set aside, named."""
     import orjson
 
-    from composer_pipeline.teachers.ledger import AsyncLedger
+    from composer_pipeline.ledger import AsyncLedger
 
     cfg = make_config(server.url)
     req = scripted_request(cfg, 7)

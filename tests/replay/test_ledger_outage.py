@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_rows
 
 from .conftest import teacher_dict

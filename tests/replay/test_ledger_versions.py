@@ -19,8 +19,8 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import CODE_VERSION, Ledger, LedgerError, LedgerTooNew, TeacherIdentityError
-from composer_pipeline.teachers.replay import replay_requests
+from composer_pipeline.ledger import CODE_VERSION, Ledger, LedgerError, LedgerTooNew, TeacherIdentityError
+from composer_pipeline.replay.run import replay_requests
 from ledger_helpers import ledger_rows
 
 from .conftest import make_config, scripted_request, teacher_dict

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from composer_pipeline.cli import main
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from tests.support.scripted_server import ScriptedServer
 
 from .conftest import teacher_dict

@@ -1,4 +1,4 @@
-"""The cost-plan fit is one decision (teachers.replay.check_plan): the plan the CLI and the cost_plan
+"""The cost-plan fit is one decision (replay.plan.check_plan): the plan the CLI and the cost_plan
 asset report and the blocking check that guards the replay read the same result from the same table."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import check_plan, plan_requests
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.plan import check_plan, plan_requests
 
 from .conftest import make_config, scripted_request, teacher_dict
 

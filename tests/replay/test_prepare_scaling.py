@@ -17,7 +17,7 @@ from composer_pipeline.render import Conversation, RenderOptions, StreamRenderer
 from composer_pipeline.teachers.cache import call_id, legacy_call_id
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.pricing import worst_case_usd
-from composer_pipeline.teachers.replay import build_requests, make_request
+from composer_pipeline.replay.requests import build_requests, make_request
 from tests.support.long_sessions import write_edit_session, write_long_sessions
 
 
@@ -43,7 +43,7 @@ def _bytes_serialized(monkeypatch, states, messages, cfg) -> int:
     import composer_pipeline.render as render
     import composer_pipeline.teachers.cache as cache
     import composer_pipeline.teachers.pricing as pricing
-    import composer_pipeline.teachers.replay as replay
+    import composer_pipeline.replay.run as replay
 
     total = [0]
 

@@ -13,11 +13,13 @@ import pytest
 
 from composer_pipeline.teachers import anthropic
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.client import unsupported_param
+from composer_pipeline.replay.call import unsupported_param
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 from composer_pipeline.teachers.pricing import billed
-from composer_pipeline.teachers.replay import make_request, predict_cached, replay_requests
+from composer_pipeline.replay.requests import make_request
+from composer_pipeline.replay.plan import predict_cached
+from composer_pipeline.replay.run import replay_requests
 from composer_pipeline.teachers.server import chat_message, stop_strings, unsupported_params
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
@@ -127,7 +129,7 @@ def test_reasoning_models_get_max_completion_tokens(emu, tmp_path):
 def test_an_unsupported_parameter_is_dropped_once_and_remembered_for_the_run(emu, ledger_url, tmp_path, caplog):
     """A model the rules do not know refuses max_tokens, then temperature 0: each 400 (not billed) is retried
     once without the parameter (max_tokens renamed, never dropped), logged once; later states never send it."""
-    caplog.set_level(logging.WARNING, logger="composer_pipeline.teachers.client")
+    caplog.set_level(logging.WARNING, logger="composer_pipeline.replay.call")
     _, res, led = run(
         emu,
         [teacher(emu.url, "reasoner", temperature=0.0, max_retries=0)],
@@ -298,7 +300,7 @@ def test_a_failed_tool_result_reaches_claude_as_is_error(samples_tables):
     blocks say so; OpenAI-style teachers get their standard tool messages; the call ids do not change."""
     from composer_pipeline.render import Conversation, render_state
     from composer_pipeline.teachers.cache import call_id
-    from composer_pipeline.teachers.client import wire_body
+    from composer_pipeline.replay.call import wire_body
 
     states, messages = samples_tables
     conv = Conversation.from_table(messages)

@@ -13,8 +13,9 @@ import pytest
 
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import make_request, replay_requests
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.requests import make_request
+from composer_pipeline.replay.run import replay_requests
 from ledger_helpers import ledger_rows
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from composer_pipeline.teachers.ledger import Ledger, RunIdInUse
-from composer_pipeline.teachers.ledger.core import machine_id
+from composer_pipeline.ledger import Ledger, RunIdInUse
+from composer_pipeline.ledger.core import machine_id
 from ledger_helpers import ledger_rows, reserve
 
 WORKER = Path(__file__).with_name("worker.py")

@@ -1,4 +1,4 @@
-"""The one replay summary (teachers/run_report.py) and its one percentile rule (issue 23).
+"""The one replay summary (replay/report.py) and its one percentile rule (issue 23).
 
 Before, ``replay.summarize`` (the CLI) took the median of two latencies as the lower one and
 ``run_report.replay_summary`` (the asset) as the upper one. Now both read one dict whose percentiles
@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from composer_pipeline import tables
-from composer_pipeline.teachers.run_report import cli_legacy_keys, latency_summary, nearest_rank, replay_summary
+from composer_pipeline.replay.report import cli_legacy_keys, latency_summary, nearest_rank, replay_summary
 
 
 def _row(

@@ -12,8 +12,8 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.replay import replay_requests
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.run import replay_requests
 
 from .conftest import make_config, scripted_request, teacher_dict
 
@@ -96,7 +96,7 @@ def test_answers_are_scrubbed_off_the_event_loop(tmp_path, server, monkeypatch):
     (the real scrub, watched: where it runs, and that its result is what is stored)."""
     import asyncio
 
-    from composer_pipeline.teachers import client
+    from composer_pipeline.replay import call as client
 
     where: list[bool] = []
     real = client._clean_answer
@@ -130,7 +130,7 @@ def test_a_raw_slash_in_a_postgresql_password_is_refused_before_libpq_quotes_it(
     """libpq ends a URL's host part at the first ``/``: ``postgresql://bob:s3cr3t/et9Pass@host/db`` became
     host ``bob``, port ``s3cr3t``, and its error quoted that "port" (the password's first characters),
     which no redaction of the whole password finds. Such a URL is refused with how to write it."""
-    from composer_pipeline.teachers.ledger import LedgerError
+    from composer_pipeline.ledger import LedgerError
 
     url = "postgresql://bob:s3cr3t/et9Pass@127.0.0.1:5432/ledger"
     try:

@@ -12,9 +12,9 @@ import yaml
 
 from composer_pipeline.cli import main
 from composer_pipeline.teachers.cache import ResponseCache, legacy_call_id
-from composer_pipeline.teachers.ledger import MIGRATIONS, Ledger, TeacherIdentityError
+from composer_pipeline.ledger import MIGRATIONS, Ledger, TeacherIdentityError
 from ledger_helpers import ledger_rows, schema_version
-from composer_pipeline.teachers.replay import replay_requests
+from composer_pipeline.replay.run import replay_requests
 from tests.support.scripted_server import ScriptedServer
 
 from .conftest import make_config, scripted_request, teacher_dict

@@ -173,7 +173,9 @@ def test_journey_1_materialize_a_partition(ui, page):
     page.get_by_text("pairs_by_agreement_kind").first.wait_for()
     shot(page, "journey1-pairs-agreement-kind")
     page.get_by_text("cross_model").first.wait_for()
-    page.get_by_text("2 of 2 models").first.wait_for()  # the preview's `agreement` column (the local tiny model's cut answers never vote)
+    page.get_by_text(
+        "2 of 2 models"
+    ).first.wait_for()  # the preview's `agreement` column (the local tiny model's cut answers never vote)
     shot(page, "journey1-pairs-agreement-kind")
 
 

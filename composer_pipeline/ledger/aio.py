@@ -1,6 +1,6 @@
 """The ledger as one asyncio replay run sees it.
 
-In:  a :class:`~composer_pipeline.teachers.ledger.core.Ledger`, the run's id and lease (``lease_s``), and a
+In:  a :class:`~composer_pipeline.ledger.core.Ledger`, the run's id and lease (``lease_s``), and a
      directory where paid answers wait for a ledger that cannot record them (``spool``, beside the cache).
 Out: :class:`AsyncLedger`: awaitable claim / reserve / mark sent / close / answer for the run's requests,
      a heartbeat task that keeps its lease, reconciles of dead runs while it waits, and :meth:`AsyncLedger.finish`
@@ -44,8 +44,8 @@ from typing import Any
 
 import orjson
 
-from composer_pipeline.teachers.ledger.backends import LedgerError, LedgerUnavailable
-from composer_pipeline.teachers.ledger.core import DEFAULT_LEASE_S, Claim, Ledger, Reservation, Reserve, RunIdInUse
+from composer_pipeline.ledger.backends import LedgerError, LedgerUnavailable
+from composer_pipeline.ledger.core import DEFAULT_LEASE_S, Claim, Ledger, Reservation, Reserve, RunIdInUse
 
 HELD_SUFFIX = ".pending"  # a held answer's file in the spool (not ``.json``: the response cache counts those)
 

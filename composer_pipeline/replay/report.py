@@ -33,7 +33,7 @@ In:  a ``teacher_replays`` table (one row per state × teacher) and what the run
 
 The CLI prints this dict plus where it wrote (``run_id``, ``out``, ``ledger``, ``cache``,
 ``predicted_vs_billed``) and the names it printed before this summary was unified (:data:`CLI_LEGACY_KEYS`).
-Deliberately simplified: money billed with prompt caching is the ledger's (``teachers/billing.py``),
+Deliberately simplified: money billed with prompt caching is the ledger's (``ledger/billing.py``),
 not recounted here.
 """
 

@@ -1,6 +1,6 @@
 """A prepared replay as bytes: what ``cost_plan`` built, read back by ``teacher_replays`` instead of built again.
 
-In:  a :class:`~composer_pipeline.teachers.replay.ReplayRun` (its requests and unrendered states).
+In:  a :class:`~composer_pipeline.replay.run.ReplayRun` (its requests and unrendered states).
 Out: :func:`dump_run` → JSON bytes; :func:`load_run` → the same run again, for the same teachers config.
 
 The requests of a stream share their messages (``render.Conversation``), so each message is written once
@@ -119,7 +119,8 @@ def _rebuild(pool: list[Any], lists: list[list[Any]]) -> list[list[Any]]:
 def load_run(data: bytes, config: TeachersConfig):
     """The ``ReplayRun`` :func:`dump_run` wrote, for ``config``; :class:`StalePrepared` when the file was
     written for other teachers or in another format."""
-    from composer_pipeline.teachers.replay import ReplayRequest, ReplayRun
+    from composer_pipeline.replay.requests import ReplayRequest
+    from composer_pipeline.replay.run import ReplayRun
     from composer_pipeline.teachers.token_count import counter_for
 
     try:

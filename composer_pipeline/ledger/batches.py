@@ -1,6 +1,6 @@
 """Provider batches in the ledger (schema 5): what a batch holds, recorded before it is sent.
 
-In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`, and from ``teachers/batch.py`` one teacher's calls
+In:  a :class:`~composer_pipeline.ledger.Ledger`, and from ``replay/batch.py`` one teacher's calls
      (call id, worst case at batch prices, the bounds ``pricing.settle`` clamps to), its budget, the run ceiling.
 Out: rows of ``batches`` and ``batch_calls``, and one reservation per call in state ``batched``.
 
@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from composer_pipeline.teachers.ledger.core import EPS, Ledger
+from composer_pipeline.ledger.core import EPS, Ledger
 
 LIVE_STATES = ("recorded", "submitted")
 

@@ -1,8 +1,8 @@
 """Batch mode (``mode: batch``, ``replay --mode batch``): nightly backfills through the providers' batch APIs.
 
-In:  the prepared :class:`~composer_pipeline.teachers.replay.ReplayRequest` list of a replay run, its
+In:  the prepared :class:`~composer_pipeline.replay.requests.ReplayRequest` list of a replay run, its
      :class:`TeachersConfig`, API keys, the response cache and the ledger; ``wait`` (False: ``--no-wait``).
-Out: a :class:`~composer_pipeline.teachers.replay.ReplayResult` (schema ``teacher_replays``), with one row per
+Out: a :class:`~composer_pipeline.replay.run.ReplayResult` (schema ``teacher_replays``), with one row per
      request: answered from the cache or the ledger, answered from a batch's result file, ``budget_exhausted``,
      or ``failed`` with ``batch_pending: ...`` while its batch runs (a later run with the same arguments collects).
 
@@ -47,18 +47,8 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import tables
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.client import (
-    CallResult,
-    _read_answer,
-    _scrub,
-    answer_from_response,
-    stream_cache_key,
-    wire_body,
-)
-from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.ledger.batches import (
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.ledger.batches import (
     BatchCall,
     BatchRow,
     PendingCall,
@@ -73,16 +63,21 @@ from composer_pipeline.teachers.ledger.batches import (
     set_requests,
     set_submitted,
 )
-from composer_pipeline.teachers.pricing import max_completion_tokens, settle, worst_case_usd
-from composer_pipeline.teachers.replay import (
-    ReplayRequest,
-    ReplayResult,
-    _cache_get,
-    _from_cache,
-    _row,
-    with_cache_hints,
+from composer_pipeline.replay.call import (
+    CallResult,
+    _read_answer,
+    _scrub,
+    answer_from_response,
+    stream_cache_key,
+    wire_body,
 )
-from composer_pipeline.teachers.run_report import replay_summary
+from composer_pipeline.replay.plan import _cache_get
+from composer_pipeline.replay.report import replay_summary
+from composer_pipeline.replay.requests import ReplayRequest, with_cache_hints
+from composer_pipeline.replay.run import ReplayResult, _from_cache, _row
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig, clean_api_keys
+from composer_pipeline.teachers.pricing import max_completion_tokens, settle, worst_case_usd
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ledger's tables: a versioned schema applied on open, the code version a ledger needs, and the import
 of the DuckDB ledger of earlier versions.
 
-In:  a :class:`~composer_pipeline.teachers.ledger.backends.Store`'s transaction function and backend.
+In:  a :class:`~composer_pipeline.ledger.backends.Store`'s transaction function and backend.
 Out: the tables ``runs``, ``reservations``, ``totals``, ``claims``, ``waiters`` (1), ``teacher_identities``
      (2), ``billed_usage`` (3), the owner of each run and claim and ``ledger_meta`` (4), ``batches`` and
      ``batch_calls`` (5), and
@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from composer_pipeline.teachers.ledger.backends import Cursor, LedgerError
+from composer_pipeline.ledger.backends import Cursor, LedgerError
 
 
 class LedgerTooNew(LedgerError):
@@ -97,7 +97,7 @@ MIGRATIONS: list[tuple[int, list[str | dict[str, str]]]] = [
             created_at DOUBLE PRECISION NOT NULL)""",
         ],
     ),
-    # 3: what each settled call was billed, split by price (prompt caching): teachers/billing.py reads it
+    # 3: what each settled call was billed, split by price (prompt caching): ledger/billing.py reads it
     (
         3,
         [
@@ -136,7 +136,7 @@ MIGRATIONS: list[tuple[int, list[str | dict[str, str]]]] = [
             "INSERT INTO ledger_meta VALUES ('min_code_version', '4')",
         ],
     ),
-    # 5: provider batches (mode: batch, teachers/batch.py). A batch is recorded with its calls and their
+    # 5: provider batches (mode: batch, replay/batch.py). A batch is recorded with its calls and their
     # reservations (state ``batched``: held by the batch, not by a run's lease, so a run that ends or dies
     # leaves them held) BEFORE its POST; the provider's id is written right after the answer. A call is in at
     # most one pending batch (``batch_calls.call_id`` is the key): no process submits it twice. Older code

@@ -10,7 +10,7 @@ Out: :class:`ReplayFront`'s steps, in order:
 2. :meth:`~ReplayFront.keys`: keys cleaned and checked, hosts resolved, outputs writable, for the teachers
    the plan will call (:mod:`preflight`), before anything is sent.
 3. :meth:`~ReplayFront.replay` → :class:`ReplayOutcome` (``mode: batch``: through provider batches,
-   :mod:`~composer_pipeline.teachers.batch`): the ``teacher_replays`` table, its one summary
+   :mod:`~composer_pipeline.replay.batch`): the ``teacher_replays`` table, its one summary
    and the plan's prediction beside what was billed (:func:`billing.predicted_vs_billed`).
 
 Between the two Dagster steps the prepared run travels as a file (:func:`save_prepared` in ``cost_plan``,
@@ -31,14 +31,15 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.ledger.billing import predicted_vs_billed
 from composer_pipeline.pairs.build import PairRecipe
-from composer_pipeline.teachers.billing import predicted_vs_billed
+from composer_pipeline.replay.plan import CostPlan
+from composer_pipeline.replay.preflight import preflight
+from composer_pipeline.replay.prepared import StalePrepared, dump_run, load_run
+from composer_pipeline.replay.run import ReplayResult, ReplayRun
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import TeachersConfig, clean_api_keys
-from composer_pipeline.teachers.ledger import Ledger
-from composer_pipeline.teachers.preflight import preflight
-from composer_pipeline.teachers.prepared import StalePrepared, dump_run, load_run
-from composer_pipeline.teachers.replay import CostPlan, ReplayResult, ReplayRun
 
 PREPARED_MAX_AGE_S = 24 * 3600  # prepared files of runs that never replayed them (a blocked check) go after this
 
@@ -63,8 +64,8 @@ class ReplayFront:
 
     def plan(self, run: ReplayRun) -> CostPlan:
         if self.config.mode == "batch":  # priced as batches go out: at each teacher's batch_price_factor
-            from composer_pipeline.teachers.batch import priced_for_batch
-            from composer_pipeline.teachers.replay import plan_requests
+            from composer_pipeline.replay.batch import priced_for_batch
+            from composer_pipeline.replay.plan import plan_requests
 
             return plan_requests(priced_for_batch(run.requests), self.config, self.cache, self.ledger)
         return run.plan(self.cache, self.ledger)
@@ -93,8 +94,8 @@ class ReplayFront:
         *,
         wait: bool = True,
     ) -> ReplayOutcome:
-        if self.config.mode == "batch":  # provider batches (teachers/batch.py); wait=False returns after submitting
-            from composer_pipeline.teachers.batch import replay_batch
+        if self.config.mode == "batch":  # provider batches (replay/batch.py); wait=False returns after submitting
+            from composer_pipeline.replay.batch import replay_batch
 
             res = replay_batch(
                 run.requests,

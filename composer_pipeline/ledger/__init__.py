@@ -24,8 +24,8 @@ The modules, each importing only those above it:
 Deliberately simplified: see each module; this file only names what the rest of the pipeline imports.
 """
 
-from composer_pipeline.teachers.ledger.aio import AsyncLedger, ClaimLost, ReplayInterrupted
-from composer_pipeline.teachers.ledger.backends import (
+from composer_pipeline.ledger.aio import AsyncLedger, ClaimLost, ReplayInterrupted
+from composer_pipeline.ledger.backends import (
     LedgerError,
     LedgerUnavailable,
     is_postgres,
@@ -33,7 +33,7 @@ from composer_pipeline.teachers.ledger.backends import (
     redact_url,
     url_secrets,
 )
-from composer_pipeline.teachers.ledger.core import (
+from composer_pipeline.ledger.core import (
     DEFAULT_LEASE_S,
     DEFAULT_OUTAGE_S,
     Balance,
@@ -45,7 +45,7 @@ from composer_pipeline.teachers.ledger.core import (
     TeacherIdentityError,
     open_ledger,
 )
-from composer_pipeline.teachers.ledger.schema import CODE_VERSION, MIGRATIONS, LedgerTooNew
+from composer_pipeline.ledger.schema import CODE_VERSION, MIGRATIONS, LedgerTooNew
 
 __all__ = [
     "CODE_VERSION",

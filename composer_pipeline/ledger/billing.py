@@ -1,6 +1,6 @@
 """What providers billed, read from the ledger's ``billed_usage`` (schema version 3): money and cached tokens.
 
-In:  a :class:`~composer_pipeline.teachers.ledger.Ledger`.
+In:  a :class:`~composer_pipeline.ledger.Ledger`.
 Out: per teacher (or per run, or beside a cost plan's prediction: :func:`predicted_vs_billed`):
      ``billed_usd`` (what settled calls were billed, cache reads and writes at their own prices),
      ``full_price_usd`` (the same tokens at the full input price: what a ledger blind to caching would
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_pipeline.teachers.ledger import Ledger
+from composer_pipeline.ledger import Ledger
 
 _SUMS = (
     "COUNT(*), COALESCE(SUM(billed_usd), 0), COALESCE(SUM(full_price_usd), 0), COALESCE(SUM(prompt_tokens), 0), "

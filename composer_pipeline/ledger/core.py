@@ -1,6 +1,6 @@
 """The money state machine: claims, reservations and run leases over the ledger's tables.
 
-In:  a ledger URL (see :mod:`~composer_pipeline.teachers.ledger.backends`), and from a replay run: the
+In:  a ledger URL (see :mod:`~composer_pipeline.ledger.backends`), and from a replay run: the
      requests it needs (``call_id``), their worst-case prices, its teachers' budgets and its run ceiling.
 Out: :class:`Ledger`, whose transactions write ``reservations``, ``claims``, ``runs``, ``waiters`` and the
      running sums in ``totals``; reads ``spent``/``room``/``balance``/``open_reservations``/``answer``.
@@ -56,9 +56,9 @@ from typing import Any
 import orjson
 
 from composer_pipeline import home
+from composer_pipeline.ledger.backends import Cursor, LedgerError, Store
+from composer_pipeline.ledger.schema import migrate
 from composer_pipeline.teachers.config import TeachersConfig, split_user_info
-from composer_pipeline.teachers.ledger.backends import Cursor, LedgerError, Store
-from composer_pipeline.teachers.ledger.schema import migrate
 
 EPS = 1e-12  # float slack when comparing sums of dollars
 DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defaults

@@ -56,12 +56,12 @@ import httpx
 import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_chat_message
+from composer_pipeline.ledger import AsyncLedger, LedgerError, Reserve
 from composer_pipeline.scrub import scrub_obj
 from composer_pipeline.tables import CUT_FINISH_REASONS
 from composer_pipeline.teachers import anthropic
 from composer_pipeline.teachers.cache import ResponseCache, canonical_json, without_error_marks
 from composer_pipeline.teachers.config import TeacherConfig
-from composer_pipeline.teachers.ledger import AsyncLedger, LedgerError, Reserve
 from composer_pipeline.teachers.pricing import (
     Settlement,
     billed,

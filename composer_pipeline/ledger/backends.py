@@ -2,7 +2,7 @@
 
 In:  a ledger URL: a file path (``sqlite:///`` prefix allowed) → an embedded SQLite file in WAL mode,
      ``postgresql://`` / ``postgres://`` → a PostgreSQL server through psycopg2.
-Out: :class:`Store` (the base of :class:`~composer_pipeline.teachers.ledger.core.Ledger`): one connection
+Out: :class:`Store` (the base of :class:`~composer_pipeline.ledger.core.Ledger`): one connection
      per thread, :meth:`Store._tx` runs a function in one transaction through a :class:`Cursor` that speaks
      ``?`` placeholders on both backends; :class:`LedgerError` / :class:`LedgerUnavailable` naming the URL
      with its password removed (:func:`redact_url`, :func:`redact_text`).

@@ -1,0 +1,1 @@
+"""Replay: trace states × teachers → priced answers (requests, plan, call, run, report, preflight)."""
