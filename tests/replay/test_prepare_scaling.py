@@ -43,7 +43,7 @@ def _bytes_serialized(monkeypatch, states, messages, cfg) -> int:
     import composer_pipeline.render as render
     import composer_pipeline.teachers.cache as cache
     import composer_pipeline.teachers.pricing as pricing
-    import composer_pipeline.replay.run as replay
+    import composer_pipeline.replay.plan as plan
 
     total = [0]
 
@@ -54,7 +54,7 @@ def _bytes_serialized(monkeypatch, states, messages, cfg) -> int:
 
     counting = types.SimpleNamespace(**{k: getattr(orjson, k) for k in dir(orjson) if not k.startswith("__")})
     counting.dumps = dumps
-    for module in (render, cache, pricing, replay):
+    for module in (render, cache, pricing, plan):  # every module of request building that serializes
         monkeypatch.setattr(module, "orjson", counting)
     reqs, failed = build_requests(states, messages, cfg, RenderOptions())
     assert not failed and len(reqs) == 2 * states.num_rows
