@@ -32,6 +32,10 @@ def _at_least(obj: Any, keys: tuple[str, ...], *, positive: bool = False) -> Non
             raise ValueError(f"{k} must be {'> 0' if positive else '>= 0'}, got {v!r}")
 
 
+# Anthropic's API version 2026-10-21 (released that day; the official SDKs' majors send it) removed
+# temperature, top_p and top_k: a request carrying any of them is a 400, even at the default value
+# (platform.claude.com/docs/en/api/versioning, "Migrating to API version 2026-10-21")
+ANTHROPIC_NO_SAMPLING_FROM = "2026-10-21"
 # the temperature range each protocol accepts (docs.anthropic.com Messages: 0-1; platform.openai.com chat: 0-2)
 TEMPERATURE_MAX = {"anthropic": 1.0, "openai": 2.0}
 # OpenAI reasoning-model families (o1, o3, o4-mini, gpt-5...): ``max_tokens`` is an unsupported_parameter there,
@@ -104,9 +108,9 @@ class TeacherConfig:
         help="the teacher's window in tokens (prompt + max_tokens); longer prefixes are fitted (render.fit_messages); null: no limit",
     )
     anthropic_version: str = setting(
-        "2023-06-01",
-        help="anthropic: the anthropic-version header (2023-06-01 is the latest version the API's versioning page "
-        "lists and the official SDK sends, checked Nov 2026)",
+        "2026-10-21",
+        help="anthropic: the anthropic-version header: 2026-10-21, the current version (no temperature/top_p there); "
+        "2023-06-01, the earlier one, still takes them and is listed as deprecated for new users",
     )
     batch_price_factor: float = setting(
         0.5,
@@ -159,6 +163,14 @@ class TeacherConfig:
             raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
         if not 0 < self.batch_price_factor <= 1:
             raise ValueError(f"batch_price_factor must be in (0, 1], got {self.batch_price_factor!r}")
+        if self.api == "anthropic" and self.anthropic_version >= ANTHROPIC_NO_SAMPLING_FROM:
+            set_ = [k for k in ("temperature", "top_p") if getattr(self, k) is not None]
+            if set_:
+                raise ValueError(
+                    f"{' and '.join(set_)} cannot be sent with anthropic_version {self.anthropic_version} (removed "
+                    f"there: a 400 even at the default); leave {'them' if len(set_) > 1 else 'it'} out, or set "
+                    "anthropic_version: 2023-06-01 (deprecated for new users) to sample at a set temperature"
+                )
         top = TEMPERATURE_MAX[self.api]
         if self.temperature is not None and self.temperature > top:
             raise ValueError(f"temperature must be in [0, {top:g}] for api: {self.api}, got {self.temperature!r}")

@@ -237,7 +237,7 @@ def test_anthropic_wire_format_and_same_actions(emu, tmp_path):
     native = [s for s in emu.requests if s.path == "/v1/messages"]
     assert len(native) == 4
     for s in native:
-        assert s.headers["x-api-key"] == "sk-ant-emulated-key" and s.headers["anthropic-version"] == "2023-06-01"
+        assert s.headers["x-api-key"] == "sk-ant-emulated-key" and s.headers["anthropic-version"] == "2026-10-21"
         assert "authorization" not in s.headers and "seed" not in s.body
         n_bp = sum(
             "cache_control" in b
@@ -286,7 +286,7 @@ def test_breakpoint_limit(emu):
     r = httpx.post(
         emu.url + "/messages",
         json=body,
-        headers={"x-api-key": "sk-ant-emulated-key", "anthropic-version": "2023-06-01"},
+        headers={"x-api-key": "sk-ant-emulated-key", "anthropic-version": "2026-10-21"},
     )
     assert r.status_code == 400 and "maximum of 4 blocks with cache_control" in r.json()["error"]["message"]
 

@@ -92,7 +92,17 @@ def test_a_teacher_without_temperature_sends_none(emu, tmp_path):
 def test_out_of_range_temperature_is_a_load_error_naming_the_teacher(api, value, ok):
     data = {
         "ceiling_usd": 1.0,
-        "teachers": [teacher("http://127.0.0.1:9/v1", "m", api, name="named-t", temperature=value)],
+        "teachers": [
+            teacher(
+                "http://127.0.0.1:9/v1",
+                "m",
+                api,
+                name="named-t",
+                temperature=value,
+                # the API version that still takes a temperature (2026-10-21 takes none: tested below)
+                **({"anthropic_version": "2023-06-01"} if api == "anthropic" else {}),
+            )
+        ],
     }
     if ok:
         assert parse_teachers(data, "t.yaml").teachers[0].request_params()["temperature"] == value
@@ -158,11 +168,28 @@ def test_an_unsupported_parameter_is_dropped_once_and_remembered_for_the_run(emu
 
 def test_anthropic_deprecated_temperature_is_retried_without_it(emu, tmp_path):
     _, res, _ = run(
-        emu, [teacher(emu.url, "claude-opus-4-8", "anthropic", temperature=0.5)], states=2, tmp_path=tmp_path
+        emu,
+        [teacher(emu.url, "claude-opus-4-8", "anthropic", temperature=0.5, anthropic_version="2023-06-01")],
+        states=2,
+        tmp_path=tmp_path,
     )
     assert [r["status"] for r in res.table.to_pylist()] == ["answered", "answered"]
     assert [s.status for s in emu.requests] == [400, 200, 200]
     assert ["temperature" in s.body for s in emu.requests] == [True, False, False]
+
+
+@pytest.mark.parametrize("param", ["temperature", "top_p"])
+def test_the_current_anthropic_version_takes_no_sampling_parameter(param):
+    """anthropic-version 2026-10-21 (the default) removed temperature/top_p/top_k: a 400 even at the default
+    value, so setting one is a load error naming the teacher and the way out; without one nothing is sent."""
+    data = {"ceiling_usd": 1.0, "teachers": [teacher("http://h/v1", "claude", "anthropic", name="named-t")]}
+    t = parse_teachers(data, "t.yaml").teachers[0]
+    assert t.anthropic_version == "2026-10-21" and "temperature" not in t.request_params()
+    data["teachers"][0][param] = 0.5
+    with pytest.raises(ValueError, match=rf"\(named-t\): {param} cannot be sent with anthropic_version 2026-10-21"):
+        parse_teachers(data, "t.yaml")
+    data["teachers"][0]["anthropic_version"] = "2023-06-01"
+    assert parse_teachers(data, "t.yaml").teachers[0].request_params()[param] == 0.5
 
 
 def test_a_400_naming_nothing_it_can_change_is_not_retried(emu, tmp_path):

@@ -79,7 +79,8 @@ def _teacher(url: str, name: str, api: str, budget: float) -> dict:
         budget_usd=budget,
         max_concurrency=2,
         max_tokens=64,
-        temperature=0.0,
+        # anthropic-version 2026-10-21 takes no temperature
+        **({"temperature": 0.0} if api == "openai" else {}),
         timeout_s=10.0,
         max_retries=1,
         backoff_s=0.01,
