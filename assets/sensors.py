@@ -19,7 +19,9 @@ from pathlib import Path
 import dagster as dg
 
 from assets.partitions import recorded_sessions, session_keymap, sessions_partitions
+from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
+from resources.teachers import TeachersResource
 
 
 def scan_sessions(trace_root: str | list[str]) -> dict[str, str]:
@@ -99,3 +101,72 @@ def build_sessions_sensor(
         )
 
     return sessions_sensor
+
+
+COLLECT_WINDOW_S = 30 * 24 * 3600  # batches recorded this long ago are looked at (Anthropic keeps results 29 days)
+
+
+def batch_partitions(instance, rows) -> tuple[dict[str, list], list[str]]:
+    """partition key -> the batches in ``rows`` a Dagster run of that partition recorded and whose partition
+    has no ``teacher_replays`` materialization since (still to be collected into its table); and why the
+    others wait (their recording run is still going). Batches of other runs (the CLI's) are not Dagster's."""
+    from collections import defaultdict
+
+    open_: dict[str, list] = defaultdict(list)
+    waiting: list[str] = []
+    latest: dict[str, float] = {}
+    for row in rows:
+        run = instance.get_run_by_id(row.run_id)
+        pk = run.tags.get("dagster/partition") if run is not None else None
+        if pk is None:
+            continue
+        if not run.is_finished:
+            waiting.append(f"{pk}: batch {row.id[:8]} (its run {row.run_id[:8]} is still going)")
+            continue
+        if pk not in latest:
+            recs = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("teacher_replays"), asset_partitions=[pk]), limit=1
+            ).records
+            latest[pk] = recs[0].timestamp if recs else 0.0
+        if latest[pk] < row.created_at:
+            open_[pk].append(row)
+    return dict(open_), waiting
+
+
+def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="batch_collect_sensor",
+        target=target,
+        minimum_interval_seconds=minimum_interval_seconds,
+        description="Batch mode (`mode: batch` in the teachers recipe): reads the ledger's provider batches that "
+        "`teacher_replays` runs submitted, asks each provider whether they ended, and requests a run "
+        "materializing `teacher_replays` (and its pairs) for each partition whose batches all ended (run key: "
+        f"their batch ids, so a batch is collected once), every {minimum_interval_seconds} s.",
+        default_status=dg.DefaultSensorStatus.STOPPED,
+    )
+    def batch_collect_sensor(context: dg.SensorEvaluationContext, teachers: TeachersResource, ledger: LedgerResource):
+        import time
+
+        from composer_pipeline.ledger.batches import batches_since
+        from composer_pipeline.replay.batch import batches_ended
+
+        rows = batches_since(ledger.open(), time.time() - COLLECT_WINDOW_S)
+        by_partition, waiting = batch_partitions(context.instance, rows)
+        if not by_partition:
+            return dg.SkipReason("; ".join(["no provider batch of a Dagster run to collect", *waiting]))
+        ended = batches_ended(
+            teachers.load_config(), teachers.api_key_values(), [r for v in by_partition.values() for r in v]
+        )
+        requests, pending = [], list(waiting)
+        for pk, batches in sorted(by_partition.items()):
+            not_yet = [f"batch {b.id[:8]} of {b.teacher}: {ended[b.id]}" for b in batches if ended[b.id] != "ended"]
+            if not_yet:
+                pending.append(f"{pk}: " + ", ".join(not_yet))
+                continue
+            ids = sorted(b.id for b in batches)
+            requests.append(dg.RunRequest(partition_key=pk, run_key="batch-collect:" + ",".join(ids)))
+        if not requests:
+            return dg.SkipReason("still pending: " + "; ".join(pending))
+        return dg.SensorResult(run_requests=requests, skip_reason=None)
+
+    return batch_collect_sensor

@@ -1,0 +1,162 @@
+"""Batch mode in Dagster (issue 34 §3, "Collecting"): ``teacher_replays`` submits provider batches and returns
+(no table, an observation of what went out and what is held); ``batch_collect_sensor`` asks the provider
+whether they ended and requests one run per partition whose batches ended, which collects every answer at
+the batch rate. A real Dagster instance, the loopback provider emulator's batch APIs (tests/support/batch_api.py),
+both ledgers (SQLite and a real PostgreSQL)."""
+
+import time
+import uuid
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.definitions import batch_collect_job
+from assets.ingest import ingest_session_tables, raw_sessions
+from assets.pairs import consensus_pairs, normalized_pairs
+from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
+from assets.sensors import build_batch_collect_sensor
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.ledger.batches import held_by_batches
+from composer_pipeline.store import Store
+from dagster_sessions import SESSION_ID
+from ledger_helpers import ledger_rows
+from resources.ledger import LedgerResource
+from resources.recipes import PipelineRecipes
+from resources.storage import ParquetIOManager
+from resources.teachers import TeachersResource, api_key_envvars
+from tests.support.provider_emulator import ModelRules, ProviderEmulator
+
+KEY = f"-home-dev-proj__{SESSION_ID}"
+API_KEY = "sk-emulated-dagster-batch-key"
+GPT = ModelRules("openai", 128_000, 2.0, 8.0, 0.2)
+CLAUDE = ModelRules("anthropic", 200_000, 3.0, 15.0, 0.3, 3.75)
+ASSETS = [raw_sessions, ingest_session_tables, cost_plan, teacher_replays, consensus_pairs, normalized_pairs]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite")
+    return request.getfixturevalue("postgres_server").create_database(f"ledger_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def emu():
+    e = ProviderEmulator({"gpt": GPT, "claude": CLAUDE}, api_key=API_KEY).start()
+    yield e
+    e.stop()
+
+
+def _teachers_yaml(path, url: str):
+    def teacher(name: str, api: str, rules: ModelRules) -> dict:
+        return {
+            "name": name,
+            "base_url": url,
+            "model": "claude" if api == "anthropic" else "gpt",
+            "api": api,
+            "api_key_env": "EMU_BATCH_KEY",
+            "input_usd_per_mtok": rules.input_usd_per_mtok,
+            "output_usd_per_mtok": rules.output_usd_per_mtok,
+            "cached_input_usd_per_mtok": rules.cached_usd_per_mtok,
+            "cache_write_usd_per_mtok": rules.cache_write_usd_per_mtok or None,
+            "budget_usd": 5.0,
+            "max_concurrency": 2,
+            "max_tokens": 64,
+            "timeout_s": 5.0,
+        }
+
+    cfg = {
+        "ceiling_usd": 5.0,
+        "mode": "batch",
+        "teachers": [teacher("oa", "openai", GPT), teacher("an", "anthropic", CLAUDE)],
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _tick(sensor, instance, resources):
+    ctx = dg.build_sensor_context(
+        instance=instance, resources={"teachers": resources["teachers"], "ledger": resources["ledger"]}
+    )
+    return sensor(ctx)
+
+
+@pytest.mark.slow
+def test_backfill_submits_and_the_sensor_collects_once(trace_root, tmp_path, emu, ledger_url, monkeypatch):
+    monkeypatch.setenv("EMU_BATCH_KEY", API_KEY)
+    teachers_yaml = _teachers_yaml(tmp_path / "teachers.yaml", emu.url)
+    resources = {
+        "io_manager": ParquetIOManager(root=str(tmp_path / "store")),
+        "recipes": PipelineRecipes(trace_root=str(trace_root)),
+        "teachers": TeachersResource(
+            recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache"), api_keys=api_key_envvars(str(teachers_yaml))
+        ),
+        "ledger": LedgerResource(path=ledger_url),
+    }
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("sessions", [KEY])
+
+    # 1. the backfill's run submits and returns: no table, nothing downstream, an observation of what went out
+    t0 = time.monotonic()
+    sub = dg.materialize([*ASSETS, cost_plan_within_budget], partition_key=KEY, instance=instance, resources=resources)
+    assert sub.success and time.monotonic() - t0 < 30
+    materialized = {m.asset_key.to_user_string() for m in sub.get_asset_materialization_events()}
+    assert "teacher_replays" not in materialized and "dpo_pairs" not in materialized
+    assert "teacher_replays" not in Store(str(tmp_path / "store")).table_names()
+    (obs,) = [
+        e.event_specific_data.asset_observation
+        for e in sub.all_events
+        if e.event_type_value == "ASSET_OBSERVATION" and e.asset_key == dg.AssetKey("teacher_replays")
+    ]
+    assert obs.partition == KEY
+    meta = {k: v.value for k, v in obs.metadata.items()}
+    created = emu.batches.created()
+    assert [b.api for b in created] == ["openai", "anthropic"]  # one batch per teacher
+    n_calls = sum(len(b.lines) for b in created)
+    assert n_calls > 0 and meta["batch_pending_calls"] == n_calls and meta["batches_submitted"] == 2
+    led = Ledger(ledger_url)
+    held = sum(held_by_batches(led, t)[0] for t in ("oa", "an"))
+    assert held > 0 and meta["batch_held_usd"] == pytest.approx(held, rel=1e-9)
+    assert sorted(meta["live_batch_ids"]) == sorted(b["id"] for b in ledger_rows(led, "batches"))
+    assert emu.billed == []  # nothing bought yet
+    checks = {e.check_name: e for e in sub.get_asset_check_evaluations()}
+    assert checks["error_rate"].passed and checks["error_rate"].metadata["batch_pending"].value == n_calls
+
+    # 2. batches still running: the sensor skips and says what is pending
+    sensor = build_batch_collect_sensor(batch_collect_job, 60)
+    skip = _tick(sensor, instance, resources)
+    assert isinstance(skip, dg.SkipReason)
+    assert skip.skip_message.startswith("still pending") and KEY in skip.skip_message
+    assert skip.skip_message.count(": running") == 2
+
+    # 3. they end: exactly one run for the partition, keyed by its batch ids
+    emu.batches.end = True
+    result = _tick(sensor, instance, resources)
+    (req,) = result.run_requests
+    ids = sorted(b["id"] for b in ledger_rows(led, "batches"))
+    assert req.partition_key == KEY and req.run_key == "batch-collect:" + ",".join(ids)
+
+    # 4. that run collects every answer at the batch rate, nothing bought twice, and builds the pairs
+    defs = dg.Definitions(
+        assets=ASSETS, asset_checks=[cost_plan_within_budget], jobs=[batch_collect_job], resources=resources
+    )
+    run = defs.resolve_job_def("batch_collect").execute_in_process(
+        instance=instance, partition_key=req.partition_key, tags={"dagster/run_key": req.run_key}
+    )
+    assert run.success
+    done = {m.asset_key.to_user_string() for m in run.get_asset_materialization_events()}
+    assert {"teacher_replays", "dpo_pairs", "normalized_dpo_pairs"} <= done
+    rows = Store(str(tmp_path / "store")).read_table("teacher_replays").to_pylist()
+    sent = [r for r in rows if r["call_id"] in {c for b in created for c, _ in b.lines}]
+    assert len(sent) == n_calls and {r["status"] for r in sent} == {"answered"}, {r["reason"] for r in sent}
+    assert len(emu.batches.created()) == 2  # nothing submitted again
+    assert len(emu.billed) == n_calls and all(b.batch for b in emu.billed)  # each request billed once, batched
+    spent = sum(led.balance(t, 5.0).spent_usd for t in ("oa", "an"))
+    assert spent == pytest.approx(emu.billed_usd(), rel=0.01)
+    assert sorted(b["call_id"] for b in ledger_rows(led, "billed_usage")) == sorted(r["call_id"] for r in sent)
+    assert all(held_by_batches(led, t)[0] == 0 for t in ("oa", "an"))
+
+    # 5. collected: the next tick requests nothing
+    again = _tick(sensor, instance, resources)
+    assert isinstance(again, dg.SkipReason) and "no provider batch" in again.skip_message
