@@ -133,6 +133,21 @@ def batch_partitions(instance, rows) -> tuple[dict[str, list], list[str]]:
     return dict(open_), waiting
 
 
+def collect_run_key(instance, partition: str, batches) -> str:
+    """``batch-collect:<batch ids>``: a batch is collected by one run. A collecting run that still left calls
+    pending (the provider did not answer it) records one more ``teacher_replays`` observation than the
+    submitting run did; each such attempt adds ``#<n>`` so the sensor may request the collection again."""
+    key = "batch-collect:" + ",".join(sorted(b.id for b in batches))
+    since = min(b.created_at for b in batches)
+    obs = instance.fetch_observations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("teacher_replays"), asset_partitions=[partition], after_timestamp=since
+        ),
+        limit=1000,
+    ).records
+    return key if len(obs) <= 1 else f"{key}#{len(obs) - 1}"
+
+
 def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> dg.SensorDefinition:
     @dg.sensor(
         name="batch_collect_sensor",
@@ -163,8 +178,7 @@ def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> d
             if not_yet:
                 pending.append(f"{pk}: " + ", ".join(not_yet))
                 continue
-            ids = sorted(b.id for b in batches)
-            requests.append(dg.RunRequest(partition_key=pk, run_key="batch-collect:" + ",".join(ids)))
+            requests.append(dg.RunRequest(partition_key=pk, run_key=collect_run_key(context.instance, pk, batches)))
         if not requests:
             return dg.SkipReason("still pending: " + "; ".join(pending))
         return dg.SensorResult(run_requests=requests, skip_reason=None)

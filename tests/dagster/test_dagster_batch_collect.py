@@ -82,8 +82,7 @@ def _tick(sensor, instance, resources):
     return sensor(ctx)
 
 
-@pytest.mark.slow
-def test_backfill_submits_and_the_sensor_collects_once(trace_root, tmp_path, emu, ledger_url, monkeypatch):
+def _setup(trace_root, tmp_path, emu, ledger_url, monkeypatch):
     monkeypatch.setenv("EMU_BATCH_KEY", API_KEY)
     teachers_yaml = _teachers_yaml(tmp_path / "teachers.yaml", emu.url)
     resources = {
@@ -96,6 +95,30 @@ def test_backfill_submits_and_the_sensor_collects_once(trace_root, tmp_path, emu
     }
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("sessions", [KEY])
+    return resources, instance
+
+
+def _collect(resources, instance, req):
+    """The run the sensor requested, as the daemon would launch it: the batch_collect job, its partition and key."""
+    defs = dg.Definitions(
+        assets=ASSETS, asset_checks=[cost_plan_within_budget], jobs=[batch_collect_job], resources=resources
+    )
+    return defs.resolve_job_def("batch_collect").execute_in_process(
+        instance=instance, partition_key=req.partition_key, tags={"dagster/run_key": req.run_key}
+    )
+
+
+def _observations(result) -> list[dict]:
+    return [
+        {k: v.value for k, v in e.event_specific_data.asset_observation.metadata.items()}
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION" and e.asset_key == dg.AssetKey("teacher_replays")
+    ]
+
+
+@pytest.mark.slow
+def test_backfill_submits_and_the_sensor_collects_once(trace_root, tmp_path, emu, ledger_url, monkeypatch):
+    resources, instance = _setup(trace_root, tmp_path, emu, ledger_url, monkeypatch)
 
     # 1. the backfill's run submits and returns: no table, nothing downstream, an observation of what went out
     t0 = time.monotonic()
@@ -138,13 +161,8 @@ def test_backfill_submits_and_the_sensor_collects_once(trace_root, tmp_path, emu
     assert req.partition_key == KEY and req.run_key == "batch-collect:" + ",".join(ids)
 
     # 4. that run collects every answer at the batch rate, nothing bought twice, and builds the pairs
-    defs = dg.Definitions(
-        assets=ASSETS, asset_checks=[cost_plan_within_budget], jobs=[batch_collect_job], resources=resources
-    )
-    run = defs.resolve_job_def("batch_collect").execute_in_process(
-        instance=instance, partition_key=req.partition_key, tags={"dagster/run_key": req.run_key}
-    )
-    assert run.success
+    run = _collect(resources, instance, req)
+    assert run.success and _observations(run) == []
     done = {m.asset_key.to_user_string() for m in run.get_asset_materialization_events()}
     assert {"teacher_replays", "dpo_pairs", "normalized_dpo_pairs"} <= done
     rows = Store(str(tmp_path / "store")).read_table("teacher_replays").to_pylist()
@@ -160,3 +178,33 @@ def test_backfill_submits_and_the_sensor_collects_once(trace_root, tmp_path, emu
     # 5. collected: the next tick requests nothing
     again = _tick(sensor, instance, resources)
     assert isinstance(again, dg.SkipReason) and "no provider batch" in again.skip_message
+
+
+@pytest.mark.slow
+def test_a_collecting_run_the_provider_did_not_answer_is_requested_again(
+    trace_root, tmp_path, emu, ledger_url, monkeypatch
+):
+    """The provider said the batches ended, then failed the collecting run's reads (503): that run writes no
+    table and settles nothing; the next tick requests the collection again under a new key, which collects."""
+    resources, instance = _setup(trace_root, tmp_path, emu, ledger_url, monkeypatch)
+    assert dg.materialize(ASSETS, partition_key=KEY, instance=instance, resources=resources).success
+    n_calls = sum(len(b.lines) for b in emu.batches.created())
+    sensor = build_batch_collect_sensor(batch_collect_job, 60)
+    emu.batches.end = True
+    (first,) = _tick(sensor, instance, resources).run_requests
+    emu.batches.fail_reads = 2  # both teachers' batch reads in the collecting run
+    led = Ledger(ledger_url)
+    failed = _collect(resources, instance, first)
+    assert failed.success and "teacher_replays" not in {
+        m.asset_key.to_user_string() for m in failed.get_asset_materialization_events()
+    }
+    (obs,) = _observations(failed)
+    assert obs["batch_pending_calls"] == n_calls and ledger_rows(led, "billed_usage") == []
+    (again,) = _tick(sensor, instance, resources).run_requests
+    assert again.partition_key == KEY and again.run_key == first.run_key + "#1"
+    done = _collect(resources, instance, again)
+    assert done.success and "teacher_replays" in {
+        m.asset_key.to_user_string() for m in done.get_asset_materialization_events()
+    }
+    assert len(ledger_rows(led, "billed_usage")) == n_calls == len(emu.billed) and len(emu.batches.created()) == 2
+    assert isinstance(_tick(sensor, instance, resources), dg.SkipReason)
