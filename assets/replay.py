@@ -11,6 +11,11 @@ times: the blocking ``cost_plan_within_budget`` check runs before ``teacher_repl
 budget per call (domain code), and blocking checks on the results (actual spend, per-teacher
 budgets, error rate) stop everything downstream. Guards only act inside one run: materializing
 ``teacher_replays`` alone still goes through the client-side reservation.
+
+Batch mode (``mode: batch``): ``teacher_replays`` submits and returns; while any call waits in a live provider
+batch it writes no table (downstream steps are skipped: pairs are never built from pending rows) and records
+an ``AssetObservation`` of what went out, what is held and what was already collected; ``batch_collect_sensor``
+(``assets/sensors.py``) requests the run that collects the ended batches and writes the table.
 """
 
 import dagster as dg

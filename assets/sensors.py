@@ -11,6 +11,13 @@ keeps that partition. The cursor maps session key -> last requested fingerprint.
 (``normalized_dpo_pairs`` materialized, ``raw_sessions`` last materialized with the same fingerprint)
 is recorded in the cursor without a run: it is done. One whose chain stopped (e.g. a failed cost
 check) still gets its run.
+
+``batch_collect_sensor`` (batch mode): the ledger's provider batches that Dagster runs recorded, mapped to
+their partitions through the recording run's ``dagster/partition`` tag; for each partition whose batches all
+ended (asked of the provider through ``replay.batch.batches_ended``) and whose ``teacher_replays`` was not
+materialized since, one ``RunRequest`` (run_key ``batch-collect:<batch ids>``, ``#<n>`` for a retry after a
+collecting run the provider did not answer). A batch recorded before its run's partition was last
+materialized is done; one whose run is still going is left to it.
 """
 
 import json

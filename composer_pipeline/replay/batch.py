@@ -27,6 +27,9 @@ One pass (:func:`replay_batch`):
    :data:`MAX_SUBMISSIONS` times;
 5. with ``wait`` the pass sleeps ``poll_batches_s`` and collects again until none of its calls is pending.
 
+In Dagster a pass never waits (``assets/replay.py``); :func:`batches_ended` is what ``batch_collect_sensor``
+asks before it requests the run that collects.
+
 Deliberately simplified: synchronous HTTP (one request at a time: a batch pass makes a handful); a sync run
 over a call that a live batch holds does not wait for the batch (run batch mode again to collect it);
 parameters a model refuses are not learned in batch mode (the request is errored and retried as is, up to
