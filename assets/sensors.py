@@ -113,15 +113,28 @@ def build_sessions_sensor(
 COLLECT_WINDOW_S = 30 * 24 * 3600  # batches recorded this long ago are looked at (Anthropic keeps results 29 days)
 
 
-def batch_partitions(instance, rows) -> tuple[dict[str, list], list[str]]:
-    """partition key -> the batches in ``rows`` a Dagster run of that partition recorded and whose partition
-    has no ``teacher_replays`` materialization since (still to be collected into its table); and why the
-    others wait (their recording run is still going). Batches of other runs (the CLI's) are not Dagster's."""
+def batch_partitions(instance, rows, since: float) -> tuple[dict[str, list], list[str]]:
+    """partition key -> the batches in ``rows`` its ``teacher_replays`` still has to collect, and why others wait.
+
+    A partition waits on the batches a Dagster run of it recorded, and on those its latest ``teacher_replays``
+    observation lists (``live_batch_ids``: calls with the same content as another session's, already held by
+    that session's batch), when its ``teacher_replays`` was not materialized since. A batch whose recording run
+    is still going is left to it. Batches of other runs (the CLI's) are not Dagster's."""
     from collections import defaultdict
 
-    open_: dict[str, list] = defaultdict(list)
+    by_id = {r.id: r for r in rows}
+    open_: dict[str, dict[str, object]] = defaultdict(dict)
     waiting: list[str] = []
     latest: dict[str, float] = {}
+
+    def materialized(pk: str) -> float:
+        if pk not in latest:
+            recs = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("teacher_replays"), asset_partitions=[pk]), limit=1
+            ).records
+            latest[pk] = recs[0].timestamp if recs else 0.0
+        return latest[pk]
+
     for row in rows:
         run = instance.get_run_by_id(row.run_id)
         pk = run.tags.get("dagster/partition") if run is not None else None
@@ -129,15 +142,33 @@ def batch_partitions(instance, rows) -> tuple[dict[str, list], list[str]]:
             continue
         if not run.is_finished:
             waiting.append(f"{pk}: batch {row.id[:8]} (its run {row.run_id[:8]} is still going)")
-            continue
-        if pk not in latest:
-            recs = instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=dg.AssetKey("teacher_replays"), asset_partitions=[pk]), limit=1
-            ).records
-            latest[pk] = recs[0].timestamp if recs else 0.0
-        if latest[pk] < row.created_at:
-            open_[pk].append(row)
-    return dict(open_), waiting
+        elif materialized(pk) < row.created_at:
+            open_[pk][row.id] = row
+    for pk, (ts, ids) in _latest_observations(instance, since).items():
+        if materialized(pk) < ts:
+            open_[pk].update({b: by_id[b] for b in ids if b in by_id})
+    return {pk: list(v.values()) for pk, v in open_.items() if v}, waiting
+
+
+def _latest_observations(instance, since: float) -> dict[str, tuple[float, list[str]]]:
+    """partition -> (time, ``live_batch_ids``) of its latest ``teacher_replays`` observation since ``since``."""
+    out: dict[str, tuple[float, list[str]]] = {}
+    cursor = None
+    while True:
+        res = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("teacher_replays"), after_timestamp=since),
+            limit=1000,
+            cursor=cursor,
+        )
+        for rec in res.records:  # newest first
+            obs = rec.asset_observation
+            if obs is None or obs.partition is None or obs.partition in out:
+                continue
+            ids = obs.metadata.get("live_batch_ids")
+            out[obs.partition] = (rec.timestamp, list(ids.value) if ids is not None else [])
+        if not res.has_more:
+            return out
+        cursor = res.cursor
 
 
 def collect_run_key(instance, partition: str, batches) -> str:
@@ -172,8 +203,9 @@ def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> d
         from composer_pipeline.ledger.batches import batches_since
         from composer_pipeline.replay.batch import batches_ended
 
-        rows = batches_since(ledger.open(), time.time() - COLLECT_WINDOW_S)
-        by_partition, waiting = batch_partitions(context.instance, rows)
+        since = time.time() - COLLECT_WINDOW_S
+        rows = batches_since(ledger.open(), since)
+        by_partition, waiting = batch_partitions(context.instance, rows, since)
         if not by_partition:
             return dg.SkipReason("; ".join(["no provider batch of a Dagster run to collect", *waiting]))
         ended = batches_ended(

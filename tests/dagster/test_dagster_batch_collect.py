@@ -28,6 +28,8 @@ from resources.teachers import TeachersResource, api_key_envvars
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 KEY = f"-home-dev-proj__{SESSION_ID}"
+SID2 = "99999999-2222-3333-4444-555555555555"
+KEY2 = f"-home-dev-other__{SID2}"
 API_KEY = "sk-emulated-dagster-batch-key"
 GPT = ModelRules("openai", 128_000, 2.0, 8.0, 0.2)
 CLAUDE = ModelRules("anthropic", 200_000, 3.0, 15.0, 0.3, 3.75)
@@ -207,4 +209,84 @@ def test_a_collecting_run_the_provider_did_not_answer_is_requested_again(
         m.asset_key.to_user_string() for m in done.get_asset_materialization_events()
     }
     assert len(ledger_rows(led, "billed_usage")) == n_calls == len(emu.billed) and len(emu.batches.created()) == 2
+    assert isinstance(_tick(sensor, instance, resources), dg.SkipReason)
+
+
+@pytest.mark.slow
+def test_a_collecting_run_that_also_settles_another_sessions_batches_leaves_that_session_its_run(
+    trace_root, tmp_path, emu, ledger_url, monkeypatch
+):
+    """Two sessions, each with its own batches. A collecting pass reads every live batch of its teachers, so the
+    first session's run settles the second's too; the sensor still requests the second session's run (its
+    table was not written since), which serves its answers from the ledger: each call bought once."""
+    from dagster_sessions import write_session
+
+    write_session(trace_root, "-home-dev-other", SID2)
+    resources, instance = _setup(trace_root, tmp_path, emu, ledger_url, monkeypatch)
+    instance.add_dynamic_partitions("sessions", [KEY2])
+    for pk in (KEY, KEY2):
+        assert dg.materialize(ASSETS, partition_key=pk, instance=instance, resources=resources).success
+    created = emu.batches.created()
+    assert [b.api for b in created] == ["openai", "anthropic"] * 2  # one batch per teacher per session
+    n_calls = sum(len(b.lines) for b in created)
+    sensor = build_batch_collect_sensor(batch_collect_job, 60)
+    skip = _tick(sensor, instance, resources)
+    assert isinstance(skip, dg.SkipReason) and KEY in skip.skip_message and KEY2 in skip.skip_message
+    emu.batches.end = True
+    first = {r.partition_key: r for r in _tick(sensor, instance, resources).run_requests}
+    assert sorted(first) == sorted([KEY, KEY2])
+    assert _collect(resources, instance, first[KEY]).success
+    led = Ledger(ledger_url)
+    assert {b["state"] for b in ledger_rows(led, "batches")} == {"collected"}  # all four, by the first run
+    (second,) = _tick(sensor, instance, resources).run_requests  # the other session is still to be written
+    assert second.partition_key == KEY2 and second.run_key == first[KEY2].run_key
+    assert _collect(resources, instance, second).success
+    assert len(emu.billed) == n_calls and len(emu.batches.created()) == 4  # nothing bought twice
+    assert len(ledger_rows(led, "billed_usage")) == n_calls
+    for pk in (KEY, KEY2):  # every call of each session answered in its own table
+        s = _replays_summary(instance, pk)
+        assert s["failed"] == 0 and s["answered"] == s["rows"] > 0, pk
+    assert isinstance(_tick(sensor, instance, resources), dg.SkipReason)
+
+
+def _replays_summary(instance, pk: str) -> dict:
+    (rec,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("teacher_replays"), asset_partitions=[pk]), limit=1
+    ).records
+    return rec.asset_materialization.metadata["summary"].value
+
+
+@pytest.mark.slow
+def test_a_session_whose_calls_another_sessions_batches_hold_is_collected_too(
+    trace_root, tmp_path, emu, ledger_url, monkeypatch
+):
+    """The same session under a second project: every call is already held by the first session's batches, so
+    its run records no batch; its observation names the batches it waits on, and the sensor requests its
+    collecting run too. Nothing is bought twice."""
+    import shutil
+
+    (trace_root / "-home-dev-copy").mkdir()
+    shutil.copy(trace_root / "-home-dev-proj" / f"{SESSION_ID}.jsonl", trace_root / "-home-dev-copy")
+    copy = f"-home-dev-copy__{SESSION_ID}"
+    resources, instance = _setup(trace_root, tmp_path, emu, ledger_url, monkeypatch)
+    instance.add_dynamic_partitions("sessions", [copy])
+    runs = [dg.materialize(ASSETS, partition_key=pk, instance=instance, resources=resources) for pk in (KEY, copy)]
+    assert all(r.success for r in runs)
+    created = emu.batches.created()
+    assert [b.api for b in created] == ["openai", "anthropic"]  # the copy's calls went out once, with the first
+    led = Ledger(ledger_url)
+    assert {b["run_id"] for b in ledger_rows(led, "batches")} == {runs[0].run_id}
+    (obs,) = _observations(runs[1])
+    assert sorted(obs["live_batch_ids"]) == sorted(b["id"] for b in ledger_rows(led, "batches"))
+    sensor = build_batch_collect_sensor(batch_collect_job, 60)
+    emu.batches.end = True
+    reqs = _tick(sensor, instance, resources).run_requests
+    assert sorted(r.partition_key for r in reqs) == sorted([KEY, copy])
+    for req in reqs:
+        assert _collect(resources, instance, req).success
+    n_calls = sum(len(b.lines) for b in created)
+    assert len(emu.billed) == n_calls == len(ledger_rows(led, "billed_usage"))  # nothing bought twice
+    for pk in (KEY, copy):
+        s = _replays_summary(instance, pk)
+        assert s["answered"] == s["rows"] == n_calls, pk
     assert isinstance(_tick(sensor, instance, resources), dg.SkipReason)
