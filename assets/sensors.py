@@ -208,9 +208,8 @@ def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> d
         by_partition, waiting = batch_partitions(context.instance, rows, since)
         if not by_partition:
             return dg.SkipReason("; ".join(["no provider batch of a Dagster run to collect", *waiting]))
-        ended = batches_ended(
-            teachers.load_config(), teachers.api_key_values(), [r for v in by_partition.values() for r in v]
-        )
+        unique = {r.id: r for v in by_partition.values() for r in v}  # a batch two partitions wait on: asked once
+        ended = batches_ended(teachers.load_config(), teachers.api_key_values(), list(unique.values()))
         requests, pending = [], list(waiting)
         for pk, batches in sorted(by_partition.items()):
             not_yet = [f"batch {b.id[:8]} of {b.teacher}: {ended[b.id]}" for b in batches if ended[b.id] != "ended"]
