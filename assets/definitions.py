@@ -1,6 +1,6 @@
 """The Dagster ``Definitions`` of composer-pipeline (``dagster dev -w workspace.yaml`` loads ``defs``).
 
-``build_defs(settings)`` wires assets, checks, the sessions sensor, the nightly schedule and the
+``build_defs(settings)`` wires assets, checks, the sessions and batch-collect sensors, the nightly schedule and the
 resources from ``recipes/pipeline.yaml`` (tests pass their own settings). In-process executor by
 default: a subprocess per step costs 5-8 s here and buys nothing on 2 cores.
 """
@@ -10,7 +10,7 @@ import dagster as dg
 from assets import ingest, pairs, replay, train
 from assets.executors import build_executor
 from assets.schedules import build_nightly_schedule, nightly_training_job, training_cron
-from assets.sensors import build_sessions_sensor
+from assets.sensors import build_batch_collect_sensor, build_sessions_sensor
 from assets.settings import PipelineSettings, load_settings
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
@@ -30,6 +30,21 @@ session_chain_job = dg.define_asset_job(
     "session_chain",
     selection=PER_SESSION,
     description="One session: ingest -> cost plan (blocking budget check) -> teacher replay -> pairs -> normalized pairs.",
+)
+
+# what batch_collect_sensor runs for a partition whose provider batches ended: the replay table and its pairs
+# (trace_states, trace_messages and cost_plan are read as the submitting run stored them)
+batch_collect_job = dg.define_asset_job(
+    "batch_collect",
+    selection=dg.AssetSelection.assets(
+        "teacher_replays",
+        "dpo_pairs",
+        "agreement_positives",
+        "pairs_dropped_at_build",
+        "normalized_dpo_pairs",
+        "dropped_pairs",
+    ),
+    description="Batch mode: collect a session's ended provider batches into teacher_replays, then its pairs.",
 )
 
 
@@ -63,8 +78,11 @@ def build_defs(settings: PipelineSettings | None = None) -> dg.Definitions:
             train.policy_eval,
         ],
         asset_checks=[replay.cost_plan_within_budget],
-        jobs=[session_chain_job, nightly_training_job],
-        sensors=[build_sessions_sensor(session_chain_job, s.sensor_interval_s, s.trace_roots)],
+        jobs=[session_chain_job, batch_collect_job, nightly_training_job],
+        sensors=[
+            build_sessions_sensor(session_chain_job, s.sensor_interval_s, s.trace_roots),
+            build_batch_collect_sensor(batch_collect_job),
+        ],
         schedules=[build_nightly_schedule(training_cron(s.recipe("train")))],
         resources=build_resources(s),
         executor=build_executor(s),  # deployment.executor (default in_process; docs/SCALING.md)

@@ -11,6 +11,11 @@ times: the blocking ``cost_plan_within_budget`` check runs before ``teacher_repl
 budget per call (domain code), and blocking checks on the results (actual spend, per-teacher
 budgets, error rate) stop everything downstream. Guards only act inside one run: materializing
 ``teacher_replays`` alone still goes through the client-side reservation.
+
+Batch mode (``mode: batch``): ``teacher_replays`` submits and returns; while any call waits in a live provider
+batch it writes no table (downstream steps are skipped: pairs are never built from pending rows) and records
+an ``AssetObservation`` of what went out, what is held and what was already collected; ``batch_collect_sensor``
+(``assets/sensors.py``) requests the run that collects the ended batches and writes the table.
 """
 
 import dagster as dg
@@ -131,6 +136,8 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     group_name=GROUP,
     tags=STAGE,
     kinds={"parquet", "openai"},
+    # batch mode: a run whose calls wait in live provider batches writes no table (an observation instead)
+    output_required=False,
     pool="teachers",  # politeness only (how many partitions call teachers at once); the ledger makes any number safe
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "
     "budget ledger with per-call reservations).",
@@ -182,11 +189,17 @@ def teacher_replays(
     run = load_prepared(prepared_path(teachers.prepared_dir, context.run_id, context.partition_key), cfg, cost_plan)
     if run is None:
         run = front.prepare(trace_states, trace_messages, render_options(recipes))
-    outcome = front.replay(run, plan, keys, context.run_id, progress)
+    # batch mode submits and returns (no 24-hour step); batch_collect_sensor requests the run that collects
+    outcome = front.replay(run, plan, keys, context.run_id, progress, wait=cfg.mode != "batch")
     res = outcome.result
     table = tables.conform(res.table, "teacher_replays")
     summary = res.summary  # run_report.replay_summary: the dict `composer-pipeline replay` prints
     total = float(summary["spend_usd"])  # this run's spend
+    batch = summary.get("batch") or {}
+    if batch.get("calls_pending"):  # batches still live: no table (nothing downstream runs), an observation
+        context.log_event(_submitted(context.partition_key, summary, batch))
+        yield from _checks(summary, cfg, led, recipes, pending=int(batch["calls_pending"]))
+        return
 
     yield dg.Output(
         table,
@@ -222,10 +235,41 @@ def teacher_replays(
             "example": dg.MetadataValue.md(_example_md(table, trace_states, trace_messages, recipes)),
         },
     )
+    yield from _checks(summary, cfg, led, recipes)
+
+
+def _submitted(partition: str, summary: dict, batch: dict) -> dg.AssetObservation:
+    """What a batch-mode run that left calls in live batches did: no ``teacher_replays`` table (its pending rows
+    are no answers, and nothing downstream may pair them); this observation says what went out, what is held
+    and what was already collected. ``batch_collect_sensor`` requests the run that writes the table."""
+    return dg.AssetObservation(
+        asset_key="teacher_replays",
+        partition=partition,
+        description=f"{batch['calls_pending']} calls wait in live provider batches; batch_collect_sensor "
+        "collects them once their batches end",
+        metadata={
+            "batch_pending_calls": int(batch["calls_pending"]),
+            "batch_held_usd": float(batch["held_usd"]),
+            "live_batch_ids": dg.MetadataValue.json(batch["live_batch_ids"]),
+            "batches_submitted": int(batch["batches_submitted"]),
+            "batches_collected": int(batch["batches_collected"]),
+            "calls_resubmitted": int(batch["calls_resubmitted"]),
+            "answered_so_far": int(summary["answered"]),
+            "spend_usd": float(summary["spend_usd"]),
+            "summary": dg.MetadataValue.json(summary),
+        },
+    )
+
+
+def _checks(summary: dict, cfg, led, recipes: PipelineRecipes, pending: int = 0):
+    """The three blocking checks of ``teacher_replays``; ``pending`` calls still in live batches are neither
+    answers nor failures (they count in no rate; their held money counts against the ceiling)."""
+    total = float(summary["spend_usd"])
+    held = float((summary.get("batch") or {}).get("held_usd") or 0.0) if pending else 0.0
     yield dg.AssetCheckResult(
         check_name="spend_within_ceiling",
-        passed=total <= cfg.ceiling_usd + 1e-12,
-        metadata={"spend_usd": total, "ceiling_usd": float(cfg.ceiling_usd)},
+        passed=total + held <= cfg.ceiling_usd + 1e-12,
+        metadata={"spend_usd": total, "batch_held_usd": held, "ceiling_usd": float(cfg.ceiling_usd)},
     )
     lifetime = {t.name: float(led.spent(t.name)) for t in cfg.teachers}
     over = {t.name: lifetime[t.name] for t in cfg.teachers if lifetime[t.name] > t.budget_usd + 1e-12}
@@ -240,17 +284,19 @@ def teacher_replays(
     )
     # rows that got no answer (failed or budget_exhausted); waiting for money held by other runs' calls
     # in flight is not an error and makes no row (it shows as reservation_waits)
-    unanswered = summary["failed"] + summary["budget_exhausted"]
-    rate = unanswered / summary["rows"] if summary["rows"] else 0.0
+    unanswered = summary["failed"] - pending + summary["budget_exhausted"]
+    rows = summary["rows"] - pending
+    rate = unanswered / rows if rows else 0.0
     yield dg.AssetCheckResult(
         check_name="error_rate",
         passed=rate <= recipes.max_replay_error_rate,
         metadata={
             "error_rate": rate,
             "unanswered": unanswered,
-            "rows": summary["rows"],
+            "rows": rows,
+            "batch_pending": pending,
             "threshold": recipes.max_replay_error_rate,
-            "failed": summary["failed"],
+            "failed": summary["failed"] - pending,
             "budget_exhausted": summary["budget_exhausted"],
             "reservation_waits": summary["reservation_waits"],
             "disabled_teachers": dg.MetadataValue.json(summary["disabled_teachers"]),

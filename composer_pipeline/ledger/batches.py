@@ -197,6 +197,20 @@ def live_batches(ledger: Ledger, teachers: list[str]) -> list[BatchRow]:
     return [BatchRow(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]), float(r[7]), float(r[8])) for r in rows]
 
 
+def batches_since(ledger: Ledger, since: float) -> list[BatchRow]:
+    """Every batch (live or collected) recorded at or after ``since`` (epoch seconds), oldest first: what
+    the Dagster ``batch_collect_sensor`` maps to partitions (a batch's ``run_id`` is the run that recorded it)."""
+    rows = ledger._tx(
+        lambda c: c.all(
+            "SELECT id, teacher, api, run_id, state, provider_id, n_requests, reserved_usd, created_at FROM batches "
+            "WHERE created_at >= ? ORDER BY created_at, id",
+            [float(since)],
+        ),
+        write=False,
+    )
+    return [BatchRow(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]), float(r[7]), float(r[8])) for r in rows]
+
+
 def known_provider_ids(ledger: Ledger) -> set[str]:
     rows = ledger._tx(lambda c: c.all("SELECT provider_id FROM batches WHERE provider_id IS NOT NULL"), write=False)
     return {r[0] for r in rows}

@@ -27,6 +27,9 @@ One pass (:func:`replay_batch`):
    :data:`MAX_SUBMISSIONS` times;
 5. with ``wait`` the pass sleeps ``poll_batches_s`` and collects again until none of its calls is pending.
 
+In Dagster a pass never waits (``assets/replay.py``); :func:`batches_ended` is what ``batch_collect_sensor``
+asks before it requests the run that collects.
+
 Deliberately simplified: synchronous HTTP (one request at a time: a batch pass makes a handful); a sync run
 over a call that a live batch holds does not wait for the batch (run batch mode again to collect it);
 parameters a model refuses are not learned in batch mode (the request is errored and retried as is, up to
@@ -534,6 +537,7 @@ def replay_batch(
             c.close()
         ledger.close_run(run_id, "batch pass ended")
     states = call_states(ledger, [c for c in wanted if c not in p.results])
+    live_ids, held_usd = _held(ledger, states)
     rows = []
     for r in requests:
         if r.skip_reason is not None:
@@ -552,8 +556,54 @@ def replay_batch(
     summary["batch"] = {
         **p.stats,
         "calls_pending": sum(1 for r in rows if (r["reason"] or "").startswith("batch_pending")),
+        "live_batch_ids": live_ids,  # the batches this run's pending calls wait in
+        "held_usd": held_usd,  # what those calls hold in the ledger (their worst case at batch prices)
     }
     return ReplayResult(table, summary)
+
+
+def _held(ledger: Ledger, states: dict[str, tuple[str, str, int, str | None]]) -> tuple[list[str], float]:
+    """(the live batches holding the pending calls among ``states``, the USD those calls hold)."""
+    by_batch: dict[str, set[str]] = {}
+    for cid, st in states.items():
+        if st[0] == "pending":
+            by_batch.setdefault(st[1], set()).add(cid)
+    held = 0.0
+    for bid, cids in by_batch.items():
+        held += sum(c.reserved_usd for cid, c in pending_calls(ledger, bid).items() if cid in cids)
+    return sorted(by_batch), held
+
+
+def batches_ended(config: TeachersConfig, api_keys: dict[str, str | None], rows: list[BatchRow]) -> dict[str, str]:
+    """batch id -> ``"ended"``, ``"running"`` or why it cannot be told now, for each of ``rows``: asked of the
+    provider through :class:`BatchClient` (what a pass's collect step reads), nothing settled. A batch
+    already collected has ended; one whose POST went unanswered (``recorded``) needs a pass to look for it,
+    so it counts as ended. What the Dagster ``batch_collect_sensor`` asks before it requests a collecting run."""
+    keys = clean_api_keys(config, api_keys)
+    names = {t.name for t in config.teachers}
+    out: dict[str, str] = {}
+    clients: dict[str, BatchClient] = {}
+    try:
+        for row in rows:
+            if row.state == "collected" or row.state == "recorded":
+                out[row.id] = "ended"
+                continue
+            if row.teacher not in names:
+                out[row.id] = f"teacher {row.teacher} is not in the teachers recipe"
+                continue
+            t = config.teacher(row.teacher)
+            if t.api_key_env and not keys.get(t.name):
+                out[row.id] = f"missing_api_key: environment variable {t.api_key_env} is not set"
+                continue
+            client = clients.get(t.name) or clients.setdefault(t.name, BatchClient(t, keys.get(t.name)))
+            try:
+                out[row.id] = "ended" if client.ended(client.get(str(row.provider_id))) else "running"
+            except BatchUnknown as e:
+                out[row.id] = f"not told by the provider: {e}"
+    finally:
+        for c in clients.values():
+            c.close()
+    return out
 
 
 def _pending(state: tuple[str, str, int, str | None] | None) -> CallResult:

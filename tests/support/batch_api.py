@@ -16,6 +16,7 @@ Controls on :class:`BatchBook` (``emulator.batches``), all consumed by the tests
 * ``hang_creates``: that many batch creations are made (the batch exists at the provider) but never
   answered (the connection is held until ``release`` is set): a client killed while it waits;
 * ``fail_creates``: that many creations answer 503 without creating anything;
+* ``fail_reads``: that many reads of one batch object answer 503 (a provider outage while a client polls);
 * ``max_requests``: a create with more requests is refused (400), as the providers refuse one over their limit.
 
 Deliberately simplified: a batch ends all at once when read after ``end``; no ``validating`` / ``finalizing``
@@ -60,6 +61,7 @@ class BatchBook:
     cancel: set[str] = field(default_factory=set)
     hang_creates: int = 0
     fail_creates: int = 0  # that many batch creations answer 503 and create nothing
+    fail_reads: int = 0  # that many GETs of one batch object answer 503
     max_requests: int = 100_000
     release: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)  # set once a hung create has made its batch
@@ -123,6 +125,13 @@ def batch_get(handler) -> bool:
         data = [_view(handler.server, b) for b in sorted(mine, key=lambda b: -b.created_at)]
         handler._send(200, {"object": "list", "data": data, "has_more": False})
         return True
+    if rest[1:] == []:
+        with book.lock:
+            fail = book.fail_reads > 0
+            book.fail_reads -= int(fail)
+        if fail:
+            handler._send(503, {"error": {"type": "api_error", "message": "emulated outage"}})
+            return True
     b = book.batches.get(rest[0])
     if b is None or b.api != api:
         handler._send(404, {"error": {"type": "not_found_error", "message": f"no batch {rest[0]}"}})
