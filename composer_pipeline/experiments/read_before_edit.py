@@ -53,7 +53,7 @@ from composer_pipeline.experiments.sessions import HELDOUT_SEED
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: channel weights ``(grpo, alpha, beta)`` through the normal trainer, plus what the
+    """One arm: channel weights ``(grpo, sdpo, dpo)`` (``weights.*``) through the normal trainer, plus what the
     controls change (the data it reads, the DPO β, the GRPO prompt order)."""
 
     weights: tuple[float, float, float]
@@ -620,8 +620,8 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     from composer_pipeline.train.config import LoraSection, Weights
 
     spec = ARMS[arm]
-    g, a, b = spec.weights  # type: ignore[union-attr]
-    r = replace(base, model=str(start), weights=Weights(grpo=g, alpha=a, beta=b))
+    grpo, sdpo, dpo_weight = spec.weights  # type: ignore[union-attr]
+    r = replace(base, model=str(start), weights=Weights(grpo=grpo, sdpo=sdpo, dpo=dpo_weight))
     dpo = replace(r.dpo, max_completion_tokens=cfg.max_new_tokens, sft_weight=cfg.dpo_sft_weight)
     if spec.dpo_beta is not None:
         dpo = replace(dpo, beta=spec.dpo_beta)
