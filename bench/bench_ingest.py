@@ -216,129 +216,158 @@ def varied(corpus: Path, seed: int = 25) -> dict:
     """Long outputs, URL-encoded text, subagents, compactions and damaged runs in the copies (in place)."""
     import random
 
-    import orjson
-
     rng = random.Random(seed)
     n = {"long_outputs": 0, "url_texts": 0, "subagent_files": 0, "compactions": 0, "damaged_lines": 0}
     template = (TRACES / "kfischer-okarin__scripts-and-tools" / "agent-a434715.jsonl").read_bytes()
     files = sorted(corpus.rglob("*.jsonl"))
     for k, path in enumerate(files):
-        lines = path.read_bytes().split(b"\n")
         is_main = path.stem.count("-") == 4 and "subagents" not in path.parts
-        out, records = [], []
-        for line in lines:
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                out.append(line)
-                continue
-            changed = False
-            r = rng.random()
-            if r < 0.15 and _set_result_text(obj, rng):
-                n["long_outputs"] += 1
-                changed = True
-            elif r < 0.19 and isinstance(obj.get("message"), dict):
-                c = obj["message"].get("content")
-                blocks = [c] if isinstance(c, str) else [b for b in c or [] if isinstance(b, dict)]
-                for b in blocks[:1]:
-                    url = rng.choice(_URLS) + "%%%02X%d" % (rng.randrange(256), rng.randrange(10**6))
-                    if isinstance(b, str):
-                        obj["message"]["content"] = f"{b}\nsee {url}"
-                    elif isinstance(b.get("text"), str):
-                        b["text"] += f"\nsee {url}"
-                    elif isinstance(b.get("content"), str):
-                        b["content"] += f"\n{url}"
-                    else:
-                        continue
-                    n["url_texts"] += 1
-                    changed = True
-            if changed:
-                line = orjson.dumps(obj)
-            if isinstance(obj, dict) and obj.get("uuid"):
-                records.append((len(out), obj))
-            out.append(line)
+        out, records = _vary_lines(path.read_bytes().split(b"\n"), rng, n)
         if is_main and len(records) >= 30:  # a compaction at 60 %: boundary + summary, the chain continued after it
-            i, before = records[int(len(records) * 0.6)]
-            after = next(((j, o) for j, o in records if j > i and o.get("parentUuid") == before["uuid"]), None)
-            if after is not None and not before.get("isSidechain"):
-                bid, sid = (
-                    "c0ba%04x-0000-4000-8000-%012x" % (k % 65536, k),
-                    "c05a%04x-0000-4000-8000-%012x" % (k % 65536, k),
-                )
-                env = {
-                    "isSidechain": False,
-                    "userType": "external",
-                    "sessionId": before.get("sessionId"),
-                    "version": before.get("version"),
-                    "timestamp": before.get("timestamp"),
-                }
-                boundary = {
-                    "parentUuid": None,
-                    "logicalParentUuid": before["uuid"],
-                    **env,
-                    "type": "system",
-                    "subtype": "compact_boundary",
-                    "content": "Conversation compacted",
-                    "compactMetadata": {"trigger": "auto", "preTokens": 155000},
-                    "uuid": bid,
-                }
-                summary = {
-                    "parentUuid": bid,
-                    **env,
-                    "type": "user",
-                    "isCompactSummary": True,
-                    "isVisibleInTranscriptOnly": True,
-                    "message": {
-                        "role": "user",
-                        "content": "This session is being continued from a previous "
-                        "conversation. Summary:\n" + _long_text(rng, 6000),
-                    },
-                    "uuid": sid,
-                }
-                j, o = after
-                out[j] = orjson.dumps({**o, "parentUuid": sid})
-                out[i + 1 : i + 1] = [orjson.dumps(boundary), orjson.dumps(summary)]
-                n["compactions"] += 1
-        # runs of 1-3 damaged lines in a row (only lines that are records, in a row)
-        i = 1
-        while i < len(out):
-            if rng.random() < 0.004:
-                run = rng.randint(1, 3)
-                for j in range(i, min(i + run, len(out))):
-                    d = _damage(
-                        out[j],
-                        rng,
-                        rng.choice(["cut_early", "cut_late", "cut_late", "garbled_parent", "missing_parent"]),
-                    )
-                    if d is None:
-                        break
-                    out[j] = d
-                    n["damaged_lines"] += 1
-                i += run + 1
-            else:
-                i += 1
+            _add_compaction(out, records, k, rng, n)
+        _damage_runs(out, rng, n)
         path.write_bytes(b"\n".join(out))
         if is_main and path.stat().st_size > 20_000:  # six 2.1.x subagent files with their own uuids
-            for a in range(6):
-                x = (k * 8 + a + 1) << 24
-
-                def sub(m, x=x):
-                    return m.group(1) + b"%012x" % (int(m.group(2), 16) ^ x)
-
-                agent = "%017x" % rng.getrandbits(68)
-                body = []
-                for line in UUID_RE.sub(sub, template).split(b"\n"):
-                    if line:
-                        obj = orjson.loads(line)
-                        obj["agentId"] = agent
-                        if rng.random() < 0.3 and _set_result_text(obj, rng):
-                            n["long_outputs"] += 1
-                        body.append(orjson.dumps(obj))
-                dest = path.with_suffix("") / "subagents" / f"agent-{agent}.jsonl"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(b"\n".join(body) + b"\n")
-                n["subagent_files"] += 1
+            _add_subagents(path, k, template, rng, n)
     return n
+
+
+def _vary_lines(lines: list[bytes], rng, n: dict) -> tuple[list[bytes], list[tuple[int, dict]]]:
+    """A file's lines with long tool outputs and URL-encoded texts put in at random, and its records
+    ``(line index, record)``."""
+    import orjson
+
+    out, records = [], []
+    for line in lines:
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            out.append(line)
+            continue
+        if _vary_record(obj, rng, n):
+            line = orjson.dumps(obj)
+        if isinstance(obj, dict) and obj.get("uuid"):
+            records.append((len(out), obj))
+        out.append(line)
+    return out, records
+
+
+def _vary_record(obj, rng, n: dict) -> bool:
+    """Maybe a long tool output (15 %) or a URL-encoded text (4 %) in one record, in place: changed or not."""
+    r = rng.random()
+    if r < 0.15 and _set_result_text(obj, rng):
+        n["long_outputs"] += 1
+        return True
+    if not (r < 0.19 and isinstance(obj.get("message"), dict)):
+        return False
+    c = obj["message"].get("content")
+    blocks = [c] if isinstance(c, str) else [b for b in c or [] if isinstance(b, dict)]
+    for b in blocks[:1]:
+        url = rng.choice(_URLS) + "%%%02X%d" % (rng.randrange(256), rng.randrange(10**6))
+        if isinstance(b, str):
+            obj["message"]["content"] = f"{b}\nsee {url}"
+        elif isinstance(b.get("text"), str):
+            b["text"] += f"\nsee {url}"
+        elif isinstance(b.get("content"), str):
+            b["content"] += f"\n{url}"
+        else:
+            continue
+        n["url_texts"] += 1
+        return True
+    return False
+
+
+def _add_compaction(out: list[bytes], records: list[tuple[int, dict]], k: int, rng, n: dict) -> None:
+    """A compact boundary and its summary after the record at 60 %, the chain continued after them (in place)."""
+    import orjson
+
+    i, before = records[int(len(records) * 0.6)]
+    after = next(((j, o) for j, o in records if j > i and o.get("parentUuid") == before["uuid"]), None)
+    if after is not None and not before.get("isSidechain"):
+        bid, sid = (
+            "c0ba%04x-0000-4000-8000-%012x" % (k % 65536, k),
+            "c05a%04x-0000-4000-8000-%012x" % (k % 65536, k),
+        )
+        env = {
+            "isSidechain": False,
+            "userType": "external",
+            "sessionId": before.get("sessionId"),
+            "version": before.get("version"),
+            "timestamp": before.get("timestamp"),
+        }
+        boundary = {
+            "parentUuid": None,
+            "logicalParentUuid": before["uuid"],
+            **env,
+            "type": "system",
+            "subtype": "compact_boundary",
+            "content": "Conversation compacted",
+            "compactMetadata": {"trigger": "auto", "preTokens": 155000},
+            "uuid": bid,
+        }
+        summary = {
+            "parentUuid": bid,
+            **env,
+            "type": "user",
+            "isCompactSummary": True,
+            "isVisibleInTranscriptOnly": True,
+            "message": {
+                "role": "user",
+                "content": "This session is being continued from a previous "
+                "conversation. Summary:\n" + _long_text(rng, 6000),
+            },
+            "uuid": sid,
+        }
+        j, o = after
+        out[j] = orjson.dumps({**o, "parentUuid": sid})
+        out[i + 1 : i + 1] = [orjson.dumps(boundary), orjson.dumps(summary)]
+        n["compactions"] += 1
+
+
+def _damage_runs(out: list[bytes], rng, n: dict) -> None:
+    """Runs of 1-3 damaged lines in a row (only lines that are records, in a row), in place."""
+    i = 1
+    while i < len(out):
+        if rng.random() < 0.004:
+            run = rng.randint(1, 3)
+            for j in range(i, min(i + run, len(out))):
+                d = _damage(
+                    out[j],
+                    rng,
+                    rng.choice(["cut_early", "cut_late", "cut_late", "garbled_parent", "missing_parent"]),
+                )
+                if d is None:
+                    break
+                out[j] = d
+                n["damaged_lines"] += 1
+            i += run + 1
+        else:
+            i += 1
+
+
+def _add_subagents(path: Path, k: int, template: bytes, rng, n: dict) -> None:
+    """Six subagent files beside a main file, copies of ``template`` with their own uuids and agentId."""
+    import orjson
+
+    for a in range(6):
+        x = (k * 8 + a + 1) << 24
+
+        def sub(m, x=x):
+            return m.group(1) + b"%012x" % (int(m.group(2), 16) ^ x)
+
+        agent = "%017x" % rng.getrandbits(68)
+        body = []
+        for line in UUID_RE.sub(sub, template).split(b"\n"):
+            if line:
+                obj = orjson.loads(line)
+                obj["agentId"] = agent
+                if rng.random() < 0.3 and _set_result_text(obj, rng):
+                    n["long_outputs"] += 1
+                body.append(orjson.dumps(obj))
+        dest = path.with_suffix("") / "subagents" / f"agent-{agent}.jsonl"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(b"\n".join(body) + b"\n")
+        n["subagent_files"] += 1
 
 
 FINGERPRINT = REPO / "bench" / "ingest_output_fingerprint.json"

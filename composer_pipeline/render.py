@@ -846,11 +846,7 @@ def fit_messages(
         cut += bool(dropped)
     fixed = FIT_TOKENS_FIXED + tools_cost
     # head: system prompt(s) + the first user message
-    h = 0
-    while h < len(messages) and messages[h].get("role") == "system":
-        h += 1
-    if h < len(messages) and messages[h].get("role") == "user":
-        h += 1
+    h = _head_end(messages)
     head = list(messages[:h])
     head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
     if h and cum[h] > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
@@ -868,18 +864,7 @@ def fit_messages(
     def over(k: int) -> bool:  # keeping the turns from the k-th on does not fit (monotone in k >= 1)
         return end - cum[starts[first + k]] + (marker_cost if k else 0) > room
 
-    step = max(1, int(step))
-    k = 0
-    if n_units and over(0):
-        lo, hi = 1, (n_units - 1) // step + 1  # the first multiple of step that fits, else hi
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if not over(mid * step) else (mid + 1, hi)
-        k = lo * step
-        if k >= n_units:  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
-            k = max(0, k - step)
-            while k < n_units - 1 and over(k):
-                k += 1
+    k = _turns_to_elide(n_units, max(1, int(step)), over) if n_units and over(0) else 0
     k = min(k, max(n_units - 1, 0))  # keep at least the last turn (cut below when even it is too large)
     keep_from = starts[first + k] if n_units else len(messages)
     elided = keep_from - h
@@ -888,19 +873,50 @@ def fit_messages(
     used = fixed + sum(tok(m) for m in out)
     tail_costs = [cum[i + 1] - cum[i] for i in range(keep_from, len(messages))]
     if used + sum(tail_costs) > max_prompt_tokens and tail:
-        # the kept turn is itself too large: cut its largest texts (contents, tool-call arguments) in the
-        # middle, biggest message first
-        for i in sorted(range(len(tail)), key=lambda i: -tail_costs[i]):
-            excess = used + sum(tail_costs) - max_prompt_tokens
-            if excess <= 0:
-                break
-            new = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, tail_costs[i] - excess), bpt, tok)
-            if new is not tail[i]:
-                tail[i], tail_costs[i] = new, tok(new)
-                cut += 1
+        cut += _cut_kept_turn(tail, tail_costs, max_prompt_tokens - used, bpt, tok)
     out += tail
     tokens = used + sum(tail_costs)
     return Fitted(out, elided, cut, tokens, tools, tokens <= max_prompt_tokens)
+
+
+def _head_end(messages: list[dict[str, Any]]) -> int:
+    """How many messages the head holds: the leading system prompt(s), then the first user message."""
+    h = 0
+    while h < len(messages) and messages[h].get("role") == "system":
+        h += 1
+    if h < len(messages) and messages[h].get("role") == "user":
+        h += 1
+    return h
+
+
+def _turns_to_elide(n_units: int, step: int, over: Any) -> int:
+    """The fewest turns to elide, a multiple of ``step``, so that the rest fits (``over(k)``: keeping the
+    turns from the k-th on does not fit, monotone in k >= 1); called when keeping all of them does not."""
+    lo, hi = 1, (n_units - 1) // step + 1  # the first multiple of step that fits, else hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if not over(mid * step) else (mid + 1, hi)
+    k = lo * step
+    if k >= n_units:  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+        k = max(0, k - step)
+        while k < n_units - 1 and over(k):
+            k += 1
+    return k
+
+
+def _cut_kept_turn(tail: list[dict], tail_costs: list[int], room: int, bpt: float, tok: Any) -> int:
+    """The kept turn is itself larger than ``room``: cut its largest texts (contents, tool-call arguments)
+    in the middle, biggest message first, in place; returns how many messages were cut."""
+    cut = 0
+    for i in sorted(range(len(tail)), key=lambda i: -tail_costs[i]):
+        excess = sum(tail_costs) - room
+        if excess <= 0:
+            break
+        new = _cut_middle(tail[i], max(FIT_TOKENS_PER_MESSAGE + 16, tail_costs[i] - excess), bpt, tok)
+        if new is not tail[i]:
+            tail[i], tail_costs[i] = new, tok(new)
+            cut += 1
+    return cut
 
 
 class _Prefix:

@@ -7,6 +7,8 @@ every recipe:
 
 * an unknown key is an error naming the file, the section and the allowed keys (a typo never falls
   back to a default silently); a key that moved elsewhere says where (the class attribute ``MOVED``: key → new home);
+* a renamed key still loads under its old name (the class attribute ``RENAMED``: old key → new key), with a
+  :class:`RenamedKeyWarning` naming the new key; giving both the old and the new name is an error;
 * a missing required key (a field without a default) is an error;
 * every value is checked against the field's type: ``bool``, ``int`` (a whole float is accepted),
   ``float`` (an int is widened), ``str``, ``Literal[...]`` choices, ``X | None``, ``list``/``tuple``,
@@ -26,6 +28,7 @@ import dataclasses
 import math
 import types
 import typing
+import warnings
 from dataclasses import MISSING
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
@@ -56,6 +59,31 @@ def check_keys(where: str, given: Any, allowed: Any, moved: dict[str, str] | Non
     raise ValueError(
         f"{where}: unknown keys {unknown} (allowed: {sorted(allowed)})" + ("; " + "; ".join(hints) if hints else "")
     )
+
+
+class RenamedKeyWarning(UserWarning):
+    """A recipe used a key's old name: it still loads, and the message names the new key."""
+
+
+def renamed_keys(where: str, key: str, raw: dict[str, Any], renamed: dict[str, str] | None) -> dict[str, Any]:
+    """``raw`` (the section ``key`` of ``where``) with each old key of ``renamed`` (old → new) under its new
+    name, warning once per old key found; both names at once is an error (which would win is not obvious)."""
+    if not renamed or not set(raw) & set(renamed):
+        return raw
+    dotted = lambda name: f"{key}.{name}" if key else name  # noqa: E731
+    out = dict(raw)
+    for old, new in renamed.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{where}: {dotted(old)} is the old name of {dotted(new)}; give only {dotted(new)}")
+        out[new] = out.pop(old)
+        warnings.warn(
+            f"{where}: {dotted(old)} is now {dotted(new)} (the old name still loads; rename it)",
+            RenamedKeyWarning,
+            stacklevel=3,
+        )
+    return out
 
 
 def read_yaml(path: str | Path, what: str = "recipe") -> dict[str, Any]:
@@ -91,6 +119,7 @@ def from_dict(cls: type[T], raw: Any, where: str, key: str = "") -> T:
     if not isinstance(raw, dict):
         raise ValueError(f"{at}: expected a mapping, got {type(raw).__name__}")
     fs = _keys(cls)
+    raw = renamed_keys(where, key, raw, getattr(cls, "RENAMED", None))
     check_keys(at, raw, fs, getattr(cls, "MOVED", None))
     missing = [n for n, f in fs.items() if f.default is MISSING and f.default_factory is MISSING and n not in raw]
     if missing:
@@ -134,29 +163,53 @@ def _name(tp: Any) -> str:
 def _value(tp: Any, v: Any, where: str, key: str) -> Any:
     """``v`` (the value of ``key``) checked against the type ``tp``, converted int → float, list → tuple."""
     origin = typing.get_origin(tp)
-    bad = f"{where}: {key} must be"
     if tp is Any:
         return v
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, v, where, key)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if v is None:
-            if type(None) in args:
-                return None
-            raise ValueError(f"{bad} {_name(tp)}, got null")
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _value(a, v, where, key)
-            except ValueError:
-                continue
-        raise ValueError(f"{bad} {_name(tp)}, got {v!r}")
+        return _union_value(tp, v, where, key)
     if origin is Literal:
         if v not in typing.get_args(tp):
-            raise ValueError(f"{bad} one of {list(typing.get_args(tp))}, got {v!r}")
+            raise ValueError(f"{where}: {key} must be one of {list(typing.get_args(tp))}, got {v!r}")
         return v
+    if tp in _SCALARS:
+        return _scalar_value(tp, v, f"{where}: {key} must be")
+    if v is None and (origin in (list, tuple, dict) or tp is dict):  # `key:` with every entry commented out
+        return () if origin is tuple else [] if origin is list else {}
+    if origin in (list, tuple):
+        return _list_value(tp, v, where, key)
+    if origin is dict or tp is dict:
+        if not isinstance(v, dict):
+            raise ValueError(f"{where}: {key} must be a mapping, got {v!r}")
+        kt, vt = typing.get_args(tp) or (Any, Any)
+        return {_value(kt, k, where, key): _value(vt, x, where, f"{key}.{k}") for k, x in v.items()}
+    raise TypeError(f"{where}: {key}: the settings layer cannot read fields of type {tp!r}")
+
+
+def _union_value(tp: Any, v: Any, where: str, key: str) -> Any:
+    """``X | Y | None``: null where the union allows it, else the first member type that reads ``v``."""
+    args = typing.get_args(tp)
+    if v is None:
+        if type(None) in args:
+            return None
+        raise ValueError(f"{where}: {key} must be {_name(tp)}, got null")
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _value(a, v, where, key)
+        except ValueError:
+            continue
+    raise ValueError(f"{where}: {key} must be {_name(tp)}, got {v!r}")
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar_value(tp: type, v: Any, bad: str) -> Any:
+    """``bool`` / ``int`` (a whole float is accepted) / ``float`` (an int is widened, finite only) / ``str``;
+    ``bad`` starts the error (``"<where>: <key> must be"``)."""
     if tp is bool:
         if not isinstance(v, bool):
             raise ValueError(f"{bad} true or false, got {v!r}")
@@ -169,25 +222,20 @@ def _value(tp: Any, v: Any, where: str, key: str) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError(f"{bad} a number, got {v!r}")
         return float(v)
-    if tp is str:
-        if not isinstance(v, str):
-            raise ValueError(f"{bad} a string, got {v!r}")
-        return v
-    if v is None and (origin in (list, tuple, dict) or tp is dict):  # `key:` with every entry commented out
-        return () if origin is tuple else [] if origin is list else {}
-    if origin in (list, tuple):
-        if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{bad} a list, got {v!r}")
-        (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis] or [Any]
-        named = lambda i, x: f" ({x['name']})" if isinstance(x, dict) and isinstance(x.get("name"), str) else ""  # noqa: E731
-        out = [_value(item, x, where, f"{key}[{i}]{named(i, x)}") for i, x in enumerate(v)]
-        return tuple(out) if origin is tuple else out
-    if origin is dict or tp is dict:
-        if not isinstance(v, dict):
-            raise ValueError(f"{bad} a mapping, got {v!r}")
-        kt, vt = typing.get_args(tp) or (Any, Any)
-        return {_value(kt, k, where, key): _value(vt, x, where, f"{key}.{k}") for k, x in v.items()}
-    raise TypeError(f"{where}: {key}: the settings layer cannot read fields of type {tp!r}")
+    if not isinstance(v, str):
+        raise ValueError(f"{bad} a string, got {v!r}")
+    return v
+
+
+def _list_value(tp: Any, v: Any, where: str, key: str) -> list | tuple:
+    """A ``list[X]`` / ``tuple[X, ...]``: each item read as ``X``, its index (and ``name``, if any) in errors."""
+    origin = typing.get_origin(tp)
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"{where}: {key} must be a list, got {v!r}")
+    (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis] or [Any]
+    named = lambda x: f" ({x['name']})" if isinstance(x, dict) and isinstance(x.get("name"), str) else ""  # noqa: E731
+    out = [_value(item, x, where, f"{key}[{i}]{named(x)}") for i, x in enumerate(v)]
+    return tuple(out) if origin is tuple else out
 
 
 def _default(f: dataclasses.Field) -> Any:

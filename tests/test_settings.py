@@ -108,7 +108,7 @@ def test_types_are_checked_with_the_key_path(tmp_path):
     for raw, msg in [
         ({"optim": {"steps": "10"}}, "optim.steps must be an integer, got '10'"),
         ({"optim": {"steps": True}}, "optim.steps must be an integer, got True"),
-        ({"weights": {"alpha": "half"}}, "weights.alpha must be a number, got 'half'"),
+        ({"weights": {"sdpo": "half"}}, "weights.sdpo must be a number, got 'half'"),
         ({"lora": {"enabled": "yes"}}, "lora.enabled must be true or false, got 'yes'"),
         ({"grpo": {"rewards": "valid_action"}}, "grpo.rewards must be a list, got 'valid_action'"),
         ({"grpo": {"rewards": [1]}}, "grpo.rewards[0] must be a string, got 1"),
@@ -123,8 +123,8 @@ def test_types_are_checked_with_the_key_path(tmp_path):
     assert TrainRecipe.from_dict({"grpo": {"rewards": None}, "eval": None}).grpo.rewards == []
     assert TrainRecipe.from_dict({"eval": None}).eval == TrainRecipe().eval
     assert TrainRecipe.from_dict({"grpo": {"reward_weights": None}}).grpo.reward_weights is None  # optional: stays null
-    r = TrainRecipe.from_dict({"weights": {"alpha": 1}, "optim": {"steps": 4.0}})  # int -> float, whole float -> int
-    assert (type(r.weights.alpha), r.optim.steps, type(r.optim.steps)) == (float, 4, int)
+    r = TrainRecipe.from_dict({"weights": {"sdpo": 1}, "optim": {"steps": 4.0}})  # int -> float, whole float -> int
+    assert (type(r.weights.sdpo), r.optim.steps, type(r.optim.steps)) == (float, 4, int)
     assert TrainRecipe.from_dict(settings.to_dict(r)) == r
 
 
@@ -180,6 +180,26 @@ def test_a_rule_of_the_class_says_where_it_failed():
         ValueError, match=r"^pairs recipe: signature: text_similarity_threshold must be in \(0, 1\], got 0.0$"
     ):
         PairRecipe.from_dict({"signature": {"text_similarity_threshold": 0}})
+
+
+def test_renamed_channel_weights_load_under_their_old_names(tmp_path):
+    """``weights.alpha`` / ``weights.beta`` (before issue 36) load as ``weights.sdpo`` / ``weights.dpo``, with a
+    warning naming the new keys: the same recipe as the new names; both names at once is an error."""
+    import yaml
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(yaml.safe_dump({"weights": {"grpo": 0.5, "alpha": 0.25, "beta": 2.0}, "dpo": {"beta": 0.3}}))
+    new.write_text(yaml.safe_dump({"weights": {"grpo": 0.5, "sdpo": 0.25, "dpo": 2.0}, "dpo": {"beta": 0.3}}))
+    with pytest.warns(settings.RenamedKeyWarning) as caught:
+        from_old = TrainRecipe.load(old)
+    assert sorted(str(w.message) for w in caught) == [
+        f"{old}: weights.alpha is now weights.sdpo (the old name still loads; rename it)",
+        f"{old}: weights.beta is now weights.dpo (the old name still loads; rename it)",
+    ]
+    assert from_old == TrainRecipe.load(new)
+    assert (from_old.weights.sdpo, from_old.weights.dpo, from_old.dpo.beta) == (0.25, 2.0, 0.3)
+    with pytest.raises(ValueError, match=r"weights.beta is the old name of weights.dpo; give only weights.dpo"):
+        TrainRecipe.from_dict({"weights": {"beta": 1.0, "dpo": 1.0}})
 
 
 def test_moved_keys_name_their_new_home():

@@ -24,7 +24,7 @@ DEFAULT_RECIPE = "recipes/train.yaml"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("train", help="train a policy on the pipeline's tables (GRPO + α·SDPO + β·DPO)")
+    p = subparsers.add_parser("train", help="train a policy on the pipeline's tables (GRPO + SDPO + DPO)")
     p.add_argument("mode", nargs="?", choices=["eval"], help="`eval`: held-out metrics of --model instead of training")
     p.add_argument("--data", required=True, help="Store root holding pairs/positives (and trace_states)")
     p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"trainer recipe YAML (default {DEFAULT_RECIPE})")

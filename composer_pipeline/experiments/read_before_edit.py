@@ -53,7 +53,7 @@ from composer_pipeline.experiments.sessions import HELDOUT_SEED
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: channel weights ``(grpo, alpha, beta)`` through the normal trainer, plus what the
+    """One arm: channel weights ``(grpo, sdpo, dpo)`` (``weights.*``) through the normal trainer, plus what the
     controls change (the data it reads, the DPO β, the GRPO prompt order)."""
 
     weights: tuple[float, float, float]
@@ -620,8 +620,8 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     from composer_pipeline.train.config import LoraSection, Weights
 
     spec = ARMS[arm]
-    g, a, b = spec.weights  # type: ignore[union-attr]
-    r = replace(base, model=str(start), weights=Weights(grpo=g, alpha=a, beta=b))
+    grpo, sdpo, dpo_weight = spec.weights  # type: ignore[union-attr]
+    r = replace(base, model=str(start), weights=Weights(grpo=grpo, sdpo=sdpo, dpo=dpo_weight))
     dpo = replace(r.dpo, max_completion_tokens=cfg.max_new_tokens, sft_weight=cfg.dpo_sft_weight)
     if spec.dpo_beta is not None:
         dpo = replace(dpo, beta=spec.dpo_beta)
@@ -684,16 +684,9 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     from composer_pipeline.experiments.sft import supervise_on_agent_actions
     from composer_pipeline.train.config import TrainRecipe
     from composer_pipeline.train.data import load_train_data
-    from composer_pipeline.train.modeling import load_policy, resolve_model_path
-    from composer_pipeline.train.run import train
+    from composer_pipeline.train.modeling import load_policy
 
-    unknown = set(cfg.arms) - set(ARMS)
-    if unknown:
-        raise ValueError(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
-    if {"nll", "nll_all"} & set(cfg.arms) and not cfg.dpo_sft_weight > 0:
-        raise ValueError("the nll and nll_all arms are the NLL term alone: they need --dpo-sft-weight > 0")
-    if cfg.probe_states not in ("all", "decisive"):
-        raise ValueError(f"probe_states must be all or decisive, got {cfg.probe_states!r}")
+    _check_config(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_run_dir(out, cfg)
@@ -704,35 +697,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     base = TrainRecipe.load(repo / "recipes" / "train.yaml")
     train_rows = load_train_data(data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint).prompts
-    if (
-        cfg.model == "tiny"
-    ):  # trained from scratch on other generated sessions first (every file pair, no held-out request)
-        from composer_pipeline.experiments.pretrain import pretrain_base
-
-        base_model = str(
-            pretrain_base(
-                out / "base",
-                sessions=cfg.pretrain_sessions,
-                steps=cfg.pretrain_steps,
-                max_tokens=cfg.prompt_tokens,
-                hint_templates=base.sdpo.hint,
-            )
-        )
-        meta = json.loads((out / "base" / "pretrain.json").read_text())
-        emit(
-            json.dumps(
-                {
-                    "base": {
-                        **meta["settings"],
-                        "windows": meta["windows"],
-                        "seconds": meta["seconds"],
-                        "final_loss": meta["curve"][-1]["loss"],
-                    }
-                }
-            )
-        )
-    else:
-        base_model = resolve_model_path(cfg.model)
+    base_model = _base_model(cfg, out, base, emit)
     stopped = None
     for seed in cfg.only_seeds if cfg.only_seeds is not None else range(cfg.seeds):
         todo = [arm for arm in cfg.arms if not _cell_path(out, seed, arm).is_file()]
@@ -775,27 +740,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
             if ARMS[arm] is None:
                 metrics, steps = start_metrics, 0
             else:
-                recipe = arm_recipe(base, arm, cfg, start, seed)
-                spec = ARMS[arm]
-                root = {"train": data_info["train_store"], "error_sites": data_info["error_site_store"]}.get(spec.data)
-                if spec.data == "consensus_all":
-                    root = consensus_store(data_info["train_store"], out / "consensus_store")
-                if spec.data == "shuffled_labels":
-                    root = shuffled_label_store(
-                        data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed
-                    )
-                res = train(
-                    root,
-                    recipe,
-                    out_dir=out / f"seed{seed}" / arm,
-                    callbacks=[_probe_callback(tok, cases, cfg.eval_every, curve, cfg.max_new_tokens)],
-                )
-                tok2, final = load_policy(str(res.checkpoint))
-                metrics = probe(final, tok2, cases, max_new_tokens=cfg.max_new_tokens)
-                del final
-                if curve[-1]["step"] != cfg.steps:
-                    curve.append({"step": cfg.steps, **{k: v for k, v in metrics.items() if k != "outputs"}})
-                steps = len(res.losses)
+                metrics, steps = _train_arm(arm, cfg, base, start, seed, data_info, (tok, cases, curve))
             row = {
                 "arm": arm,
                 "seed": seed,
@@ -803,11 +748,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
                 "steps": steps,
                 "seconds": round(time.perf_counter() - ta + (sft_s if arm == "start" else 0.0), 1),
             }
-            # the cell: its row, its curve and its per-state outputs, written at once when it is done
-            _cell_path(out, seed, arm).parent.mkdir(parents=True, exist_ok=True)
-            tmp = _cell_path(out, seed, arm).with_suffix(".tmp")
-            tmp.write_text(json.dumps({"row": row, "curve": curve, "outputs": metrics["outputs"]}))
-            tmp.replace(_cell_path(out, seed, arm))
+            _write_cell(_cell_path(out, seed, arm), {"row": row, "curve": curve, "outputs": metrics["outputs"]})
             emit(json.dumps(row))
         if stopped:
             break
@@ -820,6 +761,89 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
         "out": str(out),
         "stopped": stopped,
     }
+
+
+def _check_config(cfg: ExperimentConfig) -> None:
+    """The experiment's cross-setting rules: known arms, an NLL weight for the NLL arms, a known probe set."""
+    unknown = set(cfg.arms) - set(ARMS)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
+    if {"nll", "nll_all"} & set(cfg.arms) and not cfg.dpo_sft_weight > 0:
+        raise ValueError("the nll and nll_all arms are the NLL term alone: they need --dpo-sft-weight > 0")
+    if cfg.probe_states not in ("all", "decisive"):
+        raise ValueError(f"probe_states must be all or decisive, got {cfg.probe_states!r}")
+
+
+def _base_model(cfg: ExperimentConfig, out: Path, base, emit) -> str:
+    """The model every seed's start is supervised from: ``cfg.model``, or for ``tiny`` one pretrained here."""
+    from composer_pipeline.train.modeling import resolve_model_path
+
+    if cfg.model != "tiny":
+        return resolve_model_path(cfg.model)
+    # trained from scratch on other generated sessions first (every file pair, no held-out request)
+    from composer_pipeline.experiments.pretrain import pretrain_base
+
+    base_model = str(
+        pretrain_base(
+            out / "base",
+            sessions=cfg.pretrain_sessions,
+            steps=cfg.pretrain_steps,
+            max_tokens=cfg.prompt_tokens,
+            hint_templates=base.sdpo.hint,
+        )
+    )
+    meta = json.loads((out / "base" / "pretrain.json").read_text())
+    emit(
+        json.dumps(
+            {
+                "base": {
+                    **meta["settings"],
+                    "windows": meta["windows"],
+                    "seconds": meta["seconds"],
+                    "final_loss": meta["curve"][-1]["loss"],
+                }
+            }
+        )
+    )
+    return base_model
+
+
+def _train_arm(arm: str, cfg: ExperimentConfig, base, start: Path, seed: int, data_info: dict, probing: tuple):
+    """Train one arm from the seed's start on the data it reads and probe the result: ``(metrics, steps)``.
+    ``probing``: (tokenizer, held-out cases, the curve the probe callback appends to)."""
+    from composer_pipeline.train.modeling import load_policy
+    from composer_pipeline.train.run import train
+
+    tok, cases, curve = probing
+    out = Path(cfg.out)
+    recipe = arm_recipe(base, arm, cfg, start, seed)
+    spec = ARMS[arm]
+    root = {"train": data_info["train_store"], "error_sites": data_info["error_site_store"]}.get(spec.data)
+    if spec.data == "consensus_all":
+        root = consensus_store(data_info["train_store"], out / "consensus_store")
+    if spec.data == "shuffled_labels":
+        root = shuffled_label_store(data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed)
+    res = train(
+        root,
+        recipe,
+        out_dir=out / f"seed{seed}" / arm,
+        callbacks=[_probe_callback(tok, cases, cfg.eval_every, curve, cfg.max_new_tokens)],
+    )
+    tok2, final = load_policy(str(res.checkpoint))
+    metrics = probe(final, tok2, cases, max_new_tokens=cfg.max_new_tokens)
+    del final
+    if curve[-1]["step"] != cfg.steps:
+        curve.append({"step": cfg.steps, **{k: v for k, v in metrics.items() if k != "outputs"}})
+    steps = len(res.losses)
+    return metrics, steps
+
+
+def _write_cell(path: Path, cell: dict) -> None:
+    """The cell: its row, its curve and its per-state outputs, written at once when it is done."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cell))
+    tmp.replace(path)
 
 
 def collect(out: Path, cfg: ExperimentConfig | None = None) -> dict[str, Any]:

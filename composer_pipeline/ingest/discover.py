@@ -174,24 +174,36 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         by_sid: dict[str, str] = {n[: -len(".jsonl")]: dirpath + sep + n for n in mains}
         for n in mains:  # (a symlink or special file too: reading it is refused with a reason, not skipped)
             get(dirpath + sep + n, True)
-        heads_read = False  # the main files' own sessionIds: read only for an agent file no file name matches
-        for n in sorted(filenames):
-            if not _is_agent(n):
-                continue
-            p = dirpath + sep + n
-            sid = _head_session_id(p)
-            main = by_sid.get(sid) if sid else None
-            if main is None and sid and not heads_read:  # (a name always wins: setdefault)
-                heads_read = True
-                for m in mains:
-                    head = _head_session_id(dirpath + sep + m)
-                    if head:
-                        by_sid.setdefault(head, dirpath + sep + m)
-                main = by_sid.get(sid)
-            if main is None:  # parent session not here: keep the agent file as its own session
-                main = dirpath + sep + f"{sid or n[: -len('.jsonl')]}.jsonl"
+        for main, p in _agent_file_parents(dirpath + sep, filenames, mains, by_sid):
             get(main, False).subagent_files.append(Path(p))
     return sorted(sessions.values(), key=lambda s: s.key)
+
+
+def _agent_file_parents(
+    dir_prefix: str, filenames: list[str], mains: list[str], by_sid: dict[str, str]
+) -> list[tuple[str, str]]:
+    """``(main file path, agent file path)`` for each agent-*.jsonl of one directory (``dir_prefix`` ends with
+    the separator): the main file named by the agent file's sessionId, else the main file whose first records
+    carry that sessionId, else a session of its own. ``by_sid`` (file name stem -> path) gains the heads."""
+    out = []
+    heads_read = False  # the main files' own sessionIds: read only for an agent file no file name matches
+    for n in sorted(filenames):
+        if not _is_agent(n):
+            continue
+        p = dir_prefix + n
+        sid = _head_session_id(p)
+        main = by_sid.get(sid) if sid else None
+        if main is None and sid and not heads_read:  # (a name always wins: setdefault)
+            heads_read = True
+            for m in mains:
+                head = _head_session_id(dir_prefix + m)
+                if head:
+                    by_sid.setdefault(head, dir_prefix + m)
+            main = by_sid.get(sid)
+        if main is None:  # parent session not here: keep the agent file as its own session
+            main = dir_prefix + f"{sid or n[: -len('.jsonl')]}.jsonl"
+        out.append((main, p))
+    return out
 
 
 def _discover_single(path: Path) -> list[SessionFiles]:

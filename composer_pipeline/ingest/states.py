@@ -157,6 +157,8 @@ def _agent_stream(pf: ParsedFile, session_key: str) -> Stream:
 
 
 def _link(streams: list[Stream], main: Stream | None) -> None:
+    """Each agent stream's ``parent_tool_use_id``: the main stream's tool call that spawned it (agent files by
+    their agentId, inline sidechains by their first prompt's text)."""
     if main is None:
         return
     by_agent: dict[str, str] = {}
@@ -168,23 +170,9 @@ def _link(streams: list[Stream], main: Stream | None) -> None:
             if d is not None and d.agentId and r.parent_tool_use_id:
                 by_agent.setdefault(str(d.agentId), str(r.parent_tool_use_id))
         elif t == "user":
-            raw = r.tool_use_result
-            # a Task/Agent result names its agent: decode the payload only then (the line holds it)
-            if raw and (type(r.raw) is str or b'"agentId"' in r.raw):
-                tur = loads_raw(raw)
-                if isinstance(tur, dict) and tur.get("agentId"):
-                    c = _content(r)
-                    ids = [b.tool_use_id for b in c if b.type == "tool_result"] if type(c) is list else []
-                    if ids:
-                        by_agent.setdefault(str(tur["agentId"]), str(ids[0]))
+            _link_agent_result(r, by_agent)
         elif t == "assistant":
-            c = _content(r)
-            if type(c) is list:
-                for b in c:
-                    if b.type == "tool_use" and b.name in SPAWN_TOOLS:
-                        inp = b.input if isinstance(b.input, dict) else {}
-                        if isinstance(inp.get("prompt"), str):
-                            prompts.setdefault(inp["prompt"].strip(), []).append(str(b.id))
+            _link_spawn_prompts(r, prompts)
     for s in streams:
         if s.kind in ("sibling_agent_file", "subagents_dir"):
             s.parent_tool_use_id = by_agent.get(s.agent_id or "")
@@ -193,6 +181,30 @@ def _link(streams: list[Stream], main: Stream | None) -> None:
             ids = prompts.get(_first_text(first).strip()) if first else None
             if ids:
                 s.parent_tool_use_id = ids.pop(0)
+
+
+def _link_agent_result(r: Record, by_agent: dict[str, str]) -> None:
+    """A user record holding a Task/Agent result names its agent: agentId -> the tool_use_id it answers."""
+    raw = r.tool_use_result
+    # a Task/Agent result names its agent: decode the payload only then (the line holds it)
+    if raw and (type(r.raw) is str or b'"agentId"' in r.raw):
+        tur = loads_raw(raw)
+        if isinstance(tur, dict) and tur.get("agentId"):
+            c = _content(r)
+            ids = [b.tool_use_id for b in c if b.type == "tool_result"] if type(c) is list else []
+            if ids:
+                by_agent.setdefault(str(tur["agentId"]), str(ids[0]))
+
+
+def _link_spawn_prompts(r: Record, prompts: dict[str, list[str]]) -> None:
+    """An assistant record's spawn-tool calls: their prompt text -> the call ids, in order."""
+    c = _content(r)
+    if type(c) is list:
+        for b in c:
+            if b.type == "tool_use" and b.name in SPAWN_TOOLS:
+                inp = b.input if isinstance(b.input, dict) else {}
+                if isinstance(inp.get("prompt"), str):
+                    prompts.setdefault(inp["prompt"].strip(), []).append(str(b.id))
 
 
 _MSG_COLS = [
@@ -260,34 +272,18 @@ class _StreamIndex:
         self.groups: dict[str, list[Record]] = {}  # message_key -> the response's records (first appearance order)
         self.subtype_fixes: list[tuple[int, str | None]] = []  # (index, subtype) where it is not the record's own
         self.compactions = 0  # compact boundaries whose logical parent is in this stream
-        by_uuid, keys, tool_uses, results = self.by_uuid, self.key, self.tool_uses, self.results
-        tools_of_key, n_tools_of_key, fixes = self.tools_of_key, self.n_tools_of_key, self.subtype_fixes
+        by_uuid, results, fixes = self.by_uuid, self.results, self.subtype_fixes
         for i, r in enumerate(s.records):
             t = r.type
             if t == "assistant":
+                self._index_assistant(i, r)
+            elif t == "user":
                 m = r.message
-                k = (m.id if m is not None else None) or r.request_id or r.uuid
-                k = str(k) if k is not None else f"line-{r.file}-{r.line_no}"
-                keys[r.uuid] = k
-                if r.api_error is True or (m is not None and m.model == "<synthetic>"):
-                    self.synthetic_keys.add(k)
-                    fixes.append((i, "synthetic"))
                 c = m.content if m is not None else None
                 if type(c) is list:
                     for b in c:
-                        if b.type == "tool_use":
-                            bid = str(b.id)
-                            tool_uses[bid] = str(b.name)
-                            tools_of_key.setdefault(k, set()).add(bid)
-                            n_tools_of_key[k] = n_tools_of_key.get(k, 0) + 1
-            elif t == "user":
-                m = r.message
-                if m is not None:
-                    c = m.content
-                    if type(c) is list:
-                        for b in c:
-                            if b.type == "tool_result":
-                                results.setdefault(str(b.tool_use_id), (r, b))
+                        if b.type == "tool_result":
+                            results.setdefault(str(b.tool_use_id), (r, b))
             elif t == "progress":
                 if r.data is not None:
                     fixes.append((i, r.data.type))
@@ -297,7 +293,28 @@ class _StreamIndex:
             elif t == "system":
                 if r.subtype == "compact_boundary" and r.logical_parent is not None and r.logical_parent in by_uuid:
                     self.compactions += 1
-        # a record sharing an assistant record's uuid joins its group (a second pass: keys are known now)
+        self._group(s)
+
+    def _index_assistant(self, i: int, r: Record) -> None:
+        """An assistant record: its message key, whether the response is synthetic, its tool calls."""
+        m = r.message
+        k = (m.id if m is not None else None) or r.request_id or r.uuid
+        k = str(k) if k is not None else f"line-{r.file}-{r.line_no}"
+        self.key[r.uuid] = k
+        if r.api_error is True or (m is not None and m.model == "<synthetic>"):
+            self.synthetic_keys.add(k)
+            self.subtype_fixes.append((i, "synthetic"))
+        c = m.content if m is not None else None
+        if type(c) is list:
+            for b in c:
+                if b.type == "tool_use":
+                    bid = str(b.id)
+                    self.tool_uses[bid] = str(b.name)
+                    self.tools_of_key.setdefault(k, set()).add(bid)
+                    self.n_tools_of_key[k] = self.n_tools_of_key.get(k, 0) + 1
+
+    def _group(self, s: Stream) -> None:
+        """A record sharing an assistant record's uuid joins its group (a second pass: keys are known now)."""
         key_get = self.key.get
         groups = self.groups
         for r in s.records:
@@ -360,104 +377,112 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
 
     Mirrors render.render_state: memo over parents, so the whole stream costs O(records)."""
     memo: dict[str, int] = {}
-    key_get = ix.key.get
-    synthetic = ix.synthetic_keys
     by_uuid = ix.by_uuid
     tool_uses = ix.tool_uses
-
-    def assistant(r: Record) -> int:
-        k = key_get(r.uuid)
-        if k is None or k in synthetic:
-            return 0
-        # counted once per path: skip when the same response is already above (streaming split,
-        # possibly through its own tool results and pass-through records)
-        own = ix.tools_of_key.get(k, _EMPTY)
-        u, hops = r.parent, 0
-        while u and hops < 10000:
-            hops += 1
-            p = by_uuid.get(u)
-            if p is None:
-                break
-            if p.type == "assistant":
-                pk = key_get(p.uuid)
-                if pk == k:
-                    return 0
-                if pk not in synthetic:
-                    break
-            elif p.type == "user":
-                c = _content(p)
-                if not (
-                    type(c) is list and c and all(b.type == "tool_result" and str(b.tool_use_id) in own for b in c)
-                ):
-                    break
-            u = p.parent
-        return 1 + ix.n_tools_of_key.get(k, 0)
-
-    def user(r: Record, crossed: int) -> int:
-        if r.is_meta is True or (crossed and r.is_compact_summary is True):
-            return 0
-        return 1 if _has_user_parts(_content(r), tool_uses) else 0
-
-    def contrib(r: Record, crossed: int) -> int:
-        t = r.type
-        if t == "assistant":
-            return assistant(r)
-        if t == "user":
-            return user(r, crossed)
-        return 0
-
-    def value(u: str | None) -> int:
-        # iterative: collect the unresolved chain, then fill the memo from the top down
-        stack: list[Record] = []
-        seen: set[str] = set()
-        base = 2  # the system prompt, not crossed
-        while u is not None:
-            if u in memo:
-                base = memo[u]
-                break
-            r = by_uuid.get(u)
-            if r is None or u in seen:
-                break
-            seen.add(u)
-            if r.type == "system" and r.subtype == "compact_boundary":
-                lp = r.logical_parent
-                if opts.compaction == "full" and lp is not None and lp in by_uuid and lp not in seen:
-                    memo[u] = (value(lp) & ~1) | 1
-                else:
-                    memo[u] = 2
-                base = memo[u]
-                break
-            stack.append(r)
-            u = r.parent
-        v = base
-        crossed = v & 1
-        for r in reversed(stack):
-            v += 2 * contrib(r, crossed)
-            memo[r.uuid] = v
-        return v
-
     memo_get = memo.get
     for r in s.records:
         u = r.uuid
         if u in memo:
             continue
-        r = by_uuid[u]  # the first record with this uuid, as value() resolves it
+        r = by_uuid[u]  # the first record with this uuid, as _prefix_value() resolves it
         p = r.parent
         if p is not None and p != u:
             v = memo_get(p)
             if v is not None:  # fast path (records come parent-first): one step on a known parent
                 t = r.type
                 if t == "user":
-                    memo[u] = v + 2 * user(r, v & 1)
+                    memo[u] = v + 2 * _user_count(r, v & 1, tool_uses)
                     continue
                 if t == "assistant":
-                    memo[u] = v + 2 * assistant(r)
+                    memo[u] = v + 2 * _assistant_count(r, ix)
                     continue
                 if t != "system":
                     memo[u] = v
                     continue
-        value(u)
+        _prefix_value(u, memo, ix, opts)
     return memo
+
+
+def _assistant_count(r: Record, ix: _StreamIndex) -> int:
+    """Messages an assistant record adds to a prefix: its response and one per tool call, or 0 when the
+    response is synthetic or already above it."""
+    key_get = ix.key.get
+    synthetic = ix.synthetic_keys
+    k = key_get(r.uuid)
+    if k is None or k in synthetic:
+        return 0
+    # counted once per path: skip when the same response is already above (streaming split,
+    # possibly through its own tool results and pass-through records)
+    own = ix.tools_of_key.get(k, _EMPTY)
+    by_uuid = ix.by_uuid
+    u, hops = r.parent, 0
+    while u and hops < 10000:
+        hops += 1
+        p = by_uuid.get(u)
+        if p is None:
+            break
+        if p.type == "assistant":
+            pk = key_get(p.uuid)
+            if pk == k:
+                return 0
+            if pk not in synthetic:
+                break
+        elif p.type == "user":
+            c = _content(p)
+            if not (type(c) is list and c and all(b.type == "tool_result" and str(b.tool_use_id) in own for b in c)):
+                break
+        u = p.parent
+    return 1 + ix.n_tools_of_key.get(k, 0)
+
+
+def _user_count(r: Record, crossed: int, tool_uses: dict[str, str]) -> int:
+    """Messages a user record adds to a prefix: 1 when it renders a part, 0 for meta records and (behind a
+    crossed compaction) the compact summary."""
+    if r.is_meta is True or (crossed and r.is_compact_summary is True):
+        return 0
+    return 1 if _has_user_parts(_content(r), tool_uses) else 0
+
+
+def _record_count(r: Record, crossed: int, ix: _StreamIndex) -> int:
+    t = r.type
+    if t == "assistant":
+        return _assistant_count(r, ix)
+    if t == "user":
+        return _user_count(r, crossed, ix.tool_uses)
+    return 0
+
+
+def _prefix_value(u: str | None, memo: dict[str, int], ix: _StreamIndex, opts: RenderOptions) -> int:
+    """The :func:`_prefix_counts` value of ``u``, filling ``memo`` for the unresolved chain above it;
+    iterative: collect the chain, then fill the memo from the top down."""
+    by_uuid = ix.by_uuid
+    stack: list[Record] = []
+    seen: set[str] = set()
+    base = 2  # the system prompt, not crossed
+    while u is not None:
+        if u in memo:
+            base = memo[u]
+            break
+        r = by_uuid.get(u)
+        if r is None or u in seen:
+            break
+        seen.add(u)
+        if r.type == "system" and r.subtype == "compact_boundary":
+            lp = r.logical_parent
+            if opts.compaction == "full" and lp is not None and lp in by_uuid and lp not in seen:
+                memo[u] = (_prefix_value(lp, memo, ix, opts) & ~1) | 1
+            else:
+                memo[u] = 2
+            base = memo[u]
+            break
+        stack.append(r)
+        u = r.parent
+    v = base
+    crossed = v & 1
+    for r in reversed(stack):
+        v += 2 * _record_count(r, crossed, ix)
+        memo[r.uuid] = v
+    return v
 
 
 def build_session(

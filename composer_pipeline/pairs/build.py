@@ -495,51 +495,8 @@ def build_pairs(
     partition_of = {**partition_keys(sessions - set(partition_of or ())), **(partition_of or {})}
     rules = recipe.signature
     voters = voters_from_config(teachers) if teachers is not None else {}
-    stats: dict[str, int] = {
-        k: 0
-        for k in (
-            "states",
-            "states_without_replays",
-            "states_bad_agent_action",
-            "states_too_few_teachers",
-            "states_no_consensus",
-            "states_tied",
-            "states_cross_model",
-            "states_self_consistency",
-            "states_error_skipped",
-            "states_no_messages",
-            "states_render_error",
-            "replays_not_answered",
-            "replays_skipped",
-            "replays_bad_action_json",
-            "replays_empty_action",
-            "replays_unknown_state",
-            "answers_greedy_duplicates",
-            "answers_unknown_tool",
-            "answers_missing_key_arguments",
-            "answers_echo_prompt",
-            "answers_fitted_dropped",
-            "answers_cut_dropped",
-            "pairs_dropped_parrot",
-            "answers_repeat_last_call",
-            "pairs_dropped_repeat",
-            "pairs",
-            "positives",
-        )
-    }
-    by_state: dict[str, list[dict]] = {}
-    state_ids = set(states.column("state_id").to_pylist()) if states.num_rows else set()
-    for r in replays.to_pylist():
-        if r["state_id"] not in state_ids:
-            stats["replays_unknown_state"] += 1
-            continue
-        if recipe.drop_fitted_answers and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0)):
-            stats["answers_fitted_dropped"] += 1
-            continue
-        if r.get("finish_reason") in tables.CUT_FINISH_REASONS:  # cut at its token limit: never votes, never chosen
-            stats["answers_cut_dropped"] += 1
-            continue
-        by_state.setdefault(r["state_id"], []).append(r)
+    stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
+    by_state = _replays_by_state(states, replays, recipe, stats)
 
     pref = {t: i for i, t in enumerate(recipe.teacher_preference)}
     render_fn = None
@@ -555,12 +512,8 @@ def build_pairs(
         if st.get("has_error") and not recipe.keep_error_states:
             stats["states_error_skipped"] += 1
             continue
-        try:
-            agent = Action.from_json(st["action"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-            stats["states_bad_agent_action"] += 1
-            continue
-        if agent.is_empty:
+        agent = _agent_action(st)
+        if agent is None:
             stats["states_bad_agent_action"] += 1
             continue
         answers = _teacher_answers(rows, stats)
@@ -589,43 +542,9 @@ def build_pairs(
         members = sorted(found.teachers, key=lambda t: (pref.get(t, len(pref)), t))
         chosen = answers[members[0]][0]
         agrees = same_decision(agent, found.representative, rules)
-        call_ids = sorted(r["call_id"] for r in rows)
-        row = {
-            "pair_id": pair_id_for(st["state_id"], found.signature),
-            "kind": "positive" if agrees else "pair",
-            "state_id": st["state_id"],
-            "session_key": st["session_key"],
-            "partition_key": partition_of.get(st["session_key"]),
-            "session_id": st.get("session_id"),
-            "source_file": st.get("source_file"),
-            "source": st.get("source") or "claude",  # (states stored before the column: Claude Code's)
-            "source_lines": st.get("source_lines") or [],
-            "record_uuids": st.get("record_uuids") or [],
-            "replay_call_ids": call_ids,
-            "prompt": prompt,
-            "tools": tools_json,
-            "chosen": chosen.to_json(),
-            "rejected": agent.to_json(),
-            "chosen_text": chosen.to_text(),
-            "rejected_text": agent.to_text(),
-            "agreement_kind": found.kind,
-            "n_teachers": n_teachers,
-            "n_models": found.n_models,
-            "n_models_agreeing": found.n_models_agreeing,
-            "n_agreeing": found.n_agreeing,
-            "agreeing_teachers": members,
-            "agreement_score": found.score,
-            "consensus_signature": found.signature,
-            "agent_signature": action_signature(agent, rules),
-            "cost_usd": float(sum(r.get("cost_usd") or 0.0 for r in rows)),
-            "has_error": bool(st.get("has_error")),
-            "error_after": st.get("error_after"),
-        }
-        why = parrot_reason(chosen, prompt, rules) if not agrees and recipe.drop_parroting_chosen else None
-        if why is not None:
-            stats["pairs_dropped_parrot"] += 1
-        elif not agrees and recipe.drop_repeating_chosen and (why := repeat_reason(chosen, prompt)) is not None:
-            stats["pairs_dropped_repeat"] += 1
+        row = _pair_row(st, rows, agent, chosen, found, members, agrees, (prompt, tools_json, n_teachers, rules))
+        row["partition_key"] = partition_of.get(st["session_key"])
+        why = _drop_reason(chosen, prompt, rules, recipe, stats) if not agrees else None
         if why is not None:  # kept, with the reason, in dropped_pairs: never a chosen side, never silent
             drop_rows.append({**row, "drop_op": "pairs.build", "drop_reason": why, "drop_stats": "{}"})
             continue
@@ -637,6 +556,115 @@ def build_pairs(
         stats=stats,
         dropped=_to_table(drop_rows, "dropped_pairs"),
     )
+
+
+STAT_KEYS = (
+    "states",
+    "states_without_replays",
+    "states_bad_agent_action",
+    "states_too_few_teachers",
+    "states_no_consensus",
+    "states_tied",
+    "states_cross_model",
+    "states_self_consistency",
+    "states_error_skipped",
+    "states_no_messages",
+    "states_render_error",
+    "replays_not_answered",
+    "replays_skipped",
+    "replays_bad_action_json",
+    "replays_empty_action",
+    "replays_unknown_state",
+    "answers_greedy_duplicates",
+    "answers_unknown_tool",
+    "answers_missing_key_arguments",
+    "answers_echo_prompt",
+    "answers_fitted_dropped",
+    "answers_cut_dropped",
+    "pairs_dropped_parrot",
+    "answers_repeat_last_call",
+    "pairs_dropped_repeat",
+    "pairs",
+    "positives",
+)
+"""What :func:`build_pairs` counts: every state, replay and answer it does not turn into a row lands in one."""
+
+
+def _replays_by_state(states: pa.Table, replays: pa.Table, recipe: PairRecipe, stats: dict[str, int]) -> dict:
+    """The replay rows that may vote, by state: rows of unknown states, fitted answers (when the recipe drops
+    them) and answers cut at their token limit are counted and left out."""
+    by_state: dict[str, list[dict]] = {}
+    state_ids = set(states.column("state_id").to_pylist()) if states.num_rows else set()
+    for r in replays.to_pylist():
+        if r["state_id"] not in state_ids:
+            stats["replays_unknown_state"] += 1
+            continue
+        if recipe.drop_fitted_answers and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0)):
+            stats["answers_fitted_dropped"] += 1
+            continue
+        if r.get("finish_reason") in tables.CUT_FINISH_REASONS:  # cut at its token limit: never votes, never chosen
+            stats["answers_cut_dropped"] += 1
+            continue
+        by_state.setdefault(r["state_id"], []).append(r)
+    return by_state
+
+
+def _agent_action(st: dict) -> Action | None:
+    """The agent's recorded action, or None when it does not parse or is empty."""
+    try:
+        agent = Action.from_json(st["action"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+    return None if agent.is_empty else agent
+
+
+def _drop_reason(chosen: Action, prompt: str, rules, recipe: PairRecipe, stats: dict[str, int]) -> str | None:
+    """Why a pair's chosen side must not be taught (it parrots the prompt, or repeats the last call), counted."""
+    why = parrot_reason(chosen, prompt, rules) if recipe.drop_parroting_chosen else None
+    if why is not None:
+        stats["pairs_dropped_parrot"] += 1
+    elif recipe.drop_repeating_chosen and (why := repeat_reason(chosen, prompt)) is not None:
+        stats["pairs_dropped_repeat"] += 1
+    return why
+
+
+def _pair_row(
+    st: dict, rows: list[dict], agent: Action, chosen: Action, found, members: list[str], agrees: bool, answered: tuple
+) -> dict:
+    """The row of one state whose teachers agreed; ``answered``: (prompt, tools JSON, number of teachers that
+    answered, the pair rules); ``partition_key`` is set by the caller."""
+    prompt, tools_json, n_teachers, rules = answered
+    return {
+        "pair_id": pair_id_for(st["state_id"], found.signature),
+        "kind": "positive" if agrees else "pair",
+        "state_id": st["state_id"],
+        "session_key": st["session_key"],
+        "partition_key": None,  # set by the caller
+        "session_id": st.get("session_id"),
+        "source_file": st.get("source_file"),
+        "source": st.get("source") or "claude",  # (states stored before the column: Claude Code's)
+        "source_lines": st.get("source_lines") or [],
+        "record_uuids": st.get("record_uuids") or [],
+        "replay_call_ids": sorted(r["call_id"] for r in rows),
+        "prompt": prompt,
+        "tools": tools_json,
+        "chosen": chosen.to_json(),
+        "rejected": agent.to_json(),
+        "chosen_text": chosen.to_text(),
+        "rejected_text": agent.to_text(),
+        "agreement_kind": found.kind,
+        "n_teachers": n_teachers,
+        "n_models": found.n_models,
+        "n_models_agreeing": found.n_models_agreeing,
+        "n_agreeing": found.n_agreeing,
+        "agreeing_teachers": members,
+        "agreement_score": found.score,
+        "consensus_signature": found.signature,
+        "agent_signature": action_signature(agent, rules),
+        "cost_usd": float(sum(r.get("cost_usd") or 0.0 for r in rows)),
+        "has_error": bool(st.get("has_error")),
+        "error_after": st.get("error_after"),
+    }
 
 
 def agreement_label(r: dict) -> str:

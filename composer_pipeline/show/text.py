@@ -64,19 +64,7 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
     out.append("")
     out.append("── what the agent saw (the messages teachers are sent) " + "─" * max(0, width - 55))
     for t in walk(v.prefix, full):
-        if t.role == "tool":
-            head = f"[{t.index}] tool ← {t.tool_name} {t.tool_call_id}"
-            if t.interrupted:
-                out.append(f"{head}  INTERRUPTED (no result before this step)")
-                continue
-            out.append(head)
-            out.append(_indent(t.body))
-        elif t.role == "assistant":
-            out.append(f"[{t.index}] assistant")
-            out.append(_indent(t.lines or ["(empty)"]))
-        else:
-            out.append(f"[{t.index}] {t.role}")
-            out.append(_indent(t.body))
+        out.extend(_prefix_message_lines(t))
     out.append("")
     out.append("── what the agent did " + "─" * max(0, width - 22))
     out.append(_indent(action_lines(v.action, lim.value_chars, lim.text_lines)))
@@ -86,34 +74,55 @@ def _format_state(v: StateView, width: int, full: bool, agreeing: Sequence[str] 
             out.append(f"    {e.get('tool_name')} {e.get('tool_use_id')}:")
             out.append(_indent(shorten(str(e.get("content") or ""), lim.tool_lines), 6))
     out.append("── teachers " + "─" * max(0, width - 12))
-    if not v.teachers:
-        out.append("    not replayed yet" if not v.replayed else "    (no rows)")
-    else:
-        out.append(f"    {teacher_summary(v.teachers)}")
-        for t in v.teachers:
-            tok = f"{t.prompt_tokens if t.prompt_tokens is not None else '?'}+{t.completion_tokens if t.completion_tokens is not None else '?'} tok"
-            if t.cached_tokens:
-                tok += f" ({t.cached_tokens} cached)"
-            out.append(
-                f"  {t.teacher} ({t.model})  {t.status}  cost {money(t.cost_usd)} paid {money(t.paid_usd)}  {secs(t.latency_s)}  {tok}  "
-                f"attempts {t.attempts}{teacher_flags(t, agreeing)}"
-            )
-            if t.elided_messages:
-                out.append(
-                    f"      fitted: {t.elided_messages} messages elided before this point (the teacher's context window)"
-                )
-            if t.reason:
-                out.append(f"      reason: {t.reason}")
-            if t.action:
-                out.append(_indent(action_lines(t.action, lim.value_chars, lim.text_lines), 6))
-            elif t.raw_answer:
-                out.append(
-                    _indent(
-                        ["raw answer (not parsed as an action):", *shorten(t.raw_answer, lim.text_lines).splitlines()],
-                        6,
-                    )
-                )
+    out.extend(_teacher_lines(v, lim, agreeing))
     return "\n".join(out)
+
+
+def _prefix_message_lines(t) -> list[str]:
+    """One message of the prefix the teachers were sent: its header line and its indented body."""
+    if t.role == "tool":
+        head = f"[{t.index}] tool ← {t.tool_name} {t.tool_call_id}"
+        if t.interrupted:
+            return [f"{head}  INTERRUPTED (no result before this step)"]
+        return [head, _indent(t.body)]
+    if t.role == "assistant":
+        return [f"[{t.index}] assistant", _indent(t.lines or ["(empty)"])]
+    return [f"[{t.index}] {t.role}", _indent(t.body)]
+
+
+def _teacher_lines(v: StateView, lim, agreeing: Sequence[str]) -> list[str]:
+    """The teachers' section of a state: a summary, then each teacher's row, reason and answer."""
+    if not v.teachers:
+        return ["    not replayed yet" if not v.replayed else "    (no rows)"]
+    out = [f"    {teacher_summary(v.teachers)}"]
+    for t in v.teachers:
+        out.extend(_one_teacher_lines(t, lim, agreeing))
+    return out
+
+
+def _one_teacher_lines(t, lim, agreeing: Sequence[str]) -> list[str]:
+    prompt = t.prompt_tokens if t.prompt_tokens is not None else "?"
+    completion = t.completion_tokens if t.completion_tokens is not None else "?"
+    tok = f"{prompt}+{completion} tok"
+    if t.cached_tokens:
+        tok += f" ({t.cached_tokens} cached)"
+    out = [
+        f"  {t.teacher} ({t.model})  {t.status}  cost {money(t.cost_usd)} paid {money(t.paid_usd)}  {secs(t.latency_s)}  {tok}  "
+        f"attempts {t.attempts}{teacher_flags(t, agreeing)}"
+    ]
+    if t.elided_messages:
+        out.append(
+            f"      fitted: {t.elided_messages} messages elided before this point (the teacher's context window)"
+        )
+    if t.reason:
+        out.append(f"      reason: {t.reason}")
+    if t.action:
+        out.append(_indent(action_lines(t.action, lim.value_chars, lim.text_lines), 6))
+    elif t.raw_answer:
+        out.append(
+            _indent(["raw answer (not parsed as an action):", *shorten(t.raw_answer, lim.text_lines).splitlines()], 6)
+        )
+    return out
 
 
 def _column(action: dict, width: int, full: bool) -> list[str]:

@@ -371,33 +371,9 @@ def gather(
     pair_tables = [(name, status, t) for name, status in PAIR_TABLES if (t := stores.read(name)) is not None]
     if states is None and not pair_tables:
         raise FileNotFoundError(f"no trace_states or pair tables under {where} (run `composer-pipeline ingest` first)")
-    if all_states:
-        if states is None:
-            raise FileNotFoundError(f"no trace_states under {where} (run `composer-pipeline ingest` first)")
-        targets = [("state", s) for s in states.column("state_id").to_pylist()]
-    else:
-        pair_ids = sorted({p for _, _, t in pair_tables for p in t.column("pair_id").to_pylist() if p})
-        sessions: dict[str, list[str]] = {}
-        if states is not None:
-            for sk, sid in zip(states.column("session_key").to_pylist(), states.column("state_id").to_pylist()):
-                sessions.setdefault(sk, []).append(sid)
-        targets = resolve_ids(
-            ids, states.column("state_id").to_pylist() if states is not None else [], pair_ids, where, sessions
-        )
-
-    # the pair rows (first table in PAIR_TABLES order wins; every appearance is listed)
-    pairs: dict[str, tuple[dict, list[dict]]] = {}
+    targets = _targets(states, pair_tables, ids, all_states, where)
     want_pairs = [i for k, i in targets if k == "pair"]
-    for name, status, t in pair_tables:
-        for row in _filter(t, "pair_id", want_pairs).to_pylist() if want_pairs else []:
-            app = {"table": name, "status": status}
-            if name == "dropped_pairs":
-                app.update(drop_op=row.get("drop_op"), drop_reason=row.get("drop_reason"))
-            if row["pair_id"] in pairs:
-                if app not in pairs[row["pair_id"]][1]:
-                    pairs[row["pair_id"]][1].append(app)
-            else:
-                pairs[row["pair_id"]] = (row, [app])
+    pairs = _pair_rows(pair_tables, want_pairs)
 
     need_states = {i for k, i in targets if k == "state"} | {pairs[p][0]["state_id"] for p in want_pairs}
     st_rows = (
@@ -409,10 +385,7 @@ def gather(
     streams = sorted({r["stream_id"] for r in st_rows.values()})
     conv = Conversation.from_table(_filter(messages, "stream_id", streams)) if messages is not None else Conversation()
     replays = stores.read("teacher_replays")
-    by_state: dict[str, list[dict]] = {}
-    if replays is not None:
-        for r in _filter(replays, "state_id", sorted(need_states)).to_pylist():
-            by_state.setdefault(r["state_id"], []).append(r)
+    by_state = _replays_by_state(replays, need_states)
 
     for kind, ident in targets:
         if kind == "state":
@@ -427,6 +400,46 @@ def gather(
         if teachers_config is not None:
             _verify(view.state if isinstance(view, PairView) else view, teachers_config)
         yield view
+
+
+def _targets(states, pair_tables: list, ids: Sequence[str], all_states: bool, where: str) -> list[tuple[str, str]]:
+    """``(kind, id)`` to show: every stored state with ``all_states``, else ``ids`` resolved (prefixes,
+    session keys) against the stored state and pair ids."""
+    if all_states:
+        if states is None:
+            raise FileNotFoundError(f"no trace_states under {where} (run `composer-pipeline ingest` first)")
+        return [("state", s) for s in states.column("state_id").to_pylist()]
+    pair_ids = sorted({p for _, _, t in pair_tables for p in t.column("pair_id").to_pylist() if p})
+    sessions: dict[str, list[str]] = {}
+    if states is not None:
+        for sk, sid in zip(states.column("session_key").to_pylist(), states.column("state_id").to_pylist()):
+            sessions.setdefault(sk, []).append(sid)
+    state_ids = states.column("state_id").to_pylist() if states is not None else []
+    return resolve_ids(ids, state_ids, pair_ids, where, sessions)
+
+
+def _pair_rows(pair_tables: list, want_pairs: list[str]) -> dict[str, tuple[dict, list[dict]]]:
+    """The pair rows asked for: the first table in PAIR_TABLES order gives the row; every appearance is listed."""
+    pairs: dict[str, tuple[dict, list[dict]]] = {}
+    for name, status, t in pair_tables:
+        for row in _filter(t, "pair_id", want_pairs).to_pylist() if want_pairs else []:
+            app = {"table": name, "status": status}
+            if name == "dropped_pairs":
+                app.update(drop_op=row.get("drop_op"), drop_reason=row.get("drop_reason"))
+            if row["pair_id"] in pairs:
+                if app not in pairs[row["pair_id"]][1]:
+                    pairs[row["pair_id"]][1].append(app)
+            else:
+                pairs[row["pair_id"]] = (row, [app])
+    return pairs
+
+
+def _replays_by_state(replays, need_states: set[str]) -> dict[str, list[dict]]:
+    by_state: dict[str, list[dict]] = {}
+    if replays is not None:
+        for r in _filter(replays, "state_id", sorted(need_states)).to_pylist():
+            by_state.setdefault(r["state_id"], []).append(r)
+    return by_state
 
 
 def _pair_view(

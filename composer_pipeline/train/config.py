@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from composer_pipeline import settings
 from composer_pipeline.settings import setting
@@ -27,11 +27,16 @@ from composer_pipeline.train.hints import HintTemplates
 
 @dataclass
 class Weights:
+    """One weight per channel, named for the channel (``dpo.beta`` is DPO's own β, not a weight)."""
+
+    # the names before issue 36; they still load, with a RenamedKeyWarning naming the new key
+    RENAMED: ClassVar[dict[str, str]] = {"alpha": "sdpo", "beta": "dpo"}
+
     grpo: float = setting(1.0, help="weight of the GRPO term; 0 turns channel 1 off")
-    alpha: float = setting(
-        0.5, help="α: weight of the hint self-distillation JSD at error sites; 0 turns channel 2 off"
+    sdpo: float = setting(
+        0.5, help="weight of the hint self-distillation divergence at error sites (was `alpha`); 0 turns channel 2 off"
     )
-    beta: float = setting(0.5, help="β: weight of the DPO term on normalized pairs; 0 turns channel 3 off")
+    dpo: float = setting(0.5, help="weight of the DPO term on normalized pairs (was `beta`); 0 turns channel 3 off")
 
 
 @dataclass
@@ -179,7 +184,7 @@ class TrainRecipe:
     model: str | None = setting(
         None, help='HF model name, local path, "tiny" or "local:smollm2-135m-instruct" (`--model` overrides)'
     )
-    weights: Weights = setting(factory=Weights, help="channel weights: total = grpo·GRPO + alpha·SDPO + beta·DPO")
+    weights: Weights = setting(factory=Weights, help="channel weights: total = grpo·GRPO + sdpo·SDPO + dpo·DPO")
     grpo: GRPOSection = setting(factory=GRPOSection, help="channel 1: GRPO with verifiable rewards (TRL)")
     sdpo: SDPOSection = setting(factory=SDPOSection, help="channel 2: hint self-distillation at error sites")
     dpo: DPOSection = setting(factory=DPOSection, help="channel 3: DPO or SimPO on the normalized pairs")
@@ -206,10 +211,10 @@ class TrainRecipe:
     def validate(self) -> None:
         if self.dpo.variant not in ("dpo", "simpo"):
             raise ValueError(f"dpo.variant must be dpo or simpo, got {self.dpo.variant!r}")
-        for k in ("grpo", "alpha", "beta"):
+        for k in CHANNELS:
             if getattr(self.weights, k) < 0:
                 raise ValueError(f"weights.{k} must be >= 0")
-        if not any(getattr(self.weights, k) > 0 for k in ("grpo", "alpha", "beta")):
+        if not any(getattr(self.weights, k) > 0 for k in CHANNELS):
             raise ValueError("all channel weights are 0: nothing to train")
         if self.dpo.preference_tokens not in ("all", "differing", "first_differing"):
             raise ValueError(
@@ -275,7 +280,7 @@ class Channels:
         return ch not in self.off_reasons
 
     def weight(self, ch: str) -> float:
-        return {"grpo": self.weights.grpo, "sdpo": self.weights.alpha, "dpo": self.weights.beta}[ch]
+        return getattr(self.weights, ch)
 
     @property
     def reads_rollouts(self) -> bool:
@@ -289,12 +294,12 @@ def decide_channels(weights: Weights, *, has_error_sites: bool, has_pairs: bool)
     off: dict[str, str] = {}
     if weights.grpo == 0:
         off["grpo"] = "weight 0"
-    if weights.alpha == 0:
-        off["sdpo"] = "weight 0 (alpha)"
+    if weights.sdpo == 0:
+        off["sdpo"] = "weight 0"
     elif not has_error_sites:
         off["sdpo"] = "no error sites in the training data"
-    if weights.beta == 0:
-        off["dpo"] = "weight 0 (beta)"
+    if weights.dpo == 0:
+        off["dpo"] = "weight 0"
     elif not has_pairs:
         off["dpo"] = "no DPO pairs in the training data"
     if len(off) == len(CHANNELS):

@@ -1,4 +1,4 @@
-"""The three-channel trainer: ``total = w·GRPO + α·SDPO(hint JSD) + β·DPO`` on any HF causal LM.
+"""The three-channel trainer: ``total = w_grpo·GRPO + w_sdpo·SDPO(hint JSD) + w_dpo·DPO`` (``weights.{grpo,sdpo,dpo}``) on any HF causal LM.
 
 In:  a Store root with the pipeline's tables (see :mod:`composer_pipeline.train.data`), a
      :class:`~.config.TrainRecipe` (``recipes/train.yaml``), a model name/path (or ``tiny``), ``out_dir``.
@@ -279,7 +279,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
                 rec["taid_t"] = self.taid.t
             if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
                 hint_loss = hint_loss * c_mask.sum() * self.rank.world / global_tokens
-            term = w.alpha * hint_loss / ga
+            term = w.sdpo * hint_loss / ga
             total = term if total is None else total + term
             rec["sdpo"] = float(hint_loss.detach())
             rec["error_sites"] = int(idx.numel()) if sdpo_now else 0
@@ -287,7 +287,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
 
         if self.channels.on("dpo"):
             d, margins, nll = self._dpo_loss(model)
-            term = w.beta * d / ga
+            term = w.dpo * d / ga
             total = term if total is None else total + term
             rec["dpo"] = float(d.detach())
             rec["dpo_margin"] = float(margins.mean())

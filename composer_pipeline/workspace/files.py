@@ -209,22 +209,8 @@ class Workspace:
         """Apply one past tool call with what really came back."""
         name, args = ev.name, ev.arguments
         if name not in FILE_TOOLS:
-            if name in _READ_ONLY_TOOLS:
-                return
-            command = str(args.get("command", "")) if name == "Bash" else None
-            if ev.ok is not False and (command is None or may_write(command)):
-                written = written_files(command, self.shell_cwd) if command is not None and ev.ok else None
-                if written is None:
-                    self._outside_change()
-                for path in written or ():  # a redirection writes its file only, outside the file tools
-                    self._exists(path)
-                    self.view(path).forget_contents()
-                    self.view(path).stale = True
-            if command is not None and ev.ok:
-                self._observe_shell_listing(command, ev)
-            if command is not None:  # another agent's cd moves a shared shell (Claude Code 1.0.x subagents)
-                follow = ev.own or self.shell_shared or "cd " not in command
-                self.shell_cwd = shell_cwd_after(command, self.shell_cwd) if follow else None
+            if name not in _READ_ONLY_TOOLS:
+                self._observe_other_tool(ev)
             return
         if name in ("Glob", "Grep"):
             self._observe_listing(ev)
@@ -248,6 +234,35 @@ class Workspace:
                 self._observe_failure(ev, path, v)
             return
         read_before, stale_before = v.read, v.stale
+        self._observe_file_success(ev, path, v)
+        if not ev.own:  # read-before-write state is each agent's own
+            # another agent's Write or Edit does not make this agent's read stale: a 2.0.74 session's main agent
+            # Edits a file with success, unread since its subagent Edited it (kfischer-okarin b3edadab)
+            v.read, v.stale = read_before, stale_before
+        else:
+            v.stale = False
+
+    def _observe_other_tool(self, ev: Event) -> None:
+        """A tool outside the file tools that may write (Bash, or one this model does not know): what it wrote
+        is stale (a shell redirection names its file), or everything is unknown again; Bash moves the shell."""
+        command = str(ev.arguments.get("command", "")) if ev.name == "Bash" else None
+        if ev.ok is not False and (command is None or may_write(command)):
+            written = written_files(command, self.shell_cwd) if command is not None and ev.ok else None
+            if written is None:
+                self._outside_change()
+            for path in written or ():  # a redirection writes its file only, outside the file tools
+                self._exists(path)
+                self.view(path).forget_contents()
+                self.view(path).stale = True
+        if command is not None and ev.ok:
+            self._observe_shell_listing(command, ev)
+        if command is not None:  # another agent's cd moves a shared shell (Claude Code 1.0.x subagents)
+            follow = ev.own or self.shell_shared or "cd " not in command
+            self.shell_cwd = shell_cwd_after(command, self.shell_cwd) if follow else None
+
+    def _observe_file_success(self, ev: Event, path: str, v: FileView) -> None:
+        """A Read, Write or edit that succeeded: what the file holds now, and that it was read."""
+        name, args = ev.name, ev.arguments
         if name == "Read":
             self._observe_read(ev, path, v)
         elif name == "Write":
@@ -267,12 +282,6 @@ class Workspace:
             else:
                 v.forget_contents()
             v.read_whole = False
-        if not ev.own:  # read-before-write state is each agent's own
-            # another agent's Write or Edit does not make this agent's read stale: a 2.0.74 session's main agent
-            # Edits a file with success, unread since its subagent Edited it (kfischer-okarin b3edadab)
-            v.read, v.stale = read_before, stale_before
-        else:
-            v.stale = False
 
     def _observe_listing(self, ev: Event) -> None:
         if not ev.ok:

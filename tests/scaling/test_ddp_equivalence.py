@@ -139,7 +139,7 @@ def test_two_ranks_hint_distillation_alone(ddp_setup):
     weight 0 (a rank that skipped them would leave DDP's collectives unmatched and hang)."""
     root, data, recipe = ddp_setup
     raw = yaml.safe_load(recipe.read_text())
-    raw["weights"] = {"grpo": 0.0, "alpha": 1.0, "beta": 0.0}
+    raw["weights"] = {"grpo": 0.0, "sdpo": 1.0, "dpo": 0.0}
     sdpo = root / "sdpo.yaml"
     sdpo.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -290,56 +290,10 @@ def _end(srv, b: EmuBatch) -> None:
     srv._billing.rate = book.rate
     try:
         for cid, body in b.lines:
-            kind = fate.get(cid)
-            if kind is None:
-                rules = srv.models.get(str(body.get("model")))
-                if rules is None:
-                    status, ans = 404, {"error": {"message": f"model {body.get('model')!r} not found"}}
-                elif b.api == "openai":
-                    status, ans = srv.openai(body, rules)
-                else:
-                    status, ans = srv.anthropic(body, rules, b.heads)
-                kind = "succeeded" if status == 200 else "errored"
-            else:
-                status, ans = 400, {"error": {"type": "invalid_request_error", "message": f"emulated {kind}"}}
+            kind, status, ans = _answer(srv, b, body, fate.get(cid))
             b.counts[kind] = b.counts.get(kind, 0) + 1
-            if b.api == "anthropic":
-                res: dict[str, Any] = {"type": kind}
-                if kind == "succeeded":
-                    res["message"] = ans
-                elif kind == "errored":
-                    res["error"] = {"type": "error", "error": ans.get("error")}
-                out.append({"custom_id": cid, "result": res})
-            elif kind == "succeeded":
-                out.append(
-                    {
-                        "id": f"batch_req_{cid[:8]}",
-                        "custom_id": cid,
-                        "response": {"status_code": 200, "body": ans},
-                        "error": None,
-                    }
-                )
-            elif kind == "expired":
-                errs.append(
-                    {
-                        "id": f"batch_req_{cid[:8]}",
-                        "custom_id": cid,
-                        "response": None,
-                        "error": {
-                            "code": "batch_expired",
-                            "message": "This request could not be executed before the completion window expired.",
-                        },
-                    }
-                )
-            else:
-                errs.append(
-                    {
-                        "id": f"batch_req_{cid[:8]}",
-                        "custom_id": cid,
-                        "response": {"status_code": status, "body": ans},
-                        "error": None,
-                    }
-                )
+            line, failed = _result_line(b.api, cid, kind, status, ans)
+            (errs if failed else out).append(line)
     finally:
         srv._billing.rate = 1.0
     with book.lock:
@@ -351,3 +305,39 @@ def _end(srv, b: EmuBatch) -> None:
                 b.error_file_id = f"file-emu-err-{b.id}"
                 book.files[b.error_file_id] = b"".join(orjson.dumps(r) + b"\n" for r in errs)
         b.results = out + errs
+
+
+def _answer(srv, b: EmuBatch, body: dict[str, Any], fate: str | None) -> tuple[str, int, dict[str, Any]]:
+    """``(kind, status, answer)`` of one batch request: its scripted fate (expired, errored, canceled), else
+    what the synchronous endpoint answers (succeeded on 200, else errored)."""
+    if fate is not None:
+        return fate, 400, {"error": {"type": "invalid_request_error", "message": f"emulated {fate}"}}
+    rules = srv.models.get(str(body.get("model")))
+    if rules is None:
+        status, ans = 404, {"error": {"message": f"model {body.get('model')!r} not found"}}
+    elif b.api == "openai":
+        status, ans = srv.openai(body, rules)
+    else:
+        status, ans = srv.anthropic(body, rules, b.heads)
+    return ("succeeded" if status == 200 else "errored"), status, ans
+
+
+def _result_line(api: str, cid: str, kind: str, status: int, ans: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """One request's result line as the provider writes it, and whether it goes to OpenAI's error file."""
+    if api == "anthropic":
+        res: dict[str, Any] = {"type": kind}
+        if kind == "succeeded":
+            res["message"] = ans
+        elif kind == "errored":
+            res["error"] = {"type": "error", "error": ans.get("error")}
+        return {"custom_id": cid, "result": res}, False
+    line: dict[str, Any] = {"id": f"batch_req_{cid[:8]}", "custom_id": cid}
+    if kind == "succeeded":
+        return {**line, "response": {"status_code": 200, "body": ans}, "error": None}, False
+    if kind == "expired":
+        error = {
+            "code": "batch_expired",
+            "message": "This request could not be executed before the completion window expired.",
+        }
+        return {**line, "response": None, "error": error}, True
+    return {**line, "response": {"status_code": status, "body": ans}, "error": None}, True

@@ -346,6 +346,17 @@ class ProviderEmulator(ThreadingHTTPServer):
             },
         }
 
+    def _anthropic_cache_read(self, bps: list[int], cum: list[int], keys: list[str], rules: ModelRules) -> int:
+        """The furthest block boundary a cached prefix is read up to: each breakpoint looks back up to
+        LOOKBACK_BLOCKS boundaries for a stored prefix of at least ``rules.min_cached`` tokens (0: none)."""
+        read_at = 0
+        for bp in bps:
+            for j in range(bp, max(0, bp - LOOKBACK_BLOCKS), -1):
+                if j > read_at and cum[j] >= rules.min_cached and self._lookup(keys[j]):
+                    read_at = j
+                    break
+        return read_at
+
     def anthropic(self, body: dict[str, Any], rules: ModelRules, heads: dict[str, str]) -> tuple[int, dict[str, Any]]:
         def bad(msg: str) -> tuple[int, dict[str, Any]]:
             return 400, {"type": "error", "error": {"type": "invalid_request_error", "message": msg}}
@@ -359,28 +370,9 @@ class ProviderEmulator(ThreadingHTTPServer):
         for k in ("temperature", "top_p"):
             if not rules.sampling and k in body:
                 return bad(f"{k} is deprecated for this model.")
-        msgs = body.get("messages") or []
-        blocks: list[Any] = list(body.get("tools") or [])
-        system = body.get("system") or []
-        blocks += [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
-        expect: set[str] = set()
-        for i, m in enumerate(msgs):
-            role = m.get("role")
-            if role != ("user" if i % 2 == 0 else "assistant"):
-                return bad(
-                    f"messages: roles must alternate between user and assistant, starting with user (message {i})"
-                )
-            content = m.get("content")
-            content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
-            if not content:
-                return bad(f"messages.{i}: content must not be empty")
-            got = {b.get("tool_use_id") for b in content if b.get("type") == "tool_result"}
-            if role == "user" and expect - got:
-                return bad(
-                    f"messages.{i}: tool_use ids without a tool_result block right after them: {sorted(expect - got)}"
-                )
-            expect = {b.get("id") for b in content if b.get("type") == "tool_use"} if role == "assistant" else set()
-            blocks += content
+        blocks, problem = _anthropic_blocks(body)
+        if problem is not None:
+            return bad(problem)
         n_bp = sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
         if n_bp > MAX_BREAKPOINTS:
             return bad(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {n_bp}.")
@@ -404,12 +396,7 @@ class ProviderEmulator(ThreadingHTTPServer):
         bps = [
             i + 1 for i, b in enumerate(blocks) if isinstance(b, dict) and "cache_control" in b
         ]  # boundary after the block
-        read_at = 0
-        for bp in bps:
-            for j in range(bp, max(0, bp - LOOKBACK_BLOCKS), -1):
-                if j > read_at and cum[j] >= rules.min_cached and self._lookup(keys[j]):
-                    read_at = j
-                    break
+        read_at = self._anthropic_cache_read(bps, cum, keys, rules)
         if read_at:
             self._touch([keys[read_at]], rules.ttl_s)
         writable = [bp for bp in bps if cum[bp] >= rules.min_cached and bp > read_at]
@@ -467,3 +454,32 @@ class ProviderEmulator(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+def _anthropic_blocks(body: dict[str, Any]) -> tuple[list[Any], str | None]:
+    """The request's blocks in prompt order (tools, system, each message's content) and the first problem
+    the Messages API would refuse (roles not alternating, empty content, a tool_use left unanswered)."""
+    blocks: list[Any] = list(body.get("tools") or [])
+    system = body.get("system") or []
+    blocks += [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
+    expect: set[str] = set()
+    for i, m in enumerate(body.get("messages") or []):
+        role = m.get("role")
+        if role != ("user" if i % 2 == 0 else "assistant"):
+            return (
+                blocks,
+                f"messages: roles must alternate between user and assistant, starting with user (message {i})",
+            )
+        content = m.get("content")
+        content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        if not content:
+            return blocks, f"messages.{i}: content must not be empty"
+        got = {b.get("tool_use_id") for b in content if b.get("type") == "tool_result"}
+        if role == "user" and expect - got:
+            return (
+                blocks,
+                f"messages.{i}: tool_use ids without a tool_result block right after them: {sorted(expect - got)}",
+            )
+        expect = {b.get("id") for b in content if b.get("type") == "tool_use"} if role == "assistant" else set()
+        blocks += content
+    return blocks, None

@@ -103,6 +103,35 @@ class _Handler(JsonHandler):
         else:
             self._send(404, b'{"error":{"message":"not found"}}')
 
+    def _send_broken(self, kind: str, arg: str) -> bool:
+        """The behaviours that never answer with a completion (a reset connection, an error status, a body
+        that is not JSON): sent, True; any other ``kind``: False."""
+        if kind == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            self.connection.close()
+            return True
+        if kind == "echoauth":  # a misbehaving provider that echoes the credential in its error
+            self._send(401, orjson.dumps({"error": {"message": f"invalid key {self.headers.get('Authorization')}"}}))
+            return True
+        if kind.isdigit():
+            headers = {"Retry-After": arg} if arg else {}
+            self._send(int(kind), orjson.dumps({"error": {"message": f"scripted {kind}"}}), headers)
+            return True
+        if kind == "invalidkey":  # a gateway repeating the credential it refused, not as JSON
+            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            self._send(200, f"Invalid key: {key} - check the key in your dashboard and try again".encode())
+            return True
+        if kind == "html":
+            page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Please sign in</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return True
+        return False
+
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path.rstrip("/") != "/v1/chat/completions":
@@ -124,29 +153,7 @@ class _Handler(JsonHandler):
         kind, _, arg = behaviour.partition(":")
         if srv.latency_s:
             time.sleep(srv.latency_s)
-        if kind == "reset":
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.close_connection = True
-            self.connection.close()
-            return
-        if kind == "echoauth":  # a misbehaving provider that echoes the credential in its error
-            self._send(401, orjson.dumps({"error": {"message": f"invalid key {self.headers.get('Authorization')}"}}))
-            return
-        if kind.isdigit():
-            headers = {"Retry-After": arg} if arg else {}
-            self._send(int(kind), orjson.dumps({"error": {"message": f"scripted {kind}"}}), headers)
-            return
-        if kind == "invalidkey":  # a gateway repeating the credential it refused, not as JSON
-            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
-            self._send(200, f"Invalid key: {key} - check the key in your dashboard and try again".encode())
-            return
-        if kind == "html":
-            page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Please sign in</body></html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
+        if self._send_broken(kind, arg):
             return
         if kind == "hang":
             time.sleep(float(arg or 30))

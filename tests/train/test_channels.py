@@ -10,7 +10,7 @@ from composer_pipeline.train.config import CHANNELS, Weights, decide_channels
 
 
 def test_every_channel_on_when_weighted_and_fed():
-    ch = decide_channels(Weights(grpo=1.0, alpha=0.5, beta=0.25), has_error_sites=True, has_pairs=True)
+    ch = decide_channels(Weights(grpo=1.0, sdpo=0.5, dpo=0.25), has_error_sites=True, has_pairs=True)
     assert ch.off_reasons == {}
     assert [ch.on(c) for c in CHANNELS] == [True, True, True]
     assert [ch.weight(c) for c in CHANNELS] == [1.0, 0.5, 0.25]
@@ -19,15 +19,15 @@ def test_every_channel_on_when_weighted_and_fed():
 @pytest.mark.parametrize(
     "weights,error_sites,pairs,off",
     [
-        (Weights(grpo=0.0, alpha=0.5, beta=0.5), True, True, {"grpo": "weight 0"}),
-        (Weights(grpo=1.0, alpha=0.0, beta=0.5), True, True, {"sdpo": "weight 0 (alpha)"}),
-        (Weights(grpo=1.0, alpha=0.5, beta=0.5), False, True, {"sdpo": "no error sites in the training data"}),
-        (Weights(grpo=1.0, alpha=0.5, beta=0.0), True, True, {"dpo": "weight 0 (beta)"}),
-        (Weights(grpo=1.0, alpha=0.5, beta=0.5), True, False, {"dpo": "no DPO pairs in the training data"}),
+        (Weights(grpo=0.0, sdpo=0.5, dpo=0.5), True, True, {"grpo": "weight 0"}),
+        (Weights(grpo=1.0, sdpo=0.0, dpo=0.5), True, True, {"sdpo": "weight 0"}),
+        (Weights(grpo=1.0, sdpo=0.5, dpo=0.5), False, True, {"sdpo": "no error sites in the training data"}),
+        (Weights(grpo=1.0, sdpo=0.5, dpo=0.0), True, True, {"dpo": "weight 0"}),
+        (Weights(grpo=1.0, sdpo=0.5, dpo=0.5), True, False, {"dpo": "no DPO pairs in the training data"}),
         # a zero weight is the reason even where the data has no input for the channel either
-        (Weights(grpo=1.0, alpha=0.0, beta=0.0), False, False, {"sdpo": "weight 0 (alpha)", "dpo": "weight 0 (beta)"}),
+        (Weights(grpo=1.0, sdpo=0.0, dpo=0.0), False, False, {"sdpo": "weight 0", "dpo": "weight 0"}),
         (
-            Weights(grpo=1.0, alpha=0.5, beta=0.5),
+            Weights(grpo=1.0, sdpo=0.5, dpo=0.5),
             False,
             False,
             {"sdpo": "no error sites in the training data", "dpo": "no DPO pairs in the training data"},
@@ -42,5 +42,5 @@ def test_each_channel_off_for_its_stated_reason(weights, error_sites, pairs, off
 
 def test_every_channel_off_is_an_error_naming_the_reasons():
     with pytest.raises(ValueError, match="every channel is off") as e:
-        decide_channels(Weights(grpo=0.0, alpha=0.5, beta=0.5), has_error_sites=False, has_pairs=False)
+        decide_channels(Weights(grpo=0.0, sdpo=0.5, dpo=0.5), has_error_sites=False, has_pairs=False)
     assert "no error sites in the training data" in str(e.value) and "weight 0" in str(e.value)

@@ -33,7 +33,7 @@ def _recipe(model, **dpo) -> TrainRecipe:
         {
             **base,
             "model": str(model),
-            "weights": {"grpo": 0.0, "alpha": 0.0, "beta": 1.0},
+            "weights": {"grpo": 0.0, "sdpo": 0.0, "dpo": 1.0},
             "grpo": {**base["grpo"], "max_completion_length": 8, "num_generations": 2, "prompts_per_step": 1},
             "dpo": {**base["dpo"], "batch_size": 4, "sft_weight": 1.0, **dpo},
             "data": {**base["data"], "max_prompt_tokens": 128, "heldout_fraction": 0.3},

@@ -16,7 +16,7 @@ def test_grpo_prompts_come_error_sites_first_or_in_a_seeded_shuffle(tiny_model_d
     r = TrainRecipe.from_dict(
         {
             "model": str(tiny_model_dir),
-            "weights": {"grpo": 1.0, "alpha": 0.0, "beta": 0.0},
+            "weights": {"grpo": 1.0, "sdpo": 0.0, "dpo": 0.0},
             "grpo": {"max_completion_length": 8, "num_generations": 2, "prompts_per_step": 2},
             "data": {"max_prompt_tokens": 64, "heldout_fraction": 0.0},
             "optim": {"seed": 3},

@@ -79,7 +79,7 @@ def test_a_few_dpo_steps_raise_the_heldout_margin(tiny_model_dir, tmp_path):
     recipe = TrainRecipe.from_dict(
         {
             "model": str(tiny_model_dir),
-            "weights": {"grpo": 0.0, "alpha": 0.0, "beta": 1.0},
+            "weights": {"grpo": 0.0, "sdpo": 0.0, "dpo": 1.0},
             "grpo": {"max_completion_length": 8, "num_generations": 2, "prompts_per_step": 1},
             "dpo": {"batch_size": 4, "sft_weight": 0.0, "beta": 0.1},
             "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.0},

@@ -14,8 +14,8 @@ from composer_pipeline.train.step_log import step_record
 REWARDS = {"reward": [0.2, 0.7], "reward_std": [0.1, 0.3]}  # TRL's per-step lists: the latest is logged
 
 
-def _record(pending, *, alpha=0.5, pairs=True, step=1, step_time=0.1):
-    channels = decide_channels(Weights(grpo=1.0, alpha=alpha, beta=0.5), has_error_sites=True, has_pairs=pairs)
+def _record(pending, *, sdpo=0.5, pairs=True, step=1, step_time=0.1):
+    channels = decide_channels(Weights(grpo=1.0, sdpo=sdpo, dpo=0.5), has_error_sites=True, has_pairs=pairs)
     return step_record(pending, channels, ["s1", "s2"], REWARDS, step, step_time)
 
 
@@ -71,7 +71,5 @@ def test_off_channels_log_null_with_their_reason():
 
 
 def test_a_value_of_a_channel_off_for_the_run_is_not_logged():
-    rec = _record([{"off": {}, "grpo": 0.2, "sdpo": 9.0}], alpha=0.0)
-    assert (
-        rec["sdpo"] is None and rec["off_reasons"]["sdpo"] == "weight 0 (alpha)" and rec["total"] == pytest.approx(0.2)
-    )
+    rec = _record([{"off": {}, "grpo": 0.2, "sdpo": 9.0}], sdpo=0.0)
+    assert rec["sdpo"] is None and rec["off_reasons"]["sdpo"] == "weight 0" and rec["total"] == pytest.approx(0.2)

@@ -16,13 +16,13 @@ from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.run import train
 
 
-def _recipe(tiny_model_dir, *, grpo=1.0, alpha=0.5, beta=0.5, **dpo) -> TrainRecipe:
+def _recipe(tiny_model_dir, *, grpo=1.0, sdpo=0.5, dpo=0.5, **dpo_section) -> TrainRecipe:
     r = TrainRecipe.from_dict(
         {
             "model": str(tiny_model_dir),
-            "weights": {"grpo": grpo, "alpha": alpha, "beta": beta},
+            "weights": {"grpo": grpo, "sdpo": sdpo, "dpo": dpo},
             "grpo": {"max_completion_length": 12, "num_generations": 4, "prompts_per_step": 2},
-            "dpo": {"batch_size": 2, **dpo},
+            "dpo": {"batch_size": 2, **dpo_section},
             "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.2},
             "optim": {"learning_rate": 1e-3},
         }
@@ -38,9 +38,9 @@ def _changed(base_dir, ckpt) -> float:
 @pytest.mark.parametrize(
     "channel,weights",
     [
-        ("grpo", dict(grpo=1.0, alpha=0.0, beta=0.0)),
-        ("sdpo", dict(grpo=0.0, alpha=1.0, beta=0.0)),
-        ("dpo", dict(grpo=0.0, alpha=0.0, beta=1.0)),
+        ("grpo", dict(grpo=1.0, sdpo=0.0, dpo=0.0)),
+        ("sdpo", dict(grpo=0.0, sdpo=1.0, dpo=0.0)),
+        ("dpo", dict(grpo=0.0, sdpo=0.0, dpo=1.0)),
     ],
 )
 def test_each_channel_alone_changes_parameters_and_only_its_loss_fires(
@@ -95,7 +95,7 @@ def test_three_channels_together_over_several_batches(tiny_model_dir, synth_stor
 
 def test_simpo_runs_reference_free(tiny_model_dir, synth_store, tmp_path):
     res = train(
-        synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0, variant="simpo"), steps=2, out_dir=tmp_path
+        synth_store, _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0, variant="simpo"), steps=2, out_dir=tmp_path
     )
     assert all(r["dpo"] is not None and math.isfinite(r["dpo"]) for r in res.losses)
     assert res.metrics["ln2_check"] is None  # SimPO has no reference: no ln 2 sanity value
@@ -103,7 +103,7 @@ def test_simpo_runs_reference_free(tiny_model_dir, synth_store, tmp_path):
 
 
 def test_lora_dpo_uses_adapter_disabled_reference(tiny_model_dir, synth_store, tmp_path):
-    r = _recipe(tiny_model_dir, grpo=1.0, alpha=0.5, beta=1.0)
+    r = _recipe(tiny_model_dir, grpo=1.0, sdpo=0.5, dpo=1.0)
     r.lora.enabled = True
     res = train(synth_store, r, steps=1, out_dir=tmp_path)
     assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)
@@ -117,7 +117,7 @@ def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, sy
     NLL logged as ``dpo_sft``); the ln 2 sanity check still reads the preference part."""
     from dataclasses import replace
 
-    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0)
     r = replace(r, dpo=replace(r.dpo, sft_weight=0.5))
     res = train(synth_store, r, steps=2, out_dir=tmp_path)
     first = res.losses[0]
@@ -126,7 +126,7 @@ def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, sy
     assert res.metrics["ln2_check"]["ok"]
     assert all("dpo_sft" in rec for rec in res.losses)
     plain = train(
-        synth_store, _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0), steps=1, out_dir=tmp_path / "plain"
+        synth_store, _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0), steps=1, out_dir=tmp_path / "plain"
     )
     assert "dpo_sft" not in plain.losses[0]  # off by default: plain DPO, as before
 
@@ -141,7 +141,7 @@ def test_dpo_alone_samples_no_rollouts_and_learns_the_same(tiny_model_dir, synth
     calls = []
     real = GenerationMixin.generate
     monkeypatch.setattr(GenerationMixin, "generate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
-    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0)
     skipped = train(synth_store, r, steps=2, out_dir=tmp_path / "skip")
     assert calls == []
     assert all("reward" not in rec and rec["dpo"] is not None for rec in skipped.losses)
@@ -163,7 +163,7 @@ def test_hint_teacher_is_the_frozen_start_or_the_live_policy(tiny_model_dir, syn
     from composer_pipeline.train.modeling import load_policy
     from composer_pipeline.train.run import build_trainer
 
-    r = _recipe(tiny_model_dir, grpo=0.0, alpha=1.0, beta=0.0)
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=1.0, dpo=0.0)
     r = replace(r, sdpo=replace(r.sdpo, teacher=teacher))
     built = build_trainer(synth_store, r, steps=1, out_dir=tmp_path)
     tr = built.trainer
@@ -206,7 +206,7 @@ def test_bad_recipe_and_missing_data_are_clear_errors(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown keys"):
         TrainRecipe.from_dict({"weights": {"gamma": 1.0}})
     with pytest.raises(ValueError, match="all channel weights are 0"):
-        train(str(tmp_path), _recipe(tiny_model_dir, grpo=0, alpha=0, beta=0), steps=1, out_dir=tmp_path / "o")
+        train(str(tmp_path), _recipe(tiny_model_dir, grpo=0, sdpo=0, dpo=0), steps=1, out_dir=tmp_path / "o")
     with pytest.raises(FileNotFoundError, match="no training data"):
         train(str(tmp_path), _recipe(tiny_model_dir), steps=1, out_dir=tmp_path / "o")
 
@@ -217,7 +217,7 @@ def test_hint_channel_trains_with_taid_and_eopd(tiny_model_dir, synth_store, tmp
     TAID's t (logged per step) starts at t_start and never goes down."""
     from dataclasses import replace
 
-    r = _recipe(tiny_model_dir, grpo=0.0, alpha=1.0, beta=0.0)
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=1.0, dpo=0.0)
     taid = replace(r.sdpo.taid, alpha=0.2)  # a visible adaptive step in 3 steps
     r = replace(r, sdpo=replace(r.sdpo, divergence=divergence, taid=taid))
     res = train(synth_store, r, steps=3, out_dir=tmp_path)
@@ -241,7 +241,7 @@ def test_the_nll_term_reads_the_chosen_answers_not_the_rejected(tiny_model_dir, 
     from composer_pipeline.train.losses import chosen_nll, completion_token_logps
     from composer_pipeline.train.modeling import load_policy
 
-    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0)
     r = replace(r, dpo=replace(r.dpo, sft_weight=1.0))
     res = train(synth_store, r, steps=1, out_dir=tmp_path)
     (rec,) = res.losses
@@ -262,7 +262,7 @@ def test_preference_over_the_differing_tokens_starts_at_ln2_and_moves_the_margin
     and the margin over that span moves; off by default it sums every token, as before."""
     from dataclasses import replace
 
-    r = _recipe(tiny_model_dir, grpo=0.0, alpha=0.0, beta=1.0)
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0)
     r = replace(r, dpo=replace(r.dpo, preference_tokens="differing"))
     res = train(synth_store, r, steps=3, out_dir=tmp_path)
     assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)

@@ -70,7 +70,7 @@ def test_grpo_run_with_the_reward_varying_within_a_group(file_tool_store, tiny_m
     recipe = TrainRecipe.from_dict(
         {
             "model": str(tiny_model_dir),
-            "weights": {"grpo": 1.0, "alpha": 0.0, "beta": 0.0},
+            "weights": {"grpo": 1.0, "sdpo": 0.0, "dpo": 0.0},
             "grpo": {
                 "max_completion_length": 64,
                 "num_generations": 4,
