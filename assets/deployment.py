@@ -44,7 +44,7 @@ class TrainerDeployment:
         if self.nproc_per_node < 1:
             raise ValueError("nproc_per_node must be >= 1")
 
-    def resolved(self, repo_root: Path) -> "TrainerDeployment":
+    def resolved(self, repo_root: Path) -> TrainerDeployment:
         """``accelerate_config`` as an absolute path (relative ones are relative to ``repo_root``)."""
         acc = self.accelerate_config
         if acc and "://" not in acc:
@@ -72,10 +72,10 @@ class DeploymentSettings:
     executor_config: dict[str, Any] = derived(factory=dict)  # the chosen executor's Dagster config (set by from_dict)
 
     @classmethod
-    def from_dict(cls, d: dict | None, repo_root: Path, where: str = "pipeline recipe") -> "DeploymentSettings":
+    def from_dict(cls, d: dict | None, repo_root: Path, where: str = "pipeline recipe") -> DeploymentSettings:
         return settings.from_dict(cls, d, where, "deployment").resolved(repo_root)
 
-    def resolved(self, repo_root: Path) -> "DeploymentSettings":
+    def resolved(self, repo_root: Path) -> DeploymentSettings:
         """With ``executor_config`` (the chosen executor's section) and the trainer's paths made absolute."""
         cfg = dict(getattr(self, self.executor))
         if self.executor == "k8s" and not cfg.get("job_image"):

@@ -30,7 +30,6 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     instance's partitions (``assets.partitions.session_keymap``), a long one (older instances) directly."""
     from composer_pipeline.ingest.discover import discover_sessions
     from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
-
     from composer_pipeline.ingest.remote import is_remote, local_root
 
     roots = [trace_root] if isinstance(trace_root, str) else trace_root

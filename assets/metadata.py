@@ -8,7 +8,8 @@ Parquet); nothing here changes data. State and pair examples are ``composer_pipe
 import base64
 import json
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import dagster as dg
 import pyarrow as pa

@@ -22,8 +22,8 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from assets.layout import GROUP, stage
 from assets.ingest import render_options
+from assets.layout import GROUP, stage
 from assets.metadata import preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables

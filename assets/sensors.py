@@ -35,7 +35,6 @@ def scan_sessions(trace_root: str | list[str]) -> dict[str, str]:
     """session key -> fingerprint of everything under ``trace_root`` (one root or several: a key found
     under two roots is the first root's, as ``assets.ingest.find_session`` reads it)."""
     from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
-
     from composer_pipeline.ingest.remote import local_root
 
     found: dict[str, str] = {}

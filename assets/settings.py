@@ -5,8 +5,8 @@ In: the YAML file (path from ``COMPOSER_PIPELINE_RECIPE`` or the repo default). 
 keys are an error (a typo never falls back to a default), values are type-checked.
 """
 
-import os
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar

@@ -31,13 +31,13 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.ledger.billing import usage_by_run
 from composer_pipeline.pairs.build import PairRecipe, build_pairs
 from composer_pipeline.render import RenderOptions
-from composer_pipeline.ledger.billing import usage_by_run
+from composer_pipeline.replay.run import ReplayRun
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.ledger import Ledger
-from composer_pipeline.replay.run import ReplayRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
 

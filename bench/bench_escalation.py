@@ -33,12 +33,12 @@ import pyarrow as pa
 
 from composer_pipeline.actions import Action
 from composer_pipeline.ingest.pipeline import ingest_paths
+from composer_pipeline.ledger import Ledger
 from composer_pipeline.pairs.build import PairRecipe, build_pairs
 from composer_pipeline.render import RenderOptions
+from composer_pipeline.replay.front import ReplayFront, plan_summary
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.replay.front import ReplayFront, plan_summary
-from composer_pipeline.ledger import Ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
 

@@ -112,10 +112,10 @@ def worker(a: dict) -> None:
     """One replay run (a subprocess of the throughput bench)."""
     if a.get("bare"):
         return bare_worker(a)
-    from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.config import parse_teachers
     from composer_pipeline.ledger import Ledger
     from composer_pipeline.replay.run import replay_requests
+    from composer_pipeline.teachers.cache import ResponseCache
+    from composer_pipeline.teachers.config import parse_teachers
 
     cfg = parse_teachers(_teachers(a["url"], a["c"]))
     reqs = _requests(cfg, a["n"], a["run"])

@@ -18,16 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.replay.requests import make_request
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
 

@@ -137,9 +137,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
 
-    from tests.support.synthetic_train import write_store
     from composer_pipeline.tiny_model import build_tiny_model
     from composer_pipeline.train.config import TrainRecipe
+    from tests.support.synthetic_train import write_store
 
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_root = write_store(work / "data", n=48)

@@ -47,7 +47,7 @@ class Action:
         return orjson.dumps(self.to_dict()).decode()
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Action":
+    def from_dict(cls, d: dict[str, Any]) -> Action:
         calls = tuple(
             ToolCall(name=c["name"], arguments=dict(c.get("arguments") or {}), id=c.get("id", ""))
             for c in d.get("tool_calls") or ()
@@ -55,7 +55,7 @@ class Action:
         return cls(text=d.get("text") or "", tool_calls=calls, thinking=d.get("thinking") or "")
 
     @classmethod
-    def from_json(cls, s: str | bytes) -> "Action":
+    def from_json(cls, s: str | bytes) -> Action:
         return cls.from_dict(orjson.loads(s))
 
     @property

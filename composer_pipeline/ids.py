@@ -14,7 +14,8 @@ first may show a longer key for it, which resolves here too (every candidate of 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -75,7 +76,7 @@ def partition_keys(session_keys: Iterable[str], stored: Mapping[str, str | None]
     return dict(keymap.partition_of)
 
 
-def with_partition_key(table: "pa.Table", partition_of: Mapping[str, str] | None = None) -> "pa.Table":
+def with_partition_key(table: pa.Table, partition_of: Mapping[str, str] | None = None) -> pa.Table:
     """``table`` with a ``partition_key`` column: kept where it is already filled; else the session's key in
     ``partition_of`` (session key -> partition key; Dagster gives the run's own partition), else the one
     :func:`partition_keys` computes over the table's sessions (pair tables written before the column)."""

@@ -17,7 +17,8 @@ the id columns), which is fine up to a few million rows per table.
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import bisect
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
@@ -72,7 +73,7 @@ class RenderOptions:
             raise ValueError(f"render.compaction must be 'after' or 'full', not {self.compaction!r}")
 
     @classmethod
-    def from_recipe(cls, recipe: str | Path | dict | None) -> "RenderOptions":
+    def from_recipe(cls, recipe: str | Path | dict | None) -> RenderOptions:
         """From a dict (the ``render:`` section) or a recipe YAML path (reads its ``render:`` section)."""
         if recipe is None:
             return cls()
@@ -245,7 +246,7 @@ class Conversation:
         return hit
 
     @classmethod
-    def from_table(cls, trace_messages: pa.Table) -> "Conversation":
+    def from_table(cls, trace_messages: pa.Table) -> Conversation:
         conv = cls()
         cols = [c for c in _COLUMNS if c in trace_messages.column_names]
         for row in trace_messages.select(cols).to_pylist():
@@ -617,7 +618,7 @@ class JsonSizes:
             hit = self._by_id[id(obj)] = (obj, len(orjson.dumps(obj)))
         return hit[1]
 
-    def prefix(self, key: Any) -> "_Prefix":
+    def prefix(self, key: Any) -> _Prefix:
         """The running sums :func:`fit_messages` keeps under ``key``."""
         pre = self._prefixes.get(key)
         if pre is None:

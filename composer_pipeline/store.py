@@ -24,8 +24,9 @@ import secrets
 import shutil
 import tempfile
 import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Iterable, Iterator
+from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq

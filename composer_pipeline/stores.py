@@ -11,8 +11,8 @@ Deliberately simplified: each table is read whole, then filtered in memory (fine
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,7 +37,7 @@ class Stores:
     stores: tuple[Store, ...]
 
     @classmethod
-    def of(cls, store: "Stores | Store | str | Sequence[Store | str]") -> "Stores":
+    def of(cls, store: Stores | Store | str | Sequence[Store | str]) -> Stores:
         if isinstance(store, Stores):
             return store
         items = [store] if isinstance(store, (Store, str)) else list(store)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 import dagster as dg
 
@@ -41,12 +40,12 @@ class PipelineRecipes(dg.ConfigurableResource):
     # ``trace_root``: one root, for a resource built by hand (both given: the list, then it)
     trace_roots: list[str] = []
     trace_root: str = ""
-    ingest: Optional[str] = None
-    pairs: Optional[str] = None
-    normalize: Optional[str] = None
-    train: Optional[str] = None
-    train_model: Optional[str] = None
-    train_steps: Optional[int] = None
+    ingest: str | None = None
+    pairs: str | None = None
+    normalize: str | None = None
+    train: str | None = None
+    train_model: str | None = None
+    train_steps: int | None = None
     checkpoints_dir: str = CHECKPOINTS_DIR
     min_parse_success_ratio: float = _CHECKS.min_parse_success_ratio
     max_quarantine_rows: int = _CHECKS.max_quarantine_rows
@@ -55,7 +54,7 @@ class PipelineRecipes(dg.ConfigurableResource):
     max_eval_regression: float = _CHECKS.max_eval_regression
 
     @classmethod
-    def from_settings(cls, s) -> "PipelineRecipes":
+    def from_settings(cls, s) -> PipelineRecipes:
         return cls(
             trace_roots=list(s.trace_roots),
             ingest=s.recipe("ingest"),

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 from urllib.parse import urlparse
 
 import dagster as dg
@@ -52,7 +51,7 @@ class TeachersResource(dg.ConfigurableResource):
 
     recipe: str
     api_keys: dict[str, str] = {}
-    cache_dir: Optional[str] = None  # None: composer_pipeline.home.default_cache_dir() (the CLI's)
+    cache_dir: str | None = None  # None: composer_pipeline.home.default_cache_dir() (the CLI's)
     autostart_local: bool = True
     startup_timeout_s: float = 180.0
     local_server_idle_s: int = 600  # a server a run started exits after this long without requests
@@ -86,7 +85,7 @@ class TeachersResource(dg.ConfigurableResource):
         Path(self.cache_path).mkdir(parents=True, exist_ok=True)
         return ResponseCache(self.cache_path)
 
-    def ensure_local_servers(self, log=None, only: Optional[set[str]] = None) -> list[str]:
+    def ensure_local_servers(self, log=None, only: set[str] | None = None) -> list[str]:
         """Start the local teacher server for loopback base_urls nobody answers on; returns started URLs.
 
         ``only``: names of the teachers that will actually be called (None = all of them).
@@ -160,7 +159,7 @@ class TeachersResource(dg.ConfigurableResource):
         return started
 
 
-def api_key_envvars(recipe: Optional[str]) -> dict[str, str]:
+def api_key_envvars(recipe: str | None) -> dict[str, str]:
     """teacher name -> ``dg.EnvVar`` for each teacher whose ``api_key_env`` is set in this environment.
 
     Only the presence of the variable is checked here; its value is resolved by Dagster at run time.

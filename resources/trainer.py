@@ -22,7 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import dagster as dg
 
@@ -92,7 +92,7 @@ class TrainerLauncher(dg.ConfigurableResource):
     launcher: str = "subprocess"
     nproc_per_node: int = 1
     torchrun_args: list[str] = []  # multi-node rendezvous flags; empty: --standalone (one machine)
-    accelerate_config: Optional[str] = None
+    accelerate_config: str | None = None
     k8s: dict[str, Any] = {}  # a K8sTrainerPod as plain data (Dagster config); read it through .pod
 
     @property
@@ -175,7 +175,7 @@ class TrainerLauncher(dg.ConfigurableResource):
         )
 
     @classmethod
-    def from_deployment(cls, trainer) -> "TrainerLauncher":
+    def from_deployment(cls, trainer) -> TrainerLauncher:
         """From ``PipelineSettings.deployment.trainer`` (``assets.deployment.TrainerDeployment``)."""
         pod = {k: v for k, v in settings.to_dict(trainer.k8s).items() if v is not None}  # Dagster config takes no nulls
         return cls(

@@ -47,7 +47,7 @@ class PostgresServer:
     def _as_owner(self, cmd: list[str]) -> list[str]:
         return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
-    def start(self) -> "PostgresServer":
+    def start(self) -> PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         subprocess.run(
@@ -127,7 +127,7 @@ class PostgresServer:
         conn.close()
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
-    def __enter__(self) -> "PostgresServer":
+    def __enter__(self) -> PostgresServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -146,8 +146,8 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
 
     from composer_pipeline import tables
     from composer_pipeline.ingest.discover import discover_sessions
-    from composer_pipeline.ingest.remote import local_root
     from composer_pipeline.ingest.pipeline import TABLES
+    from composer_pipeline.ingest.remote import local_root
 
     writers = {
         n: pq.ParquetWriter(

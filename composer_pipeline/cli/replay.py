@@ -98,14 +98,14 @@ def run(args: argparse.Namespace) -> int:
 
     from composer_pipeline import render, tables
     from composer_pipeline.home import default_cache_dir
-    from composer_pipeline.store import Store
-    from composer_pipeline.pairs.build import PairRecipe
-    from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.config import load_teachers
-    from composer_pipeline.replay.front import ReplayFront, plan_summary
     from composer_pipeline.ledger import open_ledger
+    from composer_pipeline.pairs.build import PairRecipe
+    from composer_pipeline.replay.front import ReplayFront, plan_summary
     from composer_pipeline.replay.preflight import PreflightError, check_writable
     from composer_pipeline.replay.report import cli_legacy_keys
+    from composer_pipeline.store import Store
+    from composer_pipeline.teachers.cache import ResponseCache
+    from composer_pipeline.teachers.config import load_teachers
 
     cfg = load_teachers(args.teachers)
     if args.ceiling_usd is not None:

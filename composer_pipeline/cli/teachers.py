@@ -192,8 +192,8 @@ def run_stop(args: argparse.Namespace) -> int:
 def _print_budgets(ledger, cfg) -> None:
     import orjson
 
-    from composer_pipeline.ledger.billing import usage_by_teacher
     from composer_pipeline.ledger.batches import held_by_batches
+    from composer_pipeline.ledger.billing import usage_by_teacher
 
     for t in cfg.teachers:
         # billed_usd / full_price_usd / cached_prompt_tokens: what providers billed, with prompt caching;
@@ -209,8 +209,8 @@ def _print_budgets(ledger, cfg) -> None:
 
 
 def run_budget(args: argparse.Namespace) -> int:
-    from composer_pipeline.teachers.config import load_teachers
     from composer_pipeline.ledger import open_ledger
+    from composer_pipeline.teachers.config import load_teachers
 
     cfg = load_teachers(args.teachers)
     _print_budgets(open_ledger(args.ledger), cfg)
@@ -220,8 +220,8 @@ def run_budget(args: argparse.Namespace) -> int:
 def run_reconcile(args: argparse.Namespace) -> int:
     import orjson
 
-    from composer_pipeline.teachers.config import load_teachers
     from composer_pipeline.ledger import open_ledger
+    from composer_pipeline.teachers.config import load_teachers
 
     cfg = load_teachers(args.teachers)
     ledger = open_ledger(args.ledger)

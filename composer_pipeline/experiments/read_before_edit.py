@@ -139,7 +139,7 @@ class ExperimentConfig:
     only_seeds: tuple[int, ...] | None = None
 
     @classmethod
-    def quick(cls, out: Path, **kw) -> "ExperimentConfig":
+    def quick(cls, out: Path, **kw) -> ExperimentConfig:
         """Tiny model, one seed, small sizes (≤ 10 minutes on 2 CPU cores)."""
         base = dict(
             model="tiny",
@@ -158,7 +158,7 @@ class ExperimentConfig:
         return cls(out=out, **base)
 
     @classmethod
-    def smollm2(cls, out: Path, **kw) -> "ExperimentConfig":
+    def smollm2(cls, out: Path, **kw) -> ExperimentConfig:
         """SmolLM2-135M-Instruct at sizes for a CPU (about 2.2 h on two free cores, bench/RESULTS.md): a
         40-step start fit, 30 steps per arm, probes at start/middle/end on the decisive states only,
         ≤ 72 new tokens, LoRA off (135M fits), prompts of 384 tokens (its tokenizer splits paths finer)."""
@@ -214,14 +214,14 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     from composer_pipeline import render, tables
     from composer_pipeline.experiments.rule_teacher import MODEL_PREFIX, RuleTeacherServer
     from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
+    from composer_pipeline.ledger import Ledger
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+    from composer_pipeline.replay.report import cli_legacy_keys
+    from composer_pipeline.replay.run import ReplayRun
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.cache import ResponseCache
     from composer_pipeline.teachers.config import parse_teachers
-    from composer_pipeline.ledger import Ledger
-    from composer_pipeline.replay.run import ReplayRun
-    from composer_pipeline.replay.report import cli_legacy_keys
 
     info_path = work / "info.json"
     sizes = {

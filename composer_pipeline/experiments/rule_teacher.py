@@ -233,7 +233,7 @@ class RuleTeacherServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def __enter__(self) -> "RuleTeacherServer":
+    def __enter__(self) -> RuleTeacherServer:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self

@@ -28,7 +28,7 @@ import json
 import random
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 NOT_READ = "File has not been read yet. Read it first before writing to it."
@@ -246,7 +246,7 @@ def write_sessions(
         reread = rng.random() < reread_share
         history = rng.choice(["none", "ls", "decoy_read"])
         detour = f"{cwd}/{d}/{rng.choice(_decoy_names(split, d, name))}.{ext}" if rng.random() < detour_share else None
-        w = _Writer(sid, cwd, datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc) + timedelta(minutes=i))
+        w = _Writer(sid, cwd, datetime(2026, 3, 1, 9, 0, tzinfo=UTC) + timedelta(minutes=i))
         if history != "none":
             w.user(rng.choice(["Have a look around first.", "What is in this directory?", "Show me the code layout."]))
             if history == "ls":

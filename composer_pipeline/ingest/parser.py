@@ -35,7 +35,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -71,9 +71,9 @@ class Message(msgspec.Struct, gc=False):
     """The API message of a user/assistant record. ``content`` is a string or a list of blocks."""
 
     id: Any = None
-    role: Union[str, None] = None
-    model: Union[str, None] = None
-    content: Union[str, list[Block], None] = None
+    role: str | None = None
+    model: str | None = None
+    content: str | list[Block] | None = None
     usage: Any = None
 
 
@@ -100,23 +100,23 @@ class Record(msgspec.Struct, gc=False):
     pass-through record (only ``uuid``/``parent``/``is_sidechain`` are known)."""
 
     type: str = "<none>"
-    uuid: Union[str, None] = None
-    parent: Union[str, None] = _f("parentUuid")
-    logical_parent: Union[str, None] = _f("logicalParentUuid")
+    uuid: str | None = None
+    parent: str | None = _f("parentUuid")
+    logical_parent: str | None = _f("logicalParentUuid")
     is_sidechain: Any = _f("isSidechain", False)  # tested with ``is True``, like the other flags
     is_meta: Any = _f("isMeta")
     is_compact_summary: Any = _f("isCompactSummary")
     subtype: Any = None
     session_id: Any = _f("sessionId")
-    timestamp: Union[str, None] = None
-    version: Union[str, None] = None
+    timestamp: str | None = None
+    version: str | None = None
     request_id: Any = _f("requestId")
     api_error: Any = _f("isApiErrorMessage")
     parent_tool_use_id: Any = _f("parentToolUseID")
-    message: Union[Message, None] = None
+    message: Message | None = None
     tool_use_result: msgspec.Raw = _f("toolUseResult", NO_RAW)
-    data: Union[Data, None] = None
-    attachment: Union[Attachment, None] = None
+    data: Data | None = None
+    attachment: Attachment | None = None
     # set by the parser, never from JSON: msgspec would decode a JSON key of the same name into them,
     # so the parser overwrites all four after decoding ('@' names no Claude Code key)
     line_no: int = _f("@line_no", 0)

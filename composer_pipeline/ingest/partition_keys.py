@@ -29,8 +29,8 @@ import functools
 import hashlib
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 ID_LEN = 8  # characters of a UUID file name in a key (32 bits: collisions are checked, not assumed away)
 NAME_MAX = 24  # longest project name / non-UUID id shown (longer ones keep their first characters)

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import pyarrow as pa
 
@@ -41,8 +41,8 @@ from composer_pipeline.ingest.parser import (
     read_session_file,
 )
 from composer_pipeline.ingest.recipe import ENGINES, SOURCES, IngestRecipe
-from composer_pipeline.scrub import Scrubber, apply_splices
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
+from composer_pipeline.scrub import Scrubber, apply_splices
 
 TABLES = ("trace_states", "trace_messages", "quarantine")
 

@@ -51,11 +51,11 @@ class IngestRecipe:
             raise ValueError(f"ingest recipe: source must be one of {', '.join(SOURCES)}, not {self.source!r}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "IngestRecipe":
+    def from_dict(cls, d: dict[str, Any] | None) -> IngestRecipe:
         return settings.from_dict(cls, d, "ingest recipe")
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "IngestRecipe":
+    def load(cls, path: str | Path | None = None) -> IngestRecipe:
         if path is None:
             return cls()
         return settings.load(cls, path, "ingest recipe")

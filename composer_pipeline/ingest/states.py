@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from composer_pipeline.jsonutil import dumps
 from composer_pipeline.ingest.parser import Block, ParsedFile, Record, loads_raw
+from composer_pipeline.jsonutil import dumps
 from composer_pipeline.render import RenderOptions, flatten_content
 
 SPAWN_TOOLS = ("Task", "Agent")

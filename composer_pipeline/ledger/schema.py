@@ -23,8 +23,9 @@ ledger's ``reservations`` only (its spend), not its runs or answers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from composer_pipeline.ledger.backends import Cursor, LedgerError
 

@@ -124,11 +124,11 @@ class PairRecipe:
         return self.agreement_threshold
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "PairRecipe":
+    def from_dict(cls, d: dict[str, Any] | None) -> PairRecipe:
         return settings.from_dict(cls, d, "pairs recipe")
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "PairRecipe":
+    def load(cls, path: str | Path | None = None) -> PairRecipe:
         """Read ``recipes/pairs.yaml`` (or ``path``); ``None`` means the packaged default."""
         p = Path(path) if path else DEFAULT_RECIPE
         if path is None and not p.is_file():
@@ -252,7 +252,7 @@ def _top(groups: list[Group]) -> Group | None:
 
 
 def find_consensus(
-    answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], recipe: "PairRecipe", stats: dict[str, int]
+    answers: dict[str, tuple[Action, str, str]], voters: dict[str, Voter], recipe: PairRecipe, stats: dict[str, int]
 ) -> Consensus | str:
     """Agreement among distinct models first, else self-consistency of one sampled model.
 
@@ -315,7 +315,7 @@ def find_consensus(
 
 
 def pair_ruled_out(
-    agent_json: str | None, rows: list[dict], voters: dict[str, Voter], recipe: "PairRecipe"
+    agent_json: str | None, rows: list[dict], voters: dict[str, Voter], recipe: PairRecipe
 ) -> str | None:
     """Why no more answers could make this state a pair (escalation's rule, teachers recipe ``escalation``),
     or None while they still could. ``rows``: the ``teacher_replays``-shaped answers of one state so far.
@@ -360,7 +360,7 @@ def _valid_answers(
     answers: dict[str, tuple[Action, str, str]],
     prompt_json: str,
     tools_json: str,
-    recipe: "PairRecipe",
+    recipe: PairRecipe,
     stats: dict[str, int],
 ) -> dict[str, tuple[Action, str, str]]:
     """Answers that are a decision at all (each rule is a recipe switch; every refusal is counted).

@@ -12,9 +12,10 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
@@ -68,7 +69,7 @@ class NormalizeRecipe:
     ray_work_dir: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], path: str | None = None) -> "NormalizeRecipe":
+    def from_dict(cls, d: dict[str, Any], path: str | None = None) -> NormalizeRecipe:
         f = settings.from_dict(NormalizeFile, d, path or "normalize recipe")
         if f.skip_op_error:
             raise ValueError(
@@ -106,7 +107,7 @@ class NormalizeRecipe:
         )
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "NormalizeRecipe":
+    def load(cls, path: str | Path | None = None) -> NormalizeRecipe:
         p = Path(path) if path else DEFAULT_RECIPE
         return cls.from_dict(settings.read_yaml(p, "normalize recipe"), path=str(p))
 

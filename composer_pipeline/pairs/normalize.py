@@ -42,7 +42,6 @@ import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.ids import with_partition_key
-
 from composer_pipeline.pairs.datajuicer import (  # noqa: F401  (the recipe and result live there, for both executors)
     DEFAULT_RECIPE,
     DERIVED_KEYS,

@@ -28,8 +28,9 @@ import hashlib
 import posixpath
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import orjson
 
@@ -111,7 +112,7 @@ class SignatureRules:
             raise ValueError(f"text_similarity_threshold must be in (0, 1], got {self.text_similarity_threshold}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "SignatureRules":
+    def from_dict(cls, d: dict[str, Any] | None) -> SignatureRules:
         return settings.from_dict(cls, d, "pairs recipe", "signature")
 
 

@@ -14,8 +14,9 @@ A re-run decides alike from the answers the cache and the ledger already hold, s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from composer_pipeline.pairs.build import PairRecipe, Voter, pair_ruled_out, voters_from_config
 from composer_pipeline.teachers.config import TeachersConfig
@@ -32,7 +33,7 @@ class Escalation:
     stopped: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, config: TeachersConfig, agents: dict[str, str], recipe: PairRecipe | None) -> "Escalation | None":
+    def of(cls, config: TeachersConfig, agents: dict[str, str], recipe: PairRecipe | None) -> Escalation | None:
         """The run's escalation, or None when the config has no ``escalation`` (every teacher at once)."""
         if not config.escalation:
             return None

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pyarrow as pa
@@ -69,7 +70,7 @@ class ReplayResult:
 
 # ---------------------------------------------------------------------------------------------
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
@@ -144,7 +145,7 @@ class _Run:
     shared: int = 0  # answers another run bought while this one waited for its claim
 
     @classmethod
-    def open(cls, requests, config, api_keys, cache, ledger, run_id, progress) -> "_Run":
+    def open(cls, requests, config, api_keys, cache, ledger, run_id, progress) -> _Run:
         aledger = AsyncLedger(ledger, run_id, config.lease_s, spool=cache.dir / "unrecorded")
         return cls(
             requests,
@@ -445,7 +446,7 @@ class ReplayRun:
     agents: dict[str, str] = field(default_factory=dict)  # state_id -> the agent's action (escalation decides by it)
 
     @classmethod
-    def prepare(cls, states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> "ReplayRun":
+    def prepare(cls, states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> ReplayRun:
         requests, unrendered = build_requests(states, messages, config, render_opts)
         agents = dict(zip(states.column("state_id").to_pylist(), states.column("action").to_pylist()))
         return cls(config, requests, unrendered, agents)

@@ -18,8 +18,8 @@ from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.show.views import PairView, View
 from composer_pipeline.show.walk import (
     action_lines,
-    lines_span,
     limits,
+    lines_span,
     money,
     secs,
     shorten,

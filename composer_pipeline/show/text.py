@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from collections.abc import Sequence
 from itertools import zip_longest
-from typing import Sequence
 
 from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.show.views import PairView, StateView, View
 from composer_pipeline.show.walk import (
     action_lines,
-    lines_span,
     limits,
+    lines_span,
     money,
     secs,
     shorten,

@@ -22,8 +22,9 @@ per teacher only its latest replay row is shown (older rows are counted in ``sup
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -117,7 +118,7 @@ class StateView:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StateView":
+    def from_dict(cls, d: dict[str, Any]) -> StateView:
         return cls(
             state_id=d["state_id"],
             source_file=d.get("source_file"),
@@ -164,7 +165,7 @@ class PairView:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PairView":
+    def from_dict(cls, d: dict[str, Any]) -> PairView:
         return cls(
             pair_id=d["pair_id"],
             pair_kind=d.get("pair_kind"),

@@ -14,8 +14,9 @@ images and other non-text blocks show as their placeholder text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -158,7 +159,7 @@ def lines_span(lines: Sequence[int]) -> str:
     return f"line {lo}" if lo == hi else f"lines {lo}-{hi}"
 
 
-def teacher_flags(t: "TeacherAnswer", agreeing: Sequence[str] = ()) -> str:
+def teacher_flags(t: TeacherAnswer, agreeing: Sequence[str] = ()) -> str:
     flags = []
     if t.cache_hit:
         flags.append("cache hit")
@@ -173,7 +174,7 @@ def teacher_flags(t: "TeacherAnswer", agreeing: Sequence[str] = ()) -> str:
     return f"  [{', '.join(flags)}]" if flags else ""
 
 
-def teacher_summary(ts: Sequence["TeacherAnswer"]) -> str:
+def teacher_summary(ts: Sequence[TeacherAnswer]) -> str:
     by: dict[str, int] = {}
     for t in ts:
         by[t.status or "?"] = by.get(t.status or "?", 0) + 1

@@ -39,10 +39,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -204,7 +205,7 @@ class LocalModel:
     memo: GreedyMemo | None = None  # shared by every served name of the server
     prompt_cache: PromptCache | None = None  # per weights (shared by the names of one directory)
 
-    def load(self) -> "LocalModel":
+    def load(self) -> LocalModel:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -307,7 +308,7 @@ class LocalModel:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "TeacherHTTPServer"
+    server: TeacherHTTPServer
 
     def log_message(self, format, *args):
         if self.server.log:

@@ -18,9 +18,10 @@ Claude tokenizer is public); they use the ratio and the one refit on a provider'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 

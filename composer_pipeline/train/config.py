@@ -198,11 +198,11 @@ class TrainRecipe:
     )
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainRecipe":
+    def load(cls, path: str | Path) -> TrainRecipe:
         return settings.load(cls, path, "train recipe")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "TrainRecipe":
+    def from_dict(cls, raw: dict[str, Any]) -> TrainRecipe:
         return settings.from_dict(cls, raw, "train recipe")
 
     def to_dict(self) -> dict[str, Any]:

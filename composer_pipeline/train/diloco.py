@@ -23,9 +23,10 @@ outer steps (``optim.steps / H``): a sync whose commit fails is retried with H m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torchft import Manager

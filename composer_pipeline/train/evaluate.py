@@ -51,9 +51,9 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
     import torch
 
     from composer_pipeline.train import rewards as reward_mod
+    from composer_pipeline.train.config import TrainRecipe
     from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_prompt
     from composer_pipeline.train.losses import completion_logits, completion_logps, generalized_jsd
-    from composer_pipeline.train.config import TrainRecipe
     from composer_pipeline.train.modeling import load_policy, resolve_model_path
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)

@@ -42,7 +42,7 @@ class HintTemplates:
     max_action_chars: int = setting(200, help="actions in the hint are clipped to this many characters")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "HintTemplates":
+    def from_dict(cls, d: dict[str, Any] | None) -> HintTemplates:
         return settings.from_dict(cls, d, "train recipe", "sdpo.hint")
 
 

@@ -29,7 +29,8 @@ similarity is lexical.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -15,9 +15,10 @@ import copy
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from trl import GRPOTrainer
@@ -25,8 +26,8 @@ from trl import GRPOTrainer
 from composer_pipeline.train import distributed
 from composer_pipeline.train.checkpoints import write_checkpoint
 from composer_pipeline.train.config import Channels, TrainRecipe, decide_channels, grpo_config
-from composer_pipeline.train.diloco_config import shard as shard_of
 from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
+from composer_pipeline.train.diloco_config import shard as shard_of
 from composer_pipeline.train.modeling import load_policy, lora_config, resolve_model_path
 from composer_pipeline.train.step_log import StepLog
 from composer_pipeline.train.trainer import ThreeChannelTrainer

@@ -19,7 +19,8 @@ Deliberately simplified: a step's value is the plain mean of its micro-batches' 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from transformers import TrainerCallback
 

@@ -51,6 +51,7 @@ from composer_pipeline.train import distributed
 from composer_pipeline.train.config import Channels, TrainRecipe
 from composer_pipeline.train.generation import RowSeededRollouts
 from composer_pipeline.train.losses import (
+    TaidSchedule,
     chosen_nll,
     completion_logits,
     completion_token_logps,
@@ -61,7 +62,6 @@ from composer_pipeline.train.losses import (
     last_token_logits,
     simpo_loss,
     taid_loss,
-    TaidSchedule,
 )
 from composer_pipeline.train.step_log import reduce_over_ranks
 

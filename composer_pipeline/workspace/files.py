@@ -555,7 +555,7 @@ class Workspace:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Workspace":
+    def from_dict(cls, d: dict[str, Any]) -> Workspace:
         ws = cls(d.get("cwd"))
         ws.dirs = set(d.get("dirs") or ())
         ws.complete = [(str(b), str(r)) for b, r in d.get("complete") or ()]

@@ -12,8 +12,9 @@ in neither agreement nor failures.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from composer_pipeline.store import Store
 from composer_pipeline.workspace.files import FILE_TOOLS

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from dagster_sessions import SESSION_ID, write_session
 
 

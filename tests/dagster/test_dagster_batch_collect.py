@@ -10,6 +10,8 @@ import uuid
 import dagster as dg
 import pytest
 import yaml
+from dagster_sessions import SESSION_ID
+from ledger_helpers import ledger_rows
 
 from assets.definitions import batch_collect_job
 from assets.ingest import ingest_session_tables, raw_sessions
@@ -19,8 +21,6 @@ from assets.sensors import build_batch_collect_sensor
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.ledger.batches import held_by_batches
 from composer_pipeline.store import Store
-from dagster_sessions import SESSION_ID
-from ledger_helpers import ledger_rows
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager

@@ -1,13 +1,13 @@
 """A Claude Code root and a Codex CLI root watched by one sensor; a Codex partition ingested through Dagster."""
 
 import dagster as dg
+from dagster_sessions import SESSION_ID, write_session
 
 from assets.definitions import session_chain_job
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.partitions import sessions_partitions
 from assets.sensors import build_sessions_sensor
 from composer_pipeline.store import Store
-from dagster_sessions import SESSION_ID, write_session
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
 from tests.ingest import codex_fixtures as fx

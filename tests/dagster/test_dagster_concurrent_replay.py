@@ -10,10 +10,10 @@ import sys
 import textwrap
 
 import pytest
+from dagster_sessions import session_lines, write_teachers_yaml
+from ledger_helpers import ledger_rows
 
 from composer_pipeline.ledger import Ledger
-from ledger_helpers import ledger_rows
-from dagster_sessions import session_lines, write_teachers_yaml
 
 pytestmark = pytest.mark.slow  # concurrent Dagster runs against one ledger
 

@@ -4,9 +4,9 @@ with keyless teachers on a real loopback server; training skipped (covered by th
 import os
 
 import pytest
+from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 
 from assets.demo import print_report, run_demo
-from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 
 
 @pytest.mark.slow  # every session through the whole chain (the other tests here cover each asset)

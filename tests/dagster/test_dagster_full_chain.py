@@ -5,11 +5,11 @@ import json
 
 import dagster as dg
 import pytest
+from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 
 from assets.definitions import build_defs
 from assets.settings import REPO_ROOT, load_settings
 from composer_pipeline.store import Store
-from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
 """The ingest chain materialized through Dagster for one session partition (ephemeral instance)."""
 
 import dagster as dg
+from dagster_sessions import FAKE_GITHUB_TOKEN, SESSION_ID, session_lines
 
 from assets.ingest import ingest_session_tables, raw_sessions
 from composer_pipeline.ingest import native
 from composer_pipeline.store import Store
-from dagster_sessions import FAKE_GITHUB_TOKEN, SESSION_ID, session_lines
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
 

@@ -2,11 +2,11 @@
 path, metadata or event of a Dagster run (issue 21: ids derived from paths are scrubbed too)."""
 
 import dagster as dg
+from dagster_sessions import session_lines
 
 from assets.ingest import ingest_session_tables, raw_sessions
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.partition_keys import KeyMap
-from dagster_sessions import session_lines
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
 

@@ -4,12 +4,12 @@ A run of `teacher_replays` alone prepares once for itself; a file that is not wh
 is never used."""
 
 import dagster as dg
+from dagster_sessions import SESSION_ID, write_teachers_yaml
 
 import composer_pipeline.replay.run as replay
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from composer_pipeline.store import Store
-from dagster_sessions import SESSION_ID, write_teachers_yaml
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
@@ -73,9 +73,9 @@ def test_a_prepared_file_that_the_plan_did_not_price_is_not_used(tmp_path):
     import pyarrow as pa
 
     from composer_pipeline.render import RenderOptions
-    from composer_pipeline.teachers.config import parse_teachers
     from composer_pipeline.replay.front import load_prepared, prepared_path, save_prepared
     from composer_pipeline.replay.run import ReplayRun
+    from composer_pipeline.teachers.config import parse_teachers
     from tests.pairs.conftest import session_tables
 
     t = session_tables.__wrapped__()

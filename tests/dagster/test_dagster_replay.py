@@ -2,12 +2,12 @@
 
 import dagster as dg
 import pytest
+from dagster_sessions import SESSION_ID, write_teachers_yaml
 
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.pairs import consensus_pairs, normalized_pairs
 from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from composer_pipeline.store import Store
-from dagster_sessions import SESSION_ID, write_teachers_yaml
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager
@@ -47,9 +47,9 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     assert checks["cost_plan_within_budget"].passed is False
     assert checks["cost_plan_within_budget"].metadata["worst_case_usd"].value > 1e-9
     # it says why in check_plan's own words (plan.reasons), not a second wording of the same decision
-    from composer_pipeline.teachers.config import load_teachers
     from composer_pipeline.ledger import Ledger
     from composer_pipeline.replay.plan import check_plan
+    from composer_pipeline.teachers.config import load_teachers
 
     plan = check_plan(
         Store(str(tmp_path / "store")).read_table("cost_plan"),

@@ -4,12 +4,12 @@ import json
 import os
 
 import dagster as dg
+from dagster_sessions import write_session
 
 from assets.definitions import session_chain_job
 from assets.partitions import sessions_partitions
 from assets.sensors import build_sessions_sensor
 from resources.recipes import PipelineRecipes
-from dagster_sessions import write_session
 
 
 def _tick(sensor, instance, cursor, root):

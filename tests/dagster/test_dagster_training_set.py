@@ -8,8 +8,8 @@ from assets.pairs import training_set
 from assets.partitions import sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.store import Store
-from tests.support.synthetic_train import pair_rows
 from resources.storage import ParquetIOManager
+from tests.support.synthetic_train import pair_rows
 
 OLD, NEW = "calc/a1f0c3d2", "calc/b2e1d4c3"
 

@@ -13,13 +13,13 @@ import sys
 import dagster as dg
 import orjson
 import pytest
+from dagster_sessions import SESSION_ID, write_teachers_yaml
 
 from assets.definitions import build_resources
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from assets.settings import REPO_ROOT, load_settings
 from composer_pipeline.store import Store
-from dagster_sessions import SESSION_ID, write_teachers_yaml
 
 KEY = f"-home-dev-proj__{SESSION_ID}"
 

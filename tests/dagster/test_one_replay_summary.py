@@ -9,14 +9,14 @@ CLI adds where it wrote and the older names of the same numbers only.
 
 import dagster as dg
 import orjson
+from dagster_sessions import SESSION_ID, write_teachers_yaml
 
 from assets.ingest import ingest_session_tables, raw_sessions
 from assets.replay import cost_plan, cost_plan_within_budget, teacher_replays
 from assets.settings import REPO_ROOT
 from composer_pipeline.cli import main
-from composer_pipeline.store import Store
 from composer_pipeline.replay.report import CLI_LEGACY_KEYS
-from dagster_sessions import SESSION_ID, write_teachers_yaml
+from composer_pipeline.store import Store
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.storage import ParquetIOManager

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from test_readme_commands import readme_commands
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from composer_pipeline.cli import main
-from composer_pipeline.experiments.rule_teacher import rule_action
 from composer_pipeline.experiments.read_before_edit import ExperimentConfig
+from composer_pipeline.experiments.rule_teacher import rule_action
 from composer_pipeline.experiments.sessions import HELDOUT_SEED, NOT_READ, write_sessions
 
 

@@ -196,7 +196,7 @@ class Score:
     assistants_right: int = 0  # states whose prefix holds the repaired prefix's assistant messages
     missing: int = 0
 
-    def add(self, other: "Score") -> None:
+    def add(self, other: Score) -> None:
         for k in ("states", "right", "assistants_right", "missing"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 

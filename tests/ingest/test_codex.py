@@ -15,7 +15,6 @@ from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.partition_keys import candidates
 from composer_pipeline.ingest.pipeline import ingest_session
 from composer_pipeline.render import INTERRUPTED, Conversation, render_state
-
 from tests.support.sessions import Session, text
 
 from . import codex_fixtures as fx

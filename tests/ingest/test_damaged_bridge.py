@@ -19,8 +19,8 @@ import pytest
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions, render_state
 from composer_pipeline.salvage import SALVAGED_MARK, SALVAGED_RESULTS, salvaged_tool_results
-
 from tests.support.sessions import Session, text, tool
+
 from .damage import damage_files, masked, prefixes
 from .engines import ingest_checked
 

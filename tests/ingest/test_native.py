@@ -27,8 +27,8 @@ from composer_pipeline.ingest import native
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.pipeline import TABLES, SessionIngester, ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
-
 from tests.support.sessions import Session, text, thinking, tool, uid
+
 from .damage import MODES, damage_line
 from .engines import ingest_checked
 from .test_secret_corpus import KEYS
@@ -147,7 +147,7 @@ def test_sha256_and_utf8_validation_match_python():
         b"\xed\xa0\x80",
         b"\xf4\x90\x80\x80",
         b"\xe2\x82",
-        "x".encode() * 40 + b"\xe2\x82\xac" + b"y" * 40,
+        b"x" * 40 + b"\xe2\x82\xac" + b"y" * 40,
         b"a" * 33 + b"\x80",
     ]
     samples += [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))) for _ in range(3000)]

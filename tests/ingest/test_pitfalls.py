@@ -9,8 +9,8 @@ import orjson
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions, action_of, render_state
-
 from tests.support.sessions import Session, text, thinking, tool, uid
+
 from .engines import ingest_checked
 
 

@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from composer_pipeline.ingest import remote
-
 from tests.support.sessions import Session, text, tool
 
 from . import codex_fixtures as fx

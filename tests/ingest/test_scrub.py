@@ -13,8 +13,8 @@ import pytest
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.scrub import KINDS, Scrubber, scan
-
 from tests.support.sessions import Session, text, tool
+
 from .engines import ingest_checked
 
 # fake secrets in each published format (none of them is real)

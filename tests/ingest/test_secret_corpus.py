@@ -26,8 +26,8 @@ from composer_pipeline.cli import main
 from composer_pipeline.ingest import native
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.scrub import KINDS, Scrubber
-
 from tests.support.sessions import Session, text, thinking, tool
+
 from .engines import ingest_checked
 
 # kind -> (the key as it appears, a fragment that must not survive anywhere). All fake.
@@ -332,9 +332,10 @@ def test_a_key_in_the_project_folder_reaches_no_column_partition_key_or_path(tmp
     """The folder name becomes the session key, ``source_file``, ``stream_id`` and the partition key
     (the Dagster store path, run tags, UI): each is cleaned; two folders that differ only in their key
     keep distinct keys."""
+    from upath import UPath
+
     from composer_pipeline.ingest.partition_keys import KeyMap
     from resources.storage import ParquetUPathIOManager
-    from upath import UPath
 
     root, sid = tmp_path / "traces", "c0ffee00-0000-4000-8000-000000000777"
     folders = [f"-home-dev-{KEYS[kind][0]}" for kind in CWD_KINDS]

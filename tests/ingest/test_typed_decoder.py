@@ -15,8 +15,8 @@ from composer_pipeline.ingest.parser import (
     parse_file,
     record_from_obj,
 )
-from composer_pipeline.scrub import Scrubber
 from composer_pipeline.render import record_payload
+from composer_pipeline.scrub import Scrubber
 
 
 def _normalized(r: Record) -> tuple:

@@ -14,7 +14,6 @@ import pytest
 from composer_pipeline.store import Store
 from composer_pipeline.train.data import load_train_data
 from composer_pipeline.train.hints import HintTemplates
-
 from tests.ingest import codex_fixtures as fx
 from tests.support.scripted_server import ScriptedServer
 

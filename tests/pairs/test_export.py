@@ -14,7 +14,6 @@ import pytest
 from composer_pipeline import tables
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.data import is_heldout
-
 from tests.support.synthetic_pairs import synthetic_pairs
 
 

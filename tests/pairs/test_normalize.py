@@ -184,6 +184,7 @@ def test_empty_table_normalizes_to_empty_tables():
 def test_concurrent_calls_from_threads_agree(base):
     """Dagster runs assets in threads: two normalizations at once give the same result, no worker pools."""
     from concurrent.futures import ThreadPoolExecutor
+
     from loguru import logger
 
     real_remove = logger.remove

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from composer_pipeline.teachers.config import TeachersConfig, parse_teachers
 from composer_pipeline.replay.requests import ReplayRequest, make_request
+from composer_pipeline.teachers.config import TeachersConfig, parse_teachers
 from tests.support.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,13 +13,13 @@ from urllib.parse import quote
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from ledger_helpers import ORDER, ledger_rows
 
 from composer_pipeline.cli import main
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.replay.call import call_teacher, make_http_client
 from composer_pipeline.ledger import AsyncLedger, Ledger
-from ledger_helpers import ORDER, ledger_rows
+from composer_pipeline.replay.call import call_teacher, make_http_client
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, scripted_request, teacher_dict
 

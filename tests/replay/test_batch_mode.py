@@ -10,14 +10,14 @@ its live batches and submits nothing twice."""
 from __future__ import annotations
 
 import pytest
+from ledger_helpers import ledger_rows
 
-from composer_pipeline.replay.batch import replay_batch
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.ledger.batches import held_by_batches
+from composer_pipeline.replay.batch import replay_batch
 from composer_pipeline.replay.requests import make_request
-from ledger_helpers import ledger_rows
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 GPT = ModelRules("openai", 128_000, 2.0, 8.0, 0.2)
@@ -343,8 +343,8 @@ def test_a_batch_another_live_run_is_posting_is_left_to_it(emu, ledger_url, tmp_
     """A batch recorded by a run that is still live (its POST may be on the wire) is neither looked for nor
     resubmitted by another process; once that run is gone, the next run looks for it (here: absent) and
     sends it, once."""
-    from composer_pipeline.replay.batch import batch_priced
     from composer_pipeline.ledger.batches import BatchCall, record_batch
+    from composer_pipeline.replay.batch import batch_priced
     from composer_pipeline.teachers.pricing import max_completion_tokens, worst_case_usd
 
     cfg = _config(emu.url)

@@ -9,12 +9,12 @@ import sys
 import textwrap
 
 import pytest
-
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.ledger import Ledger
 from ledger_helpers import spend_by_run
+
+from composer_pipeline.ledger import Ledger
 from composer_pipeline.replay.plan import plan_requests
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, scripted_request
 

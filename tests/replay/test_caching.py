@@ -12,16 +12,16 @@ import httpx
 import orjson
 import pytest
 import yaml
+from ledger_helpers import ledger_rows, schema_version
 
-from composer_pipeline.teachers import anthropic
+from composer_pipeline.ledger import MIGRATIONS, Ledger
 from composer_pipeline.ledger.billing import usage_by_run, usage_by_teacher
+from composer_pipeline.replay.plan import plan_requests
+from composer_pipeline.replay.requests import make_request
+from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers import anthropic
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.ledger import MIGRATIONS, Ledger
-from ledger_helpers import ledger_rows, schema_version
-from composer_pipeline.replay.requests import make_request
-from composer_pipeline.replay.plan import plan_requests
-from composer_pipeline.replay.run import replay_requests
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 GPT = ModelRules("openai", 128_000, 2.0, 8.0, 0.2)

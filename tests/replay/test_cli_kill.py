@@ -13,10 +13,10 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_rows
+
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import teacher_dict
 

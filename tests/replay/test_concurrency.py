@@ -18,9 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ledger_helpers import ledger_rows, reserve
 
 from composer_pipeline.ledger import Ledger
-from ledger_helpers import ledger_rows, reserve
 
 from .conftest import make_config, scripted_request, teacher_dict
 

@@ -12,10 +12,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from composer_pipeline.render import RenderOptions
-from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.ledger import Ledger
+from composer_pipeline.render import RenderOptions
 from composer_pipeline.replay.run import ReplayRun
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, teacher_dict
 

@@ -12,14 +12,14 @@ import pyarrow as pa
 import pytest
 
 from composer_pipeline.ingest.pipeline import ingest_paths
+from composer_pipeline.ledger import open_ledger
 from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_ruled_out, voters_from_config
 from composer_pipeline.render import RenderOptions
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.replay.front import ReplayFront, plan_summary
-from composer_pipeline.ledger import open_ledger
 from composer_pipeline.replay.prepared import dump_run, load_run
 from composer_pipeline.replay.run import ReplayRun
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 from tests.support.sessions import Session, text, tool
 

@@ -7,13 +7,13 @@ import socket
 import time
 
 import pytest
-
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_rows, spend_by_run
-from composer_pipeline.teachers.pricing import worst_case_usd
+
+from composer_pipeline.ledger import Ledger
 from composer_pipeline.replay.requests import make_request
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.pricing import worst_case_usd
 
 from .conftest import make_config, scripted_request
 

@@ -92,8 +92,8 @@ def test_local_teacher_fits_with_its_own_tokenizer(tmp_path, monkeypatch):
     prefix's real token count (that tokenizer, each message's JSON) is within the window."""
     from tokenizers import Tokenizer
 
-    from composer_pipeline.teachers.config import parse_teachers
     from composer_pipeline.replay.requests import make_request
+    from composer_pipeline.teachers.config import parse_teachers
     from composer_pipeline.teachers.token_count import counter_for, tokenizer_file
     from composer_pipeline.tiny_model import build_tiny_model
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import orjson
 
-from composer_pipeline.render import CUT_MARKER, count_tokens, fit_messages
-from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.ledger import Ledger
-from composer_pipeline.replay.requests import make_request
+from composer_pipeline.render import CUT_MARKER, count_tokens, fit_messages
 from composer_pipeline.replay.plan import plan_requests
+from composer_pipeline.replay.requests import make_request
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 from .test_caching import config, teacher

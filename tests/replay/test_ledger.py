@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger_helpers import ledger_rows, reserve, schema_version, spend_by_run
 
 from composer_pipeline.ledger import MIGRATIONS, Ledger, Reserve, redact_url
-from ledger_helpers import ledger_rows, reserve, schema_version, spend_by_run
 
 
 def test_reserve_settle_keep_release(ledger_url):

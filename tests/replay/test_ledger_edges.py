@@ -12,12 +12,12 @@ import uuid
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from ledger_helpers import ledger_rows
 
 from composer_pipeline.cli import main
-from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.ledger import Ledger, LedgerError, Reserve, redact_url
-from ledger_helpers import ledger_rows
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, scripted_request, teacher_dict
 

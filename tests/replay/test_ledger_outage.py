@@ -18,9 +18,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from ledger_helpers import ledger_rows
 
 from composer_pipeline.ledger import Ledger
-from ledger_helpers import ledger_rows
 
 from .conftest import teacher_dict
 

@@ -16,12 +16,12 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from ledger_helpers import ledger_rows
 
 from composer_pipeline.cli import main
-from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.ledger import CODE_VERSION, Ledger, LedgerError, LedgerTooNew, TeacherIdentityError
 from composer_pipeline.replay.run import replay_requests
-from ledger_helpers import ledger_rows
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, scripted_request, teacher_dict
 

@@ -10,13 +10,13 @@ import time
 
 import httpx
 import pytest
-
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.ledger import Ledger
 from ledger_helpers import spend_by_run
+
+from composer_pipeline.ledger import Ledger
 from composer_pipeline.models import resolve_model
 from composer_pipeline.replay.run import ReplayRun
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
 
 pytestmark = pytest.mark.slow  # starts a local teacher server (a model load)
 

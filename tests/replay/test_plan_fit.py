@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.replay.plan import check_plan, plan_requests
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, scripted_request, teacher_dict
 

@@ -14,10 +14,10 @@ import pytest
 
 from composer_pipeline.ingest.pipeline import ingest_paths
 from composer_pipeline.render import Conversation, RenderOptions, StreamRenderer, render_state
+from composer_pipeline.replay.requests import build_requests, make_request
 from composer_pipeline.teachers.cache import call_id, legacy_call_id
 from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.teachers.pricing import worst_case_usd
-from composer_pipeline.replay.requests import build_requests, make_request
 from tests.support.long_sessions import write_edit_session, write_long_sessions
 
 
@@ -41,9 +41,9 @@ def _tables(root, n_edits: int):
 
 def _bytes_serialized(monkeypatch, states, messages, cfg) -> int:
     import composer_pipeline.render as render
+    import composer_pipeline.replay.plan as plan
     import composer_pipeline.teachers.cache as cache
     import composer_pipeline.teachers.pricing as pricing
-    import composer_pipeline.replay.plan as plan
 
     total = [0]
 

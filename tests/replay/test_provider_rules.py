@@ -11,15 +11,15 @@ import logging
 
 import pytest
 
+from composer_pipeline.ledger import Ledger
+from composer_pipeline.replay.call import unsupported_param
+from composer_pipeline.replay.plan import predict_cached
+from composer_pipeline.replay.requests import make_request
+from composer_pipeline.replay.run import replay_requests
 from composer_pipeline.teachers import anthropic
 from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.replay.call import unsupported_param
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.ledger import Ledger
 from composer_pipeline.teachers.pricing import billed
-from composer_pipeline.replay.requests import make_request
-from composer_pipeline.replay.plan import predict_cached
-from composer_pipeline.replay.run import replay_requests
 from composer_pipeline.teachers.server import chat_message, stop_strings, unsupported_params
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
@@ -326,8 +326,8 @@ def test_a_failed_tool_result_reaches_claude_as_is_error(samples_tables):
     """The shipped sample sessions hold failed tool results (``is_error: true``): Claude's ``tool_result``
     blocks say so; OpenAI-style teachers get their standard tool messages; the call ids do not change."""
     from composer_pipeline.render import Conversation, render_state
-    from composer_pipeline.teachers.cache import call_id
     from composer_pipeline.replay.call import wire_body
+    from composer_pipeline.teachers.cache import call_id
 
     states, messages = samples_tables
     conv = Conversation.from_table(messages)

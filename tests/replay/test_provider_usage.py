@@ -10,13 +10,13 @@ any other answer: a re-run serves it and buys nothing."""
 from __future__ import annotations
 
 import pytest
+from ledger_helpers import ledger_rows
 
-from composer_pipeline.teachers.cache import ResponseCache
-from composer_pipeline.teachers.config import parse_teachers
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.replay.requests import make_request
 from composer_pipeline.replay.run import replay_requests
-from ledger_helpers import ledger_rows
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
 from tests.support.provider_emulator import ModelRules, ProviderEmulator
 
 GPT = ModelRules("openai", 128_000, 2.0, 8.0, 0.2)

@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ledger_helpers import ledger_rows, reserve
 
 from composer_pipeline.ledger import Ledger, RunIdInUse
 from composer_pipeline.ledger.core import machine_id
-from ledger_helpers import ledger_rows, reserve
 
 WORKER = Path(__file__).with_name("worker.py")
 TASK_RE = re.compile(rb"task (\d+) ")

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from composer_pipeline.cli import main
-from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache
 
 from .conftest import make_config, scripted_request, teacher_dict
 

@@ -5,16 +5,15 @@ ids of earlier versions are still served, and a ledger of schema 1 is migrated i
 
 from __future__ import annotations
 
-
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from ledger_helpers import ledger_rows, schema_version
 
 from composer_pipeline.cli import main
-from composer_pipeline.teachers.cache import ResponseCache, legacy_call_id
 from composer_pipeline.ledger import MIGRATIONS, Ledger, TeacherIdentityError
-from ledger_helpers import ledger_rows, schema_version
 from composer_pipeline.replay.run import replay_requests
+from composer_pipeline.teachers.cache import ResponseCache, legacy_call_id
 from tests.support.scripted_server import ScriptedServer
 
 from .conftest import make_config, scripted_request, teacher_dict

@@ -17,11 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: replay.conftest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.support
 
-from replay.conftest import make_config, scripted_request, teacher_dict  # noqa: E402
-
-from composer_pipeline.teachers.cache import ResponseCache  # noqa: E402
 from composer_pipeline.ledger import Ledger, LedgerError, ReplayInterrupted  # noqa: E402
 from composer_pipeline.replay.run import replay_requests  # noqa: E402
+from composer_pipeline.teachers.cache import ResponseCache  # noqa: E402
+from replay.conftest import make_config, scripted_request, teacher_dict  # noqa: E402
 
 a = json.loads(sys.argv[1])
 if a.get("ignore_sigxfsz"):  # a file-size limit (a simulated full disk) makes write() fail instead of killing us

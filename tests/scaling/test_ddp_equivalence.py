@@ -17,8 +17,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from tests.support.synthetic_train import write_store
 from resources.trainer import TrainerLauncher
+from tests.support.synthetic_train import write_store
 
 pytestmark = pytest.mark.slow  # two torch.distributed ranks per test
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from tests.support.synthetic_train import write_store
 from resources.trainer import TrainerLauncher
+from tests.support.synthetic_train import write_store
 
 
 @pytest.fixture(scope="module")

@@ -48,9 +48,10 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -108,7 +109,7 @@ def _strip_cc(block: Any) -> Any:
 
 
 class _Handler(JsonHandler):
-    server: "ProviderEmulator"
+    server: ProviderEmulator
 
     def _send(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         try:
@@ -446,7 +447,7 @@ class ProviderEmulator(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> "ProviderEmulator":
+    def start(self) -> ProviderEmulator:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self

@@ -93,7 +93,7 @@ class JsonHandler(BaseHTTPRequestHandler):
 
 
 class _Handler(JsonHandler):
-    server: "ScriptedServer"
+    server: ScriptedServer
 
     def do_GET(self):
         if self.path.rstrip("/") in ("/health", "/v1/health"):
@@ -240,7 +240,7 @@ class ScriptedServer(ThreadingHTTPServer):
         with self.lock:
             return self.counts[body_hash]
 
-    def start(self) -> "ScriptedServer":
+    def start(self) -> ScriptedServer:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self
@@ -252,10 +252,9 @@ class ScriptedServer(ThreadingHTTPServer):
 
 def start_subprocess(latency: float = 0.0):
     """This server in a child process (``python -m``) on a free loopback port: ``(Popen, url)``."""
+    import os
     import subprocess
     import sys
-
-    import os
     from pathlib import Path
 
     # the test helpers live in the checkout (tests/support), not in the installed package

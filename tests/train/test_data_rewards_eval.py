@@ -10,15 +10,15 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 import pytest
-from tests.support.synthetic_train import pair_rows, write_store
 
 from composer_pipeline import tables
 from composer_pipeline.actions import Action, ToolCall
 from composer_pipeline.store import Store
 from composer_pipeline.train import rewards
+from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.data import interleave_error_sites, is_heldout, load_train_data
 from composer_pipeline.train.hints import HintTemplates, build_hint, error_text
-from composer_pipeline.train.config import TrainRecipe
+from tests.support.synthetic_train import pair_rows, write_store
 
 
 def test_load_split_hints_and_quarantine(tmp_path):

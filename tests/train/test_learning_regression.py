@@ -16,12 +16,12 @@ import torch
 
 from composer_pipeline import tables
 from composer_pipeline.store import Store
-from tests.support.synthetic_train import pair_rows
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.data import render_prompt
 from composer_pipeline.train.losses import completion_logps
 from composer_pipeline.train.modeling import load_policy
 from composer_pipeline.train.run import train
+from tests.support.synthetic_train import pair_rows
 
 TRAIN, HELD = 12, 24  # pairs of files mod0..mod11 train; mod12..mod23 are held out
 

@@ -3,11 +3,11 @@ same token ids, for a template that takes ``tools`` and for one that cannot (Smo
 prompt is over its budget and is cut to its last tokens."""
 
 import pytest
+from test_render_plain_template import SMOLLM2_TEMPLATE, TOOLS
 from transformers import AutoTokenizer
 
 from composer_pipeline.teachers.server import LocalModel
 from composer_pipeline.train.data import render_prompt
-from test_render_plain_template import SMOLLM2_TEMPLATE, TOOLS
 
 STATE = [
     {"role": "system", "content": "You are a coding agent."},

@@ -9,9 +9,9 @@ import pytest
 
 from composer_pipeline import tables
 from composer_pipeline.store import Store
-from tests.support.synthetic_train import pair_rows
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.run import train
+from tests.support.synthetic_train import pair_rows
 
 
 @pytest.fixture()

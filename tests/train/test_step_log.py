@@ -10,7 +10,6 @@ import pytest
 from composer_pipeline.train.config import Weights, decide_channels
 from composer_pipeline.train.step_log import step_record
 
-
 REWARDS = {"reward": [0.2, 0.7], "reward_std": [0.1, 0.3]}  # TRL's per-step lists: the latest is logged
 
 

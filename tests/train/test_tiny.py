@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from composer_pipeline.actions import Action, ToolCall, parse_action_text
-from composer_pipeline.train.data import render_prompt
 from composer_pipeline.tiny_model import build_tokenizer
+from composer_pipeline.train.data import render_prompt
 
 
 def test_tiny_model_reloads_and_template_renders_tool_messages(tiny_model_dir):

@@ -184,10 +184,10 @@ def test_hint_teacher_is_the_frozen_start_or_the_live_policy(tiny_model_dir, syn
 
 def test_absent_inputs_are_reported_off(tiny_model_dir, tmp_path):
     import pyarrow as pa
-    from tests.support.synthetic_train import pair_rows
 
     from composer_pipeline import tables
     from composer_pipeline.store import Store
+    from tests.support.synthetic_train import pair_rows
 
     rows = [dict(r, has_error=False, error_after=None, kind="positive") for r in pair_rows(8)]
     Store(str(tmp_path / "d")).write_table(

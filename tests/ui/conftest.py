@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from ui_kit import ARTIFACTS, LOCATION, REPO, SAMPLES, move_session, teacher_server_pids  # noqa: F401
 
 CHROMIUM = "/usr/bin/chromium"

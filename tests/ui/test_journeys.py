@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from ui_kit import LOCATION, move_session, shot, teacher_server_pids
 
 pytestmark = pytest.mark.slow  # a real dagster dev driven by Chromium
