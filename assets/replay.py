@@ -27,6 +27,8 @@ from assets.layout import GROUP, stage
 from assets.metadata import preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.pairs.build import PairRecipe
+from composer_pipeline.show import render_markdown, state_views
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
@@ -79,7 +81,6 @@ def cost_plan(
 
 
 def _front(teachers: TeachersResource, ledger: LedgerResource, recipes: PipelineRecipes):
-    from composer_pipeline.pairs.build import PairRecipe
     from composer_pipeline.replay.front import ReplayFront
 
     # the pairs recipe decides escalation (teachers recipe `escalation`) as it decides the pairs
@@ -121,7 +122,6 @@ def cost_plan_within_budget(
 def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes: PipelineRecipes) -> str:
     """The state view `composer-pipeline show` prints (prefix tail, action, every teacher's answer), in
     Markdown, for the first state a teacher answered."""
-    from composer_pipeline.show import render_markdown, state_views
 
     answered = replays.filter(pc.equal(replays.column("status"), "answered"))
     if answered.num_rows == 0 or states.num_rows == 0:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from composer_pipeline.actions import Action
+from composer_pipeline.train.modeling import load_policy
+
 
 def supervise_on_agent_actions(
     model_path: str,
@@ -28,10 +31,8 @@ def supervise_on_agent_actions(
 ) -> Path:
     import torch
 
-    from composer_pipeline.actions import Action
     from composer_pipeline.train.data import render_prompt
     from composer_pipeline.train.losses import completion_logps
-    from composer_pipeline.train.modeling import load_policy
 
     if not rows:
         raise ValueError("no prompt rows to supervise on")

@@ -24,11 +24,13 @@ from __future__ import annotations
 import os
 import random
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 
 class LedgerError(RuntimeError):
@@ -70,7 +72,6 @@ def redact_url(url: str) -> str:
 
 def url_secrets(url: str) -> list[str]:
     """Every password a ledger URL carries, as written and percent-decoded (to remove from error text)."""
-    from urllib.parse import unquote
 
     found = [_userinfo(url.partition("://")[2])[1]]
     found += [m.group(0).split("=", 1)[1] for m in _URL_PASSWORD_RE.finditer(url)]
@@ -113,7 +114,6 @@ class _SQLite:
         so an ``open()``/``close()`` of the database beside live connections leaves this process holding no
         lock; another process closing its last connection then believes it is the last one, checkpoints and
         deletes the WAL, and every later write of this process goes to the deleted file and is lost."""
-        import sqlite3
 
         for attempt in range(50):
             con = None
@@ -176,8 +176,6 @@ class _SQLite:
         return p if p != self.path and p.is_file() else None
 
     def retryable(self, e: BaseException) -> bool:
-        import sqlite3
-
         return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
 
     def migration_lock(self, cur) -> None:

@@ -30,12 +30,15 @@ Deliberately simplified: every state is one prompt, however many pairs it has.
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from composer_pipeline.actions import Action
+from composer_pipeline.chat import prompt_text
+from composer_pipeline.render import Conversation, RenderOptions, render_state
 from composer_pipeline.store import Store
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
@@ -187,8 +190,6 @@ def load_train_data(
 def _add_unpaired_states(
     store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, render_recipe: str | None
 ) -> None:
-    from composer_pipeline.render import Conversation, RenderOptions, render_state
-
     states = store.read_table("trace_states")
     todo = [r for r in states.to_pylist() if r["state_id"] not in seen]
     if not todo:
@@ -226,7 +227,6 @@ def _add_unpaired_states(
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
     """Chat-template text with the generation prompt, at most ``max_prompt_tokens`` tokens: the one
     renderer the local teacher server also uses (:func:`composer_pipeline.chat.prompt_text`)."""
-    from composer_pipeline.chat import prompt_text
 
     return prompt_text(tokenizer, messages, tools, max_prompt_tokens)
 
@@ -237,7 +237,6 @@ def interleave_error_sites(rows: list[PromptRow], group: int, seed: int) -> list
     GRPO batches are consecutive blocks of this order (the sampler does not reshuffle), so the
     hint channel has inputs at as many steps as the data allows.
     """
-    import random
 
     rng = random.Random(seed)
     err = [r for r in rows if r.hint is not None]
