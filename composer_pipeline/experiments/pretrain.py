@@ -101,7 +101,7 @@ def _windows(
     """One token window per agent step: its prompt (last ``max_tokens`` tokens) and the agent's action.
     A ``hint_share`` of the steps get a corrective hint before the action, in the trainer's format,
     naming exactly the action that follows (whatever it is, right or wrong by the rule)."""
-    from composer_pipeline.train.data import load_train_data, render_prompt
+    from composer_pipeline.train.data import load_train_data, render_chat_prompt
 
     templates = templates or HintTemplates()
     rng = random.Random(f"hints|{seed}")
@@ -114,7 +114,7 @@ def _windows(
             hint = _hint_for(action, rng, templates)
             if hint is not None:
                 messages = with_hint(messages, hint, templates.role)
-        text = render_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text() + eos
+        text = render_chat_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text() + eos
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 

@@ -493,7 +493,7 @@ def state_kind(messages: list[dict]) -> str | None:
 def heldout_cases(heldout_root: str, tokenizer, max_prompt_tokens: int = 384, states: str = "all") -> list[Case]:
     """The probe's cases: every held-out state whose target is not yet edited (``states="decisive"``:
     only the decisive kinds), rendered and cut as the trainer renders its prompts."""
-    from composer_pipeline.train.data import load_train_data, render_prompt
+    from composer_pipeline.train.data import load_train_data, render_chat_prompt
 
     data = load_train_data(heldout_root, heldout_fraction=0.0, hints=HintTemplates())
     cases = []
@@ -504,7 +504,7 @@ def heldout_cases(heldout_root: str, tokenizer, max_prompt_tokens: int = 384, st
         st = task_state(p.messages)
         cases.append(
             Case(
-                render_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens),
+                render_chat_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens),
                 "read" if st["read"] else "unread",
                 st["path"],
                 kind,

@@ -224,7 +224,7 @@ def _add_unpaired_states(
 
 
 # -- rendering -------------------------------------------------------------------------------
-def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
+def render_chat_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
     """Chat-template text with the generation prompt, at most ``max_prompt_tokens`` tokens: the one
     renderer the local teacher server also uses (:func:`composer_pipeline.chat.prompt_text`)."""
 
@@ -258,8 +258,8 @@ def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_
     for r in rows:
         out.append(
             {
-                "prompt": render_prompt(tokenizer, r.messages, r.tools, max_prompt_tokens),
-                "hint_prompt": render_prompt(
+                "prompt": render_chat_prompt(tokenizer, r.messages, r.tools, max_prompt_tokens),
+                "hint_prompt": render_chat_prompt(
                     tokenizer, with_hint(r.messages, r.hint, hint_role), r.tools, max_prompt_tokens
                 )
                 if r.hint
@@ -285,7 +285,8 @@ def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
         chunk = pairs[i : i + bs]
         shared = [
             tokenizer(
-                render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens), add_special_tokens=False
+                render_chat_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens),
+                add_special_tokens=False,
             )["input_ids"]
             for p in chunk
         ]  # one prompt per pair, both sides

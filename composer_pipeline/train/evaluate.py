@@ -55,7 +55,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
     """Metrics of ``model_path`` on the held-out split of ``data`` (a Store root or TrainData)."""
     import torch
 
-    from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_prompt
+    from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_chat_prompt
     from composer_pipeline.train.losses import completion_logits, completion_logps, generalized_jsd
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
@@ -85,7 +85,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
                 for p in pairs:
                     prompts.append(
                         tok(
-                            render_prompt(tok, p.messages, p.tools, recipe.data.max_prompt_tokens),
+                            render_chat_prompt(tok, p.messages, p.tools, recipe.data.max_prompt_tokens),
                             add_special_tokens=False,
                         )["input_ids"]
                     )
