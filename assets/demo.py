@@ -27,6 +27,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.definitions import build_defs
 from assets.partitions import session_keymap, sessions_partitions
 from assets.sensors import scan_sessions
 from assets.settings import REPO_ROOT, load_settings
@@ -126,8 +127,6 @@ def run_demo(
     # subprocess (both inherit this env) drown the progress; the user's own setting wins
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from tqdm import tqdm
-
-    from assets.definitions import build_defs
 
     settings = load_settings()
     settings = replace(

@@ -21,8 +21,11 @@ from assets.partitions import session_check, session_keymap, sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
 from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
+from composer_pipeline.ingest.pipeline import ingest_session
 from composer_pipeline.ingest.recipe import IngestRecipe
+from composer_pipeline.ingest.remote import is_remote, local_root
 from composer_pipeline.render import record_payload
+from composer_pipeline.scrub import Scrubber
 from composer_pipeline.show import render_markdown, state_views
 from resources.recipes import PipelineRecipes
 
@@ -33,7 +36,6 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     """The session a ``sessions`` partition names, under one trace root or several (the first root
     holding a session key wins, as the sensor's scan): a short key (``calc/a1f0c3d2``) through the
     instance's partitions (``assets.partitions.session_keymap``), a long one (older instances) directly."""
-    from composer_pipeline.ingest.remote import is_remote, local_root
 
     roots = [trace_root] if isinstance(trace_root, str) else trace_root
     found = {}
@@ -94,7 +96,6 @@ def render_options(recipes: PipelineRecipes):
 
 def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dict[str, int]:
     """Secrets the scrubber would still find in what is about to be stored (should be none)."""
-    from composer_pipeline.scrub import Scrubber
 
     scrubber = Scrubber(extra_patterns or None)
     for col in columns:
@@ -167,8 +168,6 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     ],
 )
 def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRecipes):
-    from composer_pipeline.ingest.pipeline import ingest_session
-
     recipe = IngestRecipe.load(recipes.ingest)
     sf = find_session(recipes.roots(), context.partition_key, context.instance)
     res = ingest_session(sf, recipe)
