@@ -14,14 +14,29 @@ Simplified: sessions run one after another in-process (2 cores; the teacher serv
 bottleneck); a failed session is reported and the others go on.
 """
 
+import argparse
+import json
 import logging
 import os
+import shutil
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import dagster as dg
+
+from assets.definitions import build_defs
+from assets.partitions import session_keymap, sessions_partitions
+from assets.sensors import scan_sessions
 from assets.settings import REPO_ROOT, load_settings
+from composer_pipeline.cli import CLEAR_ERRORS, report_error
+from composer_pipeline.cli.demo import add_arguments
+from composer_pipeline.pairs.build import agreement_label
+from composer_pipeline.store import Store
+from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.evaluate import measured, smoke_line
 
 DAGSTER_HOME = REPO_ROOT / ".dagster_home"
 SAMPLES = REPO_ROOT / "composer_pipeline" / "samples" / "projects"
@@ -111,13 +126,7 @@ def run_demo(
     # per-file "Loading weights"/"Writing model shards" bars of the teacher server and the trainer
     # subprocess (both inherit this env) drown the progress; the user's own setting wins
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    import dagster as dg
     from tqdm import tqdm
-
-    from assets.definitions import build_defs
-    from assets.partitions import session_keymap, sessions_partitions
-    from assets.sensors import scan_sessions
-    from composer_pipeline.store import Store
 
     settings = load_settings()
     settings = replace(
@@ -201,7 +210,6 @@ def run_demo(
         report.checkpoint = tp["checkpoint"]
         report.train = _train_summary(tp)
         ev = res.output_for_node("policy_eval").to_pylist()
-        from composer_pipeline.train.config import TrainRecipe
 
         train_recipe = settings.recipe("train")
         report.min_rows_to_measure = (
@@ -222,8 +230,6 @@ def _summarize_tables(st, report: DemoReport) -> None:
             t["cached"] += bool(r["cache_hit"])
             t["spend"] += r["paid_usd"] or 0.0
     if report.row_counts.get("normalized_dpo_pairs"):
-        from composer_pipeline.pairs.build import agreement_label
-
         cols = [
             "pair_id",
             "agreement_kind",
@@ -243,7 +249,6 @@ def _summarize_tables(st, report: DemoReport) -> None:
 
 def _train_summary(tp: dict) -> dict:
     """Steps, data counts and how many steps each loss channel fired (from the checkpoint's losses.jsonl)."""
-    import json
 
     metrics = json.loads(tp.get("metrics") or "{}")
     out = {
@@ -264,8 +269,6 @@ def _train_summary(tp: dict) -> dict:
 
 def _cli_path() -> str:
     """How to call the CLI from the current directory: the venv's script (relative when inside cwd)."""
-    import shutil
-    import sys
 
     script = Path(sys.executable).parent / "composer-pipeline"
     if not script.is_file() or shutil.which("composer-pipeline") == str(script):
@@ -321,8 +324,6 @@ def print_report(r: DemoReport, echo=print) -> None:
         fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
         echo(f"eval {metric:<20} trained {fmt(v['trained'])}  base {fmt(v['base'])}")
     if r.eval_metrics:
-        from composer_pipeline.train.evaluate import measured, smoke_line
-
         was_measured, rows = measured(r.eval_metrics, r.min_rows_to_measure)
         if not was_measured:
             echo(smoke_line((r.train.get("data") or {}).get("pairs"), rows, r.min_rows_to_measure))
@@ -351,10 +352,6 @@ def print_report(r: DemoReport, echo=print) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m assets.demo`` (what ``composer-pipeline demo`` runs): same flags as the CLI."""
-    import argparse
-
-    from composer_pipeline.cli import CLEAR_ERRORS, report_error
-    from composer_pipeline.cli.demo import add_arguments
 
     parser = argparse.ArgumentParser(prog="composer-pipeline demo", description=__doc__.splitlines()[0])
     add_arguments(parser)

@@ -19,6 +19,14 @@ from assets.layout import GROUP, stage
 from assets.metadata import counts, preview
 from assets.partitions import session_check, session_keymap, sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
+from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
+from composer_pipeline.ingest.pipeline import ingest_session
+from composer_pipeline.ingest.recipe import IngestRecipe
+from composer_pipeline.ingest.remote import is_remote, local_root
+from composer_pipeline.render import record_payload
+from composer_pipeline.scrub import Scrubber
+from composer_pipeline.show import render_markdown, state_views
 from resources.recipes import PipelineRecipes
 
 STAGE = stage("ingest")  # (one group for every asset: assets/layout.py)
@@ -28,9 +36,6 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     """The session a ``sessions`` partition names, under one trace root or several (the first root
     holding a session key wins, as the sensor's scan): a short key (``calc/a1f0c3d2``) through the
     instance's partitions (``assets.partitions.session_keymap``), a long one (older instances) directly."""
-    from composer_pipeline.ingest.discover import discover_sessions
-    from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
-    from composer_pipeline.ingest.remote import is_remote, local_root
 
     roots = [trace_root] if isinstance(trace_root, str) else trace_root
     found = {}
@@ -62,8 +67,6 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     "list, sizes and a content fingerprint (the data version); the files themselves are not copied.",
 )
 def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) -> dg.MaterializeResult:
-    from composer_pipeline.ingest.discover import session_fingerprint
-
     sf = find_session(recipes.roots(), context.partition_key, context.instance)
     files = sf.files
     sizes = {sf.rel(f): f.stat().st_size for f in files}
@@ -87,14 +90,12 @@ def raw_sessions(context: dg.AssetExecutionContext, recipes: PipelineRecipes) ->
 
 def render_options(recipes: PipelineRecipes):
     """The RenderOptions every stage uses (the ingest recipe's render section)."""
-    from composer_pipeline.ingest.recipe import IngestRecipe
 
     return IngestRecipe.load(recipes.ingest).render
 
 
 def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dict[str, int]:
     """Secrets the scrubber would still find in what is about to be stored (should be none)."""
-    from composer_pipeline.scrub import Scrubber
 
     scrubber = Scrubber(extra_patterns or None)
     for col in columns:
@@ -106,7 +107,6 @@ def _secret_hits(tbl: pa.Table, columns: list[str], extra_patterns: dict) -> dic
 
 def _with_content(messages: pa.Table) -> pa.Table:
     """Rows of ``trace_messages`` with their message content (kept inside ``raw``) as a JSON column."""
-    from composer_pipeline.render import record_payload
 
     content = [
         record_payload(raw, t, source)[0]
@@ -123,7 +123,6 @@ def _with_content(messages: pa.Table) -> pa.Table:
 
 def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     """The state view `composer-pipeline show` prints, in Markdown, for the session's middle state."""
-    from composer_pipeline.show import render_markdown, state_views
 
     if states.num_rows == 0:
         return "*no states in this session*"
@@ -169,9 +168,6 @@ def _rendered_example(states: pa.Table, messages: pa.Table, recipe) -> str:
     ],
 )
 def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRecipes):
-    from composer_pipeline.ingest.pipeline import ingest_session
-    from composer_pipeline.ingest.recipe import IngestRecipe
-
     recipe = IngestRecipe.load(recipes.ingest)
     sf = find_session(recipes.roots(), context.partition_key, context.instance)
     res = ingest_session(sf, recipe)

@@ -19,7 +19,9 @@ from assets.metadata import counts, preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.ids import with_partition_key
-from composer_pipeline.pairs.build import agreement_label
+from composer_pipeline.pairs.build import PairRecipe, agreement_label, build_pairs
+from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+from composer_pipeline.show import pair_views, render_markdown
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
 
@@ -53,7 +55,6 @@ def example_pair_md(
     opts=None,
 ) -> str:
     """The pair view `composer-pipeline show` prints, in Markdown, for the partition's first pair."""
-    from composer_pipeline.show import pair_views, render_markdown
 
     if pairs.num_rows == 0:
         return "*no pairs in this partition*"
@@ -87,8 +88,6 @@ def consensus_pairs(
     recipes: PipelineRecipes,
     teachers: TeachersResource,
 ):
-    from composer_pipeline.pairs.build import PairRecipe, build_pairs
-
     sessions = set(trace_states.column("session_key").to_pylist())  # this partition's session
     res = build_pairs(
         trace_states,
@@ -197,8 +196,6 @@ def normalized_pairs(
     teacher_replays: pa.Table,
     recipes: PipelineRecipes,
 ):
-    from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
-
     res = normalize_pairs(dpo_pairs, NormalizeRecipe.load(recipes.normalize))
     schema_ok = set(tables.NORMALIZED_DPO_PAIRS.names) <= set(res.kept.column_names)
     kept = tables.conform(res.kept, "normalized_dpo_pairs")

@@ -10,6 +10,8 @@ import warnings
 
 import dagster as dg
 
+from composer_pipeline.ingest.partition_keys import KeyMap, project_name
+
 # Checks of partitioned assets are declared per partition (AssetCheckSpec(partitions_def=...)), so each
 # result names its session in the UI; Dagster 1.13 marks that argument "preview" and would print the
 # warning in every run's log. Only that one warning is silenced.
@@ -51,7 +53,6 @@ def session_keymap(instance, session_keys, project: str | None = None):
     """The instance's ``sessions`` partitions resolved against ``session_keys`` (those on disk);
     where only a recorded materialization can tell which session a key names, it is looked up.
     ``project``: only that project's sessions and short keys (keys never cross projects)."""
-    from composer_pipeline.ingest.partition_keys import KeyMap, project_name
 
     partitions = instance.get_dynamic_partitions(sessions_partitions.name)
     if project is not None:

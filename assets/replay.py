@@ -27,6 +27,10 @@ from assets.layout import GROUP, stage
 from assets.metadata import preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.pairs.build import PairRecipe
+from composer_pipeline.replay.front import ReplayFront, load_prepared, plan_summary, prepared_path, save_prepared
+from composer_pipeline.replay.plan import check_plan
+from composer_pipeline.show import render_markdown, state_views
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
@@ -50,8 +54,6 @@ def cost_plan(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ) -> dg.Output:
-    from composer_pipeline.replay.front import plan_summary, prepared_path, save_prepared
-
     front = _front(teachers, ledger, recipes)
     run = front.prepare(trace_states, trace_messages, render_options(recipes))
     plan = front.plan(run)
@@ -79,9 +81,6 @@ def cost_plan(
 
 
 def _front(teachers: TeachersResource, ledger: LedgerResource, recipes: PipelineRecipes):
-    from composer_pipeline.pairs.build import PairRecipe
-    from composer_pipeline.replay.front import ReplayFront
-
     # the pairs recipe decides escalation (teachers recipe `escalation`) as it decides the pairs
     return ReplayFront(teachers.load_config(), teachers.response_cache(), ledger.open(), PairRecipe.load(recipes.pairs))
 
@@ -95,8 +94,6 @@ def _front(teachers: TeachersResource, ledger: LedgerResource, recipes: Pipeline
 def cost_plan_within_budget(
     cost_plan: pa.Table, teachers: TeachersResource, ledger: LedgerResource
 ) -> dg.AssetCheckResult:
-    from composer_pipeline.replay.plan import check_plan
-
     cfg = teachers.load_config()
     plan = check_plan(cost_plan, cfg, ledger.open())  # the same decision the cost_plan asset reported
     total, remaining = plan.total_worst_case_usd, plan.remaining_budget_by_teacher
@@ -121,7 +118,6 @@ def cost_plan_within_budget(
 def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes: PipelineRecipes) -> str:
     """The state view `composer-pipeline show` prints (prefix tail, action, every teacher's answer), in
     Markdown, for the first state a teacher answered."""
-    from composer_pipeline.show import render_markdown, state_views
 
     answered = replays.filter(pc.equal(replays.column("status"), "answered"))
     if answered.num_rows == 0 or states.num_rows == 0:
@@ -168,9 +164,6 @@ def teacher_replays(
     ledger: LedgerResource,
     recipes: PipelineRecipes,
 ):
-    from composer_pipeline.replay.front import load_prepared, prepared_path
-    from composer_pipeline.replay.plan import check_plan
-
     front = _front(teachers, ledger, recipes)
     cfg, led = front.config, front.ledger
     plan = check_plan(cost_plan, cfg, led)  # the plan the blocking check passed (the same decision)

@@ -21,11 +21,17 @@ materialized is done; one whose run is still going is left to it.
 """
 
 import json
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import dagster as dg
 
 from assets.partitions import recorded_sessions, session_keymap, sessions_partitions
+from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
+from composer_pipeline.ingest.remote import local_root
+from composer_pipeline.ledger.batches import batches_since
+from composer_pipeline.replay.batch import batches_ended
 from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
@@ -34,8 +40,6 @@ from resources.teachers import TeachersResource
 def scan_sessions(trace_root: str | list[str]) -> dict[str, str]:
     """session key -> fingerprint of everything under ``trace_root`` (one root or several: a key found
     under two roots is the first root's, as ``assets.ingest.find_session`` reads it)."""
-    from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
-    from composer_pipeline.ingest.remote import local_root
 
     found: dict[str, str] = {}
     for root in [trace_root] if isinstance(trace_root, str) else trace_root:
@@ -119,7 +123,6 @@ def batch_partitions(instance, rows, since: float) -> tuple[dict[str, list], lis
     observation lists (``live_batch_ids``: calls with the same content as another session's, already held by
     that session's batch), when its ``teacher_replays`` was not materialized since. A batch whose recording run
     is still going is left to it. Batches of other runs (the CLI's) are not Dagster's."""
-    from collections import defaultdict
 
     by_id = {r.id: r for r in rows}
     open_: dict[str, dict[str, object]] = defaultdict(dict)
@@ -197,11 +200,6 @@ def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> d
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def batch_collect_sensor(context: dg.SensorEvaluationContext, teachers: TeachersResource, ledger: LedgerResource):
-        import time
-
-        from composer_pipeline.ledger.batches import batches_since
-        from composer_pipeline.replay.batch import batches_ended
-
         since = time.time() - COLLECT_WINDOW_S
         rows = batches_since(ledger.open(), since)
         by_partition, waiting = batch_partitions(context.instance, rows, since)

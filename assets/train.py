@@ -19,6 +19,9 @@ import pyarrow as pa
 
 from assets.layout import GROUP, stage
 from assets.metadata import counts, png_markdown, preview
+from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.evaluate import GATED, LEARNING_COMMAND, compare, evaluate_policy, measured, verdict_line
+from composer_pipeline.train.plots import plot_channels
 from resources.recipes import PipelineRecipes
 from resources.storage import StoreResource
 from resources.trainer import TrainerLauncher
@@ -96,7 +99,6 @@ def trained_policy(
             meta[k] = replicas[k]
     if "groups_dropped" in replicas:
         meta["groups_dropped"] = dg.MetadataValue.json(replicas["groups_dropped"])
-    from composer_pipeline.train.plots import plot_channels
 
     png = plot_channels(losses, out_dir / "losses.png")
     if png:
@@ -131,16 +133,6 @@ def trained_policy(
 def policy_eval(
     context: dg.AssetExecutionContext, trained_policy: pa.Table, recipes: PipelineRecipes, store: StoreResource
 ):
-    from composer_pipeline.train.config import TrainRecipe
-    from composer_pipeline.train.evaluate import (
-        GATED,
-        LEARNING_COMMAND,
-        compare,
-        evaluate_policy,
-        measured,
-        verdict_line,
-    )
-
     row = trained_policy.to_pylist()[0]
     data_root = store.store().root
     new = evaluate_policy(row["local_dir"], data_root, recipes.train)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from composer_pipeline.ingest.partition_keys import KeyMap, is_short_key
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -48,7 +50,6 @@ def resolve_id(
 def session_of(raw: str, session_keys: Iterable[str], where: str, error: type[ValueError] = ValueError) -> str | None:
     """The session ``raw`` names: a session key, or a short partition key (``<project>/<id>``) of exactly
     one stored session; None when ``raw`` looks like neither (an id, for :func:`resolve_id`)."""
-    from composer_pipeline.ingest.partition_keys import KeyMap, is_short_key
 
     sessions = sorted(set(session_keys))
     key = raw.strip()
@@ -68,7 +69,6 @@ def partition_keys(session_keys: Iterable[str], stored: Mapping[str, str | None]
     """Session key -> the short partition key the Dagster UI shows for it (``calc/a1f0c3d2``). ``stored``
     (session key -> the key a table recorded, e.g. a pair table's ``partition_key``) wins: Dagster named
     those sessions; the others get the key :class:`KeyMap` assigns beside them."""
-    from composer_pipeline.ingest.partition_keys import KeyMap
 
     pins = {k: s for s, k in (stored or {}).items() if k and s}
     keymap = KeyMap(set(session_keys) | set(pins.values()), partition_keys=pins, pins=pins)

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from composer_pipeline.ids import MIN_PREFIX, resolve_id, session_of
+from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores
 from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES  # where a pair can live, and what that says
@@ -220,7 +221,6 @@ def format_lineage(chain: dict[str, Any]) -> str:
     for a in p["tables"]:
         if a["table"] == "dropped_pairs":
             out.append(f"  dropped by {a['drop_op']}: {a['drop_reason']}")
-    from composer_pipeline.pairs.build import agreement_label
 
     out.append(
         f"  agreement {p.get('agreement_kind') or 'kind not recorded'}: {agreement_label(p)} "

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from composer_pipeline.home import default_home
+from composer_pipeline.tiny_model import build_tiny_model
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"
@@ -61,7 +63,6 @@ def _convert_smollm2(out: Path) -> None:
 def _strip_gguf_marker(model_dir: Path) -> None:
     """The copied config keeps ``quantization_config: {quant_method: gguf}`` although the weights are now
     plain float32 safetensors; loaders (and trainers) must not look for a .gguf file. Idempotent."""
-    import json
 
     cfg_path = Path(model_dir) / "config.json"
     cfg = json.loads(cfg_path.read_text())
@@ -72,8 +73,6 @@ def _strip_gguf_marker(model_dir: Path) -> None:
 
 
 def _build_tiny(out: Path) -> None:
-    from composer_pipeline.tiny_model import build_tiny_model
-
     build_tiny_model(out)
 
 

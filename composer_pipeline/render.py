@@ -42,7 +42,7 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import codex_items, settings
-from composer_pipeline.actions import Action
+from composer_pipeline.actions import Action, ToolCall
 from composer_pipeline.jsonutil import dumps
 from composer_pipeline.salvage import SALVAGED_MARK, SALVAGED_RESULTS, salvaged_tool_results
 from composer_pipeline.settings import setting
@@ -145,8 +145,6 @@ def user_parts(content: Any, known_tool_uses: set | dict) -> list[str]:
 
 
 def action_from_blocks(blocks: list[dict]) -> Action:
-    from composer_pipeline.actions import ToolCall
-
     texts, thinking, calls = [], [], []
     for b in blocks:
         t = b.get("type")

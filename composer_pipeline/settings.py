@@ -25,6 +25,7 @@ Deliberately simplified: no schema library, no coercion between kinds (``"1"`` i
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -278,8 +279,6 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 
 def _yaml_scalar(v: Any) -> str:
-    import json
-
     if v is None:
         return "null"
     if isinstance(v, bool):

@@ -42,7 +42,6 @@ DEFAULT_STORE = ".store"  # recipes/pipeline.yaml store_root: where the demo and
 
 def default_store() -> str:
     """The store a command reads when given none: ``$COMPOSER_STORE``, else ``.store`` (relative to cwd)."""
-    import os
 
     return os.environ.get("COMPOSER_STORE") or DEFAULT_STORE
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from composer_pipeline.ledger import Ledger
+
 
 class LedgerResource(dg.ConfigurableResource):
     """Opens the budget ledger at ``path`` (a file path or a ``postgresql://`` URL; created on first use)."""
@@ -16,6 +18,4 @@ class LedgerResource(dg.ConfigurableResource):
     path: str
 
     def open(self):
-        from composer_pipeline.ledger import Ledger
-
         return Ledger(self.path)

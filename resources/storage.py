@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
-from composer_pipeline.store import Store, open_replacing
+from composer_pipeline.store import Store, open_replacing, read_parquet
 
 
 def _upath(root: str) -> UPath:
@@ -55,8 +55,6 @@ class ParquetUPathIOManager(dg.UPathIOManager):
             pq.write_table(obj, f, compression="zstd")
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pa.Table:
-        from composer_pipeline.store import read_parquet
-
         with path.open("rb") as f:
             return read_parquet(f, str(path))
 

@@ -27,13 +27,16 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import dagster as dg
+import httpx
+
+from composer_pipeline.home import default_cache_dir
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import load_teachers
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def _answers(url: str, timeout: float = 2.0) -> bool:
-    import httpx
-
     try:
         return httpx.get(url.rstrip("/") + "/models", timeout=timeout).status_code < 500
     except httpx.HTTPError:
@@ -61,8 +64,6 @@ class TeachersResource(dg.ConfigurableResource):
 
     @property
     def cache_path(self) -> str:
-        from composer_pipeline.home import default_cache_dir
-
         return default_cache_dir(self.cache_dir)
 
     @property
@@ -71,8 +72,6 @@ class TeachersResource(dg.ConfigurableResource):
         return str(Path(self.cache_path).expanduser().parent / "prepared_requests")
 
     def load_config(self):
-        from composer_pipeline.teachers.config import load_teachers
-
         return load_teachers(self.recipe)
 
     def api_key_values(self) -> dict[str, str]:
@@ -80,8 +79,6 @@ class TeachersResource(dg.ConfigurableResource):
         return {k: v for k, v in self.api_keys.items() if v}
 
     def response_cache(self):
-        from composer_pipeline.teachers.cache import ResponseCache
-
         Path(self.cache_path).mkdir(parents=True, exist_ok=True)
         return ResponseCache(self.cache_path)
 
@@ -166,7 +163,6 @@ def api_key_envvars(recipe: str | None) -> dict[str, str]:
     """
     if not recipe or not Path(recipe).is_file():
         return {}
-    from composer_pipeline.teachers.config import load_teachers
 
     return {
         t.name: dg.EnvVar(t.api_key_env)

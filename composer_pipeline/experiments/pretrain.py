@@ -36,6 +36,12 @@ import random
 import time
 from pathlib import Path
 
+from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
+from composer_pipeline.tiny_model import build_tiny_model
+from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
+from composer_pipeline.train.modeling import load_policy
+
 
 def _session_text(root: Path) -> list[str]:
     """The words of the generated sessions (requests, tool inputs as compact JSON, tool results, answers),
@@ -72,8 +78,6 @@ def _hint_for(action, rng: random.Random, templates) -> str | None:
     """A hint in the trainer's own format (``train.hints.build_hint``) whose "better next step" is
     ``action``: the failed step named in it is the other tool on the same file, its error drawn from
     :data:`_HINT_ERRORS`. None for an action without a file tool call."""
-    from composer_pipeline.actions import Action, ToolCall
-    from composer_pipeline.train.hints import build_hint
 
     call = action.tool_calls[0] if action.tool_calls else None
     path = call.arguments.get("file_path") if call else None
@@ -97,9 +101,7 @@ def _windows(
     """One token window per agent step: its prompt (last ``max_tokens`` tokens) and the agent's action.
     A ``hint_share`` of the steps get a corrective hint before the action, in the trainer's format,
     naming exactly the action that follows (whatever it is, right or wrong by the rule)."""
-    from composer_pipeline.actions import Action
-    from composer_pipeline.train.data import load_train_data, render_prompt
-    from composer_pipeline.train.hints import HintTemplates, with_hint
+    from composer_pipeline.train.data import load_train_data, render_chat_prompt
 
     templates = templates or HintTemplates()
     rng = random.Random(f"hints|{seed}")
@@ -112,7 +114,7 @@ def _windows(
             hint = _hint_for(action, rng, templates)
             if hint is not None:
                 messages = with_hint(messages, hint, templates.role)
-        text = render_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text() + eos
+        text = render_chat_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text() + eos
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 
@@ -137,11 +139,6 @@ def pretrain_base(
     """Train the tiny base model from scratch; returns its directory (reused when already trained
     with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
     import torch
-
-    from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
-    from composer_pipeline.tiny_model import build_tiny_model
-    from composer_pipeline.train.hints import HintTemplates
-    from composer_pipeline.train.modeling import load_policy
 
     templates = hint_templates or HintTemplates()
     work = Path(work)

@@ -43,12 +43,30 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from composer_pipeline.experiments.sessions import HELDOUT_SEED
+from composer_pipeline.actions import Action, ActionParseError, parse_action_text, parse_failure
+from composer_pipeline.experiments.pretrain import pretrain_base
+from composer_pipeline.experiments.rule_teacher import (
+    MODEL_PREFIX,
+    RuleTeacherServer,
+    _calls,
+    _text,
+    is_error_result,
+    rule_action,
+    task_state,
+)
+from composer_pipeline.experiments.sessions import HELDOUT_SEED, ingest_sessions, write_sessions
+from composer_pipeline.experiments.sft import supervise_on_agent_actions
+from composer_pipeline.teachers.cache import ResponseCache
+from composer_pipeline.teachers.config import parse_teachers
+from composer_pipeline.train.config import LoraSection, TrainRecipe, Weights
+from composer_pipeline.train.hints import HintTemplates
+from composer_pipeline.train.modeling import load_policy, resolve_model_path
 
 
 @dataclass(frozen=True)
@@ -197,9 +215,7 @@ class ExperimentConfig:
 # -- data: sessions -> ingest -> replay -> pairs ---------------------------------------------------
 def _task_state_ids(store_root: Path) -> set[str]:
     """States whose prompt holds a file request (the rule has an answer there)."""
-    from composer_pipeline.experiments.rule_teacher import rule_action
     from composer_pipeline.train.data import load_train_data
-    from composer_pipeline.train.hints import HintTemplates
 
     data = load_train_data(str(store_root), heldout_fraction=0.0, hints=HintTemplates())
     return {p.state_id for p in data.prompts if rule_action(p.messages) is not None}
@@ -212,16 +228,12 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     import pyarrow.compute as pc
 
     from composer_pipeline import render, tables
-    from composer_pipeline.experiments.rule_teacher import MODEL_PREFIX, RuleTeacherServer
-    from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
     from composer_pipeline.ledger import Ledger
     from composer_pipeline.pairs.build import PairRecipe, build_pairs
     from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
     from composer_pipeline.replay.report import cli_legacy_keys
     from composer_pipeline.replay.run import ReplayRun
     from composer_pipeline.store import Store
-    from composer_pipeline.teachers.cache import ResponseCache
-    from composer_pipeline.teachers.config import parse_teachers
 
     info_path = work / "info.json"
     sizes = {
@@ -362,7 +374,6 @@ def _agreeing_models(*tables) -> dict[str, int]:
 def shuffled_label_store(train_root: str, out_root: Path, seed: int) -> str:
     """A copy of the train store whose pairs have chosen and rejected swapped at a seeded random half
     of the rows (same prompts, same answers): the DPO arm's control for "the labels carry it"."""
-    import random
 
     import pyarrow as pa
 
@@ -397,7 +408,6 @@ def consensus_store(train_root: str, out_root: Path) -> str:
     import pyarrow as pa
 
     from composer_pipeline import tables
-    from composer_pipeline.actions import Action
     from composer_pipeline.store import Store
 
     if (out_root / "pairs.parquet").is_file():
@@ -425,7 +435,6 @@ def consensus_store(train_root: str, out_root: Path) -> str:
 def _pair_kinds(pairs) -> dict[str, int]:
     """How many pairs prefer which tool over which (``"Read over Edit"``): both directions are needed,
     or DPO learns "always X" instead of the rule."""
-    from composer_pipeline.actions import Action
 
     def tool(js: str) -> str:
         a = Action.from_json(js)
@@ -454,7 +463,6 @@ def state_kind(messages: list[dict]) -> str | None:
     ``request``: the request is the last turn; ``after_decoy``: the last turn read *another* file
     (the target is unread); ``after_error``: the last turn failed; ``after_first_read`` /
     ``after_second_read``: the target was read once / twice."""
-    from composer_pipeline.experiments.rule_teacher import _calls, _text, is_error_result, task_state
 
     st = task_state(messages)
     if st is None or st["edited"]:
@@ -485,9 +493,7 @@ def state_kind(messages: list[dict]) -> str | None:
 def heldout_cases(heldout_root: str, tokenizer, max_prompt_tokens: int = 384, states: str = "all") -> list[Case]:
     """The probe's cases: every held-out state whose target is not yet edited (``states="decisive"``:
     only the decisive kinds), rendered and cut as the trainer renders its prompts."""
-    from composer_pipeline.experiments.rule_teacher import task_state
-    from composer_pipeline.train.data import load_train_data, render_prompt
-    from composer_pipeline.train.hints import HintTemplates
+    from composer_pipeline.train.data import load_train_data, render_chat_prompt
 
     data = load_train_data(heldout_root, heldout_fraction=0.0, hints=HintTemplates())
     cases = []
@@ -498,7 +504,7 @@ def heldout_cases(heldout_root: str, tokenizer, max_prompt_tokens: int = 384, st
         st = task_state(p.messages)
         cases.append(
             Case(
-                render_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens),
+                render_chat_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens),
                 "read" if st["read"] else "unread",
                 st["path"],
                 kind,
@@ -550,8 +556,6 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
     (:func:`score_outputs`), and ``outputs``: one record per state (its kind, the answer's first call,
     whether it was the right tool, and the right tool on the right path)."""
     import torch
-
-    from composer_pipeline.actions import ActionParseError, parse_action_text, parse_failure
 
     was_training = model.training
     model.eval()
@@ -617,8 +621,6 @@ def _probe_callback(tokenizer, cases, every: int, curve: list[dict], max_new_tok
 
 # -- arms -----------------------------------------------------------------------------------------------
 def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
-    from composer_pipeline.train.config import LoraSection, Weights
-
     spec = ARMS[arm]
     grpo, sdpo, dpo_weight = spec.weights  # type: ignore[union-attr]
     r = replace(base, model=str(start), weights=Weights(grpo=grpo, sdpo=sdpo, dpo=dpo_weight))
@@ -681,10 +683,7 @@ def _finished_start_probe(out: Path, seed: int) -> dict[str, Any] | None:
 def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     """Every arm × seed cell is written to ``cells/`` when done; a re-run with the same settings skips
     finished cells; with ``budget_minutes`` it stops before a cell once the budget is spent."""
-    from composer_pipeline.experiments.sft import supervise_on_agent_actions
-    from composer_pipeline.train.config import TrainRecipe
     from composer_pipeline.train.data import load_train_data
-    from composer_pipeline.train.modeling import load_policy
 
     _check_config(cfg)
     out = Path(cfg.out)
@@ -776,12 +775,10 @@ def _check_config(cfg: ExperimentConfig) -> None:
 
 def _base_model(cfg: ExperimentConfig, out: Path, base, emit) -> str:
     """The model every seed's start is supervised from: ``cfg.model``, or for ``tiny`` one pretrained here."""
-    from composer_pipeline.train.modeling import resolve_model_path
 
     if cfg.model != "tiny":
         return resolve_model_path(cfg.model)
     # trained from scratch on other generated sessions first (every file pair, no held-out request)
-    from composer_pipeline.experiments.pretrain import pretrain_base
 
     base_model = str(
         pretrain_base(
@@ -811,7 +808,6 @@ def _base_model(cfg: ExperimentConfig, out: Path, base, emit) -> str:
 def _train_arm(arm: str, cfg: ExperimentConfig, base, start: Path, seed: int, data_info: dict, probing: tuple):
     """Train one arm from the seed's start on the data it reads and probe the result: ``(metrics, steps)``.
     ``probing``: (tokenizer, held-out cases, the curve the probe callback appends to)."""
-    from composer_pipeline.train.modeling import load_policy
     from composer_pipeline.train.run import train
 
     tok, cases, curve = probing

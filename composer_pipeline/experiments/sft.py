@@ -13,6 +13,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from composer_pipeline.actions import Action
+from composer_pipeline.train.modeling import load_policy
+
 
 def supervise_on_agent_actions(
     model_path: str,
@@ -28,10 +31,8 @@ def supervise_on_agent_actions(
 ) -> Path:
     import torch
 
-    from composer_pipeline.actions import Action
-    from composer_pipeline.train.data import render_prompt
+    from composer_pipeline.train.data import render_chat_prompt
     from composer_pipeline.train.losses import completion_logps
-    from composer_pipeline.train.modeling import load_policy
 
     if not rows:
         raise ValueError("no prompt rows to supervise on")
@@ -42,7 +43,7 @@ def supervise_on_agent_actions(
     pad = tok.pad_token_id
     examples = []
     for r in rows:
-        p = tok(render_prompt(tok, r.messages, r.tools, max_prompt_tokens), add_special_tokens=False)["input_ids"]
+        p = tok(render_chat_prompt(tok, r.messages, r.tools, max_prompt_tokens), add_special_tokens=False)["input_ids"]
         c = tok(Action.from_json(r.agent_action).to_text() + eos, add_special_tokens=False)["input_ids"][
             :max_completion_tokens
         ]

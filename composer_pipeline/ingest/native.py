@@ -132,7 +132,9 @@ class Builder:
 
 
 # test hooks (the helpers the C++ code relies on, compared with Python in the tests)
-def canonical_json(data: bytes) -> bytes | None:
+def canonicalize_json_bytes(data: bytes) -> bytes | None:
+    """The compiled engine's canonical re-serialization of one JSON document (``None``: one it leaves to
+    Python); not the cache key's :func:`composer_pipeline.teachers.cache.canonical_json`."""
     return _native.canonical_json(data)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,7 +310,6 @@ def read_session_file(path: Path | str) -> tuple[bytes | None, str | None]:
     only a regular file is read (a FIFO would block). One ``read`` of the size ``fstat`` gives (plus one
     byte, to see a file that grew meanwhile), without pathlib's buffered reader: about half the per-file
     cost, which counts with many small agent files."""
-    import stat
 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))  # (POSIX)

@@ -22,6 +22,7 @@ the largest session, not the corpus.
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -368,7 +369,6 @@ class SessionIngester:
 def _head(path: Path) -> bytes | None:
     """The first bytes of a regular file, opened as ``parser.read_session_file`` opens it (a link is not
     followed, a FIFO not waited on); ``None`` where that reader would refuse it."""
-    import stat
 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))

@@ -10,7 +10,7 @@ Out: ``reservations`` (every attempt's money), ``claims`` (who is buying which r
 
 The modules, each importing only those above it:
 
-* ``backends.py``: the two databases behind one transaction helper (:class:`~.backends.Store`): a
+* ``backends.py``: the two databases behind one transaction helper (:class:`~.backends.LedgerDatabase`): a
   connection per thread, retries on lock contention, a lost PostgreSQL server ridden through for
   ``outage_s``, passwords kept out of every message (:func:`redact_url`).
 * ``schema.py``: the versioned DDL (:data:`MIGRATIONS`) applied on open, the oldest code version a ledger
@@ -29,8 +29,8 @@ from composer_pipeline.ledger.backends import (
     LedgerError,
     LedgerUnavailable,
     is_postgres,
-    redact_text,
     redact_url,
+    redact_url_secrets,
     url_secrets,
 )
 from composer_pipeline.ledger.core import (
@@ -67,7 +67,7 @@ __all__ = [
     "TeacherIdentityError",
     "is_postgres",
     "open_ledger",
-    "redact_text",
+    "redact_url_secrets",
     "redact_url",
     "url_secrets",
 ]

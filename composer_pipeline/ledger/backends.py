@@ -2,10 +2,10 @@
 
 In:  a ledger URL: a file path (``sqlite:///`` prefix allowed) → an embedded SQLite file in WAL mode,
      ``postgresql://`` / ``postgres://`` → a PostgreSQL server through psycopg2.
-Out: :class:`Store` (the base of :class:`~composer_pipeline.ledger.core.Ledger`): one connection
-     per thread, :meth:`Store._tx` runs a function in one transaction through a :class:`Cursor` that speaks
+Out: :class:`LedgerDatabase` (the base of :class:`~composer_pipeline.ledger.core.Ledger`): one connection
+     per thread, :meth:`LedgerDatabase._tx` runs a function in one transaction through a :class:`Cursor` that speaks
      ``?`` placeholders on both backends; :class:`LedgerError` / :class:`LedgerUnavailable` naming the URL
-     with its password removed (:func:`redact_url`, :func:`redact_text`).
+     with its password removed (:func:`redact_url`, :func:`redact_url_secrets`).
 
 Concurrency: SQLite serializes writers with ``BEGIN IMMEDIATE`` + ``busy_timeout`` (WAL: readers,
 e.g. an auditor's connection held open, never block a writer); PostgreSQL transactions lock the rows they
@@ -16,7 +16,7 @@ thread's connection and retries with backoff until ``outage_s`` (then :class:`Le
 Deliberately simplified: one connection per thread, no pool; SQLite admits one writing transaction at a
 time across all processes (the ledger's transactions are short: bench/bench_ledger.py); a retried
 transaction may repeat one whose COMMIT reached the server before the connection broke, so every write
-made through :meth:`Store._tx` must be idempotent on retry or leave at worst a ``reserved`` row of its run.
+made through :meth:`LedgerDatabase._tx` must be idempotent on retry or leave at worst a ``reserved`` row of its run.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from __future__ import annotations
 import os
 import random
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 
 class LedgerError(RuntimeError):
@@ -70,7 +72,6 @@ def redact_url(url: str) -> str:
 
 def url_secrets(url: str) -> list[str]:
     """Every password a ledger URL carries, as written and percent-decoded (to remove from error text)."""
-    from urllib.parse import unquote
 
     found = [_userinfo(url.partition("://")[2])[1]]
     found += [m.group(0).split("=", 1)[1] for m in _URL_PASSWORD_RE.finditer(url)]
@@ -81,7 +82,7 @@ def url_secrets(url: str) -> list[str]:
     return sorted((v for v in out if v), key=len, reverse=True)
 
 
-def redact_text(text: str, url: str) -> str:
+def redact_url_secrets(text: str, url: str) -> str:
     """``text`` (a driver's error message) without the URL's passwords, in any form the driver may echo them."""
     for v in url_secrets(url):
         text = text.replace(v, "***")
@@ -113,7 +114,6 @@ class _SQLite:
         so an ``open()``/``close()`` of the database beside live connections leaves this process holding no
         lock; another process closing its last connection then believes it is the last one, checkpoints and
         deletes the WAL, and every later write of this process goes to the deleted file and is lost."""
-        import sqlite3
 
         for attempt in range(50):
             con = None
@@ -176,8 +176,6 @@ class _SQLite:
         return p if p != self.path and p.is_file() else None
 
     def retryable(self, e: BaseException) -> bool:
-        import sqlite3
-
         return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
 
     def migration_lock(self, cur) -> None:
@@ -231,7 +229,7 @@ class _Postgres:
     def reason(self, e: BaseException) -> str:
         """First line of a driver error, without any password of the URL."""
         text = str(e).strip()
-        return redact_text(text.splitlines()[0], self.url) if text else type(e).__name__
+        return redact_url_secrets(text.splitlines()[0], self.url) if text else type(e).__name__
 
     def disconnected(self, e: BaseException) -> bool:
         """The connection is gone or the server cannot take it now (restart, stop, admin shutdown)."""
@@ -281,7 +279,7 @@ class Cursor:
         return self.execute(q, params).fetchall()
 
 
-class Store:
+class LedgerDatabase:
     """One ledger database (file path → SQLite, ``postgresql://`` → PostgreSQL): a connection per thread and
     transactions retried through lock contention and server outages; thread-safe."""
 
@@ -379,4 +377,4 @@ class Store:
 
     def _reason(self, e: BaseException) -> str:
         text = " ".join(str(e).split()) or type(e).__name__
-        return redact_text(text, self.url)
+        return redact_url_secrets(text, self.url)

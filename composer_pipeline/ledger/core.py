@@ -56,7 +56,7 @@ from typing import Any
 import orjson
 
 from composer_pipeline import home
-from composer_pipeline.ledger.backends import Cursor, LedgerError, Store
+from composer_pipeline.ledger.backends import Cursor, LedgerDatabase, LedgerError
 from composer_pipeline.ledger.schema import migrate
 from composer_pipeline.teachers.config import TeachersConfig, split_user_info
 
@@ -178,7 +178,7 @@ def identity_differences(want: dict[str, Any], have: dict[str, Any]) -> list[str
     return out
 
 
-class Ledger(Store):
+class Ledger(LedgerDatabase):
     """The ledger at ``url`` (file path → SQLite, ``postgresql://`` → PostgreSQL); thread-safe."""
 
     def __init__(self, url: str | Path, *, outage_s: float = DEFAULT_OUTAGE_S):

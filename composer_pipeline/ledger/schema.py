@@ -1,7 +1,7 @@
 """The ledger's tables: a versioned schema applied on open, the code version a ledger needs, and the import
 of the DuckDB ledger of earlier versions.
 
-In:  a :class:`~composer_pipeline.ledger.backends.Store`'s transaction function and backend.
+In:  a :class:`~composer_pipeline.ledger.backends.LedgerDatabase`'s transaction function and backend.
 Out: the tables ``runs``, ``reservations``, ``totals``, ``claims``, ``waiters`` (1), ``teacher_identities``
      (2), ``billed_usage`` (3), the owner of each run and claim and ``ledger_meta`` (4), ``batches`` and
      ``batch_calls`` (5), and
@@ -178,7 +178,7 @@ CODE_VERSION = MIGRATIONS[-1][0]  # the newest ledger schema this code knows
 
 
 def migrate(tx: Callable[..., Any], db: Any) -> None:
-    """Bring the ledger behind ``tx`` (:meth:`Store._tx`) to the newest version; ``db`` is its backend."""
+    """Bring the ledger behind ``tx`` (:meth:`LedgerDatabase._tx`) to the newest version; ``db`` is its backend."""
 
     def current(c: Cursor) -> bool:
         if not int(c.one(db.has_schema)[0]):

@@ -44,8 +44,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from composer_pipeline import settings, tables
+from composer_pipeline import render, settings, tables
 from composer_pipeline.actions import Action
+from composer_pipeline.ids import partition_keys
 from composer_pipeline.pairs.signature import (
     Group,
     SignatureRules,
@@ -56,6 +57,7 @@ from composer_pipeline.pairs.signature import (
     strip_markup,
     text_similarity,
 )
+from composer_pipeline.render import flatten_content
 from composer_pipeline.settings import setting
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pairs.yaml"
@@ -342,7 +344,6 @@ def pair_ruled_out(
 
 def _last_input_texts(prompt_json: str) -> list[str]:
     """What the model read last: the last user message and any tool results after it."""
-    from composer_pipeline.render import flatten_content
 
     out: list[str] = []
     for m in reversed(orjson.loads(prompt_json)):
@@ -408,7 +409,6 @@ def parrot_reason(chosen: Action, prompt_json: str, rules: SignatureRules) -> st
     tags = markup_tags(chosen.text, rules.echo_markup_tags)
     if tags:
         return "chosen_echoes_markup: " + ", ".join(f"<{t}>" for t in tags)
-    from composer_pipeline.render import flatten_content
 
     content = strip_markup(chosen.text, rules.echo_markup_tags)
     for m in orjson.loads(prompt_json):
@@ -460,8 +460,6 @@ def repeat_reason(chosen: Action, prompt_json: str) -> str | None:
 
 
 def _renderer(states: pa.Table, messages: pa.Table, render_opts):
-    from composer_pipeline import render
-
     opts = render_opts if render_opts is not None else render.RenderOptions()
     conv = render.Conversation.from_table(messages)
 
@@ -488,7 +486,6 @@ def build_pairs(
     field of the replay rows is one greedy model. ``partition_of`` (session key -> partition key):
     the keys Dagster named the sessions by; default: :func:`composer_pipeline.ids.partition_keys`.
     """
-    from composer_pipeline.ids import partition_keys
 
     recipe = recipe or PairRecipe()
     sessions = {k for k in states.column("session_key").to_pylist() if k} if states.num_rows else set()

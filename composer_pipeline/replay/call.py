@@ -44,6 +44,7 @@ invents a key does not put it on disk.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import re
@@ -239,7 +240,6 @@ def stream_cache_key(stream_id: str | None) -> str | None:
     """``prompt_cache_key`` for a stream: a hash (the stream id names a project and a session; never sent)."""
     if not stream_id:
         return None
-    import hashlib
 
     return "cp-" + hashlib.sha256(f"composer-pipeline|{stream_id}".encode()).hexdigest()[:32]
 

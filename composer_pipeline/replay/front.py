@@ -35,7 +35,8 @@ import pyarrow as pa
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.ledger.billing import predicted_vs_billed
 from composer_pipeline.pairs.build import PairRecipe
-from composer_pipeline.replay.plan import CostPlan
+from composer_pipeline.replay.batch import priced_for_batch, replay_batch
+from composer_pipeline.replay.plan import CostPlan, plan_requests
 from composer_pipeline.replay.preflight import preflight
 from composer_pipeline.replay.prepared import StalePrepared, dump_run, load_run
 from composer_pipeline.replay.run import ReplayResult, ReplayRun
@@ -65,9 +66,6 @@ class ReplayFront:
 
     def plan(self, run: ReplayRun) -> CostPlan:
         if self.config.mode == "batch":  # priced as batches go out: at each teacher's batch_price_factor
-            from composer_pipeline.replay.batch import priced_for_batch
-            from composer_pipeline.replay.plan import plan_requests
-
             return plan_requests(priced_for_batch(run.requests), self.config, self.cache, self.ledger)
         return run.plan(self.cache, self.ledger)
 
@@ -96,8 +94,6 @@ class ReplayFront:
         wait: bool = True,
     ) -> ReplayOutcome:
         if self.config.mode == "batch":  # provider batches (replay/batch.py); wait=False returns after submitting
-            from composer_pipeline.replay.batch import replay_batch
-
             res = replay_batch(
                 run.requests,
                 self.config,

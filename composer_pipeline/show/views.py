@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from composer_pipeline import ids as ids_mod
 from composer_pipeline.render import Conversation, RenderOptions
+from composer_pipeline.replay.requests import make_request, render_prompt
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores, rows_where
 from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES  # where a pair can live, and what that says
@@ -240,7 +241,6 @@ def _teacher_answers(rows: list[dict], prefer_call_ids: Sequence[str] = ()) -> l
 
 def _verify(view: StateView, teachers_config) -> None:
     """Set ``sent_as_shown``: does the body rebuilt from the shown prefix hash to the row's call_id?"""
-    from composer_pipeline.replay.requests import make_request
 
     cfg = {t.name: t for t in teachers_config.teachers}
     for ans in view.teachers:
@@ -258,8 +258,6 @@ def _state_view(
     replay_rows: list[dict] | None,
     prefer_call_ids: Sequence[str] = (),
 ) -> StateView:
-    from composer_pipeline.replay.requests import render_prompt
-
     rs = render_prompt(conv, st, opts)
     missing = []
     if st["stream_id"] not in conv.streams:

@@ -35,6 +35,7 @@ times); ``stop`` ends the text before the first stop string. A parameter it does
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import uuid
@@ -49,6 +50,7 @@ import orjson
 
 from composer_pipeline import chat
 from composer_pipeline.actions import ActionParseError, parse_action_text
+from composer_pipeline.models import resolve_model
 
 MAX_NEW_TOKENS = 1024
 MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
@@ -164,7 +166,6 @@ class PromptCache:
         """A private copy of the prefilled cache for ``ids`` (None when off or the prompt is one token).
 
         Called under the model's lock (the cache belongs to one set of weights)."""
-        import copy
 
         if self.max_entries <= 0 or len(ids) < 2:
             return None
@@ -429,7 +430,6 @@ def load_models(
 ) -> dict[str, LocalModel]:
     """Served name -> loaded model; names resolving to one directory share the weights, the lock and
     the (server-wide) greedy memo. ``memo_size`` 0 turns the memo off."""
-    from composer_pipeline.models import resolve_model
 
     if not models:
         raise ValueError("no models to serve")

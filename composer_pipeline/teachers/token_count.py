@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from composer_pipeline.models import resolve_model
 from composer_pipeline.render import FIT_TOKENS_PER_MESSAGE
 from composer_pipeline.teachers.config import TeacherConfig, TeachersConfig
 
@@ -41,7 +42,6 @@ def tokenizer_file(config: TeachersConfig, teacher: TeacherConfig) -> Path | Non
     src = config.serve.get(teacher.model)
     if src is None:
         return None
-    from composer_pipeline.models import resolve_model
 
     f = resolve_model(src) / "tokenizer.json"
     return f if f.is_file() else None

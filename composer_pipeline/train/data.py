@@ -30,12 +30,15 @@ Deliberately simplified: every state is one prompt, however many pairs it has.
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from composer_pipeline.actions import Action
+from composer_pipeline.chat import prompt_text
+from composer_pipeline.render import Conversation, RenderOptions, render_state
 from composer_pipeline.store import Store
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
@@ -187,8 +190,6 @@ def load_train_data(
 def _add_unpaired_states(
     store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, render_recipe: str | None
 ) -> None:
-    from composer_pipeline.render import Conversation, RenderOptions, render_state
-
     states = store.read_table("trace_states")
     todo = [r for r in states.to_pylist() if r["state_id"] not in seen]
     if not todo:
@@ -223,10 +224,9 @@ def _add_unpaired_states(
 
 
 # -- rendering -------------------------------------------------------------------------------
-def render_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
+def render_chat_prompt(tokenizer, messages: list[dict], tools: list[dict], max_prompt_tokens: int) -> str:
     """Chat-template text with the generation prompt, at most ``max_prompt_tokens`` tokens: the one
     renderer the local teacher server also uses (:func:`composer_pipeline.chat.prompt_text`)."""
-    from composer_pipeline.chat import prompt_text
 
     return prompt_text(tokenizer, messages, tools, max_prompt_tokens)
 
@@ -237,7 +237,6 @@ def interleave_error_sites(rows: list[PromptRow], group: int, seed: int) -> list
     GRPO batches are consecutive blocks of this order (the sampler does not reshuffle), so the
     hint channel has inputs at as many steps as the data allows.
     """
-    import random
 
     rng = random.Random(seed)
     err = [r for r in rows if r.hint is not None]
@@ -259,8 +258,8 @@ def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_
     for r in rows:
         out.append(
             {
-                "prompt": render_prompt(tokenizer, r.messages, r.tools, max_prompt_tokens),
-                "hint_prompt": render_prompt(
+                "prompt": render_chat_prompt(tokenizer, r.messages, r.tools, max_prompt_tokens),
+                "hint_prompt": render_chat_prompt(
                     tokenizer, with_hint(r.messages, r.hint, hint_role), r.tools, max_prompt_tokens
                 )
                 if r.hint
@@ -286,7 +285,8 @@ def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
         chunk = pairs[i : i + bs]
         shared = [
             tokenizer(
-                render_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens), add_special_tokens=False
+                render_chat_prompt(tokenizer, p.messages, p.tools, recipe.data.max_prompt_tokens),
+                add_special_tokens=False,
             )["input_ids"]
             for p in chunk
         ]  # one prompt per pair, both sides

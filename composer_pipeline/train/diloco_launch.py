@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from composer_pipeline.train import distributed, run
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.run import TrainResult
 
@@ -277,7 +278,6 @@ def train(
 ) -> TrainResult:
     """Train with whatever the recipe asks: one process / DDP ranks (:func:`.run.train`), the replica
     groups on this machine (:func:`launch`), or one group of many hosts (``lighthouse`` + ``group``)."""
-    from composer_pipeline.train import distributed, run
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     d = recipe.diloco

@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 from torch.distributed import TCPStore
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+from torchft.coordination import LighthouseServer
 
 from composer_pipeline.train.diloco_config import DiLoCoSection
 
@@ -29,7 +30,6 @@ def lighthouse_server(d: DiLoCoSection, min_replicas: int = 1):
     """A torchft lighthouse on this machine (any free port): quorums of ≥ ``min_replicas`` live groups (1:
     training goes on while any group lives); a sync waits up to ``rejoin_timeout_s`` for a group that
     heartbeats but has not reached it yet."""
-    from torchft.coordination import LighthouseServer
 
     return LighthouseServer(
         bind="[::]:0",

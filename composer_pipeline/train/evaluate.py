@@ -27,6 +27,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from composer_pipeline.actions import parse_failure
+from composer_pipeline.train import rewards as reward_mod
+from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.modeling import load_policy, resolve_model_path
+
 
 def _pad_left(rows: list[list[int]], pad: int):
     import torch
@@ -50,11 +55,8 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
     """Metrics of ``model_path`` on the held-out split of ``data`` (a Store root or TrainData)."""
     import torch
 
-    from composer_pipeline.train import rewards as reward_mod
-    from composer_pipeline.train.config import TrainRecipe
-    from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_prompt
+    from composer_pipeline.train.data import TrainData, grpo_records, load_train_data, render_chat_prompt
     from composer_pipeline.train.losses import completion_logits, completion_logps, generalized_jsd
-    from composer_pipeline.train.modeling import load_policy, resolve_model_path
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     if not isinstance(data, TrainData):
@@ -83,7 +85,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
                 for p in pairs:
                     prompts.append(
                         tok(
-                            render_prompt(tok, p.messages, p.tools, recipe.data.max_prompt_tokens),
+                            render_chat_prompt(tok, p.messages, p.tools, recipe.data.max_prompt_tokens),
                             add_special_tokens=False,
                         )["input_ids"]
                     )
@@ -158,7 +160,6 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
 
 def parse_rate(texts: list[str]) -> dict[str, Any]:
     """``{value, n, errors}``: the share of ``texts`` that parse as a valid action, and the failures by reason."""
-    from composer_pipeline.actions import parse_failure
 
     errors: dict[str, int] = {}
     for t in texts:

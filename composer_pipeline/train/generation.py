@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 from trl import GRPOTrainer
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import pad
 
 from composer_pipeline.train import distributed
 
@@ -42,8 +44,6 @@ class RowSeededRollouts(GRPOTrainer):
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         from transformers import GenerationConfig, LogitsProcessorList
-        from trl.models.utils import unwrap_model_for_generation
-        from trl.trainer.utils import pad
 
         device = self.accelerator.device
         first = distributed.current().rank * len(prompt_ids)

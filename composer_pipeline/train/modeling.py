@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from composer_pipeline.models import KNOWN, resolve_model
+
 
 def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
     """A loadable model: ``tiny`` / ``smollm2-135m-instruct`` (also as ``local:NAME``) resolve through
@@ -17,8 +19,6 @@ def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
         )
     name = model.split(":", 1)[1] if model.startswith("local:") else model
     if not Path(model).is_dir():
-        from composer_pipeline.models import KNOWN, resolve_model
-
         if name in KNOWN:
             return str(resolve_model(name))
         if model.startswith("local:"):

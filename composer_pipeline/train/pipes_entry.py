@@ -24,6 +24,8 @@ import os
 import sys
 from pathlib import Path
 
+from composer_pipeline.train import distributed
+
 
 def _metadata(res) -> dict:
     md = {
@@ -49,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
 
-    from composer_pipeline.train import distributed
     from composer_pipeline.train.diloco_launch import train
 
     try:

@@ -35,6 +35,8 @@ from typing import Any
 import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_action_text
+from composer_pipeline.pairs.signature import SignatureRules, same_decision
+from composer_pipeline.workspace.files import FILE_TOOLS, Workspace
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -81,8 +83,6 @@ def known_tool(
 def consensus_match(
     prompts: list, completions: list, consensus: list[str] | None = None, **kwargs: Any
 ) -> list[float | None]:
-    from composer_pipeline.pairs.signature import SignatureRules, same_decision
-
     rules = SignatureRules()
     out: list[float | None] = []
     for i, c in enumerate(completions):
@@ -111,8 +111,6 @@ def format_shaped(
 def workspace_executes(
     prompts: list, completions: list, workspace: list[str] | None = None, **kwargs: Any
 ) -> list[float | None]:
-    from composer_pipeline.workspace.files import FILE_TOOLS, Workspace
-
     if workspace is None:
         raise ValueError("workspace_executes needs the `workspace` column (listed rewards add it to the GRPO rows)")
     out: list[float | None] = []

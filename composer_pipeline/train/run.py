@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 
 from composer_pipeline.train import distributed
+from composer_pipeline.train import rewards as reward_mod
 from composer_pipeline.train.checkpoints import write_checkpoint
 from composer_pipeline.train.config import Channels, TrainRecipe, decide_channels, grpo_config
 from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
@@ -31,6 +33,7 @@ from composer_pipeline.train.diloco_config import shard as shard_of
 from composer_pipeline.train.modeling import load_policy, lora_config, resolve_model_path
 from composer_pipeline.train.step_log import StepLog
 from composer_pipeline.train.trainer import ThreeChannelTrainer
+from composer_pipeline.workspace.verify import workspace_snapshots
 
 
 # -- result ----------------------------------------------------------------------------------
@@ -71,8 +74,6 @@ def build_trainer(
     train on that DiLoCo replica group's share of the prompts and pairs only)."""
     from datasets import Dataset
 
-    from composer_pipeline.train import rewards as reward_mod
-
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
     recipe.validate()
     out_dir = Path(out_dir)
@@ -106,8 +107,6 @@ def build_trainer(
         ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
     records = grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role)
     if "workspace_executes" in recipe.grpo.rewards:  # the reward executes in each state's workspace
-        from composer_pipeline.workspace.verify import workspace_snapshots
-
         snapshots = workspace_snapshots(data_root, [r["state_id"] for r in records])
         for r in records:
             r["workspace"] = snapshots.get(r["state_id"], "")
@@ -143,7 +142,6 @@ def build_trainer(
             dpo_batches=dpo_batches,
             start_copy=start_copy,
         )
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)  # stdout carries only our JSON step lines
     trainer.remove_callback(ProgressCallback)

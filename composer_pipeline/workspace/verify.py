@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import orjson
+
 from composer_pipeline.store import Store
 from composer_pipeline.workspace.files import FILE_TOOLS
 from composer_pipeline.workspace.history import Call, SessionHistory
@@ -90,7 +92,6 @@ def summarize(verdicts: list[Verdict]) -> dict[str, Any]:
 def workspace_snapshots(store: str | Store, state_ids: list[str]) -> dict[str, str]:
     """``state_id`` -> the JSON snapshot of the workspace its agent had seen (the ``workspace`` column the
     GRPO reward ``workspace_executes`` reads); states not in the store get none."""
-    import orjson
 
     st = store if isinstance(store, Store) else Store(store)
     if not (st.exists("trace_states") and st.exists("trace_messages")):

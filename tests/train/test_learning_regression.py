@@ -17,7 +17,7 @@ import torch
 from composer_pipeline import tables
 from composer_pipeline.store import Store
 from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.data import render_prompt
+from composer_pipeline.train.data import render_chat_prompt
 from composer_pipeline.train.losses import completion_logps
 from composer_pipeline.train.modeling import load_policy
 from composer_pipeline.train.run import train
@@ -47,7 +47,8 @@ def heldout_margin(model_dir, rows) -> float:
     with torch.no_grad():
         for r in rows:
             p = tok(
-                render_prompt(tok, orjson.loads(r["prompt"]), orjson.loads(r["tools"]), 128), add_special_tokens=False
+                render_chat_prompt(tok, orjson.loads(r["prompt"]), orjson.loads(r["tools"]), 128),
+                add_special_tokens=False,
             )["input_ids"]
             lp = []
             for side in ("chosen_text", "rejected_text"):

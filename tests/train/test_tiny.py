@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from composer_pipeline.actions import Action, ToolCall, parse_action_text
 from composer_pipeline.tiny_model import build_tokenizer
-from composer_pipeline.train.data import render_prompt
+from composer_pipeline.train.data import render_chat_prompt
 
 
 def test_tiny_model_reloads_and_template_renders_tool_messages(tiny_model_dir):
@@ -23,7 +23,7 @@ def test_tiny_model_reloads_and_template_renders_tool_messages(tiny_model_dir):
         {"role": "tool", "tool_call_id": "c1", "content": "1: x = 0"},
     ]
     tools = [{"type": "function", "function": {"name": "Read"}}]
-    text = render_prompt(tok, msgs, tools, 10_000)  # normalizes JSON-string arguments to objects
+    text = render_chat_prompt(tok, msgs, tools, 10_000)  # normalizes JSON-string arguments to objects
     assert "<|im_start|>tool\n1: x = 0<|im_end|>\n" in text
     assert action.to_text() in text  # the same text form actions.py writes
     assert text.endswith("<|im_start|>assistant\n")
