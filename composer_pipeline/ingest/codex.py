@@ -118,27 +118,6 @@ def scrub_url_credentials(data: bytes, counts: Counter) -> bytes:
     return b"".join([*parts, data[start:]])
 
 
-_MESSAGE_COLUMNS = (
-    "stream_id",
-    "session_key",
-    "uuid",
-    "parent_uuid",
-    "logical_parent_uuid",
-    "record_type",
-    "subtype",
-    "message_key",
-    "role",
-    "is_meta",
-    "is_compact_summary",
-    "is_sidechain",
-    "source_file",
-    "line_no",
-    "timestamp",
-    "raw",
-    "source",
-)
-
-
 @dataclass
 class _Row:
     line_no: int
@@ -319,32 +298,6 @@ def _session_meta(rows: list[_Row]) -> _Meta:
     return meta
 
 
-_STATE_COLUMNS = (
-    "state_id",
-    "session_id",
-    "session_key",
-    "stream_id",
-    "stream_kind",
-    "agent_id",
-    "parent_tool_use_id",
-    "source_file",
-    "source_lines",
-    "record_uuids",
-    "message_id",
-    "request_id",
-    "prefix_leaf_uuid",
-    "n_prefix_messages",
-    "action",
-    "error_after",
-    "has_error",
-    "model",
-    "version",
-    "timestamp",
-    "usage",
-    "source",
-)
-
-
 def _steps(rows: list[_Row]) -> list[list[_Row]]:
     """Assistant steps: runs of assistant-side rows, ended by the next user message, output or compaction."""
     steps: list[list[_Row]] = []
@@ -371,7 +324,7 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
         if b.get("type") == "tool_result"
     }
     first_step_row = {s[0].line_no: s for s in steps}
-    cols: dict[str, list] = {c: [] for c in _STATE_COLUMNS}
+    cols: dict[str, list] = {c: [] for c in tables.TRACE_STATES.names}
     n_messages = 1  # the system prompt
     known_calls: dict[str, str] = {}
     model = meta.model

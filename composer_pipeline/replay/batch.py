@@ -72,6 +72,7 @@ from composer_pipeline.replay.call import (
     _read_answer,
     _scrub,
     answer_from_response,
+    answer_record,
     stream_cache_key,
     wire_body,
 )
@@ -439,23 +440,8 @@ class _Pass:
             completion_bound=call.completion_bound,
             reserved_usd=call.reserved_usd,
         )
-        stored = data
-        if s.flag is not None and not s.flag.startswith("no_usage"):
-            stored = {k: v for k, v in data.items() if k != "usage"}
-            if s.billed is not None:
-                stored["usage"] = s.billed.usage()
-        record = {
-            "teacher": t.name,
-            "model": t.model,
-            "base_url": t.base_url.rstrip("/"),
-            "response": stored,
-            "cost_usd": s.cost_usd,
-            "latency_s": None,
-            "attempts": call.submissions,
-            "run_id": self.run_id,
-            "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "batch": True,
-        }
+        stored, record = answer_record(t, data, s, latency_s=None, attempts=call.submissions, run_id=self.run_id)
+        record["batch"] = True
         state = "settled" if s.billed is not None else "kept"
         finish_call(
             self.ledger,

@@ -385,6 +385,33 @@ def _claim(usage: Any) -> str:
         return repr(usage)[:500]
 
 
+def answer_record(
+    t: TeacherConfig, data: dict[str, Any], s: Settlement, *, latency_s: float | None, attempts: int, run_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the answer as stored, its ledger/cache record) for a settled 200 answer, sync or batch. A flagged
+    settlement keeps the provider's numbers beside the answer; the answer carries the settled ones."""
+    flagged = s.flag is not None and not s.flag.startswith("no_usage")
+    stored = data
+    if flagged:
+        stored = {k: v for k, v in data.items() if k != "usage"}
+        if s.billed is not None:
+            stored["usage"] = s.billed.usage()
+    record = {
+        "teacher": t.name,
+        "model": t.model,
+        "base_url": t.base_url.rstrip("/"),
+        "response": stored,
+        "cost_usd": s.cost_usd,
+        "latency_s": latency_s,
+        "attempts": attempts,
+        "run_id": run_id,
+        "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if flagged:
+        record["usage_flag"], record["usage_claimed"] = s.flag, _claim(data.get("usage"))
+    return stored, record
+
+
 @dataclass
 class _Call:
     """One request to one teacher under the money rules: :meth:`attempt` reserves, sends and closes its
@@ -494,25 +521,8 @@ class _Call:
             completion_bound=self.completion_bound,
             reserved_usd=self.worst,
         )
-        flagged = s.flag is not None and not s.flag.startswith("no_usage")
-        stored = data
-        if flagged:  # the provider's numbers stay beside the answer; the answer carries the settled ones
-            stored = {k: v for k, v in data.items() if k != "usage"}
-            if s.billed is not None:
-                stored["usage"] = s.billed.usage()
-        record = {
-            "teacher": t.name,
-            "model": t.model,
-            "base_url": t.base_url.rstrip("/"),
-            "response": stored,
-            "cost_usd": s.cost_usd,
-            "latency_s": latency,
-            "attempts": n,
-            "run_id": self.run_id,
-            "received_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        if flagged:
-            record["usage_flag"], record["usage_claimed"] = s.flag, _claim(data.get("usage"))
+        stored, record = answer_record(t, data, s, latency_s=latency, attempts=n, run_id=self.run_id)
+        flagged = "usage_flag" in record
         notes = [await self.record(rid, s, record)]
         notes.append(await self.cache_answer(record, ledger_failed=notes[0] is not None))
         ans = answer_from_response(stored, t)
