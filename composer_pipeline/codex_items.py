@@ -150,11 +150,15 @@ def blocks_of(obj: dict) -> list[dict] | None:
         name = str(item.get("name") or "")
         return [{"type": "tool_use", "id": call_id_of(item), "name": name, "input": {"input": item.get("input")}}]
     if t == "local_shell_call":
-        action = item.get("action") if isinstance(item.get("action"), dict) else {}
+        action = item.get("action")
+        if not isinstance(action, dict):
+            action = {}
         args = {k: v for k, v in action.items() if k != "type" and v is not None}
         return [{"type": "tool_use", "id": call_id_of(item), "name": "local_shell", "input": args}]
     if t == "web_search_call":
-        action = item.get("action") if isinstance(item.get("action"), dict) else {}
+        action = item.get("action")
+        if not isinstance(action, dict):
+            action = {}
         what = action.get("query") or action.get("url") or ""
         return [{"type": "text", "text": f"[web search: {what}]"}]
     if t in OUTPUT_ITEMS:

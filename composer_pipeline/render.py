@@ -267,7 +267,10 @@ class Conversation:
                     tid, (row, {"type": "tool_result", "tool_use_id": tid, "content": f"{SALVAGED_MARK}\n{text}"})
                 )
         if rt == "assistant":
-            s.groups.setdefault(row.get("message_key") or u, []).append(row)
+            key = row.get("message_key") or u
+            if key is None:
+                raise ValueError(f"{row['stream_id']}: an assistant record with neither a message key nor a uuid")
+            s.groups.setdefault(key, []).append(row)
             for b in _blocks(row["_content"]):
                 if b.get("type") == "tool_use":
                     s.tool_uses[str(b.get("id"))] = str(b.get("name"))
@@ -391,7 +394,9 @@ def _extension(s: _Stream, state: dict, last: _Walk | None) -> list[dict] | None
     u = state.get("prefix_leaf_uuid")
     seen: set[str] = set()
     while u != last.leaf:
-        row = s.by_uuid.get(u) if u else None
+        if not u:
+            return None
+        row = s.by_uuid.get(u)
         if row is None or u in seen or row.get("subtype") == "compact_boundary":
             return None
         seen.add(u)
@@ -473,7 +478,7 @@ def _tool_message(call_id: str, res: tuple[dict, dict] | None) -> dict:
     """The tool message answering ``call_id``: its result's text, or :data:`INTERRUPTED` (``res`` None: the
     state came before its result), scrubbed."""
     content = flatten_content(res[1].get("content")) if res is not None else INTERRUPTED
-    msg = {"role": "tool", "tool_call_id": call_id, "content": content}
+    msg: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": content}
     if res is not None and res[1].get("is_error") is True:  # for Claude's tool_result (anthropic.py)
         msg["is_error"] = True
     return _scrubbed_json(msg)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
+
+# json's C scanner: json.decoder.scanstring is this function, which typeshed declares only here
+from _json import scanstring
 
 SALVAGED_RESULTS = "tool_result_salvaged"  # the subtype of a damaged row holding salvageable results
 SALVAGED_MARK = "[salvaged from a damaged line]"
@@ -39,7 +41,7 @@ def _string_at(closed: str, start: int) -> str:
         try:
             out = scanstring(s, start, False)[0]  # (strict=False: raw control characters, as in a cut line)
             break
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             if e.msg.startswith("Unterminated"):  # the appended quote went to a dangling backslash
                 s = s[:-2] + '"'
             else:  # an invalid escape: the text ends before it

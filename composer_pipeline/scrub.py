@@ -321,7 +321,8 @@ class Scrubber:
         if "&#" in text or any(ch in text for ch in _INVISIBLE):  # a hidden spelling (see _INVISIBLE)
             shown = _shown_text(text)
             if shown != text:  # as in _scrub_shown: as written, unless the spelling hid a secret
-                as_written, as_shown = Counter(), Counter()
+                as_written: Counter[str] = Counter()
+                as_shown: Counter[str] = Counter()
                 written = self._scrub_text(text, as_written)
                 seen = self._scrub_text(shown, as_shown)
                 text, found = (seen, as_shown) if seen != _shown_text(written) else (written, as_written)
@@ -370,11 +371,12 @@ class Scrubber:
                 # a first half long enough to match alone was redacted where it was scrubbed (ingest, one
                 # line per block): the seam then shows a tag and the key's rest, which matches nothing
                 tag = _TAG_AT_END.search(a)
-                rest = _CONTINUES.get(tag.group(1)) if tag else None
+                kind = tag.group(1) if tag else ""
+                rest = _CONTINUES.get(kind)
                 m = rest.match(b) if rest else None
                 if m:
-                    b = f"[REDACTED:{tag.group(1)}]" + b[m.end() :]
-                    self.counts[tag.group(1)] += 1
+                    b = f"[REDACTED:{kind}]" + b[m.end() :]
+                    self.counts[kind] += 1
             out[i], out[i + 1] = a, b
         return out
 
@@ -443,7 +445,8 @@ class Scrubber:
         written, and on the shown line only the kinds whose prefilter parts match it (one more scan): a
         kind none of whose parts matches a text cannot match it (``PREFILTER_KINDS``). A zero-width
         joiner in an emoji, common in real sessions, so costs a scan instead of every pattern twice."""
-        as_written, as_shown = Counter(), Counter()
+        as_written: Counter[str] = Counter()
+        as_shown: Counter[str] = Counter()
         kinds = _ALL_KINDS if kinds is None else kinds
         shown_kinds = _BUILTIN_BITS if kinds == _ALL_KINDS else _line_kinds(shown)
         written = self._scrub_line(line, kinds & _BUILTIN_BITS, as_written)
@@ -463,8 +466,9 @@ class Scrubber:
         equals running it on the whole buffer: tests/ingest/test_scrub.py checks exactly that).
         """
         counts = self.counts if counts is None else counts
-        pieces, pos = [], 0
-        for start, end in _line_spans(data, data, _HIDDEN_BYTES, True):  # a line a hidden spelling changes
+        pieces: list[bytes] = []
+        pos = 0
+        for start, end in _line_spans(data, data, _HIDDEN_BYTES):  # a line a hidden spelling changes
             line = data[start:end]
             shown = _shown_bytes(line)
             if shown != line:
@@ -487,7 +491,7 @@ class Scrubber:
                     lowered, spans_cache = None, {}
                 continue
             spans: set[tuple[int, int]] = set()
-            for key, is_re, low, needle in p.pre:
+            for key, _is_re, low, needle in p.pre:
                 got = spans_cache.get(key)
                 if got is None:
                     if low:
@@ -495,7 +499,7 @@ class Scrubber:
                         hay = lowered
                     else:
                         hay = data
-                    got = spans_cache[key] = _line_spans(data, hay, needle, is_re)
+                    got = spans_cache[key] = _line_spans(data, hay, needle)
                 spans.update(got)
             if not spans:
                 continue
@@ -520,7 +524,9 @@ def apply_splices(data: bytes, splices: list[tuple[int, int, bytes]]) -> bytes:
     slices: the unchanged stretches (almost the whole file) are copied once, by the join."""
     if not splices:
         return data
-    view, pieces, pos = memoryview(data), [], 0
+    view = memoryview(data)
+    pieces: list[bytes | memoryview] = []
+    pos = 0
     for start, end, text in splices:
         pieces += (view[pos:start], text)
         pos = end
@@ -549,13 +555,13 @@ def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> 
     """``name = value`` secrets: try the anchored pattern only where a name starts."""
     cuts: list[tuple[int, int]] = []
     for _key, _is_re, _low, needle in p.pre:
-        i = lowered.find(needle)
+        i = _find(lowered, needle, 0)
         while i != -1:
             if starts_word(data, i):
                 m = _ASSIGN_AT.match(data, i)
                 if m:
                     cuts.append((m.start(2), m.end(2)))
-            i = lowered.find(needle, i + 1)
+            i = _find(lowered, needle, i + 1)
     if not cuts:
         return data, 0
     pieces, pos = [], 0
@@ -647,7 +653,7 @@ def _candidate_hits(data: bytes, backend: str = "auto") -> list[tuple[int, int, 
     :data:`KINDS`) of the kinds whose prefilter parts matched the line (RE2, which reports no part: all)."""
     if not data:
         return []
-    db = _hyperscan_db() if backend != "re2" else False
+    db = _hyperscan_db() if backend != "re2" else None
     if db:
         hits: list[tuple[int, int]] = []
         db.scan(data, match_event_handler=lambda part, _from, to, _flags, _ctx: hits.append((to, part)))
@@ -700,17 +706,24 @@ def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:
     return [(int(starts[i]), int(ends[i])) for i in hit]
 
 
-def _line_spans(data: bytes, hay: bytes, needle, is_re: bool) -> list[tuple[int, int]]:
+def _find(hay: bytes, needle: re.Pattern[bytes] | bytes, pos: int) -> int:
+    """The offset of the first occurrence of ``needle`` (a literal or a regex) in ``hay`` from ``pos``, or -1."""
+    if isinstance(needle, bytes):
+        return hay.find(needle, pos)
+    m = needle.search(hay, pos)
+    return m.start() if m else -1
+
+
+def _line_spans(data: bytes, hay: bytes, needle: re.Pattern[bytes] | bytes) -> list[tuple[int, int]]:
     """(start, end) of every line of ``data`` in which ``needle`` occurs in ``hay`` (same offsets)."""
     out = []
-    find = needle.search if is_re else None
-    i = (m.start() if (m := find(hay)) else -1) if is_re else hay.find(needle)
+    i = _find(hay, needle, 0)
     while i != -1:
         start = data.rfind(b"\n", 0, i) + 1
         end = data.find(b"\n", i)
         end = len(data) if end == -1 else end
         out.append((start, end))
-        i = (m.start() if (m := find(hay, end)) else -1) if is_re else hay.find(needle, end)
+        i = _find(hay, needle, end)
     return out
 
 

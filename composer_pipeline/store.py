@@ -210,18 +210,17 @@ class Store:
         import duckdb
 
         own_temp = temp_directory is None
-        if own_temp:
-            temp_directory = tempfile.mkdtemp(prefix="composer-duckdb-")
+        temp = tempfile.mkdtemp(prefix="composer-duckdb-") if temp_directory is None else temp_directory
         con = duckdb.connect(
             config={
                 "autoinstall_known_extensions": False,
                 "autoload_known_extensions": False,
                 "python_enable_replacements": False,
-                "temp_directory": str(temp_directory),
+                "temp_directory": temp,
             }
         )  # (no Python variable is a table)
         if own_temp:
-            weakref.finalize(con, shutil.rmtree, temp_directory, True)
+            weakref.finalize(con, shutil.rmtree, temp, True)
         for name in self.table_names():
             table = self.read_table(name)
             if name == "trace_messages" and "content" not in table.column_names:

@@ -193,9 +193,8 @@ def read_rollout(data: bytes, rel: str, session_key: str, quarantine_chars: int 
         if obj is not None and type(obj) is not dict:
             reason = "not a JSON object"
         kind = _classify(obj) if reason is None else None
-        if reason is None and kind is None:
-            reason = NOT_A_ROLLOUT_LINE
-        if reason is not None:
+        if kind is None:
+            reason = reason or NOT_A_ROLLOUT_LINE
             out.quarantine.append(_quarantine_row(session_key, rel, line_no, reason, line, quarantine_chars))
             continue
         generations[_generation_of(obj)] += 1
@@ -345,6 +344,8 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
             if user_parts(r.blocks, known_calls):
                 n_messages += 1
         elif r.record_type == "assistant" and r.message_key not in emitted:
+            if r.message_key is None:
+                raise ValueError(f"{rel}:{r.line_no}: an assistant row without a step key (_steps gives every one)")
             emitted.add(r.message_key)
             step = first_step_row[r.line_no]
             blocks = [b for s in step for b in s.blocks or []]
@@ -394,8 +395,8 @@ def _add_state(cols, step, action: Action, outputs, session_key, stream_id, rel,
         "usage": None,
         "source": SOURCE,
     }
-    for c, v in row.items():
-        cols[c].append(v)
+    for column, value in row.items():
+        cols[column].append(value)
 
 
 def _last_token_usage(obj: dict) -> bytes | None:

@@ -47,10 +47,10 @@ def stale_sources(module_file: str | Path, csrc: Path = CSRC) -> list[str]:
     return sorted(p.name for p in csrc.iterdir() if p.suffix in (".h", ".cpp") and p.stat().st_mtime > built)
 
 
+# (its interface: _native.pyi)
 try:
     from composer_pipeline.ingest import _native
 except ImportError as e:  # not compiled here: the Python engine is used
-    _native = None
     IMPORT_ERROR: str | None = str(e)
 else:
     IMPORT_ERROR = None
@@ -62,9 +62,8 @@ else:
             f"the compiled ingest engine is older than {', '.join(_stale)} in composer_pipeline/ingest/csrc; "
             "rebuild it with `.venv/bin/pip install -e .` (or `python3 -m composer_pipeline.bootstrap test`)"
         )
-        _native = None
 
-AVAILABLE = _native is not None
+AVAILABLE = IMPORT_ERROR is None
 TABLES = ("trace_states", "trace_messages", "quarantine")
 
 
@@ -78,6 +77,12 @@ def constant_strings(value: str, n: int) -> pa.Array:
         else np.zeros(n + 1, np.int32)
     )
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n)])
+
+
+def _require() -> None:
+    """Raise unless the compiled module is importable and current (:data:`AVAILABLE`)."""
+    if not AVAILABLE:
+        raise RuntimeError(f"the native ingest extension is not built here ({IMPORT_ERROR})")
 
 
 def _array(spec: Any, typ: pa.DataType) -> pa.Array:
@@ -96,8 +101,7 @@ class Builder:
     """Accumulates the rows of many sessions natively; :meth:`take` returns them as Arrow tables."""
 
     def __init__(self) -> None:
-        if _native is None:
-            raise RuntimeError(f"the native ingest extension is not built here ({IMPORT_ERROR})")
+        _require()
         self._b = _native.Builder()
 
     def add_session(
@@ -135,20 +139,25 @@ class Builder:
 def canonicalize_json_bytes(data: bytes) -> bytes | None:
     """The compiled engine's canonical re-serialization of one JSON document (``None``: one it leaves to
     Python); not the cache key's :func:`composer_pipeline.teachers.cache.canonical_json`."""
+    _require()
     return _native.canonical_json(data)
 
 
 def py_strip(text: str) -> str:
+    _require()
     return _native.py_strip(text)
 
 
 def sha256_hex(data: bytes, portable: bool = False) -> str:
+    _require()
     return _native.sha256_hex(data, portable)
 
 
 def utf8_valid(data: bytes) -> bool:
+    _require()
     return _native.utf8_valid(data)
 
 
 def reads_line(line: bytes) -> bool:
+    _require()
     return _native.reads_line(line)

@@ -128,7 +128,6 @@ class Record(msgspec.Struct, gc=False):
 
 _decoder = msgspec.json.Decoder(Record)
 _decode, _decode_lines = _decoder.decode, _decoder.decode_lines
-_BLOCK_KEYS = ("type", "text", "thinking", "id", "name", "input", "tool_use_id", "is_error")
 
 
 def raw_json(v: Any) -> msgspec.Raw:
@@ -147,7 +146,17 @@ def loads_raw(raw: msgspec.Raw) -> Any:
 
 
 def block_from_dict(b: dict) -> Block:
-    return Block(*(b.get(k) for k in _BLOCK_KEYS), content=raw_json(b["content"]) if "content" in b else NO_RAW)
+    return Block(
+        type=b.get("type"),
+        text=b.get("text"),
+        thinking=b.get("thinking"),
+        id=b.get("id"),
+        name=b.get("name"),
+        input=b.get("input"),
+        tool_use_id=b.get("tool_use_id"),
+        is_error=b.get("is_error"),
+        content=raw_json(b["content"]) if "content" in b else NO_RAW,
+    )
 
 
 def content_from_obj(c: Any) -> str | list[Block] | None:
@@ -256,22 +265,24 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
 
 def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int) -> Record | None:
     """orjson path for a line the typed decoder refused: repair, quarantine, or a lenient record."""
+    raw: bytes | str
     try:
         obj = orjson.loads(line)
         raw = line
     except orjson.JSONDecodeError as e:
-        raw = line.decode("utf-8", "replace")
+        text = line.decode("utf-8", "replace")
         if not line.strip():
-            _quarantine(out, session_key, i, "empty line", raw, limit)
+            _quarantine(out, session_key, i, "empty line", text, limit)
             return None
         try:  # invalid UTF-8 inside an otherwise valid line (else the same text fails the same way: not retried)
-            if "\ufffd" not in raw:
+            if "\ufffd" not in text:
                 raise e
-            obj = orjson.loads(raw)
+            obj = orjson.loads(text)
             out.utf8_repaired += 1
         except orjson.JSONDecodeError:
-            _quarantine(out, session_key, i, f"invalid JSON: {e}", raw, limit)
+            _quarantine(out, session_key, i, f"invalid JSON: {e}", text, limit)
             return None
+        raw = text
     if type(obj) is not dict:
         _quarantine(
             out,
@@ -303,7 +314,7 @@ NOT_FOLLOWED = "not read: a symbolic link (links in the trace root are not follo
 NOT_REGULAR = "not read: not a regular file"
 
 
-def read_session_file(path: Path | str) -> tuple[bytes | None, str | None]:
+def read_session_file(path: Path | str) -> tuple[bytes, None] | tuple[None, str]:
     """A session file's bytes, or ``(None, reason)`` when it cannot be read (a quarantine row, line 0).
 
     A symbolic link is not followed (it may lead out of the trace root: ``x.jsonl -> /etc/passwd``), and
@@ -335,11 +346,13 @@ def read_session_file(path: Path | str) -> tuple[bytes | None, str | None]:
 
 
 def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:
-    data, error = read_session_file(path)
-    if error is not None:
+    # (not unpacked: a check of the data narrows the reason too)
+    read = read_session_file(path)
+    if read[0] is None:
         out = ParsedFile(rel)
-        _quarantine(out, session_key, 0, error, "", quarantine_chars)
+        _quarantine(out, session_key, 0, read[1], "", quarantine_chars)
         return out
+    data = read[0]
     return parse_buffer(
         scrubber.scrub_bytes(data) if data and not data.isspace() else data, rel, session_key, quarantine_chars
     )
@@ -360,6 +373,7 @@ def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int 
     if lines and not lines[-1]:
         lines.pop()
     out.lines = len(lines)
+    r: Record | None
     # msgspec skips the keys it does not read without checking their UTF-8, so a file with invalid
     # UTF-8 anywhere sends its lines through the general path, which repairs them as before
     if len(data) < 2**31 and _valid_utf8(data):
@@ -443,6 +457,7 @@ def bridge_damaged(pf: ParsedFile) -> int:
                 named.add(r.parent)
         elif p and p not in known and unused:
             child = p
+            parent: str | None
             while True:
                 (line_no, salvaged, text, sub), before, before_main, before_side = unused.pop()
                 go_on = salvaged is not None and salvaged not in known and salvaged != child and unused
@@ -466,7 +481,7 @@ def bridge_damaged(pf: ParsedFile) -> int:
                 known.add(child)
                 if parent is not None:
                     named.add(parent)
-                if not go_on:
+                if salvaged is None or not go_on:
                     break
                 child = salvaged
         if r.uuid:

@@ -175,7 +175,7 @@ class KeyMap:
     def holders(self, key: str) -> list[str]:
         """The sessions on disk that have ``key`` among their candidates (sorted)."""
         project, _, ident = key.partition("/")
-        out = []
+        out: list[str] = []
         for n in sorted(self._lengths.get(project, ())):
             if n <= len(ident):
                 out.extend(s for s in self._first.get(f"{project}/{ident[:n]}", ()) if self._is_candidate(key, s))

@@ -99,7 +99,9 @@ class _File:
     # (no copy of a file that holds a key); everything else reads :meth:`scrubbed`
     splices: list[tuple[int, int, bytes]] = field(default_factory=list)
 
-    def scrubbed(self) -> bytes | None:
+    def scrubbed(self) -> bytes:
+        if self.data is None:
+            raise ValueError(f"{self.rel} was not read ({self.error}): it has no bytes to scrub")
         if self.splices:
             self.data, self.splices = apply_splices(self.data, self.splices), []
         return self.data
@@ -154,7 +156,7 @@ class SessionIngester:
             files.append(_File(sf.rel(p), data, error, splices))
         reason = None
         if self._native is not None:
-            rep = self._add_native(sf, files, scrubber)
+            rep = self._add_native(self._native, sf, files, scrubber)
             if isinstance(rep, SessionReport):
                 return rep
             reason = rep
@@ -163,7 +165,9 @@ class SessionIngester:
         rep.fallback_reason = reason
         return rep
 
-    def _add_native(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport | str:
+    def _add_native(
+        self, builder: native.Builder, sf: SessionFiles, files: list[_File], scrubber: Scrubber
+    ) -> SessionReport | str:
         self._flush_codex()  # keep session order in the pending tables
         q = self.recipe.quarantine_text_chars
         specs = []
@@ -187,7 +191,7 @@ class SessionIngester:
         def classify(i: int, line_no: int, line: bytes) -> tuple | None:
             return classify_line(line, files[i].rel, sf.key, line_no, q)
 
-        got = self._native.add_session(
+        got = builder.add_session(
             sf.key,
             sf.key.rsplit("__", 1)[-1],
             specs,
@@ -286,28 +290,29 @@ class SessionIngester:
         states = messages = None
         for p in sf.files:
             rel = sf.rel(p)
-            data, error = read_session_file(p)
-            if data is not None:
-                data = codex.scrub_url_credentials(scrubber.scrub_bytes(data), scrubber.counts)
-            report = _file_report(sf.key, rel, **_NO_COUNTS)
+            # (not unpacked: a check of the data narrows the reason too)
+            read = read_session_file(p)
+            report = _empty_file_report(sf.key, rel)
             report["source"] = fmt
-            if error is not None:
-                qrows.append(codex.not_a_session_row(sf.key, rel, b"", q, error))
-            elif fmt is None:
-                qrows.append(codex.not_a_session_row(sf.key, rel, data, q))
+            if read[0] is None:
+                qrows.append(codex.not_a_session_row(sf.key, rel, b"", q, read[1]))
             else:
-                build = codex.read_rollout(data, rel, sf.key, q)
-                qrows += build.quarantine
-                states, messages = build.states, build.messages
-                report.update(
-                    lines=build.lines,
-                    records=len(messages["uuid"]),
-                    states=len(states["state_id"]),
-                    compactions_crossed=build.compactions,
-                    generation=build.generation,
-                    assistant_steps=build.assistant_steps,
-                    reasoning_only_steps=build.reasoning_only_steps,
-                )
+                data = codex.scrub_url_credentials(scrubber.scrub_bytes(read[0]), scrubber.counts)
+                if fmt is None:
+                    qrows.append(codex.not_a_session_row(sf.key, rel, data, q))
+                else:
+                    build = codex.read_rollout(data, rel, sf.key, q)
+                    qrows += build.quarantine
+                    states, messages = build.states, build.messages
+                    report.update(
+                        lines=build.lines,
+                        records=len(messages["uuid"]),
+                        states=len(states["state_id"]),
+                        compactions_crossed=build.compactions,
+                        generation=build.generation,
+                        assistant_steps=build.assistant_steps,
+                        reasoning_only_steps=build.reasoning_only_steps,
+                    )
             report["bad_lines"] = sum(1 for r in qrows if r["source_file"] == rel)
             reports.append(report)
         self._flush_native()  # keep session order in the pending tables
@@ -382,19 +387,23 @@ def _head(path: Path) -> bytes | None:
         os.close(fd)
 
 
-_NO_COUNTS = dict(
-    lines=0,
-    records=0,
-    bad_lines=0,
-    no_uuid={},
-    states=0,
-    linked=0,
-    crossed=0,
-    warmup=0,
-    utf8_repaired=0,
-    empty=False,
-    bridged=0,
-)
+def _empty_file_report(session_key: str, rel: str) -> dict:
+    """:func:`_file_report` with every count zero (a file whose counts are filled in afterwards)."""
+    return _file_report(
+        session_key,
+        rel,
+        lines=0,
+        records=0,
+        bad_lines=0,
+        no_uuid={},
+        states=0,
+        linked=0,
+        crossed=0,
+        warmup=0,
+        utf8_repaired=0,
+        empty=False,
+        bridged=0,
+    )
 
 
 def _file_report(

@@ -257,12 +257,19 @@ def _is_error_result(r: Record, block: Block) -> bool:
     return tur is not None and "error" in tur.lower()
 
 
+def _uuid(r: Record) -> str:
+    """A stream record's uuid: a stream holds only records that have one (:func:`_split_main`, :func:`_agent_stream`)."""
+    if r.uuid is None:
+        raise ValueError(f"{r.file}:{r.line_no}: a {r.type} record without a uuid in a stream")
+    return r.uuid
+
+
 class _StreamIndex:
     """Per-stream lookups shared by the prefix-count memo and error_after."""
 
     def __init__(self, s: Stream):
         # the first record wins for a duplicated uuid (reversed: earlier records are assigned last)
-        self.by_uuid: dict[str, Record] = {r.uuid: r for r in reversed(s.records)}
+        self.by_uuid: dict[str, Record] = {_uuid(r): r for r in reversed(s.records)}
         self.key: dict[str, str] = {}  # uuid -> message_key (assistant records)
         self.tools_of_key: dict[str, set[str]] = {}
         self.n_tools_of_key: dict[str, int] = {}
@@ -298,9 +305,9 @@ class _StreamIndex:
     def _index_assistant(self, i: int, r: Record) -> None:
         """An assistant record: its message key, whether the response is synthetic, its tool calls."""
         m = r.message
-        k = (m.id if m is not None else None) or r.request_id or r.uuid
-        k = str(k) if k is not None else f"line-{r.file}-{r.line_no}"
-        self.key[r.uuid] = k
+        u = _uuid(r)
+        k = str((m.id if m is not None else None) or r.request_id or u)
+        self.key[u] = k
         if r.api_error is True or (m is not None and m.model == "<synthetic>"):
             self.synthetic_keys.add(k)
             self.subtype_fixes.append((i, "synthetic"))
@@ -318,7 +325,7 @@ class _StreamIndex:
         key_get = self.key.get
         groups = self.groups
         for r in s.records:
-            k = key_get(r.uuid)
+            k = key_get(_uuid(r))
             if k is not None:
                 g = groups.get(k)
                 if g is None:
@@ -381,7 +388,7 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
     tool_uses = ix.tool_uses
     memo_get = memo.get
     for r in s.records:
-        u = r.uuid
+        u = _uuid(r)
         if u in memo:
             continue
         r = by_uuid[u]  # the first record with this uuid, as _prefix_value() resolves it
@@ -408,7 +415,7 @@ def _assistant_count(r: Record, ix: _StreamIndex) -> int:
     response is synthetic or already above it."""
     key_get = ix.key.get
     synthetic = ix.synthetic_keys
-    k = key_get(r.uuid)
+    k = key_get(_uuid(r))
     if k is None or k in synthetic:
         return 0
     # counted once per path: skip when the same response is already above (streaming split,
@@ -422,7 +429,7 @@ def _assistant_count(r: Record, ix: _StreamIndex) -> int:
         if p is None:
             break
         if p.type == "assistant":
-            pk = key_get(p.uuid)
+            pk = key_get(_uuid(p))
             if pk == k:
                 return 0
             if pk not in synthetic:
@@ -481,7 +488,7 @@ def _prefix_value(u: str | None, memo: dict[str, int], ix: _StreamIndex, opts: R
     crossed = v & 1
     for r in reversed(stack):
         v += 2 * _record_count(r, crossed, ix)
-        memo[r.uuid] = v
+        memo[_uuid(r)] = v
     return v
 
 
@@ -562,7 +569,7 @@ def _emit_stream(
     add["logical_parent_uuid"] += [r.logical_parent for r in recs]
     add["record_type"] += [r.type for r in recs]
     add["subtype"] += [st if type(st) is str else None for st in subtypes]
-    add["message_key"] += [None if r.damaged else key_get(r.uuid) for r in recs]
+    add["message_key"] += [None if r.damaged else key_get(_uuid(r)) for r in recs]
     add["role"] += [None if (m := r.message) is None else m.role for r in recs]
     add["is_meta"] += [r.is_meta is True for r in recs]
     add["is_compact_summary"] += [r.is_compact_summary is True for r in recs]
@@ -585,11 +592,11 @@ def _emit_stream(
         if len(grp) > 1:
             own = {r.uuid for r in grp}
             hops = 0
-            while leaf in own and hops < len(grp):
+            while leaf is not None and leaf in own and hops < len(grp):
                 leaf, hops = by_uuid[leaf].parent, hops + 1
         blocks = [b for r in grp if type(c := _content(r)) is list for b in c]
         action_json, calls = action_json_of(blocks)
-        errors = None
+        errors: list[dict[str, str]] | None = None
         for c in calls:
             res = results_get(c["id"])
             if res is not None and _is_error_result(*res):

@@ -93,25 +93,25 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
     if max_messages is not None and len(sv.prefix) > max_messages:
         out.append(f"*… {len(sv.prefix) - max_messages} earlier messages not shown*")
         out.append("")
-    for t in walk(sv.prefix, full, last=max_messages):
-        if t.role == "tool":
-            if t.interrupted:
+    for turn in walk(sv.prefix, full, last=max_messages):
+        if turn.role == "tool":
+            if turn.interrupted:
                 out.append(
-                    f"**{t.index}. tool ← {t.tool_name}** `{t.tool_call_id}` — *interrupted (no result before this step)*"
+                    f"**{turn.index}. tool ← {turn.tool_name}** `{turn.tool_call_id}` — *interrupted (no result before this step)*"
                 )
                 out.append("")
                 continue
-            out.append(f"**{t.index}. tool ← {t.tool_name}** `{t.tool_call_id}`")
+            out.append(f"**{turn.index}. tool ← {turn.tool_name}** `{turn.tool_call_id}`")
             out.append("")
-            out.append(_fence(t.body))
-        elif t.role == "assistant":
-            out.append(f"**{t.index}. assistant**")
+            out.append(_fence(turn.body))
+        elif turn.role == "assistant":
+            out.append(f"**{turn.index}. assistant**")
             out.append("")
-            out.append(_fence("\n".join(t.lines) or "(empty)"))
+            out.append(_fence("\n".join(turn.lines) or "(empty)"))
         else:
-            out.append(f"**{t.index}. {t.role}**")
+            out.append(f"**{turn.index}. {turn.role}**")
             out.append("")
-            out.append(_fence(t.body))
+            out.append(_fence(turn.body))
         out.append("")
     out.append("#### What the agent did")
     out.append("")

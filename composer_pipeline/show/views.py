@@ -139,7 +139,7 @@ class StateView:
 @dataclass
 class PairView:
     pair_id: str
-    pair_kind: str  # pair | positive
+    pair_kind: str | None  # pair | positive (None: not recorded)
     tables: list[dict]  # [{"table", "status"[, "drop_op", "drop_reason"]}]
     chosen: dict
     rejected: dict
@@ -194,10 +194,6 @@ def to_json_line(view: View) -> str:
 # --- gathering ---------------------------------------------------------------------------------
 def _loads(s: str | None) -> Any:
     return orjson.loads(s) if s else None
-
-
-def _filter(t: pa.Table | None, column: str, values: Sequence[str]) -> pa.Table | None:
-    return None if t is None else rows_where(t, column, values)
 
 
 def _teacher_answers(rows: list[dict], prefer_call_ids: Sequence[str] = ()) -> list[TeacherAnswer]:
@@ -293,12 +289,12 @@ def state_views(
     """Views of ``state_ids`` (default: every state) from tables already in memory (Dagster assets)."""
     opts = opts or RenderOptions()
     if state_ids is not None:
-        states = _filter(states, "state_id", state_ids)
+        states = rows_where(states, "state_id", state_ids)
     rows = states.to_pylist()
-    conv = Conversation.from_table(_filter(messages, "stream_id", sorted({r["stream_id"] for r in rows})))
+    conv = Conversation.from_table(rows_where(messages, "stream_id", sorted({r["stream_id"] for r in rows})))
     by_state: dict[str, list[dict]] = {}
     if replays is not None:
-        for r in _filter(replays, "state_id", [r["state_id"] for r in rows]).to_pylist():
+        for r in rows_where(replays, "state_id", [r["state_id"] for r in rows]).to_pylist():
             by_state.setdefault(r["state_id"], []).append(r)
     return [_state_view(conv, st, opts, by_state.get(st["state_id"])) for st in rows]
 
@@ -315,14 +311,16 @@ def pair_views(
     """Views of the pairs in ``table`` (default: every row; ``pair_ids`` to pick) from tables already in
     memory (Dagster assets). Without ``states`` a view shows the prompt the pair stored."""
     opts = opts or RenderOptions()
-    rows = (_filter(pairs, "pair_id", pair_ids) if pair_ids is not None else pairs).to_pylist()
+    rows = (rows_where(pairs, "pair_id", pair_ids) if pair_ids is not None else pairs).to_pylist()
     need = sorted({r["state_id"] for r in rows})
-    st_rows = {r["state_id"]: r for r in _filter(states, "state_id", need).to_pylist()} if states is not None else {}
+    st_rows = {r["state_id"]: r for r in rows_where(states, "state_id", need).to_pylist()} if states is not None else {}
     streams = sorted({r["stream_id"] for r in st_rows.values()})
-    conv = Conversation.from_table(_filter(messages, "stream_id", streams)) if messages is not None else Conversation()
+    conv = (
+        Conversation.from_table(rows_where(messages, "stream_id", streams)) if messages is not None else Conversation()
+    )
     by_state: dict[str, list[dict]] = {}
     if replays is not None:
-        for r in _filter(replays, "state_id", need).to_pylist():
+        for r in rows_where(replays, "state_id", need).to_pylist():
             by_state.setdefault(r["state_id"], []).append(r)
     app = {"table": table, "status": dict(PAIR_TABLES).get(table, table)}
     views = [_pair_view((row, [dict(app)]), st_rows, conv, opts, by_state, messages is not None) for row in rows]
@@ -345,8 +343,9 @@ def resolve_ids(
     state of that session."""
     sset, pset = set(state_ids), set(pair_ids)
     out: list[tuple[str, str]] = []
+    sessions = sessions or {}
     for raw in ids:
-        session = ids_mod.session_of(raw, sessions or {}, where, ShowError) if sessions else None
+        session = ids_mod.session_of(raw, sessions, where, ShowError) if sessions else None
         if session is not None:
             out += [("state", s) for s in sessions[session]]
             continue
@@ -376,21 +375,24 @@ def gather(
 
     need_states = {i for k, i in targets if k == "state"} | {pairs[p][0]["state_id"] for p in want_pairs}
     st_rows = (
-        {r["state_id"]: r for r in _filter(states, "state_id", sorted(need_states)).to_pylist()}
+        {r["state_id"]: r for r in rows_where(states, "state_id", sorted(need_states)).to_pylist()}
         if states is not None
         else {}
     )
     messages = stores.read("trace_messages")
     streams = sorted({r["stream_id"] for r in st_rows.values()})
-    conv = Conversation.from_table(_filter(messages, "stream_id", streams)) if messages is not None else Conversation()
+    conv = (
+        Conversation.from_table(rows_where(messages, "stream_id", streams)) if messages is not None else Conversation()
+    )
     replays = stores.read("teacher_replays")
     by_state = _replays_by_state(replays, need_states)
 
     for kind, ident in targets:
         if kind == "state":
-            view: View = _state_view(conv, st_rows[ident], opts, by_state.get(ident))
+            state_view = _state_view(conv, st_rows[ident], opts, by_state.get(ident))
             if messages is None:
-                view.missing.append("trace_messages: table not stored")
+                state_view.missing.append("trace_messages: table not stored")
+            view: View = state_view
         else:
             view = _pair_view(pairs[ident], st_rows, conv, opts, by_state, messages is not None)
         if replays is None:
@@ -421,7 +423,7 @@ def _pair_rows(pair_tables: list, want_pairs: list[str]) -> dict[str, tuple[dict
     """The pair rows asked for: the first table in PAIR_TABLES order gives the row; every appearance is listed."""
     pairs: dict[str, tuple[dict, list[dict]]] = {}
     for name, status, t in pair_tables:
-        for row in _filter(t, "pair_id", want_pairs).to_pylist() if want_pairs else []:
+        for row in rows_where(t, "pair_id", want_pairs).to_pylist() if want_pairs else []:
             app = {"table": name, "status": status}
             if name == "dropped_pairs":
                 app.update(drop_op=row.get("drop_op"), drop_reason=row.get("drop_reason"))
@@ -436,7 +438,7 @@ def _pair_rows(pair_tables: list, want_pairs: list[str]) -> dict[str, tuple[dict
 def _replays_by_state(replays, need_states: set[str]) -> dict[str, list[dict]]:
     by_state: dict[str, list[dict]] = {}
     if replays is not None:
-        for r in _filter(replays, "state_id", sorted(need_states)).to_pylist():
+        for r in rows_where(replays, "state_id", sorted(need_states)).to_pylist():
             by_state.setdefault(r["state_id"], []).append(r)
     return by_state
 

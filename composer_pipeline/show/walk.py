@@ -73,7 +73,8 @@ def walk(prefix: Sequence[dict], full: bool = False, last: int | None = None) ->
         text = flatten_content(msg.get("content"))
         if role == "tool":
             tid = msg.get("tool_call_id")
-            turn = Turn(i, role, tool_name=names.get(tid, "?"), tool_call_id=tid, interrupted=text == INTERRUPTED)
+            name = names.get(tid, "?") if isinstance(tid, str) else "?"
+            turn = Turn(i, role, tool_name=name, tool_call_id=tid, interrupted=text == INTERRUPTED)
             if not turn.interrupted:
                 turn.body = shorten(text, lim.tool_lines)
         elif role == "assistant":
