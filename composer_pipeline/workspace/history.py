@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from composer_pipeline.actions import Action
 from composer_pipeline.render import flatten_content, prefix_path
-from composer_pipeline.workspace.files import Event, Workspace, observed_ok
+from composer_pipeline.workspace.files import COMPACTION, Event, Workspace, observed_ok
 
 
 @dataclass
@@ -115,6 +115,10 @@ class SessionHistory:
         out: list[Call] = []
         seen: set[str] = set()
         for row in path:
+            parent = s.by_uuid.get(row.get("parent_uuid") or "")
+            if parent is not None and parent.get("subtype") == "compact_boundary":  # the path crossed it here
+                out.append(Call(f"{COMPACTION}:{row.get('uuid')}", COMPACTION, {}, row.get("line_no") or 0, None))
+                out[-1].result = {"content": "", "is_error": None, "structured": None, "line_no": 0, "timestamp": ""}
             for c in s.calls_of.get(row.get("uuid"), []):
                 if c.id in seen:
                     continue
