@@ -7,6 +7,9 @@ Out: :func:`workspace_at` — the :class:`~.files.Workspace` one state's agent h
      its ``parentUuid`` path whose results came before the state, plus what the session's other agents did
      before it, by timestamp); :func:`observed_calls` — the state's own calls and what really came back.
 
+Where the state's path crosses a ``compact_boundary`` (the conversation was compacted), a ``COMPACTION`` pseudo call
+stands among the agent's own calls: Claude Code empties its read state there (:mod:`.files`).
+
 Claude Code 1.0.x inline subagents (sidechain records inside the main file) share the session's one shell:
 their workspace starts at the cwd of the session's first main record and follows every agent's ``cd``
 (their own records' ``cwd`` is the shell's cwd when the subagent ended, as the records are written then).
