@@ -24,9 +24,9 @@ The rules (Claude Code's, as its tool errors state them; the texts are the ones 
   lines known, two occurrences in them already fail; otherwise cannot tell.
 * Write: to a file known to exist that this agent has not read: fails; to a path known missing, or a
   file it has read: succeeds; otherwise cannot tell.
-* A file written by a shell redirection after this agent's read is "stale": Claude Code compares its mtime
-  with the read's time ("File has been modified since read"), so a Write or Edit of it is cannot tell until
-  the agent reads it again. (Another agent's Write/Edit does not: a real session's main agent Edits with
+* A file written by a shell redirection after this agent's read, or read before a command that may write
+  anywhere, is "stale": Claude Code compares its mtime with the read's time ("File has been modified since
+  read"), so a Write or Edit of it is cannot tell until the agent reads it again. (Another agent's Write/Edit does not: a real session's main agent Edits with
   success a file its subagent edited after the main agent's read.)
 * Existence: a path under a directory known missing is missing; ``mkdir`` of a directory known missing
   makes an empty one (nothing under it exists).
@@ -81,7 +81,7 @@ COMPACTED = (
 # the pseudo tool call history.py puts where the agent's conversation was compacted
 COMPACTION = "(compaction)"
 STALE = (
-    "a shell redirection wrote the file since this agent's read: "
+    "a shell command wrote (or may have written) the file since this agent's read: "
     "Claude Code then compares the file's mtime with the read's time ('File has been modified since read')"
 )
 # Read's limits: lines returned by default, characters per line, and the token limit of one read
@@ -211,10 +211,12 @@ class Workspace:
         v.text, v.lines, v.oversize = text, {}, None
 
     def _outside_change(self) -> None:
-        """Something may have written anywhere: contents and existence are unknown again (read state stays)."""
+        """Something may have written anywhere: contents and existence are unknown again; read state stays, but
+        a file read before may have been rewritten since (stale: Claude Code's mtime check may refuse it)."""
         for v in self.files.values():
             v.forget_contents()
             v.exists = None
+            v.stale = v.stale or v.read  # it may have rewritten a file read before: the mtime check may refuse
         self.complete = []
 
     # -- learning from the history ---------------------------------------------------------------------
