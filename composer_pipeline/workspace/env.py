@@ -6,9 +6,11 @@ Out: :class:`WorkspaceEnv` — an ``openenv.core.env_server.interfaces.Environme
      -> :class:`WorkspaceObservation`; ``step(WorkspaceAction(tool, arguments))`` -> the tool's result in its
      own words, ``ok`` (None: cannot tell) and ``reward`` 1.0 / 0.0 / None; ``state`` -> :class:`WorkspaceState`.
      Steps go on in the same workspace (a predicted success is applied), so an episode can have many.
-     :class:`WorkspaceTools` — the same for TRL's ``GRPOTrainer(environment_factory=...)`` (its public
-     methods are the tools, ``reset(**row)`` reads the row's ``workspace``, ``get_reward`` the share of
-     calls that worked).
+     :class:`WorkspaceTools` — the same environment for TRL's ``GRPOTrainer(environment_factory=...)`` (its
+     public methods are the tools, each a ``step``; ``reset(**row)`` reads the row's ``workspace``; ``get_reward``
+     the share of calls that worked); :func:`trl_environment` gives TRL the tokenizer's tool-call parser with it.
+     TRL's tool loop needs conversational prompts (message lists); the three-channel trainer renders its
+     prompts to text, so it does not run this loop (its ``workspace_executes`` reward scores the one call).
 
 Deliberately simplified: no process, no real files: the environment executes against what the trace shows
 (:mod:`.files`), so "cannot tell" is an answer; an episode ends only when the caller stops.
@@ -85,23 +87,23 @@ class WorkspaceEnv(Environment[WorkspaceAction, WorkspaceObservation, WorkspaceS
 
 
 class WorkspaceTools:
-    """TRL ``environment_factory`` form: one instance per rollout; its public methods are the tools."""
+    """TRL ``environment_factory`` form of :class:`WorkspaceEnv`: one instance per rollout, its public methods
+    are the tools (each one ``WorkspaceEnv.step``), ``reset(**row)`` resets the environment to the row's
+    ``workspace``, ``get_reward`` is the share of the rollout's decided calls that worked."""
 
     def __init__(self) -> None:
-        self._ws = Workspace()
-        self._results: list[bool | None] = []
+        self.env = WorkspaceEnv()
 
     def reset(self, **row: Any) -> str | None:
-        self._ws = _load(row.get("workspace"))
-        self._results = []
+        self.env.reset(workspace=row.get("workspace"))
         return None
 
     def _run(self, tool: str, arguments: dict[str, Any]) -> str:
-        out = self._ws.execute(tool, {k: v for k, v in arguments.items() if v is not None})
-        self._results.append(out.ok)
+        args = {k: v for k, v in arguments.items() if v is not None}
+        out = self.env.step(WorkspaceAction(tool=tool, arguments=args))
         if out.ok is None:
             return f"(the environment cannot tell: {out.reason})"
-        return out.observation or f"(the call works; its output is not known here: {out.reason})"
+        return out.text or f"(the call works; its output is not known here: {out.reason})"
 
     def Read(self, file_path: str, offset: int | None = None, limit: int | None = None) -> str:  # noqa: N802
         """Read a file.
@@ -145,5 +147,29 @@ class WorkspaceTools:
 
     def get_reward(self) -> float | None:
         """The share of this rollout's calls that worked (None when none could be decided)."""
-        decided = [r for r in self._results if r is not None]
+        decided = [r for r in self.env.state.results if r is not None]
         return sum(decided) / len(decided) if decided else None
+
+
+def trl_environment(tokenizer: Any) -> type[WorkspaceTools]:
+    """``GRPOTrainer(environment_factory=trl_environment(tokenizer))``: TRL (1.16) parses each completion's tool
+    calls with the tokenizer's response template, which it knows only for the chat templates it ships; the
+    house templates (``tiny_model.CHAT_TEMPLATE``, Qwen's) write Qwen's ``<tool_call>`` JSON after
+    ``<|im_start|>assistant``, so TRL's ``qwen3_template`` reads them. A tokenizer whose template writes tool
+    calls some other way is refused rather than parsed wrong. Returns the factory (the class)."""
+    from trl.chat_template_utils import qwen3_template  # trl costs seconds to import: only where training
+
+    if getattr(tokenizer, "response_template", None) is None:
+        probe = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "Read", "arguments": {"file_path": "/x"}}}]},
+        ]  # fmt: skip
+        text = tokenizer.apply_chat_template(probe, tokenize=False)
+        if "<|im_start|>assistant\n<tool_call>\n{" not in text or '"name":' not in text:
+            raise ValueError(
+                "the tokenizer's chat template does not write Qwen-style <tool_call> JSON: set its "
+                "response_template for TRL's tool parsing"
+            )
+        tokenizer.response_template = qwen3_template
+    return WorkspaceTools

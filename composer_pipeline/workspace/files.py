@@ -24,12 +24,17 @@ The rules (Claude Code's, as its tool errors state them; the texts are the ones 
   lines known, two occurrences in them already fail; otherwise cannot tell.
 * Write: to a file known to exist that this agent has not read: fails; to a path known missing, or a
   file it has read: succeeds; otherwise cannot tell.
-* A file written by a shell redirection after this agent's read is "stale": Claude Code compares its mtime
-  with the read's time ("File has been modified since read"), so a Write or Edit of it is cannot tell until
-  the agent reads it again. (Another agent's Write/Edit does not: a real session's main agent Edits with
+* A file written by a shell redirection after this agent's read, or read before a command that may write
+  anywhere, is "stale": Claude Code compares its mtime with the read's time ("File has been modified since
+  read"), so a Write or Edit of it is cannot tell until the agent reads it again. (Another agent's Write/Edit does not: a real session's main agent Edits with
   success a file its subagent edited after the main agent's read.)
 * Existence: a path under a directory known missing is missing; ``mkdir`` of a directory known missing
   makes an empty one (nothing under it exists).
+* Compaction: Claude Code empties the agent's read state when it compacts the conversation and re-reads only
+  some recent files into it (1.0.x: every ``readFileState`` key deleted, then recent files restored; 2.x:
+  ``createPostCompactFileAttachments``, a bounded number of files within a token budget, chosen by the read
+  state's timestamps, which the trace does not show): a file read before the boundary and not since is cannot tell for
+  Edit/Write; one never read still fails.
 * NotebookEdit: unread fails; otherwise cannot tell. Glob / Grep / LS succeed (their failures are not
   workspace rules: rejections, permissions); their listing is what the workspace knows.
 
@@ -69,8 +74,14 @@ UNRELIABLE_READS = (
     "the rule holds but this agent's read state is not reliable: in Claude Code 1.0.x inline subagents, "
     "Read and Write were seen not to register (Edit after Read failed 'File has not been read yet')"
 )
+COMPACTED = (
+    "read only before a compaction: Claude Code then empties the read state and restores only some recent files "
+    "(which ones, the trace does not show)"
+)
+# the pseudo tool call history.py puts where the agent's conversation was compacted
+COMPACTION = "(compaction)"
 STALE = (
-    "a shell redirection wrote the file since this agent's read: "
+    "a shell command wrote (or may have written) the file since this agent's read: "
     "Claude Code then compares the file's mtime with the read's time ('File has been modified since read')"
 )
 # Read's limits: lines returned by default, characters per line, and the token limit of one read
@@ -122,6 +133,8 @@ class FileView:
     # written outside the file tools (a shell redirection) since; Claude Code then compares the file's mtime
     # with the read's time ("File has been modified since read"), which no trace shows: cannot tell
     stale: bool = False
+    # read before a compaction and not since: the compaction may or may not have restored it
+    read_before_compaction: bool = False
 
     def forget_contents(self) -> None:
         self.text, self.lines, self.read_whole, self.oversize, self.size = None, {}, False, None, None
@@ -198,16 +211,21 @@ class Workspace:
         v.text, v.lines, v.oversize = text, {}, None
 
     def _outside_change(self) -> None:
-        """Something may have written anywhere: contents and existence are unknown again (read state stays)."""
+        """Something may have written anywhere: contents and existence are unknown again; read state stays, but
+        a file read before may have been rewritten since (stale: Claude Code's mtime check may refuse it)."""
         for v in self.files.values():
             v.forget_contents()
             v.exists = None
+            v.stale = v.stale or v.read  # it may have rewritten a file read before: the mtime check may refuse
         self.complete = []
 
     # -- learning from the history ---------------------------------------------------------------------
     def observe(self, ev: Event) -> None:
         """Apply one past tool call with what really came back."""
         name, args = ev.name, ev.arguments
+        if name == COMPACTION:
+            self._compacted()
+            return
         if name not in FILE_TOOLS:
             if name not in _READ_ONLY_TOOLS:
                 self._observe_other_tool(ev)
@@ -240,7 +258,13 @@ class Workspace:
             # Edits a file with success, unread since its subagent Edited it (kfischer-okarin b3edadab)
             v.read, v.stale = read_before, stale_before
         else:
-            v.stale = False
+            v.stale = v.read_before_compaction = False
+
+    def _compacted(self) -> None:
+        """The agent's conversation was compacted: its read state is emptied, some recent files restored."""
+        for v in self.files.values():
+            if v.read:
+                v.read, v.read_before_compaction = False, True
 
     def _observe_other_tool(self, ev: Event) -> None:
         """A tool outside the file tools that may write (Bash, or one this model does not know): what it wrote
@@ -448,6 +472,8 @@ class Workspace:
         if exists is False:
             return Outcome(False, _error(NOT_FOUND), "the file is known to be missing")
         v = self.files.get(path)
+        if v is not None and not v.read and v.read_before_compaction:
+            return Outcome(None, "", COMPACTED)
         if v is None or not v.read:
             if exists:
                 return Outcome(False, _error(NOT_READ), "the file exists and this agent has not read it")
@@ -497,6 +523,8 @@ class Workspace:
         exists = self.existence(path)
         v = self.files.get(path)
         read = v is not None and v.read
+        if v is not None and not read and v.read_before_compaction:
+            return Outcome(None, "", COMPACTED)
         if exists and not read:
             return Outcome(False, _error(NOT_READ), "the file exists and this agent has not read it")
         if exists is False:
@@ -549,6 +577,7 @@ class Workspace:
                     "oversize": v.oversize,
                     "size": v.size,
                     "stale": v.stale,
+                    "read_before_compaction": v.read_before_compaction,
                 }
                 for p, v in self.files.items()
             },
@@ -572,6 +601,7 @@ class Workspace:
                 oversize=f.get("oversize"),
                 size=f.get("size"),
                 stale=bool(f.get("stale")),
+                read_before_compaction=bool(f.get("read_before_compaction")),
             )
         return ws
 

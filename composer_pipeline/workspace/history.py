@@ -7,6 +7,9 @@ Out: :func:`workspace_at` — the :class:`~.files.Workspace` one state's agent h
      its ``parentUuid`` path whose results came before the state, plus what the session's other agents did
      before it, by timestamp); :func:`observed_calls` — the state's own calls and what really came back.
 
+Where the state's path crosses a ``compact_boundary`` (the conversation was compacted), a ``COMPACTION`` pseudo call
+stands among the agent's own calls: Claude Code empties its read state there (:mod:`.files`).
+
 Claude Code 1.0.x inline subagents (sidechain records inside the main file) share the session's one shell:
 their workspace starts at the cwd of the session's first main record and follows every agent's ``cd``
 (their own records' ``cwd`` is the shell's cwd when the subagent ended, as the records are written then).
@@ -26,7 +29,7 @@ import pyarrow as pa
 
 from composer_pipeline.actions import Action
 from composer_pipeline.render import flatten_content, prefix_path
-from composer_pipeline.workspace.files import Event, Workspace, observed_ok
+from composer_pipeline.workspace.files import COMPACTION, Event, Workspace, observed_ok
 
 
 @dataclass
@@ -115,6 +118,10 @@ class SessionHistory:
         out: list[Call] = []
         seen: set[str] = set()
         for row in path:
+            parent = s.by_uuid.get(row.get("parent_uuid") or "")
+            if parent is not None and parent.get("subtype") == "compact_boundary":  # the path crossed it here
+                out.append(Call(f"{COMPACTION}:{row.get('uuid')}", COMPACTION, {}, row.get("line_no") or 0, None))
+                out[-1].result = {"content": "", "is_error": None, "structured": None, "line_no": 0, "timestamp": ""}
             for c in s.calls_of.get(row.get("uuid"), []):
                 if c.id in seen:
                     continue

@@ -123,3 +123,63 @@ def test_trl_environment_factory_tools(file_tool_store):
     assert tools.Read(f"{CWD}/never_seen.py").startswith("(the environment cannot tell")
     assert tools.get_reward() == 0.5  # the undecided Read does not count
     assert orjson.loads(_snapshots(file_tool_store)[1])["cwd"] == CWD
+
+
+@pytest.mark.slow  # TRL + openenv imports and one GRPO step on the tiny model (~15 s here)
+def test_grpo_step_through_trl_environment_factory(file_tool_store, tiny_model_dir, tmp_path, monkeypatch):
+    """TRL 1.16's own tool loop: GRPOTrainer(environment_factory=...) parses each completion's tool call with the
+    tokenizer's response template, calls the OpenEnv environment's tool, and scores the rollout by its get_reward.
+    The sampling is scripted (a random tiny model never writes a tool call): in each group of 4, two Edits that
+    work in the state's workspace (app.py was read) and two that fail (an unread file)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from composer_pipeline.workspace.env import WorkspaceTools, trl_environment
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"  # drops tool calls
+    with pytest.raises(ValueError, match="response_template"):
+        trl_environment(plain)
+    factory = trl_environment(tok)
+    assert factory is WorkspaceTools
+    calls = [
+        f'<tool_call>\n{{"arguments":{{"file_path":"{CWD}/app.py","new_string":"b = 3","old_string":"b = 2"}},'
+        '"name":"Edit"}\n</tool_call>',
+        f'<tool_call>\n{{"arguments":{{"file_path":"{CWD}/util.py","new_string":"y","old_string":"x"}},'
+        '"name":"Edit"}\n</tool_call>',
+    ]
+    seen_results: list[str] = []
+
+    def scripted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        eos = self.eos_token_ids[0]
+        out = []
+        for i, ids in enumerate(prompt_ids):
+            prompt = self.processing_class.decode(ids)
+            if "<|im_start|>tool" in prompt:  # the turn after the tool's result: stop
+                seen_results.append(prompt.rsplit("<|im_start|>tool", 1)[1])
+                out.append([eos])
+            else:
+                out.append(self.processing_class(text=calls[(i // 2) % 2])["input_ids"] + [eos])
+        return out, None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
+    snapshot = _snapshots(file_tool_store)[1]
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "tidy app.py"}], "workspace": snapshot}] * 2)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+        max_completion_length=256, learning_rate=1e-3, bf16=False, use_cpu=True, report_to=[], logging_steps=1,
+        save_strategy="no", dataloader_pin_memory=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, environment_factory=factory)
+    assert {t.__name__ for t in trainer.tools} == {"Read", "Write", "Edit", "Glob"}
+    trainer.train()
+    log = {k: float(v) for k, v in trainer.state.log_history[0].items()}
+    assert log["reward"] == pytest.approx(0.5) and log["reward_std"] > 0.4  # varies within each group
+    assert log["rewards/WorkspaceTools/mean"] == pytest.approx(0.5) and log["tools/call_frequency"] == 1.0
+    assert any("has been updated" in r for r in seen_results)
+    assert any("File has not been read yet" in r for r in seen_results)
+    assert math.isfinite(log["loss"]) and log["grad_norm"] > 0  # the advantages are not all zero

@@ -137,6 +137,12 @@ def test_a_shell_command_that_may_write_makes_contents_unknown_and_a_listing_one
     ws.observe(Event("Bash", {"command": "npm run format"}, True, "done"))
     assert ws.files[F].text is None and ws.files[F].read  # the harness still knows it was read
     assert ws.execute("Edit", {"file_path": F, "old_string": "a", "new_string": "b"}).ok is None
+    # the command may have rewritten the file after the read: Write's mtime check ("File has been modified
+    # since read") may refuse it, so a Write is not known to work either
+    write = ws.execute("Write", {"file_path": F, "content": "c"})
+    assert write.ok is None and "modified since read" in write.reason
+    ws.observe(_read(text="a\nb"))  # read again: the check passes
+    assert ws.execute("Write", {"file_path": F, "content": "c"}).ok is True
 
 
 def test_ls_listing_gives_files_sizes_and_the_missing_rest():

@@ -137,3 +137,49 @@ def test_a_parallel_subagent_sees_another_subagents_task_end_as_no_write(tmp_pat
     edits = [(r["tool"], r["predicted_ok"], r["reason"]) for r in rows if r["tool"] == "Edit"]
     # 1.0.x inline subagents' read state is not relied on, but the known text is: not a "full text" unknown
     assert edits == [("Edit", None, edits[0][2])] and "1.0.x" in edits[0][2]
+
+
+def test_a_compaction_clears_read_state_and_restores_only_some_files(tmp_path, capsys):
+    """Claude Code empties the agent's read state when it compacts the conversation and re-reads only some recent
+    files into it (1.0.x: the compaction function deletes every readFileState key, then restores recent files;
+    2.x: createPostCompactFileAttachments, a bounded number within a token budget): a file read before the boundary may or may not
+    still count as read (cannot tell), a file read again after it does, a file never read still fails."""
+    from tests.support.sessions import Session, tool
+
+    sid = "0000aaaa-0000-4000-8000-000000000005"
+    d = "/home/u/p"
+    m = Session(sid=sid, version="2.0.74", cwd=d)
+    m.user("tidy")
+    for i, name in enumerate(("a.py", "b.py")):
+        f = f"{d}/{name}"
+        tur = {"type": "text", "file": {"filePath": f, "content": "x = 1", "numLines": 1, "startLine": 1,
+                                        "totalLines": 1}}  # fmt: skip
+        m.assistant(tool("Read", f"r{i}", file_path=f), timestamp=f"2026-01-01T00:00:0{2 * i}.000Z")
+        m.result(f"r{i}", "     1→x = 1", tur=tur, timestamp=f"2026-01-01T00:00:0{2 * i + 1}.000Z")
+    before = m.last
+    m.rec("system", parent=None, subtype="compact_boundary", content="Conversation compacted", logicalParentUuid=before,
+          compactMetadata={"trigger": "auto", "preTokens": 160000}, timestamp="2026-01-01T00:01:00.000Z")  # fmt: skip
+    m.user("This session is being continued from a previous conversation...", isCompactSummary=True,
+           isVisibleInTranscriptOnly=True, timestamp="2026-01-01T00:01:01.000Z")  # fmt: skip
+    tur = {"type": "text", "file": {"filePath": f"{d}/b.py", "content": "x = 1", "numLines": 1, "startLine": 1,
+                                    "totalLines": 1}}  # fmt: skip
+    m.assistant(tool("Read", "r9", file_path=f"{d}/b.py"), timestamp="2026-01-01T00:01:02.000Z")
+    m.result("r9", "     1→x = 1", tur=tur, timestamp="2026-01-01T00:01:03.000Z")
+    not_read = "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>"
+    for i, name in enumerate(("a.py", "b.py", "c.py")):
+        f = f"{d}/{name}"
+        m.assistant(tool("Edit", f"e{i}", file_path=f, old_string="x = 1", new_string="x = 2"),
+                    timestamp=f"2026-01-01T00:01:1{2 * i}.000Z")  # fmt: skip
+        ok = name != "c.py"
+        m.result(f"e{i}", f"The file {f} has been updated." if ok else not_read, is_error=None if ok else True,
+                 tur={"filePath": f} if ok else "Error: " + not_read[16:-17],
+                 timestamp=f"2026-01-01T00:01:1{2 * i + 1}.000Z")  # fmt: skip
+    m.write(tmp_path / "traces" / "proj" / f"{sid}.jsonl")
+    assert main(["ingest", str(tmp_path / "traces"), "--out", str(tmp_path / "store")]) == 0
+    capsys.readouterr()
+    assert main(["workspace", "verify", "--store", str(tmp_path / "store"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    edits = [(r["predicted_ok"], r["reason"]) for r in rows if r["tool"] == "Edit"]
+    assert edits[0][0] is None and "compact" in edits[0][1]  # a.py: read only before the boundary
+    assert edits[1][0] is True  # b.py: read again after it
+    assert edits[2][0] is False  # c.py: never read (its existence is shown by nothing: fails either way)
