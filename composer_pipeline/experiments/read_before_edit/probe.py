@@ -76,10 +76,9 @@ def heldout_cases(heldout_root: str, tokenizer, max_prompt_tokens: int = 384, st
     data = load_train_data(heldout_root, heldout_fraction=0.0, hints=HintTemplates())
     cases = []
     for p in data.prompts:
-        kind = state_kind(p.messages)
-        if kind is None or (states == "decisive" and kind not in DECISIVE_READ + DECISIVE_EDIT):
+        kind, st = state_kind(p.messages), task_state(p.messages)
+        if kind is None or st is None or (states == "decisive" and kind not in DECISIVE_READ + DECISIVE_EDIT):
             continue
-        st = task_state(p.messages)
         cases.append(
             Case(
                 render_chat_prompt(tokenizer, p.messages, p.tools, max_prompt_tokens),
@@ -174,7 +173,7 @@ def probe(model, tokenizer, cases: list[Case], *, max_new_tokens: int = 96, batc
                         if first
                         else f"text: {text[:60]}",
                         "tool_hit": tool_hit,
-                        "hit": int(tool_hit and first.arguments.get("file_path") == c.path),
+                        "hit": int(first is not None and bool(tool_hit) and first.arguments.get("file_path") == c.path),
                         # the whole answer, and whether it parses as an action (else why not)
                         "text": text,
                         "parsed": int(failure is None),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,9 @@ def collect(out: Path, cfg: ExperimentConfig | None = None) -> dict[str, Any]:
     return {"results": results, "table": table}
 
 
-def _mean_std(xs: list[float], *, signed: bool = False, digits: int = 3) -> str:
-    xs = [x for x in xs if x is not None]
+def _mean_std(values: Sequence[float | None], *, signed: bool = False, digits: int = 3) -> str:
+    """``mean ± sd`` of the values given (None: not measured, left out); ``n/a`` when none is."""
+    xs = [x for x in values if x is not None]
     if not xs:
         return "n/a"
     m = sum(xs) / len(xs)
@@ -136,11 +138,8 @@ CONTRASTS = [
 
 def _paired(results: list[dict], a: str, b: str, key: str = "combined") -> list[float]:
     by = {(r["arm"], r["seed"]): r.get(key) for r in results}
-    return [
-        by[(a, s)] - by[(b, s)]
-        for (arm, s) in sorted(by)
-        if arm == a and by.get((b, s)) is not None and by[(a, s)] is not None
-    ]
+    pairs = ((by[(arm, s)], by.get((b, s))) for (arm, s) in sorted(by) if arm == a)
+    return [x - y for x, y in pairs if x is not None and y is not None]
 
 
 def summary_table(results: list[dict]) -> str:
@@ -175,12 +174,12 @@ def summary_table(results: list[dict]) -> str:
         for a, b, why in contrasts:
             ds = _paired(results, a, b)
             lines.append(f"| {a} − {b} | {len(ds)} | {_fmt_interval(paired_interval(ds), len(ds))} | {why} |")
-    means = {a: [r["combined"] for r in results if r["arm"] == a and r.get("combined") is not None] for a in arms}
-    means = {a: sum(v) / len(v) for a, v in means.items() if v}
+    combined = {a: [r["combined"] for r in results if r["arm"] == a and r.get("combined") is not None] for a in arms}
+    means = {a: sum(v) / len(v) for a, v in combined.items() if v}
     if len(means) > 1:
-        best = max(means, key=means.get)
+        best = max(means, key=means.__getitem__)
         beaten = []
-        for other in sorted(means, key=means.get, reverse=True)[1:]:
+        for other in sorted(means, key=means.__getitem__, reverse=True)[1:]:
             iv = paired_interval(_paired(results, best, other))
             beaten.append(f"{other} {_fmt_interval(iv, 0)}" + ("" if iv is None or iv[1] > 0 else " (not excluded 0)"))
         lines += [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def _finished_start_probe(out: Path, seed: int) -> dict[str, Any] | None:
     return {**{k: v for k, v in done["row"].items() if k not in cell_keys}, "outputs": done["outputs"]}
 
 
-def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
+def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print) -> dict[str, Any]:
     """Every arm × seed cell is written to ``cells/`` when done; a re-run with the same settings skips
     finished cells; with ``budget_minutes`` it stops before a cell once the budget is spent."""
     from composer_pipeline.train.data import load_train_data
@@ -150,7 +151,7 @@ def _check_config(cfg: ExperimentConfig) -> None:
         raise ValueError(f"probe_states must be all or decisive, got {cfg.probe_states!r}")
 
 
-def _base_model(cfg: ExperimentConfig, out: Path, base, emit) -> str:
+def _base_model(cfg: ExperimentConfig, out: Path, base: TrainRecipe, emit: Callable[[str], object]) -> str:
     """The model every seed's start is supervised from: ``cfg.model``, or for ``tiny`` one pretrained here."""
 
     if cfg.model != "tiny":
@@ -182,20 +183,25 @@ def _base_model(cfg: ExperimentConfig, out: Path, base, emit) -> str:
     return base_model
 
 
-def _train_arm(arm: str, cfg: ExperimentConfig, base, start: Path, seed: int, data_info: dict, probing: tuple):
+def _train_arm(
+    arm: str, cfg: ExperimentConfig, base: TrainRecipe, start: Path, seed: int, data_info: dict, probing: tuple
+) -> tuple[dict[str, Any], int]:
     """Train one arm from the seed's start on the data it reads and probe the result: ``(metrics, steps)``.
     ``probing``: (tokenizer, held-out cases, the curve the probe callback appends to)."""
     from composer_pipeline.train.run import train
 
     tok, cases, curve = probing
     out = Path(cfg.out)
-    recipe = arm_recipe(base, arm, cfg, start, seed)
     spec = ARMS[arm]
-    root = {"train": data_info["train_store"], "error_sites": data_info["error_site_store"]}.get(spec.data)
+    if spec is None:
+        raise ValueError(f"the {arm} arm trains nothing")
+    recipe = arm_recipe(base, arm, cfg, start, seed)
     if spec.data == "consensus_all":
         root = consensus_store(data_info["train_store"], out / "consensus_store")
-    if spec.data == "shuffled_labels":
+    elif spec.data == "shuffled_labels":
         root = shuffled_label_store(data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed)
+    else:
+        root = data_info["error_site_store" if spec.data == "error_sites" else "train_store"]
     res = train(
         root,
         recipe,
