@@ -116,3 +116,13 @@ def test_presets_and_flags_are_checked(tmp_path):
         _cli(tmp_path, "--recipe", "fmt", "--quick")
     with pytest.raises(ValueError, match="--steps must be >= 1"):
         _cli(tmp_path, "--recipe", "quick", "--steps", "0")
+
+
+def test_the_commands_bench_results_quotes_are_their_presets(tmp_path):
+    """bench/RESULTS.md's run-5 command and the SmolLM2 plan's, as printed there, give the fmt and
+    smollm2_plan presets."""
+    run5 = "--seeds 3 --steps 40 --train-sessions 40 --heldout-sessions 12 --sft-steps 150 --pretrain-steps 500"
+    run5 += " --eval-every 40 --arms start,nll,dpo,dpo_differing,dpo_first"
+    assert _cli(tmp_path, *run5.split()) == load_config("fmt", tmp_path)
+    plan = "--model smollm2 --seeds 3 --preference-tokens first_differing".split()
+    assert _cli(tmp_path, *plan) == load_config("smollm2_plan", tmp_path)
