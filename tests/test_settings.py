@@ -18,6 +18,7 @@ if str(REPO) not in sys.path:  # run as a script to regenerate the docs
 
 from assets.settings import PipelineFile, load_settings  # noqa: E402
 from composer_pipeline import settings  # noqa: E402
+from composer_pipeline.experiments.read_before_edit.config import ExperimentConfig, load_config  # noqa: E402
 from composer_pipeline.ingest.recipe import IngestRecipe  # noqa: E402
 from composer_pipeline.pairs.build import PairRecipe  # noqa: E402
 from composer_pipeline.pairs.datajuicer import NormalizeFile, NormalizeRecipe  # noqa: E402
@@ -37,6 +38,19 @@ RECIPES = {
     "normalize.yaml": (NormalizeFile, NormalizeRecipe.load, "`pairs/datajuicer.py` `NormalizeRecipe.load`"),
     "normalize_ray.yaml": (NormalizeFile, NormalizeRecipe.load, "the same (`executor_type: ray`)"),
     "train.yaml": (TrainRecipe, TrainRecipe.load, "`train/config.py` `TrainRecipe.load`"),
+}
+# the experiment's presets (composer-pipeline experiment read-before-edit --recipe NAME)
+PRESETS = "experiments/read_before_edit"
+RECIPES |= {
+    f"{PRESETS}/default.yaml": (
+        ExperimentConfig,
+        load_config,
+        "`experiments/read_before_edit/config.py` `load_config` (`experiment read-before-edit --recipe default`)",
+    ),
+    **{
+        f"{PRESETS}/{name}.yaml": (ExperimentConfig, load_config, f"the same (`--recipe {name}`)")
+        for name in ("quick", "fmt", "smollm2", "smollm2_plan")
+    },
 }
 # Dagster's own instance files (dagster.yaml variants): Dagster's schema reads them (tests/scaling)
 NOT_OURS = {"dagster"}
@@ -64,7 +78,9 @@ def generate() -> str:
 
 
 def test_every_recipe_file_is_known():
-    present = {p.name for p in (REPO / "recipes").iterdir()} - NOT_OURS
+    root = REPO / "recipes"
+    present = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    present = {name for name in present if name.split("/")[0] not in NOT_OURS}
     assert present == set(RECIPES), (
         f"recipes/ has {sorted(present - set(RECIPES))} unknown to this test, lacks {sorted(set(RECIPES) - present)}"
     )

@@ -2,7 +2,9 @@
 
 Runs :mod:`composer_pipeline.experiments.read_before_edit` (generated sessions -> ingest -> replay
 against rule-following local teachers that disagree -> pairs/hints -> start policy -> arms and their
-controls × N seeds -> held-out scores per state kind). Prints one JSON line per arm × seed, then the
+controls × N seeds -> held-out scores per state kind) at the sizes of a preset under
+``recipes/experiments/read_before_edit/`` (``--recipe``; ``--quick`` and ``--model smollm2`` name one),
+each explicit flag overriding its key. Prints one JSON line per arm × seed, then the
 table with paired intervals; writes every finished cell, results, per-kind and per-state JSON lines,
 curves and a plot under ``--out``. Resumable: a re-run skips finished cells.
 """
@@ -10,6 +12,10 @@ curves and a plot under ``--out``. Resumable: a re-run skips finished cells.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from composer_pipeline.experiments.read_before_edit import ExperimentConfig
 
 
 def register(subparsers) -> None:
@@ -17,6 +23,13 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     r = sub.add_parser("read-before-edit", help="does training teach Read before Edit on held-out states?")
     r.add_argument("--out", required=True, help="output directory (data stores, checkpoints, results, plots)")
+    r.add_argument(
+        "--recipe",
+        default=None,
+        metavar="FILE|NAME",
+        help="the sizes: a preset of recipes/experiments/read_before_edit/ by name (default, quick, fmt, smollm2, "
+        "smollm2_plan) or a YAML file; each flag given below overrides its key (default: default)",
+    )
     r.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick: 1)")
     r.add_argument(
         "--only-seeds",
@@ -29,9 +42,13 @@ def register(subparsers) -> None:
         "--model",
         default=None,
         help="tiny | smollm2 (SmolLM2-135M-Instruct at CPU sizes: "
-        "ExperimentConfig.smollm2) | local:smollm2-135m-instruct (the full sizes) | a model path (default tiny)",
+        "the smollm2 preset) | local:smollm2-135m-instruct (the full sizes) | a model path (default tiny)",
     )
-    r.add_argument("--quick", action="store_true", help="tiny model, 1 seed, small sizes (<= 10 min on 2 CPU cores)")
+    r.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, 1 seed, small sizes (<= 10 min on 2 CPU cores): the quick preset",
+    )
     r.add_argument(
         "--arms",
         default=None,
@@ -82,10 +99,12 @@ def register(subparsers) -> None:
     r.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def experiment_config(args: argparse.Namespace) -> ExperimentConfig:
+    """The experiment's settings: the preset (``--recipe``, or ``--quick`` / ``--model smollm2``, else
+    ``default``) with every flag given on top; the ranges the flags must keep checked."""
     from pathlib import Path
 
-    from composer_pipeline.experiments.read_before_edit import ExperimentConfig, run_experiment
+    from composer_pipeline.experiments.read_before_edit import load_config
 
     kw = {
         "seeds": args.seeds,
@@ -101,21 +120,19 @@ def run(args: argparse.Namespace) -> int:
         "budget_minutes": args.budget_minutes,
         "eval_every": args.eval_every,
         "preference_tokens": args.preference_tokens,
+        "lora": True if args.lora else None,
     }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if args.only_seeds:
         kw["only_seeds"] = tuple(int(x) for x in args.only_seeds.split(",") if x.strip())
-    if args.quick:
-        cfg = ExperimentConfig.quick(Path(args.out), **kw)
-    elif args.model == "smollm2":
-        cfg = ExperimentConfig.smollm2(Path(args.out), **{**kw, "model": None})
-    else:
-        cfg = ExperimentConfig(out=Path(args.out), **{k: v for k, v in kw.items() if v is not None})
-    if args.lora:
-        from dataclasses import replace
-
-        cfg = replace(cfg, lora=True)
+    preset = "quick" if args.quick else "smollm2" if args.model == "smollm2" else None
+    if preset == "smollm2":
+        kw["model"] = None
+    if args.recipe and preset:
+        flag = "--quick" if args.quick else "--model smollm2"
+        raise ValueError(f"{flag} is the {preset} preset: give it or --recipe {args.recipe}, not both")
+    cfg = load_config(args.recipe or preset or "default", Path(args.out), **kw)
     if cfg.budget_minutes is not None and cfg.budget_minutes <= 0:
         raise ValueError("--budget-minutes must be > 0")
     for name in (
@@ -130,6 +147,15 @@ def run(args: argparse.Namespace) -> int:
     ):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from composer_pipeline.experiments.read_before_edit import run_experiment
+
+    cfg = experiment_config(args)
     res = run_experiment(cfg)
     print(res["table"])
     if res["stopped"]:

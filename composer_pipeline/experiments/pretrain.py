@@ -81,7 +81,7 @@ def _hint_for(action, rng: random.Random, templates) -> str | None:
 
     call = action.tool_calls[0] if action.tool_calls else None
     path = call.arguments.get("file_path") if call else None
-    if not path:
+    if call is None or not path:
         return None
     if call.name == "Read":
         key = rng.choice(["PORT", "LIMIT", "DEPTH", "BATCH"])

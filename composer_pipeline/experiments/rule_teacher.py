@@ -61,14 +61,14 @@ def is_error_result(content: str) -> bool:
 def task_state(messages: list[dict]) -> dict[str, Any] | None:
     """Where the latest request stands: its target ``path``, ``read`` / ``edited`` flags, the
     request text and the file body as read (None when no user request names a file)."""
-    start = None
+    start, found = None, None
     for i, m in enumerate(messages):
-        if m.get("role") == "user" and PATH_RE.search(_text(m.get("content"))):
-            start = i
-    if start is None:
+        if m.get("role") == "user" and (named := PATH_RE.search(_text(m.get("content")))):
+            start, found = i, named
+    if start is None or found is None:
         return None
     request = _text(messages[start].get("content"))
-    path = PATH_RE.search(request).group(1)
+    path = found.group(1)
     results = {m.get("tool_call_id"): _text(m.get("content")) for m in messages[start:] if m.get("role") == "tool"}
     st: dict[str, Any] = {"path": path, "read": False, "edited": False, "request": request, "body": None}
     for m in messages[start:]:
@@ -94,7 +94,7 @@ def rule_action(messages: list[dict]) -> Action | None:
     if not st["read"]:
         return Action(tool_calls=(ToolCall("Read", {"file_path": path}, "call_0"),))
     request = st["request"].replace(path, " ")
-    key = (KEY_RE.search(request) or KEY_RE.search(st["body"] or "") or [None, "VALUE"])[1]
+    key = (KEY_RE.search(request) or KEY_RE.search(st["body"] or "") or ("", "VALUE"))[1]
     line = re.search(rf"{re.escape(key)} = (\d+)", st["body"] or "")
     old = line.group(1) if line else ""
     new = next((n for n in re.findall(r"\b\d+\b", request) if n != old), old)
@@ -123,23 +123,22 @@ def variant_action(variant: str, messages: list[dict]) -> Action | None:
     """The next action of one teacher variant (see the module docstring); None: no file request."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown rule-teacher variant {variant!r}; known: {VARIANTS}")
-    right = rule_action(messages)
-    if right is None or not right.tool_calls or variant == "rule":
+    st, right = task_state(messages), rule_action(messages)
+    if st is None or right is None or not right.tool_calls or variant == "rule":
         return right
     call = right.tool_calls[0]
     path = call.arguments["file_path"]
     if variant == "writer":
         if call.name != "Edit":
             return right
-        body = re.sub(r"^\s*\d+\t", "", task_state(messages)["body"] or "", flags=re.M)
+        body = re.sub(r"^\s*\d+\t", "", st["body"] or "", flags=re.M)
         content = body.replace(call.arguments["old_string"], call.arguments["new_string"])
         return Action(tool_calls=(ToolCall("Write", {"file_path": path, "content": content}, "call_0"),))
     if not _noisy(variant, messages):
         return right
     if call.name == "Read":  # the impatient agent's error: edit before reading
-        st = task_state(messages)
         request = st["request"].replace(path, " ")
-        key = (KEY_RE.search(request) or [None, "VALUE"])[1]
+        key = (KEY_RE.search(request) or ("", "VALUE"))[1]
         old, new = (re.findall(r"\b\d+\b", request) + ["0", "0"])[:2]  # a guess: the file is unread
         return Action(
             tool_calls=(
@@ -230,7 +229,7 @@ class RuleTeacherServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.socket.getsockname()[:2]
         return f"http://{host}:{port}/v1"
 
     def __enter__(self) -> RuleTeacherServer:

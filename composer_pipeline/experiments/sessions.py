@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, TypedDict
 
 NOT_READ = "File has not been read yet. Read it first before writing to it."
 
@@ -41,7 +42,14 @@ NOT_READ = "File has not been read yet. Read it first before writing to it."
 _DIRS = ["src/api", "src/core", "lib/net", "app/models", "pkg/cache", "tools/cli"]
 _NAMES = ["server", "client", "config", "router", "store", "worker", "parser", "session", "queue", "auth"]
 _HELDOUT_PAIRS = {(d, n) for i, d in enumerate(_DIRS) for j, n in enumerate(_NAMES) if (i + j) % 4 == 0}
-_SPLITS = {
+
+
+class _Split(TypedDict):
+    files: list[tuple[str, str]]  # (directory, name) of each target file
+    asks: list[str]  # the request's wordings
+
+
+_SPLITS: dict[str, _Split] = {
     "train": {
         "files": [(d, n) for d in _DIRS for n in _NAMES if (d, n) not in _HELDOUT_PAIRS],
         "asks": [
@@ -147,7 +155,7 @@ class _Writer:
                 },
             }
         )
-        block = {"tool_use_id": tid, "type": "tool_result", "content": result}
+        block: dict[str, Any] = {"tool_use_id": tid, "type": "tool_result", "content": result}
         if error:
             block["is_error"] = True
         self._emit({"type": "user", "message": {"role": "user", "content": [block]}, "toolUseResult": tool_result})

@@ -16,11 +16,11 @@ import torch
 
 from composer_pipeline.actions import Action, ToolCall
 from composer_pipeline.experiments.pretrain import _session_text
-from composer_pipeline.experiments.read_before_edit import (
+from composer_pipeline.experiments.read_before_edit.config import ExperimentConfig
+from composer_pipeline.experiments.read_before_edit.probe import (
     DECISIVE_EDIT,
     DECISIVE_READ,
     STATE_KINDS,
-    ExperimentConfig,
     heldout_cases,
     probe,
 )
@@ -187,7 +187,7 @@ def test_probe_restores_training_mode(heldout):
 def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_path):
     """``nll_all``'s data: every pair and every positive (the agent agreed) as a row whose chosen side is the
     teachers' consensus; the positives' rejected side is a stand-in its β-0 preference term never reads."""
-    from composer_pipeline.experiments.read_before_edit import ARMS, consensus_store
+    from composer_pipeline.experiments.read_before_edit.arms import ARMS, consensus_store
     from composer_pipeline.store import Store
     from composer_pipeline.train.data import load_train_data
     from composer_pipeline.train.hints import HintTemplates
@@ -206,15 +206,16 @@ def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_p
 def test_the_preference_tokens_setting_reaches_every_dpo_arm_but_the_candidates(tmp_path):
     from pathlib import Path
 
-    from composer_pipeline.experiments.read_before_edit import ExperimentConfig, arm_recipe
+    from composer_pipeline.experiments.read_before_edit.arms import arm_recipe
+    from composer_pipeline.experiments.read_before_edit.config import load_config
     from composer_pipeline.train.config import TrainRecipe
 
     base = TrainRecipe.load(Path(__file__).resolve().parents[2] / "recipes" / "train.yaml")
-    cfg = ExperimentConfig.smollm2(tmp_path, preference_tokens="first_differing")
+    cfg = load_config("smollm2", tmp_path, preference_tokens="first_differing")
     assert cfg.arms == ("start", "nll", "dpo", "nll_all", "dpo_shuffled")  # the pre-registered table
     tokens = {
         a: arm_recipe(base, a, cfg, tmp_path, 0).dpo.preference_tokens for a in ("dpo", "dpo_shuffled", "dpo_differing")
     }
     assert tokens == {"dpo": "first_differing", "dpo_shuffled": "first_differing", "dpo_differing": "differing"}
-    assert arm_recipe(base, "dpo", ExperimentConfig.smollm2(tmp_path), tmp_path, 0).dpo.preference_tokens == "all"
+    assert arm_recipe(base, "dpo", load_config("smollm2", tmp_path), tmp_path, 0).dpo.preference_tokens == "all"
     assert cfg.fingerprint()["preference_tokens"] == "first_differing"  # cells of other settings never mix

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from composer_pipeline.cli import main
-from composer_pipeline.experiments.read_before_edit import ExperimentConfig
+from composer_pipeline.experiments.read_before_edit.config import ExperimentConfig
 from composer_pipeline.experiments.rule_teacher import rule_action
 from composer_pipeline.experiments.sessions import HELDOUT_SEED, NOT_READ, write_sessions
 
@@ -316,13 +316,17 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
     assert not (out / "seed1").exists()
     # ... an arm re-run on a seed whose start cell is done reads the start probe from that cell instead of
     # probing the same weights again (probes: the step-2 curve point and the final one only)
-    from composer_pipeline.experiments import read_before_edit as rbe
+    from composer_pipeline.experiments.read_before_edit import probe as probe_module
+    from composer_pipeline.experiments.read_before_edit import run as run_module
 
     nll_before = json.loads((out / "cells" / "seed0-nll.json").read_text())
     (out / "cells" / "seed0-nll.json").unlink()
     probed = []
-    real_probe = rbe.probe
-    monkeypatch.setattr(rbe, "probe", lambda *a, **k: probed.append(1) or real_probe(*a, **k))
+    real_probe = probe_module.probe
+    counted = lambda *a, **k: probed.append(1) or real_probe(*a, **k)  # noqa: E731
+    # the run probes the start and each arm's end; the probe callback the curve's points
+    monkeypatch.setattr(run_module, "probe", counted)
+    monkeypatch.setattr(probe_module, "probe", counted)
     assert main(argv[:-2] + ["--arms", "start,nll"]) == 0
     capsys.readouterr()
     nll_after = json.loads((out / "cells" / "seed0-nll.json").read_text())
@@ -367,7 +371,7 @@ def test_base_model_training_resumes_where_it_stopped(tmp_path):
 def test_data_info_store_paths_resume_from_any_working_directory(tmp_path, monkeypatch):
     """info.json names the stores relative to the data dir (a run resumed from another cwd finds them);
     a run written before that (paths relative to the cwd it ran in) still resolves where it ran."""
-    from composer_pipeline.experiments.read_before_edit import _resolve_stores
+    from composer_pipeline.experiments.read_before_edit.data import _resolve_stores
 
     work = tmp_path / "runs" / "r" / "data"
     for name in ("train_store", "heldout_store", "error_site_store"):
