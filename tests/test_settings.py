@@ -19,8 +19,7 @@ if str(REPO) not in sys.path:  # run as a script to regenerate the docs
 from assets.settings import PipelineFile, load_settings  # noqa: E402
 from composer_pipeline import settings  # noqa: E402
 from composer_pipeline.ingest.config import IngestRecipe  # noqa: E402
-from composer_pipeline.pairs.build import PairRecipe  # noqa: E402
-from composer_pipeline.pairs.datajuicer import NormalizeFile, NormalizeRecipe  # noqa: E402
+from composer_pipeline.pairs.config import NormalizeFile, NormalizeRecipe, PairRecipe  # noqa: E402
 from composer_pipeline.teachers.config import TeachersConfig, load_teachers  # noqa: E402
 from composer_pipeline.train.config import TrainRecipe  # noqa: E402
 
@@ -33,8 +32,8 @@ RECIPES = {
     "ingest.yaml": (IngestRecipe, IngestRecipe.load, "`ingest/config.py` `IngestRecipe.load`"),
     "teachers.yaml": (TeachersConfig, load_teachers, "`teachers/config.py` `load_teachers`"),
     "demo_teachers.yaml": (TeachersConfig, load_teachers, "the same"),
-    "pairs.yaml": (PairRecipe, PairRecipe.load, "`pairs/build.py` `PairRecipe.load`"),
-    "normalize.yaml": (NormalizeFile, NormalizeRecipe.load, "`pairs/datajuicer.py` `NormalizeRecipe.load`"),
+    "pairs.yaml": (PairRecipe, PairRecipe.load, "`pairs/config.py` `PairRecipe.load`"),
+    "normalize.yaml": (NormalizeFile, NormalizeRecipe.load, "`pairs/config.py` `NormalizeRecipe.load`"),
     "normalize_ray.yaml": (NormalizeFile, NormalizeRecipe.load, "the same (`executor_type: ray`)"),
     "train.yaml": (TrainRecipe, TrainRecipe.load, "`train/config.py` `TrainRecipe.load`"),
 }

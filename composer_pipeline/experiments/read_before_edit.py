@@ -229,8 +229,9 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
 
     from composer_pipeline import render, tables
     from composer_pipeline.ledger import Ledger
-    from composer_pipeline.pairs.build import PairRecipe, build_pairs
-    from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+    from composer_pipeline.pairs.build import build_pairs
+    from composer_pipeline.pairs.config import NormalizeRecipe, PairRecipe
+    from composer_pipeline.pairs.normalize import normalize_pairs
     from composer_pipeline.replay.report import cli_legacy_keys
     from composer_pipeline.replay.run import ReplayRun
     from composer_pipeline.store import Store
