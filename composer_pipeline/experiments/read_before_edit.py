@@ -64,8 +64,7 @@ from composer_pipeline.experiments.sessions import HELDOUT_SEED, ingest_sessions
 from composer_pipeline.experiments.sft import supervise_on_agent_actions
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.train.config import LoraSection, TrainRecipe, Weights
-from composer_pipeline.train.hints import HintTemplates
+from composer_pipeline.train.config import HintTemplates, LoraSection, TrainRecipe, Weights
 from composer_pipeline.train.modeling import load_policy, resolve_model_path
 
 

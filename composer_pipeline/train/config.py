@@ -22,7 +22,6 @@ from composer_pipeline import settings
 from composer_pipeline.settings import setting
 from composer_pipeline.train import distributed
 from composer_pipeline.train.diloco_config import DiLoCoSection
-from composer_pipeline.train.hints import HintTemplates
 
 
 @dataclass
@@ -77,6 +76,27 @@ class EOPDSection:
         "the paper's exact gate could not be read here)",
     )
     forward_weight: float = setting(1.0, help="weight of the forward KL(teacher‖student) at gated tokens")
+
+
+@dataclass(frozen=True)
+class HintTemplates:
+    """The ``sdpo.hint`` section of ``recipes/train.yaml``."""
+
+    with_consensus: str = setting(
+        "Hint: the step `{agent}` failed with: {error}\nA better next step: {consensus}",
+        help="hint when teachers agreed on a different step",
+    )
+    without_consensus: str = setting(
+        "Hint: the step `{agent}` failed with: {error}\nTake a different next step.",
+        help="hint when there is no teacher consensus",
+    )
+    role: str = setting("user", help="role of the hint message inserted before the generation point")
+    max_error_chars: int = setting(300, help="the error text is clipped to this many characters")
+    max_action_chars: int = setting(200, help="actions in the hint are clipped to this many characters")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> HintTemplates:
+        return settings.from_dict(cls, d, "train recipe", "sdpo.hint")
 
 
 @dataclass
