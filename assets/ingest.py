@@ -19,10 +19,10 @@ from assets.layout import GROUP, stage
 from assets.metadata import counts, preview
 from assets.partitions import session_check, session_keymap, sessions_partitions
 from composer_pipeline import tables
+from composer_pipeline.ingest.config import IngestRecipe
 from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
 from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
 from composer_pipeline.ingest.pipeline import ingest_session
-from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.ingest.remote import is_remote, local_root
 from composer_pipeline.render import record_payload
 from composer_pipeline.scrub import Scrubber

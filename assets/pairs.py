@@ -19,8 +19,9 @@ from assets.metadata import counts, preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.ids import with_partition_key
-from composer_pipeline.pairs.build import PairRecipe, agreement_label, build_pairs
-from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+from composer_pipeline.pairs.build import agreement_label, build_pairs
+from composer_pipeline.pairs.config import NormalizeRecipe, PairRecipe
+from composer_pipeline.pairs.normalize import normalize_pairs
 from composer_pipeline.show import pair_views, render_markdown
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource

@@ -27,7 +27,7 @@ from assets.layout import GROUP, stage
 from assets.metadata import preview
 from assets.partitions import session_check, sessions_partitions
 from composer_pipeline import tables
-from composer_pipeline.pairs.build import PairRecipe
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.replay.front import ReplayFront, load_prepared, plan_summary, prepared_path, save_prepared
 from composer_pipeline.replay.plan import check_plan
 from composer_pipeline.show import render_markdown, state_views

@@ -33,7 +33,8 @@ import pyarrow.parquet as pq
 
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.ledger.billing import usage_by_run
-from composer_pipeline.pairs.build import PairRecipe, build_pairs
+from composer_pipeline.pairs.build import build_pairs
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.replay.run import ReplayRun
 from composer_pipeline.teachers.cache import ResponseCache

@@ -34,7 +34,8 @@ import pyarrow as pa
 from composer_pipeline.actions import Action
 from composer_pipeline.ingest.pipeline import ingest_paths
 from composer_pipeline.ledger import Ledger
-from composer_pipeline.pairs.build import PairRecipe, build_pairs
+from composer_pipeline.pairs.build import build_pairs
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.replay.front import ReplayFront, plan_summary
 from composer_pipeline.teachers.cache import ResponseCache

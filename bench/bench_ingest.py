@@ -402,8 +402,8 @@ def fingerprint() -> dict:
 
     import orjson
 
+    from composer_pipeline.ingest.config import IngestRecipe
     from composer_pipeline.ingest.pipeline import ingest_paths
-    from composer_pipeline.ingest.recipe import IngestRecipe
 
     roots = [TRACES, REPO / "composer_pipeline" / "samples" / "projects"]
     out = {}

@@ -28,7 +28,8 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, normalize_pairs  # noqa: E402
+from composer_pipeline.pairs.config import NormalizeRecipe  # noqa: E402
+from composer_pipeline.pairs.normalize import data_juicer_guard, normalize_pairs  # noqa: E402
 from tests.support.default_executor import default_executor_survivors  # noqa: E402
 from tests.support.synthetic_pairs import synthetic_pairs  # noqa: E402
 

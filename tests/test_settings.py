@@ -19,9 +19,8 @@ if str(REPO) not in sys.path:  # run as a script to regenerate the docs
 from assets.settings import PipelineFile, load_settings  # noqa: E402
 from composer_pipeline import settings  # noqa: E402
 from composer_pipeline.experiments.read_before_edit.config import ExperimentConfig, load_config  # noqa: E402
-from composer_pipeline.ingest.recipe import IngestRecipe  # noqa: E402
-from composer_pipeline.pairs.build import PairRecipe  # noqa: E402
-from composer_pipeline.pairs.datajuicer import NormalizeFile, NormalizeRecipe  # noqa: E402
+from composer_pipeline.ingest.config import IngestRecipe  # noqa: E402
+from composer_pipeline.pairs.config import NormalizeFile, NormalizeRecipe, PairRecipe  # noqa: E402
 from composer_pipeline.teachers.config import TeachersConfig, load_teachers  # noqa: E402
 from composer_pipeline.train.config import TrainRecipe  # noqa: E402
 
@@ -31,11 +30,11 @@ DOC = REPO / "docs" / "SETTINGS.md"
 RECIPES = {
     "pipeline.yaml": (PipelineFile, load_settings, "`assets/settings.py` `load_settings` (Dagster layer)"),
     "cluster.yaml": (PipelineFile, load_settings, "the same, as `COMPOSER_PIPELINE_RECIPE` (docs/SCALING.md)"),
-    "ingest.yaml": (IngestRecipe, IngestRecipe.load, "`ingest/recipe.py` `IngestRecipe.load`"),
+    "ingest.yaml": (IngestRecipe, IngestRecipe.load, "`ingest/config.py` `IngestRecipe.load`"),
     "teachers.yaml": (TeachersConfig, load_teachers, "`teachers/config.py` `load_teachers`"),
     "demo_teachers.yaml": (TeachersConfig, load_teachers, "the same"),
-    "pairs.yaml": (PairRecipe, PairRecipe.load, "`pairs/build.py` `PairRecipe.load`"),
-    "normalize.yaml": (NormalizeFile, NormalizeRecipe.load, "`pairs/datajuicer.py` `NormalizeRecipe.load`"),
+    "pairs.yaml": (PairRecipe, PairRecipe.load, "`pairs/config.py` `PairRecipe.load`"),
+    "normalize.yaml": (NormalizeFile, NormalizeRecipe.load, "`pairs/config.py` `NormalizeRecipe.load`"),
     "normalize_ray.yaml": (NormalizeFile, NormalizeRecipe.load, "the same (`executor_type: ray`)"),
     "train.yaml": (TrainRecipe, TrainRecipe.load, "`train/config.py` `TrainRecipe.load`"),
 }

@@ -110,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
     import contextlib
 
     choose_arrow_allocator()
+    from composer_pipeline.ingest.config import IngestRecipe
     from composer_pipeline.ingest.pipeline import TABLES, SessionIngester
-    from composer_pipeline.ingest.recipe import IngestRecipe
 
     recipe = IngestRecipe.load(args.recipe)
     ingester = SessionIngester(recipe, args.engine, args.source)

@@ -47,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from loguru import logger
 
     from composer_pipeline import tables
-    from composer_pipeline.pairs.build import PairRecipe, build_pairs
-    from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+    from composer_pipeline.pairs.build import build_pairs
+    from composer_pipeline.pairs.config import NormalizeRecipe, PairRecipe
+    from composer_pipeline.pairs.normalize import normalize_pairs
     from composer_pipeline.store import Store
     from composer_pipeline.teachers.config import load_teachers
 

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_pipeline import render, tables
     from composer_pipeline.home import default_cache_dir
     from composer_pipeline.ledger import open_ledger
-    from composer_pipeline.pairs.build import PairRecipe
+    from composer_pipeline.pairs.config import PairRecipe
     from composer_pipeline.replay.front import ReplayFront, plan_summary
     from composer_pipeline.replay.preflight import PreflightError, check_writable
     from composer_pipeline.replay.report import cli_legacy_keys

@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from composer_pipeline.ingest.recipe import IngestRecipe
+    from composer_pipeline.ingest.config import IngestRecipe
     from composer_pipeline.ingest.remote import DEFAULT_TRACE_ROOTS, push
 
     recipe = IngestRecipe.load(args.recipe)

@@ -39,7 +39,8 @@ from pathlib import Path
 from composer_pipeline.actions import Action, ToolCall
 from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
 from composer_pipeline.tiny_model import build_tiny_model
-from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
+from composer_pipeline.train.config import HintTemplates
+from composer_pipeline.train.hints import build_hint, with_hint
 from composer_pipeline.train.modeling import load_policy
 
 

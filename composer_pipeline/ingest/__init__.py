@@ -5,5 +5,5 @@ parsed, ``parser`` turns lines into records (quarantining what cannot be parsed)
 builds streams and one state per assistant API response: together the Python engine, the readable
 reference. ``native`` (C++ in ``csrc/``) is the compiled engine, its rule-for-rule twin, used where
 built. ``pipeline`` ties them together per session (``SessionIngester`` / ``ingest_session`` /
-``ingest_paths``), ``recipe`` holds the knobs of recipes/ingest.yaml.
+``ingest_paths``), ``config`` holds the knobs of recipes/ingest.yaml.
 """

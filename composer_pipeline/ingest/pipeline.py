@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.ingest import codex, native
+from composer_pipeline.ingest.config import ENGINES, SOURCES, IngestRecipe
 from composer_pipeline.ingest.discover import SessionFiles, discover_sessions
 from composer_pipeline.ingest.parser import (
     ParsedFile,
@@ -41,7 +42,6 @@ from composer_pipeline.ingest.parser import (
     parse_buffer,
     read_session_file,
 )
-from composer_pipeline.ingest.recipe import ENGINES, SOURCES, IngestRecipe
 from composer_pipeline.ingest.states import agent_stream_meta, build_session
 from composer_pipeline.scrub import Scrubber, apply_splices
 

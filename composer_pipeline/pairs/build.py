@@ -38,18 +38,17 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
-from composer_pipeline import render, settings, tables
+from composer_pipeline import render, tables
 from composer_pipeline.actions import Action
 from composer_pipeline.ids import partition_keys
+from composer_pipeline.pairs.config import PairRecipe, SignatureRules
 from composer_pipeline.pairs.signature import (
     Group,
-    SignatureRules,
     action_signature,
     group_actions,
     markup_tags,
@@ -58,84 +57,6 @@ from composer_pipeline.pairs.signature import (
     text_similarity,
 )
 from composer_pipeline.render import flatten_content
-from composer_pipeline.settings import setting
-
-DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pairs.yaml"
-
-
-@dataclass(frozen=True)
-class PairRecipe:
-    """``recipes/pairs.yaml``: what counts as agreement, which answers are no vote, signature rules."""
-
-    agreement_threshold: int = setting(
-        2, help="cross_model: at least this many distinct models must share one decision"
-    )
-    min_agreement_score: float = setting(
-        0.5,
-        help="... and be at least this share of the models that answered (self_consistency: of its samples), in [0, 1]",
-    )
-    min_teachers: int = setting(2, help="states with fewer answered teacher entries give no row (counted in stats)")
-    allow_ties: bool = setting(False, help="2-vs-2 splits: skip (false) or take the first group by signature (true)")
-    allow_self_consistency: bool = setting(
-        True, help="no cross-model agreement: accept samples of one model agreeing (labelled self_consistency)"
-    )
-    self_consistency_threshold: int = setting(2, help="... at least this many of its samples must share the decision")
-    require_offered_tools: bool = setting(
-        True, help="no vote: a call to a tool neither offered in the prompt nor listed under signature.key_arguments"
-    )
-    require_key_arguments: bool = setting(
-        True, help="no vote: a call without its tool's key arguments (e.g. Bash without `command`)"
-    )
-    reject_prompt_echo: bool = setting(
-        True,
-        help="no vote: a text answer that repeats the last user message or tool result (text_similarity_threshold)",
-    )
-    keep_error_states: bool = setting(True, help="also pair states whose action was followed by a tool error")
-    drop_parroting_chosen: bool = setting(
-        True,
-        help="drop (to dropped_pairs, with the reason) a pair whose chosen text holds prompt markup "
-        "(signature.echo_markup_tags) or repeats a user message or tool result of its prompt (text_similarity_threshold)",
-    )
-    drop_repeating_chosen: bool = setting(
-        True,
-        help="drop (to dropped_pairs, with the reason) a pair whose chosen side repeats the last tool call of its "
-        "prompt word for word (same tools, same arguments, only tool results since): it teaches repetition. Running "
-        "the tests again after an edit is no such repeat (the last call is the edit)",
-    )
-    teacher_preference: tuple[str, ...] = setting(
-        (), help="whose answer represents the consensus, first match wins (then by name)"
-    )
-    signature: SignatureRules = setting(factory=SignatureRules, help="what makes two actions the same decision")
-    drop_fitted_answers: bool = setting(
-        False,
-        help="no vote: an answer to a prefix fitted into the teacher's window (messages elided or cut; teacher_replays.elided_messages/cut_messages)",
-    )
-
-    def __post_init__(self) -> None:
-        for k in ("agreement_threshold", "min_teachers", "self_consistency_threshold"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-        if not 0.0 <= self.min_agreement_score <= 1.0:
-            raise ValueError(f"min_agreement_score must be in [0, 1], got {self.min_agreement_score}")
-
-    @property
-    def min_votes(self) -> int:
-        """The fewest answers any kind of consensus can come from."""
-        if self.allow_self_consistency:
-            return min(self.agreement_threshold, self.self_consistency_threshold)
-        return self.agreement_threshold
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> PairRecipe:
-        return settings.from_dict(cls, d, "pairs recipe")
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> PairRecipe:
-        """Read ``recipes/pairs.yaml`` (or ``path``); ``None`` means the packaged default."""
-        p = Path(path) if path else DEFAULT_RECIPE
-        if path is None and not p.is_file():
-            return cls()
-        return settings.load(cls, p, "pairs recipe")
 
 
 @dataclass

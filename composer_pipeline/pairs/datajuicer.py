@@ -1,9 +1,10 @@
 """data-juicer at arm's length, shared by both executors (normalize.py in-process, normalize_ray.py on Ray).
 
-The recipe (:class:`NormalizeRecipe`, ``recipes/normalize.yaml``), the guard every data-juicer call
-runs inside (:func:`data_juicer_guard`: no run-time installs, stdout/stderr and loguru restored), the
-text each op reads (:func:`texts_for`, :func:`pair_text_column`) and the result both return
-(:func:`build_result`: kept rows, dropped rows with op, reason and stats).
+The guard every data-juicer call runs inside (:func:`data_juicer_guard`: no run-time installs,
+stdout/stderr and loguru restored), the text each op reads (:func:`texts_for`, :func:`pair_text_column`)
+and the result both return (:func:`build_result`: kept rows, dropped rows with op, reason and stats).
+The recipe they run (:class:`~composer_pipeline.pairs.config.NormalizeRecipe`, ``recipes/normalize.yaml``)
+is in ``config.py``.
 """
 
 from __future__ import annotations
@@ -14,105 +15,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import pyarrow as pa
 
-from composer_pipeline import settings, tables
-from composer_pipeline.settings import setting
+from composer_pipeline import tables
 
-DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "normalize.yaml"
-DERIVED_KEYS = ("pair_text",)  # computed here: prompt + chosen_text + rejected_text
 _GUARD_LOCK = threading.RLock()  # the guard patches process-wide state: one holder at a time
-
-
-@dataclass(frozen=True)
-class NormalizeFile:
-    """``recipes/normalize.yaml`` as written: a data-juicer recipe (its own key names, so the same file
-    also configures data-juicer's RayExecutor); :class:`NormalizeRecipe` is what the stage runs."""
-
-    project_name: str | None = setting(
-        None, help="data-juicer's project name (kept so the file stays a data-juicer recipe; not read)"
-    )
-    text_keys: str | list[str] = setting(
-        "chosen_text", help="default text_key of an op that names none (a list: its first)"
-    )
-    np: int = setting(1, help="data-juicer's worker count (not read: composer-pipeline never starts worker pools)")
-    skip_op_error: bool = setting(False, help="must be false: true would let data-juicer silently drop whole batches")
-    executor_type: Literal["default", "ray"] = setting(
-        "default", help="default: data-juicer ops in-process; ray: data-juicer's RayExecutor (normalize_ray.py)"
-    )
-    ray_address: str | None = setting(
-        None, help="executor_type ray: local (in-process Ray), auto (this node's cluster) or ray://head:10001"
-    )
-    work_dir: str | None = setting(
-        None, help="executor_type ray: scratch JSONL handed to Ray (every Ray node must read it)"
-    )
-    process: list[Any] = setting(
-        factory=list, help="ordered data-juicer ops, each {op_name: {args}} (text_key: a pair column)"
-    )
-
-
-@dataclass(frozen=True)
-class NormalizeRecipe:
-    """A data-juicer recipe: ordered ``process`` ops, each with its ``text_key``."""
-
-    process: tuple[tuple[str, dict[str, Any]], ...]
-    default_text_key: str = "chosen_text"
-    path: str | None = None
-    # recipe ``executor_type``: ``default`` = the in-process path below; ``ray`` = data-juicer's
-    # RayExecutor (normalize_ray.py) at ``ray_address``, scratch JSONL under ``work_dir``
-    executor: str = "default"
-    ray_address: str | None = None
-    ray_work_dir: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], path: str | None = None) -> NormalizeRecipe:
-        f = settings.from_dict(NormalizeFile, d, path or "normalize recipe")
-        if f.skip_op_error:
-            raise ValueError(
-                "normalize recipe: skip_op_error: true would let data-juicer silently drop whole batches; "
-                "set it to false (failing rows are dropped one by one with their reason)"
-            )
-        tk = f.text_keys
-        default_key = tk[0] if isinstance(tk, list) else str(tk)
-        ops: list[tuple[str, dict[str, Any]]] = []
-        for i, item in enumerate(f.process):
-            if isinstance(item, str):
-                item = {item: {}}
-            if not isinstance(item, dict) or len(item) != 1:
-                raise ValueError(f"normalize recipe: process[{i}] must be {{op_name: {{args}}}}")
-            ((name, args),) = item.items()
-            args = dict(args or {})
-            if args.get("skip_op_error"):
-                raise ValueError(f"normalize recipe: process[{i}] {name}: skip_op_error must be false")
-            args.setdefault("text_key", default_key)
-            ops.append((str(name), args))
-        if not ops:
-            raise ValueError("normalize recipe: empty process list")
-        allowed = set(tables.DPO_PAIRS.names) | set(DERIVED_KEYS)
-        for name, args in ops:
-            if args["text_key"] not in allowed:
-                raise ValueError(f"normalize recipe: {name}: text_key {args['text_key']!r} is not a pair column")
-        executor = f.executor_type
-        return cls(
-            process=tuple(ops),
-            default_text_key=default_key,
-            path=path,
-            executor=executor,
-            ray_address=f.ray_address,
-            ray_work_dir=f.work_dir if executor == "ray" else None,
-        )
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> NormalizeRecipe:
-        p = Path(path) if path else DEFAULT_RECIPE
-        return cls.from_dict(settings.read_yaml(p, "normalize recipe"), path=str(p))
-
-    def text_keys(self) -> list[str]:
-        return sorted({a["text_key"] for _, a in self.process})
 
 
 @dataclass

@@ -42,11 +42,9 @@ import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.ids import with_partition_key
-from composer_pipeline.pairs.datajuicer import (  # noqa: F401  (the recipe and result live there, for both executors)
-    DEFAULT_RECIPE,
-    DERIVED_KEYS,
+from composer_pipeline.pairs.config import NormalizeRecipe
+from composer_pipeline.pairs.datajuicer import (  # noqa: F401  (the result lives there, for both executors)
     AutoInstallBlocked,
-    NormalizeRecipe,
     NormalizeResult,
     build_result,
     data_juicer_guard,

@@ -34,8 +34,8 @@ import yaml
 
 from composer_pipeline import tables
 from composer_pipeline.ids import with_partition_key
+from composer_pipeline.pairs.config import NormalizeRecipe
 from composer_pipeline.pairs.datajuicer import (
-    NormalizeRecipe,
     NormalizeResult,
     build_result,
     data_juicer_guard,

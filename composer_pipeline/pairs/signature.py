@@ -34,86 +34,13 @@ from typing import Any
 
 import orjson
 
-from composer_pipeline import settings
 from composer_pipeline.actions import Action, ToolCall
-from composer_pipeline.settings import setting
+from composer_pipeline.pairs.config import SignatureRules
 
 _WS = re.compile(r"\s+")
 _WORD = re.compile(r"\w+", re.U)
 _TAG = re.compile(r"</?([A-Za-z][\w-]*)(?:\s[^<>]*)?/?>")
 _TOKEN = re.compile(r"[\w./\-]+", re.U)
-
-# Claude Code's markup around what the user or the harness typed (slash commands, local command
-# output, reminders): text a model reads in its prompt and has no reason to write
-DEFAULT_ECHO_MARKUP: tuple[str, ...] = (
-    "command-name",
-    "command-message",
-    "command-args",
-    "command-contents",
-    "local-command-stdout",
-    "local-command-stderr",
-    "local-command-caveat",
-    "bash-input",
-    "bash-stdout",
-    "bash-stderr",
-    "system-reminder",
-    "user-prompt-submit-hook",
-)
-
-DEFAULT_KEY_ARGUMENTS: dict[str, list[str]] = {
-    "Read": ["file_path"],
-    "Write": ["file_path"],
-    "Edit": ["file_path"],
-    "MultiEdit": ["file_path"],
-    "NotebookEdit": ["notebook_path"],
-    "Glob": ["pattern", "path"],
-    "Grep": ["pattern", "path"],
-    "LS": ["path"],
-    "Bash": ["command"],
-    "WebFetch": ["url"],
-    "WebSearch": ["query"],
-    "Task": ["subagent_type", "description"],
-    "Agent": ["subagent_type", "description"],
-    "TodoWrite": [],
-}
-
-
-@dataclass(frozen=True)
-class SignatureRules:
-    """How actions are compared (the ``signature:`` block of ``recipes/pairs.yaml``)."""
-
-    key_arguments: dict[str, list[str]] = setting(
-        factory=lambda: dict(DEFAULT_KEY_ARGUMENTS),
-        help="tool name -> the arguments that make a call the same decision; unlisted tools compare every argument",
-    )
-    path_arguments: tuple[str, ...] = setting(
-        ("file_path", "notebook_path", "path"), help="arguments compared after path normalisation (a/./b/ == a/b)"
-    )
-    command_arguments: tuple[str, ...] = setting(("command",), help="arguments compared with whitespace collapsed")
-    ignore_call_order: bool = setting(True, help="parallel calls compared as a set")
-    case_insensitive_tool_names: bool = setting(False, help="compare tool names ignoring case")
-    text_similarity_threshold: float = setting(
-        0.8,
-        help="text answers agree at word-bag Dice similarity >= this (markup of echo_markup_tags removed), in (0, 1]",
-    )
-    text_specifics_must_match: bool = setting(
-        True,
-        help="text answers agree only when they name the same numbers, paths, slash commands and identifiers "
-        "(words holding a digit, '/', '_' or an inner '.')",
-    )
-    echo_markup_tags: tuple[str, ...] = setting(
-        DEFAULT_ECHO_MARKUP,
-        help="tags a model only reads in its prompt (slash commands, local command output): "
-        "removed before texts are compared, and a chosen answer holding one is dropped (pairs.build)",
-    )
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.text_similarity_threshold <= 1.0:
-            raise ValueError(f"text_similarity_threshold must be in (0, 1], got {self.text_similarity_threshold}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> SignatureRules:
-        return settings.from_dict(cls, d, "pairs recipe", "signature")
 
 
 def canonical_path(value: str) -> str:

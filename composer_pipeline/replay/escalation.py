@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_pipeline.pairs.build import PairRecipe, Voter, pair_ruled_out, voters_from_config
+from composer_pipeline.pairs.build import Voter, pair_ruled_out, voters_from_config
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.teachers.config import TeachersConfig
 
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from composer_pipeline.ledger import Ledger
 from composer_pipeline.ledger.billing import predicted_vs_billed
-from composer_pipeline.pairs.build import PairRecipe
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.replay.batch import priced_for_batch, replay_batch
 from composer_pipeline.replay.plan import CostPlan, plan_requests
 from composer_pipeline.replay.preflight import preflight

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from composer_pipeline import tables
 from composer_pipeline.ledger import AsyncLedger, ClaimLost, Ledger, ReplayInterrupted
-from composer_pipeline.pairs.build import PairRecipe
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.replay.call import (
     CallResult,
     TeacherGuard,

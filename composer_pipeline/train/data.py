@@ -40,8 +40,8 @@ from composer_pipeline.actions import Action
 from composer_pipeline.chat import prompt_text
 from composer_pipeline.render import Conversation, RenderOptions, render_state
 from composer_pipeline.store import Store
-from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.hints import HintTemplates, build_hint, with_hint
+from composer_pipeline.train.config import HintTemplates, TrainRecipe
+from composer_pipeline.train.hints import build_hint, with_hint
 from composer_pipeline.train.rewards import tool_names_of
 
 

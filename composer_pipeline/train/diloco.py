@@ -2,7 +2,7 @@
 
 In:  a Store root, a :class:`~.config.TrainRecipe` whose ``diloco`` section has ``replica_groups`` ≥ 2,
      this group's id, the torchft lighthouse address, ``out_dir``.
-Out: :func:`train_group` runs :func:`.run.train` on the group's shard (:func:`.diloco_config.shard`) with
+Out: :func:`train_group` runs :func:`.run.train` on the group's shard (:func:`.distributed.shard`) with
      torchft's ``DiLoCo`` wrapped around the trainer's optimizer (:class:`OuterSteps`), and returns its
      :class:`~.run.TrainResult` (the checkpoint under ``out_dir/checkpoint``); every step line gains
      ``group``, ``outer_step`` (torchft's committed syncs so far), ``replica_groups_live`` (groups in the
@@ -12,7 +12,7 @@ Out: :func:`train_group` runs :func:`.run.train` on the group's shard (:func:`.d
 The engine is torchft's (``torchft.local_sgd.DiLoCo``, ``Manager``, ``ProcessGroupGloo`` on CPU / NCCL on
 CUDA): every H inner optimizer steps its post-step hook asks the lighthouse for a quorum of the live
 groups, all-reduces the pseudo-gradients ``θ_before − θ_after`` (mean over the quorum) and steps the
-outer optimizer (:func:`outer_optimizer`, sign convention in :mod:`.diloco_config`). A group that comes
+outer optimizer (:func:`outer_optimizer`, sign convention in :class:`.config.DiLoCoSection`). A group that comes
 back after a crash is behind: the quorum tells it to heal, and it receives a live peer's state
 (parameters, inner and outer optimizer state, the global parameters, the outer step) over torchft's
 checkpoint transport before that sync, then goes on with the others.
@@ -33,8 +33,7 @@ from torchft import Manager
 from torchft.local_sgd import DiLoCo
 from transformers import TrainerCallback
 
-from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.diloco_config import DiLoCoSection
+from composer_pipeline.train.config import DiLoCoSection, TrainRecipe
 from composer_pipeline.train.diloco_manager import CountingManager, make_manager
 from composer_pipeline.train.run import train
 

@@ -1,6 +1,6 @@
 """torchft's plumbing for DiLoCo replica groups: the lighthouse and one group's Manager.
 
-In:  the recipe's :class:`~.diloco_config.DiLoCoSection`, a group id, the lighthouse address.
+In:  the recipe's :class:`~.config.DiLoCoSection`, a group id, the lighthouse address.
 Out: :func:`lighthouse_server` (a torchft lighthouse on this machine) and :func:`make_manager` (the group's
      :class:`CountingManager`: torchft's Manager, heartbeating from creation, counting all-reduced bytes).
 
@@ -18,7 +18,7 @@ from torch.distributed import TCPStore
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.coordination import LighthouseServer
 
-from composer_pipeline.train.diloco_config import DiLoCoSection
+from composer_pipeline.train.config import DiLoCoSection
 
 # how long the lighthouse still counts a silent group as alive (torchft's default is 5 s): long enough
 # that a group killed and restarted on the same machine heartbeats again before its peers give up on it;

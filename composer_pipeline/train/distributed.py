@@ -4,7 +4,8 @@ In:  the process environment that ``torchrun`` / ``accelerate launch`` set (``RA
      ``LOCAL_RANK``); the process group that accelerate opens (gloo on CPU, NCCL on CUDA).
 Out: the rank/world of this process, per-rank batch sizes, per-rank DPO shards, the reductions the
      trainer needs so that N ranks compute the same step as one process with the same global batch,
-     and a rollout sampler whose draws do not depend on how the batch is split over ranks.
+     and a rollout sampler whose draws do not depend on how the batch is split over ranks; and
+     :func:`shard`, a DiLoCo replica group's slice of the training data.
 
 What makes N ranks equal to one process (checked by ``tests/scaling/test_ddp_equivalence.py``):
 
@@ -25,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ def per_rank_rows(global_rows: int, world: int, what: str) -> int:
     if global_rows % world:
         raise ValueError(f"{what} = {global_rows} does not split over {world} ranks; make it a multiple of {world}")
     return global_rows // world
+
+
+def shard(items: list[T], group: int, groups: int) -> list[T]:
+    """Group ``group``'s share of ``items``: every ``groups``-th item from its index (disjoint, covering)."""
+    return items[group::groups]
 
 
 def shard_dpo_batches(batches: list[dict], rank: int, world: int) -> list[dict]:

@@ -15,35 +15,12 @@ Deliberately simplified: one template per case (with / without consensus), plain
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from composer_pipeline import settings
 from composer_pipeline.actions import Action
-from composer_pipeline.settings import setting
-
-
-@dataclass(frozen=True)
-class HintTemplates:
-    """The ``sdpo.hint`` section of ``recipes/train.yaml``."""
-
-    with_consensus: str = setting(
-        "Hint: the step `{agent}` failed with: {error}\nA better next step: {consensus}",
-        help="hint when teachers agreed on a different step",
-    )
-    without_consensus: str = setting(
-        "Hint: the step `{agent}` failed with: {error}\nTake a different next step.",
-        help="hint when there is no teacher consensus",
-    )
-    role: str = setting("user", help="role of the hint message inserted before the generation point")
-    max_error_chars: int = setting(300, help="the error text is clipped to this many characters")
-    max_action_chars: int = setting(200, help="actions in the hint are clipped to this many characters")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> HintTemplates:
-        return settings.from_dict(cls, d, "train recipe", "sdpo.hint")
+from composer_pipeline.train.config import HintTemplates
 
 
 def _clip(s: str, n: int) -> str:

@@ -35,7 +35,8 @@ from typing import Any
 import orjson
 
 from composer_pipeline.actions import Action, ActionParseError, parse_action_text
-from composer_pipeline.pairs.signature import SignatureRules, same_decision
+from composer_pipeline.pairs.config import SignatureRules
+from composer_pipeline.pairs.signature import same_decision
 from composer_pipeline.workspace.files import FILE_TOOLS, Workspace
 
 RewardFn = Callable[..., list[float | None]]

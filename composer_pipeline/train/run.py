@@ -29,7 +29,7 @@ from composer_pipeline.train import rewards as reward_mod
 from composer_pipeline.train.checkpoints import write_checkpoint
 from composer_pipeline.train.config import Channels, TrainRecipe, decide_channels, grpo_config
 from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
-from composer_pipeline.train.diloco_config import shard as shard_of
+from composer_pipeline.train.distributed import shard as shard_of
 from composer_pipeline.train.modeling import load_policy, lora_config, resolve_model_path
 from composer_pipeline.train.step_log import StepLog
 from composer_pipeline.train.trainer import ThreeChannelTrainer

@@ -189,8 +189,8 @@ def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_p
     teachers' consensus; the positives' rejected side is a stand-in its β-0 preference term never reads."""
     from composer_pipeline.experiments.read_before_edit.arms import ARMS, consensus_store
     from composer_pipeline.store import Store
+    from composer_pipeline.train.config import HintTemplates
     from composer_pipeline.train.data import load_train_data
-    from composer_pipeline.train.hints import HintTemplates
     from tests.support.synthetic_train import write_store
 
     src = Store(write_store(tmp_path / "train", 12, both_directions=True))

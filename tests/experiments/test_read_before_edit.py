@@ -141,7 +141,7 @@ def test_base_model_corpus_hints_name_the_step_that_follows(tmp_path):
 
     from composer_pipeline.actions import Action, ToolCall
     from composer_pipeline.experiments.pretrain import _hint_for
-    from composer_pipeline.train.hints import HintTemplates
+    from composer_pipeline.train.config import HintTemplates
 
     t = HintTemplates()
     rng = random.Random(0)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from composer_pipeline.ingest.config import IngestRecipe
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.render import Conversation
 
 from .engines import ingest_checked

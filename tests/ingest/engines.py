@@ -8,9 +8,9 @@ exactly: all three tables, the per-file reports, the secret counts (in order) an
 from __future__ import annotations
 
 from composer_pipeline.ingest import native
+from composer_pipeline.ingest.config import IngestRecipe
 from composer_pipeline.ingest.discover import SessionFiles
 from composer_pipeline.ingest.pipeline import IngestResult, ingest_session
-from composer_pipeline.ingest.recipe import IngestRecipe
 
 
 def assert_same(got: IngestResult, ref: IngestResult) -> None:

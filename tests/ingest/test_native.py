@@ -24,9 +24,9 @@ import pyarrow as pa
 import pytest
 
 from composer_pipeline.ingest import native
+from composer_pipeline.ingest.config import IngestRecipe
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.pipeline import TABLES, SessionIngester, ingest_session
-from composer_pipeline.ingest.recipe import IngestRecipe
 from tests.support.sessions import Session, text, thinking, tool, uid
 
 from .damage import MODES, damage_line

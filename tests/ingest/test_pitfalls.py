@@ -6,8 +6,8 @@ import json
 
 import orjson
 
+from composer_pipeline.ingest.config import IngestRecipe
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.render import INTERRUPTED, Conversation, RenderOptions, action_of, render_state
 from tests.support.sessions import Session, text, thinking, tool, uid
 

@@ -10,8 +10,8 @@ import time
 import orjson
 import pytest
 
+from composer_pipeline.ingest.config import IngestRecipe
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.recipe import IngestRecipe
 from composer_pipeline.scrub import KINDS, Scrubber, scan
 from tests.support.sessions import Session, text, tool
 

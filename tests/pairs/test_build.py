@@ -4,7 +4,8 @@ import pytest
 
 from composer_pipeline import tables
 from composer_pipeline.actions import Action
-from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_id_for
+from composer_pipeline.pairs.build import build_pairs, pair_id_for
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.render import Conversation, RenderOptions, render_state
 
 from .conftest import BASH, DONE, EDIT, READ

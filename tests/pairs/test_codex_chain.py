@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from composer_pipeline.store import Store
+from composer_pipeline.train.config import HintTemplates
 from composer_pipeline.train.data import load_train_data
-from composer_pipeline.train.hints import HintTemplates
 from tests.ingest import codex_fixtures as fx
 from tests.support.scripted_server import ScriptedServer
 

@@ -5,12 +5,8 @@ import pyarrow as pa
 import pytest
 
 from composer_pipeline import tables
-from composer_pipeline.pairs.normalize import (
-    AutoInstallBlocked,
-    NormalizeRecipe,
-    data_juicer_guard,
-    normalize_pairs,
-)
+from composer_pipeline.pairs.config import NormalizeRecipe
+from composer_pipeline.pairs.normalize import AutoInstallBlocked, data_juicer_guard, normalize_pairs
 from tests.support.synthetic_pairs import synthetic_pairs
 
 

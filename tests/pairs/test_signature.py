@@ -1,6 +1,6 @@
 from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.pairs.config import SignatureRules
 from composer_pipeline.pairs.signature import (
-    SignatureRules,
     action_signature,
     group_actions,
     markup_tags,

@@ -13,7 +13,8 @@ import pytest
 
 from composer_pipeline.ingest.pipeline import ingest_paths
 from composer_pipeline.ledger import open_ledger
-from composer_pipeline.pairs.build import PairRecipe, build_pairs, pair_ruled_out, voters_from_config
+from composer_pipeline.pairs.build import build_pairs, pair_ruled_out, voters_from_config
+from composer_pipeline.pairs.config import PairRecipe
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.replay.front import ReplayFront, plan_summary
 from composer_pipeline.replay.prepared import dump_run, load_run

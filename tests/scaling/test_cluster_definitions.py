@@ -77,7 +77,7 @@ def test_cluster_store_is_s3_for_io_manager_and_store(cluster_defs):
 
 
 def test_cluster_normalize_recipe_selects_ray(cluster_defs):
-    from composer_pipeline.pairs.normalize import NormalizeRecipe
+    from composer_pipeline.pairs.config import NormalizeRecipe
 
     settings, _ = cluster_defs
     r = NormalizeRecipe.load(settings.recipe("normalize"))

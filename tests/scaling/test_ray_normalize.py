@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, normalize_pairs
+from composer_pipeline.pairs.config import NormalizeRecipe
+from composer_pipeline.pairs.normalize import data_juicer_guard, normalize_pairs
 from composer_pipeline.pairs.normalize_ray import load_ray_config, ray_executor_config, ray_process
 from tests.support.synthetic_pairs import synthetic_pairs
 

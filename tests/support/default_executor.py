@@ -18,7 +18,8 @@ import orjson
 import pyarrow as pa
 import yaml
 
-from composer_pipeline.pairs.normalize import NormalizeRecipe, data_juicer_guard, pair_text_column
+from composer_pipeline.pairs.config import NormalizeRecipe
+from composer_pipeline.pairs.normalize import data_juicer_guard, pair_text_column
 from composer_pipeline.settings import read_yaml
 
 

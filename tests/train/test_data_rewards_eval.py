@@ -15,9 +15,9 @@ from composer_pipeline import tables
 from composer_pipeline.actions import Action, ToolCall
 from composer_pipeline.store import Store
 from composer_pipeline.train import rewards
-from composer_pipeline.train.config import TrainRecipe
+from composer_pipeline.train.config import HintTemplates, TrainRecipe
 from composer_pipeline.train.data import interleave_error_sites, is_heldout, load_train_data
-from composer_pipeline.train.hints import HintTemplates, build_hint, error_text
+from composer_pipeline.train.hints import build_hint, error_text
 from tests.support.synthetic_train import pair_rows, write_store
 
 

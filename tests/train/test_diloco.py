@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from composer_pipeline.train.config import DiLoCoSection
 from composer_pipeline.train.diloco import wrap
-from composer_pipeline.train.diloco_config import DiLoCoSection, shard
 from composer_pipeline.train.diloco_manager import lighthouse_server, make_manager
+from composer_pipeline.train.distributed import shard
 
 
 def _run_groups(d: DiLoCoSection, models, losses, inner_lr: float, steps: int):

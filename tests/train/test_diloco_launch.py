@@ -91,7 +91,7 @@ def test_a_group_killed_after_the_first_outer_step_heals_and_rejoins(tmp_path, t
 
 def _supervise(tmp_path: Path, group_code: dict[int, str], **diloco):
     """The launcher's supervision loop over real processes that play groups (``group_code``: Python source)."""
-    from composer_pipeline.train.diloco_config import DiLoCoSection
+    from composer_pipeline.train.config import DiLoCoSection
     from composer_pipeline.train.diloco_launch import Launch
 
     d = DiLoCoSection(replica_groups=len(group_code), **diloco)

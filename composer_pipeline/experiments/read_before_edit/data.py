@@ -22,7 +22,7 @@ from composer_pipeline.experiments.rule_teacher import MODEL_PREFIX, RuleTeacher
 from composer_pipeline.experiments.sessions import HELDOUT_SEED, ingest_sessions, write_sessions
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
-from composer_pipeline.train.hints import HintTemplates
+from composer_pipeline.train.config import HintTemplates
 
 
 def _task_state_ids(store_root: Path) -> set[str]:
@@ -41,8 +41,9 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
 
     from composer_pipeline import render, tables
     from composer_pipeline.ledger import Ledger
-    from composer_pipeline.pairs.build import PairRecipe, build_pairs
-    from composer_pipeline.pairs.normalize import NormalizeRecipe, normalize_pairs
+    from composer_pipeline.pairs.build import build_pairs
+    from composer_pipeline.pairs.config import NormalizeRecipe, PairRecipe
+    from composer_pipeline.pairs.normalize import normalize_pairs
     from composer_pipeline.replay.report import cli_legacy_keys
     from composer_pipeline.replay.run import ReplayRun
     from composer_pipeline.store import Store

@@ -17,7 +17,7 @@ from typing import Any
 
 from composer_pipeline.actions import ActionParseError, parse_action_text, parse_failure
 from composer_pipeline.experiments.rule_teacher import _calls, _text, is_error_result, task_state
-from composer_pipeline.train.hints import HintTemplates
+from composer_pipeline.train.config import HintTemplates
 
 # held-out state kinds (where the latest request stands, and what the last turn was); the decisive
 # ones are those where the agents split 50/50, so a policy imitating them is at chance there
