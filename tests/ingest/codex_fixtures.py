@@ -242,6 +242,51 @@ def exec_() -> list[str]:
     return [_line(t(i), kind, payload, ordinal=i) for i, (kind, payload) in enumerate(lines)]
 
 
+def _command_item(cmd: str, code: int) -> dict:
+    """An ``item_completed`` event of a command a script ran (cli >= 0.15x)."""
+    item = {
+        "type": "CommandExecution",
+        "id": f"item-{code}",
+        "command": ["/bin/zsh", "-lc", cmd],
+        "status": "completed" if code == 0 else "failed",
+        "aggregated_output": f"output of {cmd}",
+        "exit_code": code,
+    }
+    return {"type": "item_completed", "turn_id": "turn-1", "item": item}
+
+
+def code_mode() -> list[str]:
+    """cli >= 0.15x "code mode": one ``exec`` custom call runs a script of several commands; each command's
+    exit code is only in an ``item_completed`` event between the call and its output (content items)."""
+    t = "2026-09-06T10:00:{:02d}.000Z".format
+    script = 'text(await tools.exec_command({cmd:"ls"}));\ntext(await tools.exec_command({cmd:"rg -n TODO web"}));\n'
+    lines = [
+        ("session_meta", {"id": SESSION_IDS["exec"], "cwd": "/home/dev/svc", "cli_version": "0.153.0"}),
+        ("response_item", _msg("user", "find the TODOs")),
+        ("response_item", _msg("assistant", "Listing files and searching for TODOs.")),
+        (
+            "response_item",
+            {"type": "custom_tool_call", "status": "completed", "call_id": "call_e1", "name": "exec", "input": script},
+        ),
+        ("token_usage_record", {"turn_id": "turn-1", "usage": {"input_tokens": 10, "output_tokens": 2}}),
+        ("event_msg", _command_item("ls", 0)),
+        ("event_msg", _command_item("rg -n TODO web", 2)),
+        (
+            "response_item",
+            {
+                "type": "custom_tool_call_output",
+                "call_id": "call_e1",
+                "output": [
+                    {"type": "input_text", "text": "Script completed\nOutput:\n"},
+                    {"type": "input_text", "text": "src"},
+                ],
+            },
+        ),
+        ("response_item", _msg("assistant", "There is no web folder; the search failed.")),
+    ]
+    return [_line(t(i), kind, payload, ordinal=i) for i, (kind, payload) in enumerate(lines)]
+
+
 GENERATIONS = {"early": early, "shell": shell, "exec": exec_}
 # assistant steps (text or calls) per generation: every one must become a state
 STEPS = {"early": 3, "shell": 2, "exec": 4}

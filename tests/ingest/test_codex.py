@@ -205,3 +205,15 @@ def test_a_line_type_newer_than_the_reader_is_kept_not_quarantined(tmp_path):
     res = _ingest(tmp_path)
     assert res.quarantine.num_rows == 0 and res.states.num_rows == fx.STEPS["exec"]
     assert "future_kind" in res.messages.column("record_type").to_pylist()
+
+
+def test_a_failed_command_of_a_script_call_is_an_error_site(tmp_path):
+    """Code mode (cli >= 0.15x, seen in a real 0.153.4 rollout): the script's output says nothing of exit
+    codes; the ``item_completed`` event of its second command says it exited 2. That call is an error site."""
+    fx.write(tmp_path, "exec", fx.code_mode())
+    res = _ingest(tmp_path)
+    first, last = res.states.to_pylist()
+    assert first["has_error"] and not last["has_error"]
+    (error,) = json.loads(first["error_after"])
+    assert error["tool_use_id"] == "call_e1" and error["tool_name"] == "exec"
+    assert "rg -n TODO web" in error["content"] and "exit code 2" in error["content"]
