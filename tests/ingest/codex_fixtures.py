@@ -287,6 +287,28 @@ def code_mode() -> list[str]:
     return [_line(t(i), kind, payload, ordinal=i) for i, (kind, payload) in enumerate(lines)]
 
 
+def mcp_output() -> list[str]:
+    """Early JSONL with an MCP tool call whose ``output`` is a JSON *string* of content items
+    (``[{"text": ..., "type": "text"}]``), as a real September 2025 rollout stores it."""
+    result = _j({"data": {"nextTask": {"id": "7.2", "title": "Write the scanner docs"}}})
+    items = [
+        {"id": SESSION_IDS["early"], "timestamp": "2025-09-10T18:58:38.331Z", "instructions": None},
+        {"record_type": "state"},
+        _msg("user", "What is the next task?"),
+        _msg("assistant", "Checking the task list."),
+        {
+            "type": "function_call",
+            "name": "tasks__next_task",
+            "arguments": _args({"projectRoot": "/home/dev/app"}),
+            "call_id": "call_m1",
+        },
+        {"type": "function_call_output", "call_id": "call_m1", "output": _j([{"text": result, "type": "text"}])},
+        {"record_type": "state"},
+        _msg("assistant", "Next is 7.2: write the scanner docs."),
+    ]
+    return [_j(i) for i in items]
+
+
 GENERATIONS = {"early": early, "shell": shell, "exec": exec_}
 # assistant steps (text or calls) per generation: every one must become a state
 STEPS = {"early": 3, "shell": 2, "exec": 4}

@@ -217,3 +217,16 @@ def test_a_failed_command_of_a_script_call_is_an_error_site(tmp_path):
     (error,) = json.loads(first["error_after"])
     assert error["tool_use_id"] == "call_e1" and error["tool_name"] == "exec"
     assert "rg -n TODO web" in error["content"] and "exit code 2" in error["content"]
+
+
+def test_an_mcp_output_stored_as_a_json_string_of_content_items_renders_as_its_text(tmp_path):
+    """Seen in a real early (Sep 2025) rollout: an MCP call's ``output`` is ``'[{"text": ..., "type": "text"}]'``
+    as a string. The prefix shows the tool's text, not that JSON with its escapes."""
+    fx.write(tmp_path, "early", fx.mcp_output())
+    res = _ingest(tmp_path)
+    conv = Conversation.from_table(res.messages)
+    last = res.states.to_pylist()[-1]
+    (tool,) = [m for m in render_state(conv, last).messages if m["role"] == "tool"]
+    assert tool["tool_call_id"] == "call_m1"
+    assert json.loads(tool["content"]) == {"data": {"nextTask": {"id": "7.2", "title": "Write the scanner docs"}}}
+    assert not last["has_error"]
