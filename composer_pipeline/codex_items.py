@@ -190,12 +190,29 @@ def blocks_of(obj: dict) -> list[dict] | None:
 
 
 def _compacted_blocks(payload: dict) -> list[dict]:
-    """What the agent saw after a compaction: the kept history's messages (newer cli), else the summary."""
+    """What the agent saw after a compaction: the kept history's user and assistant messages (newer cli),
+    else the summary. Each block names the kept message it came from (``kept``) and its ``role``."""
     parts: list[dict] = []
-    for item in payload.get("replacement_history") or []:
+    history = payload.get("replacement_history") or []
+    for i, item in enumerate(history):
         if isinstance(item, dict) and item.get("type") == "message" and item.get("role") in ("user", "assistant"):
-            parts += _text_parts(item.get("content"))
+            parts += [{**p, "kept": i, "role": item["role"]} for p in _text_parts(item.get("content"))]
     message = payload.get("message")
     if isinstance(message, str) and message:
-        parts.append({"type": "text", "text": message})
+        parts.append({"type": "text", "text": message, "kept": len(history), "role": "user"})
     return parts
+
+
+def kept_messages(blocks: Any) -> list[tuple[str, list[dict]]]:
+    """A compaction's blocks as the messages it kept, in order: ``(role, blocks)`` each (``[]`` for blocks
+    that are no compaction's)."""
+    out: list[tuple[str, list[dict]]] = []
+    last = None
+    for b in blocks if isinstance(blocks, list) else []:
+        if not isinstance(b, dict) or "kept" not in b:
+            return []
+        if b["kept"] != last:
+            out.append((str(b.get("role") or "user"), []))
+            last = b["kept"]
+        out[-1][1].append(b)
+    return out

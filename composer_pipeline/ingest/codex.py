@@ -31,7 +31,8 @@ command's ``item_completed`` event before the output, the only place its exit co
 ``last_token_usage``. ``event_msg`` lines repeat what response items carry and are kept for lineage only.
 
 Deliberately simplified: a compaction starts the conversation again from what it kept (its
-``replacement_history`` messages, else its summary) for either ``render.compaction`` option; the legacy
+``replacement_history`` user and assistant messages, each with its role, else its summary) for either
+``render.compaction`` option; the legacy
 single-JSON rollout (``rollout-*.json`` of the TypeScript cli) is not read.
 """
 
@@ -342,9 +343,10 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
                 cols["usage"][i] = usage
             pending_usage = []
         elif r.record_type == "user":
-            if r.subtype == "compacted":
-                n_messages = 1
-            if user_parts(r.blocks, known_calls):
+            if r.subtype == "compacted":  # the system prompt, then each kept message (as render.py makes them)
+                kept = codex_items.kept_messages(r.blocks)
+                n_messages = 1 + sum(1 for _, blocks in kept if user_parts(blocks, known_calls))
+            elif user_parts(r.blocks, known_calls):
                 n_messages += 1
         elif r.record_type == "assistant" and r.message_key not in emitted:
             emitted.add(r.message_key)

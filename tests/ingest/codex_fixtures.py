@@ -309,6 +309,38 @@ def mcp_output() -> list[str]:
     return [_j(i) for i in items]
 
 
+def kept_history() -> list[str]:
+    """A compaction that keeps the conversation's messages, as cli 0.104 Desktop writes it: the user's
+    prompts and the assistant's final answers with their roles, developer messages, an image part, and a
+    ``compaction`` item of encrypted content (``replacement_history``), then a ``context_compacted`` event."""
+    t = "2026-02-24T09:50:{:02d}.000Z".format
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    kept = [
+        _msg("user", "add a dark mode"),
+        {**_msg("assistant", "Dark mode is in: a toggle in the header."), "phase": "final_answer"},
+        _msg("developer", "<permissions instructions>sandbox: workspace-write</permissions instructions>"),
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "the toggle overlaps"}, image]},
+        {"type": "compaction", "encrypted_content": "gAAAAABcompactedsummary"},
+    ]
+    call = {"type": "function_call", "name": "exec_command", "arguments": _args({"cmd": "rg -n toggle src"})}
+    lines = [
+        ("session_meta", {"id": SESSION_IDS["exec"], "cwd": "/home/dev/web", "cli_version": "0.104.0"}),
+        ("response_item", _msg("user", "add a dark mode")),
+        ("response_item", {**_msg("assistant", "Dark mode is in: a toggle in the header."), "phase": "final_answer"}),
+        ("response_item", _msg("user", "the toggle overlaps")),
+        ("compacted", {"message": "", "replacement_history": kept}),
+        ("event_msg", {"type": "context_compacted"}),
+        ("response_item", _msg("assistant", "Looking at the header layout.")),
+        ("response_item", {**call, "call_id": "call_k1"}),
+        (
+            "response_item",
+            {"type": "function_call_output", "call_id": "call_k1", "output": _exec_output("Header.tsx:12", 0)},
+        ),
+        ("response_item", _msg("assistant", "Moved the toggle out of the title row.")),
+    ]
+    return [_line(t(i), kind, payload) for i, (kind, payload) in enumerate(lines)]
+
+
 GENERATIONS = {"early": early, "shell": shell, "exec": exec_}
 # assistant steps (text or calls) per generation: every one must become a state
 STEPS = {"early": 3, "shell": 2, "exec": 4}
