@@ -11,7 +11,8 @@ those of ``ResponseItem`` in openai/codex ``codex-rs/protocol/src/models.rs`` (r
 ``message`` (parts ``input_text`` / ``output_text`` / ``input_image``), ``reasoning`` (``summary[]``,
 optional ``content[]``; ``encrypted_content`` is unreadable and never rendered), ``function_call``
 (``arguments``: a JSON *string*), ``function_call_output`` (``output``: a string, in cli 0.3-0.4x a JSON
-string ``{"output", "metadata": {"exit_code"}}``; a failure written as ``{"content", "success": false}``;
+string ``{"output", "metadata": {"exit_code"}}``; an MCP call's result in the early JSONL a JSON string of
+content items ``[{"text", "type": "text"}]``; a failure written as ``{"content", "success": false}``;
 content items in newer versions), ``custom_tool_call`` (``input``: free text, e.g. ``apply_patch``),
 ``custom_tool_call_output``, ``local_shell_call`` (``action.command``), ``web_search_call``.
 
@@ -105,8 +106,27 @@ def _decoded_output(output: Any) -> tuple[str, int | None, bool | None]:
             meta = obj.get("metadata")
             code = meta.get("exit_code") if isinstance(meta, dict) else None
             return str(obj.get("output") or ""), code if type(code) is int else None, None
+    if output[:1] == "[":  # an MCP call's content items as a JSON string (early JSONL, 2025)
+        texts = _content_item_texts(output)
+        if texts is not None:
+            return texts, None, None
     m = _EXIT_LINE.search(output[:4096])
     return output, int(m.group(1)) if m else None, None
+
+
+def _content_item_texts(output: str) -> str | None:
+    """The text of ``'[{"text": ..., "type": "text"}, ...]'``; ``None`` when the string is not such a list."""
+    try:
+        items = orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(items, list) or not items:
+        return None
+    if not all(
+        isinstance(i, dict) and isinstance(i.get("text"), str) and i.get("type", "text") == "text" for i in items
+    ):
+        return None
+    return "\n".join(i["text"] for i in items)
 
 
 def output_text(item: dict) -> str:
@@ -174,12 +194,29 @@ def blocks_of(obj: dict) -> list[dict] | None:
 
 
 def _compacted_blocks(payload: dict) -> list[dict]:
-    """What the agent saw after a compaction: the kept history's messages (newer cli), else the summary."""
+    """What the agent saw after a compaction: the kept history's user and assistant messages (newer cli),
+    else the summary. Each block names the kept message it came from (``kept``) and its ``role``."""
     parts: list[dict] = []
-    for item in payload.get("replacement_history") or []:
+    history = payload.get("replacement_history") or []
+    for i, item in enumerate(history):
         if isinstance(item, dict) and item.get("type") == "message" and item.get("role") in ("user", "assistant"):
-            parts += _text_parts(item.get("content"))
+            parts += [{**p, "kept": i, "role": item["role"]} for p in _text_parts(item.get("content"))]
     message = payload.get("message")
     if isinstance(message, str) and message:
-        parts.append({"type": "text", "text": message})
+        parts.append({"type": "text", "text": message, "kept": len(history), "role": "user"})
     return parts
+
+
+def kept_messages(blocks: Any) -> list[tuple[str, list[dict]]]:
+    """A compaction's blocks as the messages it kept, in order: ``(role, blocks)`` each (``[]`` for blocks
+    that are no compaction's)."""
+    out: list[tuple[str, list[dict]]] = []
+    last = None
+    for b in blocks if isinstance(blocks, list) else []:
+        if not isinstance(b, dict) or "kept" not in b:
+            return []
+        if b["kept"] != last:
+            out.append((str(b.get("role") or "user"), []))
+            last = b["kept"]
+        out[-1][1].append(b)
+    return out

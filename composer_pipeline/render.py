@@ -464,6 +464,10 @@ def _render(
         elif rt == "user":
             if row.get("is_meta") or (walk.crossed and row.get("is_compact_summary")):
                 continue
+            kept = codex_items.kept_messages(row["_content"]) if row.get("subtype") == "compacted" else []
+            if kept:  # a Codex compaction: the messages it kept, each with its role
+                messages.extend(conv._once(("kept", sid, id(row)), lambda: _kept_messages(kept, s)))
+                continue
             msg = conv._once(("user", sid, id(row)), lambda: _user_message(row, s))
             if msg is not None:
                 messages.append(msg)
@@ -482,6 +486,15 @@ def _tool_message(call_id: str, res: tuple[dict, dict] | None) -> dict:
     if res is not None and res[1].get("is_error") is True:  # for Claude's tool_result (anthropic.py)
         msg["is_error"] = True
     return _scrubbed_json(msg)
+
+
+def _kept_messages(kept: list[tuple[str, list[dict]]], s: _Stream) -> list[dict]:
+    out = []
+    for role, blocks in kept:
+        parts = _egress().scrub_seams(user_parts(blocks, s.tool_uses))
+        if parts:
+            out.append(_scrubbed_json({"role": role, "content": "\n\n".join(parts)}))
+    return out
 
 
 def _user_message(row: dict, s: _Stream) -> dict | None:

@@ -25,12 +25,14 @@ custom / local-shell calls, web searches) between two inputs (a user message, a 
 compaction); parallel calls of one response are one step, so every call in a later prefix is answered
 by its output. A step with neither text nor a call (reasoning alone) is no state (counted). The prefix
 leaf is the row before the step; ``error_after`` = the step's calls whose output failed
-(``codex_items.failed``: a non-zero exit code or a failed call). ``model`` from the latest
+(``codex_items.failed``: a non-zero exit code or a failed call; in code mode, cli >= 0.15x, a failed
+command's ``item_completed`` event before the output, the only place its exit code is). ``model`` from the latest
 ``turn_context``, ``version`` = ``cli_version``, ``usage`` = the next ``token_count`` event's
 ``last_token_usage``. ``event_msg`` lines repeat what response items carry and are kept for lineage only.
 
 Deliberately simplified: a compaction starts the conversation again from what it kept (its
-``replacement_history`` messages, else its summary) for either ``render.compaction`` option; the legacy
+``replacement_history`` user and assistant messages, each with its role, else its summary) for either
+``render.compaction`` option; the legacy
 single-JSON rollout (``rollout-*.json`` of the TypeScript cli) is not read.
 """
 
@@ -322,6 +324,7 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
         for b in r.blocks or []
         if b.get("type") == "tool_result"
     }
+    failures = _command_failures(rows)
     first_step_row = {s[0].line_no: s for s in steps}
     cols: dict[str, list] = {c: [] for c in tables.TRACE_STATES.names}
     n_messages = 1  # the system prompt
@@ -339,9 +342,10 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
                 cols["usage"][i] = usage
             pending_usage = []
         elif r.record_type == "user":
-            if r.subtype == "compacted":
-                n_messages = 1
-            if user_parts(r.blocks, known_calls):
+            if r.subtype == "compacted":  # the system prompt, then each kept message (as render.py makes them)
+                kept = codex_items.kept_messages(r.blocks)
+                n_messages = 1 + sum(1 for _, blocks in kept if user_parts(blocks, known_calls))
+            elif user_parts(r.blocks, known_calls):
                 n_messages += 1
         elif r.record_type == "assistant" and r.message_key not in emitted:
             if r.message_key is None:
@@ -358,19 +362,59 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
             else:
                 out.assistant_steps += 1
                 pending_usage.append(len(cols["state_id"]))
-                _add_state(cols, step, action, outputs, session_key, stream_id, rel, meta, model, n_messages)
+                _add_state(cols, step, action, outputs, failures, session_key, stream_id, rel, meta, model, n_messages)
             n_messages += 1 + n_calls
     return cols
 
 
-def _add_state(cols, step, action: Action, outputs, session_key, stream_id, rel, meta, model, n_prefix) -> None:
+def _command_failures(rows: list[_Row]) -> dict[str, str]:
+    """Calls one of whose commands failed, as only an ``item_completed`` event says: code mode (cli >= 0.15x)
+    runs a script of commands in one ``exec`` call whose output carries no exit code. An event between a
+    call and its output belongs to that call when it is the only one waiting (else it is left unassigned)."""
+    failures: dict[str, str] = {}
+    waiting: list[str] = []
+    for r in rows:
+        if r.record_type in ("assistant", "user"):
+            for b in r.blocks or []:
+                if b.get("type") == "tool_use":
+                    waiting.append(b["id"])
+                elif b.get("type") == "tool_result" and b.get("tool_use_id") in waiting:
+                    waiting.remove(b["tool_use_id"])
+        elif r.record_type == "event_msg" and r.subtype == "item_completed" and len(waiting) == 1:
+            text = _failed_command_text(r.obj.get("payload", {}).get("item"))
+            if text is not None:
+                failures[waiting[0]] = (failures[waiting[0]] + "\n" + text) if waiting[0] in failures else text
+    return failures
+
+
+def _failed_command_text(item) -> str | None:
+    """``<command>: exit code N`` and its output, for a ``CommandExecution`` item that failed; else ``None``."""
+    if type(item) is not dict or item.get("type") != "CommandExecution":
+        return None
+    code = item.get("exit_code")
+    if not (type(code) is int and code != 0) and item.get("status") != "failed":
+        return None
+    command = item.get("command")
+    command = command[-1] if isinstance(command, list) and command else command
+    output = item.get("aggregated_output")
+    head = f"{command if isinstance(command, str) else 'a command'}: exit code {code}"
+    return f"{head}\n{output}" if isinstance(output, str) and output else head
+
+
+def _add_state(
+    cols, step, action: Action, outputs, failures, session_key, stream_id, rel, meta, model, n_prefix
+) -> None:
     key = step[0].message_key
     errors = []
     for c in action.tool_calls:
         got = outputs.get(c.id)
         if got is not None and got[1].get("is_error"):
             text = str(got[1].get("content") or "")
-            errors.append({"tool_use_id": c.id, "tool_name": c.name, "content": text[:ERROR_TEXT_CHARS]})
+        elif c.id in failures:
+            text = failures[c.id]
+        else:
+            continue
+        errors.append({"tool_use_id": c.id, "tool_name": c.name, "content": text[:ERROR_TEXT_CHARS]})
     row = {
         "state_id": state_id_of(session_key, stream_id, key),
         "session_id": meta.session_id,

@@ -242,6 +242,105 @@ def exec_() -> list[str]:
     return [_line(t(i), kind, payload, ordinal=i) for i, (kind, payload) in enumerate(lines)]
 
 
+def _command_item(cmd: str, code: int) -> dict:
+    """An ``item_completed`` event of a command a script ran (cli >= 0.15x)."""
+    item = {
+        "type": "CommandExecution",
+        "id": f"item-{code}",
+        "command": ["/bin/zsh", "-lc", cmd],
+        "status": "completed" if code == 0 else "failed",
+        "aggregated_output": f"output of {cmd}",
+        "exit_code": code,
+    }
+    return {"type": "item_completed", "turn_id": "turn-1", "item": item}
+
+
+def code_mode() -> list[str]:
+    """cli >= 0.15x "code mode": one ``exec`` custom call runs a script of several commands; each command's
+    exit code is only in an ``item_completed`` event between the call and its output (content items)."""
+    t = "2026-09-06T10:00:{:02d}.000Z".format
+    script = 'text(await tools.exec_command({cmd:"ls"}));\ntext(await tools.exec_command({cmd:"rg -n TODO web"}));\n'
+    lines = [
+        ("session_meta", {"id": SESSION_IDS["exec"], "cwd": "/home/dev/svc", "cli_version": "0.153.0"}),
+        ("response_item", _msg("user", "find the TODOs")),
+        ("response_item", _msg("assistant", "Listing files and searching for TODOs.")),
+        (
+            "response_item",
+            {"type": "custom_tool_call", "status": "completed", "call_id": "call_e1", "name": "exec", "input": script},
+        ),
+        ("token_usage_record", {"turn_id": "turn-1", "usage": {"input_tokens": 10, "output_tokens": 2}}),
+        ("event_msg", _command_item("ls", 0)),
+        ("event_msg", _command_item("rg -n TODO web", 2)),
+        (
+            "response_item",
+            {
+                "type": "custom_tool_call_output",
+                "call_id": "call_e1",
+                "output": [
+                    {"type": "input_text", "text": "Script completed\nOutput:\n"},
+                    {"type": "input_text", "text": "src"},
+                ],
+            },
+        ),
+        ("response_item", _msg("assistant", "There is no web folder; the search failed.")),
+    ]
+    return [_line(t(i), kind, payload, ordinal=i) for i, (kind, payload) in enumerate(lines)]
+
+
+def mcp_output() -> list[str]:
+    """Early JSONL with an MCP tool call whose ``output`` is a JSON *string* of content items
+    (``[{"text": ..., "type": "text"}]``), as a real September 2025 rollout stores it."""
+    result = _j({"data": {"nextTask": {"id": "7.2", "title": "Write the scanner docs"}}})
+    items = [
+        {"id": SESSION_IDS["early"], "timestamp": "2025-09-10T18:58:38.331Z", "instructions": None},
+        {"record_type": "state"},
+        _msg("user", "What is the next task?"),
+        _msg("assistant", "Checking the task list."),
+        {
+            "type": "function_call",
+            "name": "tasks__next_task",
+            "arguments": _args({"projectRoot": "/home/dev/app"}),
+            "call_id": "call_m1",
+        },
+        {"type": "function_call_output", "call_id": "call_m1", "output": _j([{"text": result, "type": "text"}])},
+        {"record_type": "state"},
+        _msg("assistant", "Next is 7.2: write the scanner docs."),
+    ]
+    return [_j(i) for i in items]
+
+
+def kept_history() -> list[str]:
+    """A compaction that keeps the conversation's messages, as cli 0.104 Desktop writes it: the user's
+    prompts and the assistant's final answers with their roles, developer messages, an image part, and a
+    ``compaction`` item of encrypted content (``replacement_history``), then a ``context_compacted`` event."""
+    t = "2026-02-24T09:50:{:02d}.000Z".format
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    kept = [
+        _msg("user", "add a dark mode"),
+        {**_msg("assistant", "Dark mode is in: a toggle in the header."), "phase": "final_answer"},
+        _msg("developer", "<permissions instructions>sandbox: workspace-write</permissions instructions>"),
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "the toggle overlaps"}, image]},
+        {"type": "compaction", "encrypted_content": "gAAAAABcompactedsummary"},
+    ]
+    call = {"type": "function_call", "name": "exec_command", "arguments": _args({"cmd": "rg -n toggle src"})}
+    lines = [
+        ("session_meta", {"id": SESSION_IDS["exec"], "cwd": "/home/dev/web", "cli_version": "0.104.0"}),
+        ("response_item", _msg("user", "add a dark mode")),
+        ("response_item", {**_msg("assistant", "Dark mode is in: a toggle in the header."), "phase": "final_answer"}),
+        ("response_item", _msg("user", "the toggle overlaps")),
+        ("compacted", {"message": "", "replacement_history": kept}),
+        ("event_msg", {"type": "context_compacted"}),
+        ("response_item", _msg("assistant", "Looking at the header layout.")),
+        ("response_item", {**call, "call_id": "call_k1"}),
+        (
+            "response_item",
+            {"type": "function_call_output", "call_id": "call_k1", "output": _exec_output("Header.tsx:12", 0)},
+        ),
+        ("response_item", _msg("assistant", "Moved the toggle out of the title row.")),
+    ]
+    return [_line(t(i), kind, payload) for i, (kind, payload) in enumerate(lines)]
+
+
 GENERATIONS = {"early": early, "shell": shell, "exec": exec_}
 # assistant steps (text or calls) per generation: every one must become a state
 STEPS = {"early": 3, "shell": 2, "exec": 4}

@@ -99,7 +99,8 @@ def test_a_compaction_restarts_the_prefix_from_what_it_kept(tmp_path):
     conv = Conversation.from_table(res.messages)
     after = res.states.to_pylist()[2]  # the publish call, after the compaction
     msgs = render_state(conv, after).messages
-    assert msgs[1]["role"] == "user" and "Summary: VERSION now says 1.5.0" in msgs[1]["content"]
+    assert [m["role"] for m in msgs[1:3]] == ["user", "assistant"]  # the kept messages, each with its role
+    assert msgs[2]["content"] == "Summary: VERSION now says 1.5.0; publishing is next."
     assert "cat VERSION" not in json.dumps(msgs)  # the compacted-away history is not in the prefix
     assert res.file_reports[0]["compactions_crossed"] == 1
 
@@ -205,3 +206,46 @@ def test_a_line_type_newer_than_the_reader_is_kept_not_quarantined(tmp_path):
     res = _ingest(tmp_path)
     assert res.quarantine.num_rows == 0 and res.states.num_rows == fx.STEPS["exec"]
     assert "future_kind" in res.messages.column("record_type").to_pylist()
+
+
+def test_a_failed_command_of_a_script_call_is_an_error_site(tmp_path):
+    """Code mode (cli >= 0.15x, seen in a real 0.153.4 rollout): the script's output says nothing of exit
+    codes; the ``item_completed`` event of its second command says it exited 2. That call is an error site."""
+    fx.write(tmp_path, "exec", fx.code_mode())
+    res = _ingest(tmp_path)
+    first, last = res.states.to_pylist()
+    assert first["has_error"] and not last["has_error"]
+    (error,) = json.loads(first["error_after"])
+    assert error["tool_use_id"] == "call_e1" and error["tool_name"] == "exec"
+    assert "rg -n TODO web" in error["content"] and "exit code 2" in error["content"]
+
+
+def test_an_mcp_output_stored_as_a_json_string_of_content_items_renders_as_its_text(tmp_path):
+    """Seen in a real early (Sep 2025) rollout: an MCP call's ``output`` is ``'[{"text": ..., "type": "text"}]'``
+    as a string. The prefix shows the tool's text, not that JSON with its escapes."""
+    fx.write(tmp_path, "early", fx.mcp_output())
+    res = _ingest(tmp_path)
+    conv = Conversation.from_table(res.messages)
+    last = res.states.to_pylist()[-1]
+    (tool,) = [m for m in render_state(conv, last).messages if m["role"] == "tool"]
+    assert tool["tool_call_id"] == "call_m1"
+    assert json.loads(tool["content"]) == {"data": {"nextTask": {"id": "7.2", "title": "Write the scanner docs"}}}
+    assert not last["has_error"]
+
+
+def test_a_compaction_keeps_each_kept_message_with_its_role(tmp_path):
+    """A real 0.104 compaction keeps 30+ messages (prompts and final answers); the prefix after it has them
+    as user and assistant messages, not one user message holding them all."""
+    fx.write(tmp_path, "exec", fx.kept_history())
+    res = _ingest(tmp_path)
+    conv = Conversation.from_table(res.messages)
+    states = res.states.to_pylist()
+    assert len(states) == 3 and res.file_reports[0]["compactions_crossed"] == 1
+    msgs = render_state(conv, states[1]).messages  # the first step after the compaction
+    assert [(m["role"], m["content"]) for m in msgs[1:]] == [
+        ("user", "add a dark mode"),
+        ("assistant", "Dark mode is in: a toggle in the header."),
+        ("user", "the toggle overlaps\n\n[image]"),
+    ]
+    for st in states:
+        assert st["n_prefix_messages"] == len(render_state(conv, st).messages)
