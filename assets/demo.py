@@ -28,7 +28,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.definitions import build_defs
-from assets.partitions import session_keymap, sessions_partitions
+from assets.partitions import SESSIONS, session_keymap
 from assets.sensors import scan_sessions
 from assets.settings import REPO_ROOT, load_settings
 from composer_pipeline.cli import CLEAR_ERRORS, report_error
@@ -129,13 +129,14 @@ def run_demo(
     from tqdm import tqdm
 
     settings = load_settings()
+    teachers_recipe = str(Path(teachers or DEMO_TEACHERS).resolve())
     settings = replace(
         settings,
         trace_roots=[str(Path(trace_root or SAMPLES).expanduser().resolve())],
         store_root=str(store)
         if store and "://" in str(store)
         else str(Path(store or settings.store_root).expanduser().resolve()),
-        recipes={**settings.recipes, "teachers": str(Path(teachers or DEMO_TEACHERS).resolve())},
+        recipes={**settings.recipes, "teachers": teachers_recipe},
         train=replace(settings.train, steps=steps if steps is not None else settings.train.steps),
     )
     defs = build_defs(settings)
@@ -147,7 +148,7 @@ def run_demo(
     keymap = session_keymap(instance, sessions)
     added = keymap.assign()  # short, readable partition keys (project/id) for sessions without one
     if added:
-        instance.add_dynamic_partitions(sessions_partitions.name, sorted(added.values()))
+        instance.add_dynamic_partitions(SESSIONS, sorted(added.values()))
     keys = sorted(keymap.partition_of[k] for k in sessions)
     echo(f"{len(keys)} sessions under {root}; store {settings.store_root}; DAGSTER_HOME {dagster_home}")
 
@@ -157,7 +158,7 @@ def run_demo(
             f"DAGSTER_HOME={dagster_home}",
             f"COMPOSER_TRACE_ROOT={root}",
             f"COMPOSER_STORE={settings.store_root}",
-            f"COMPOSER_TEACHERS_RECIPE={settings.recipes['teachers']}",
+            f"COMPOSER_TEACHERS_RECIPE={teachers_recipe}",
         ]
     )
     state_dir = Path(settings.cache_dir).resolve().parent
@@ -176,9 +177,9 @@ def run_demo(
                 report.failed[key] = _first_failure(res)
                 echo(f"session {key}: FAILED ({report.failed[key]})")
             for ev in res.get_asset_materialization_events():  # which ingest engine read the session
-                if ev.asset_key.to_user_string() == "trace_states":
+                if ev.asset_key == dg.AssetKey("trace_states"):
                     meta = ev.materialization.metadata
-                    engine = meta["ingest_engine"].value if "ingest_engine" in meta else "?"
+                    engine = str(meta["ingest_engine"].value) if "ingest_engine" in meta else "?"
                     if "python_fallback_reason" in meta:
                         engine = f"{engine} ({meta['python_fallback_reason'].value})"
                     report.ingest_engines[engine] = report.ingest_engines.get(engine, 0) + 1
@@ -203,7 +204,7 @@ def run_demo(
     st = Store(settings.store_root)
     for name in st.table_names():
         report.row_counts[name] = st.read_table(name).num_rows
-    report.teachers_recipe = settings.recipes["teachers"]
+    report.teachers_recipe = teachers_recipe
     _summarize_tables(st, report)
     if not skip_train and res.success:
         tp = res.output_for_node("trained_policy").to_pylist()[0]

@@ -20,7 +20,7 @@ from assets.metadata import counts, preview
 from assets.partitions import session_check, session_keymap, sessions_partitions
 from composer_pipeline import tables
 from composer_pipeline.ingest.config import IngestRecipe
-from composer_pipeline.ingest.discover import discover_sessions, session_fingerprint
+from composer_pipeline.ingest.discover import SessionFiles, discover_sessions, session_fingerprint
 from composer_pipeline.ingest.partition_keys import KeyMap, PartitionKeyError, is_short_key
 from composer_pipeline.ingest.pipeline import ingest_session
 from composer_pipeline.ingest.remote import is_remote, local_root
@@ -38,7 +38,7 @@ def find_session(trace_root: str | list[str], partition_key: str, instance=None)
     instance's partitions (``assets.partitions.session_keymap``), a long one (older instances) directly."""
 
     roots = [trace_root] if isinstance(trace_root, str) else trace_root
-    found = {}
+    found: dict[str, SessionFiles] = {}
     for root in roots:
         if len(roots) == 1 or is_remote(root) or Path(root).is_dir():
             for sf in discover_sessions(local_root(root)):

@@ -18,7 +18,8 @@ from composer_pipeline.ingest.partition_keys import KeyMap, project_name
 warnings.filterwarnings("ignore", message=r".*partitions_def on an AssetCheckSpec.*", category=dg.PreviewWarning)
 warnings.filterwarnings("ignore", message=r".*partitions_def.*asset_check.*", category=dg.PreviewWarning)
 
-sessions_partitions = dg.DynamicPartitionsDefinition(name="sessions")
+SESSIONS = "sessions"  # the dynamic partitions' name, one per session
+sessions_partitions = dg.DynamicPartitionsDefinition(name=SESSIONS)
 
 
 def session_check(name: str, *, asset: str, description: str, blocking: bool = False) -> dg.AssetCheckSpec:

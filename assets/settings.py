@@ -9,7 +9,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, overload
 
 from assets.deployment import DeploymentSettings
 from composer_pipeline import home, settings
@@ -21,6 +21,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "pipeline.yaml"
 
 
+@overload
+def _abs(p: str) -> str: ...
+@overload
+def _abs(p: None) -> None: ...
 def _abs(p: str | None) -> str | None:
     if p is None:
         return None
@@ -78,10 +82,14 @@ class PipelineFile:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PipelineSettings(PipelineFile):
     """What the Dagster layer uses: the same fields as :class:`PipelineFile` (declared once, there), with
     absolute paths, the environment overrides applied, and the ledger and cache defaults filled in."""
+
+    # never None here: load_settings fills in the CLI's defaults (home.py)
+    ledger_path: str
+    cache_dir: str
 
     def recipe(self, name: str) -> str | None:
         """Absolute path of a stage recipe, or None when it does not exist (stage defaults apply)."""

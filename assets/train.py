@@ -135,11 +135,12 @@ def policy_eval(
 ):
     row = trained_policy.to_pylist()[0]
     data_root = store.store().root
+    if recipes.train is None:
+        raise ValueError("policy_eval: no train recipe (recipes.train in recipes/pipeline.yaml names no file)")
     new = evaluate_policy(row["local_dir"], data_root, recipes.train)
     base = evaluate_policy(row["base_model"], data_root, recipes.train)
-    metrics = sorted(
-        k for k in {**new, **base} if isinstance(new.get(k, base.get(k)), dict) and "value" in new.get(k, base.get(k))
-    )
+    entries = {k: new.get(k, base.get(k)) for k in {**new, **base}}
+    metrics = sorted(k for k, entry in entries.items() if isinstance(entry, dict) and "value" in entry)
     value = lambda d, k: (d.get(k) or {}).get("value")  # noqa: E731
     table = pa.table(
         {
@@ -166,8 +167,9 @@ def policy_eval(
         "comparison": preview(table, ["metric", "trained", "base", "n"], n=10),
     }
     for k in metrics:
-        if value(new, k) is not None:
-            meta[f"trained_{k}"] = round(float(value(new, k)), 4)
+        trained = value(new, k)
+        if trained is not None:
+            meta[f"trained_{k}"] = round(float(trained), 4)
     parse = new.get("action_parse_rate") or {}
     if parse.get("errors"):
         meta["parse_errors"] = dg.MetadataValue.json(parse["errors"])

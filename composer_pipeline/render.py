@@ -36,7 +36,7 @@ import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 import pyarrow as pa
@@ -303,7 +303,13 @@ class Conversation:
         ]
 
 
-def prefix_path(s: _Stream, leaf: str | None, compaction: str) -> tuple[list[dict], bool]:
+class _Records(Protocol):
+    """What :func:`prefix_path` reads of a stream (this module's or ``workspace/history.py``'s)."""
+
+    by_uuid: dict[str, dict]
+
+
+def prefix_path(s: _Records, leaf: str | None, compaction: str) -> tuple[list[dict], bool]:
     """Records from the stream root to ``leaf`` along parentUuid (compaction per option); crossed?"""
     path: list[dict] = []
     seen: set[str] = set()

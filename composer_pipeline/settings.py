@@ -166,7 +166,7 @@ def _value(tp: Any, v: Any, where: str, key: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return v
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, v, where, key)
     if origin in (Union, types.UnionType):
         return _union_value(tp, v, where, key)
@@ -256,13 +256,15 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
         help_text = f.metadata.get("help")
         if not help_text:
             raise ValueError(f"{cls.__name__}.{f.name}: a setting without help text")
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.append((key, "section", "", help_text))
             out.extend(rows(tp, key + "."))
             continue
         d = _default(f)
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list and typing.get_args(tp) else None
-        if item is not None and dataclasses.is_dataclass(item):  # a list of sections: each entry's keys as `key[].name`
+        if isinstance(item, type) and dataclasses.is_dataclass(
+            item
+        ):  # a list of sections: each entry's keys as `key[].name`
             out.append(
                 (key, "list[section]", "required" if d is MISSING else "`" + _yaml_scalar(to_dict(d)) + "`", help_text)
             )

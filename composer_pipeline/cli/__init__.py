@@ -11,7 +11,7 @@ import atexit
 import os
 import sys
 import threading
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from composer_pipeline.cli import (
     demo,
@@ -29,6 +29,10 @@ from composer_pipeline.cli import (
     train,
     workspace,
 )
+
+if TYPE_CHECKING:
+    # (named for the checker only: importing the ledger costs a command that never uses it)
+    from composer_pipeline.ledger.aio import ReplayInterrupted
 
 # in the order a user runs them
 SUBCOMMANDS = [
@@ -76,6 +80,17 @@ def _loaded(module: str, name: str) -> tuple[type[BaseException], ...]:
     return (cls,) if cls is not None else ()
 
 
+def _clear_errors() -> tuple[type[BaseException], ...]:
+    """The errors a command reports in one line: :data:`CLEAR_ERRORS`, and the ledger's where it is loaded."""
+    return (*CLEAR_ERRORS, *_loaded("composer_pipeline.ledger.backends", "LedgerError"))
+
+
+def _interrupted() -> tuple[type[ReplayInterrupted], ...]:
+    """``ReplayInterrupted`` where this process has loaded the ledger's asyncio façade (as :func:`_loaded`)."""
+    cls = getattr(sys.modules.get("composer_pipeline.ledger.aio"), "ReplayInterrupted", None)
+    return (cls,) if cls is not None else ()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
@@ -83,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
     except BrokenPipeError:  # `composer-pipeline sql ... | head`
         return 0
-    except (*CLEAR_ERRORS, *_loaded("composer_pipeline.ledger.backends", "LedgerError")) as e:
+    except _clear_errors() as e:
         return report_error(args.command, e)
-    except _loaded("composer_pipeline.ledger.aio", "ReplayInterrupted") as e:  # the ledger run was closed first
+    except _interrupted() as e:  # the ledger run was closed first
         print(f"composer-pipeline {args.command}: {e}", file=sys.stderr)
         return 128 + e.signum
     except OSError as e:  # disk full, permission denied, ... : one line naming the path, not a traceback

@@ -35,6 +35,15 @@ FLUSH_ROWS = 8000  # messages per Parquet row group (bounds memory; 4000-row gro
 FLUSH_BYTES = 32 << 20  # ...or sooner, for sessions with very large lines
 
 
+class TableWriteFailed(Exception):
+    """Writing the output table ``table`` failed with ``error`` (pyarrow's write errors name no file)."""
+
+    def __init__(self, table: str, error: OSError):
+        super().__init__(table, error)
+        self.table = table
+        self.error = error
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "ingest", help="parse Claude Code sessions and Codex CLI rollouts into trace states (Parquet)"
@@ -119,11 +128,10 @@ def run(args: argparse.Namespace) -> int:
         handles, paths, out_url = _open_outputs(args.out, TABLES, stack)
         try:
             totals, secrets, files = _ingest(args, ingester, handles)
-        except OSError as e:
+        except TableWriteFailed as e:
             from composer_pipeline.store import path_error
 
-            name = getattr(e, "table", None)
-            raise (path_error(e, paths[name]) if name else e) from e
+            raise path_error(e.error, paths[e.table]) from e.error
     engine = {"engine": ingester.engine, "python_fallback_sessions": sum(ingester.fallbacks.values())}
     if ingester.fallbacks:
         engine["python_fallback_reasons"] = dict(ingester.fallbacks)
@@ -138,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _ingest(args: argparse.Namespace, ingester, handles: dict):
     """Every session of ``args.paths`` written to ``handles``; (totals, secrets, files). A failed write
-    is raised with ``.table`` set to the table being written."""
+    is raised as :class:`TableWriteFailed`, naming the table being written."""
     import gc
     from collections import Counter
 
@@ -169,8 +177,7 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
                 try:
                     writers[n].write_table(t, row_group_size=max(t.num_rows, 1))
                 except OSError as e:
-                    e.table = n
-                    raise
+                    raise TableWriteFailed(n, e) from e
         if not frozen:  # pyarrow has now imported pandas (at its first table): freeze those objects too
             gc.freeze()
             frozen = True
@@ -213,6 +220,5 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
                 writers[n].close()  # (writes the footer) the handles are closed by the caller's stack
             except OSError as e:
                 if done:  # (after an earlier error, that one is raised)
-                    e.table = n
-                    raise
+                    raise TableWriteFailed(n, e) from e
     return totals, secrets, files

@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(subparsers) -> None:
@@ -147,7 +148,7 @@ def stop_servers(state_dir: str | Path, timeout_s: float = 10.0) -> list[dict]:
 
     from composer_pipeline.teachers.server import process_alive
 
-    out = []
+    out: list[dict[str, Any]] = []
     for pid_file in sorted(Path(state_dir).glob("teacher_server-*.pid")):
         try:
             pid = int(pid_file.read_text().strip())

@@ -346,14 +346,14 @@ class Ledger(LedgerDatabase):
             expired += sorted(gone - set(expired))
             # reservations of runs that never registered (a direct Ledger.try_reserve without start_run) are covered
             # by the auto-registration in try_reserve, so every open reservation has a runs row
-            out = {"expired_runs": expired, "released": 0, "kept": 0, "claims_dropped": 0}
+            done = {"released": 0, "kept": 0, "claims_dropped": 0}
             for rid in expired:
                 got = self._finalize(
                     c, rid, "expired", "lease expired (process gone)" if rid in gone else "lease expired"
                 )
-                for k in ("released", "kept", "claims_dropped"):
-                    out[k] += got[k]
-            return out
+                for k in done:
+                    done[k] += got[k]
+            return {"expired_runs": expired, **done}
 
         return self._tx(run)
 
@@ -386,12 +386,12 @@ class Ledger(LedgerDatabase):
                 m[0] += float(amount)
                 m[1] += counted
                 m[2] += kept_n
-        for scope, key in sorted(moves):
-            opened, counted, kept_n = moves[(scope, key)]
+        for scope, name in sorted(moves):
+            opened, moved, moved_n = moves[(scope, name)]
             c.execute(
                 "UPDATE totals SET open_usd = open_usd - ?, hard_usd = hard_usd + ?, kept_usd = kept_usd + ?, "
                 "kept_calls = kept_calls + ? WHERE scope = ? AND key = ?",
-                [opened, counted, counted, kept_n, scope, key],
+                [opened, moved, moved, moved_n, scope, name],
             )
         dropped = c.execute("DELETE FROM claims WHERE run_id = ? AND state = 'inflight'", [run_id]).rowcount
         c.execute("DELETE FROM waiters WHERE run_id = ?", [run_id])
@@ -698,7 +698,8 @@ class Ledger(LedgerDatabase):
         if not row:
             return (0.0, 0.0, 0.0, 0.0, 0)
         # running sums of floats: drop the 1e-18 residue of adding and removing the same amounts
-        return (*(round(float(v), 12) for v in row[:4]), int(row[4]))  # type: ignore[return-value]
+        hard, opened, settled, kept = (round(float(v), 12) for v in row[:4])
+        return hard, opened, settled, kept, int(row[4])
 
     def spent(self, teacher: str) -> float:
         """Everything this teacher has cost or may have cost (settled + kept + in flight)."""

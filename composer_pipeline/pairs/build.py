@@ -194,11 +194,13 @@ def find_consensus(
         by_model.setdefault(v.model_key, []).append(v)
     model_groups = {m: group_actions([(v.key, v.action) for v in vs], rules) for m, vs in by_model.items()}
     vote_by_key = {v.key: v for v in votes}
-    decisions = []
+    # each model's own top group, where it has one
+    model_tops: dict[str, Group] = {}
     for m, groups in sorted(model_groups.items()):
         top = _top(groups)
         if top is not None:
-            decisions.append((m, top.representative))
+            model_tops[m] = top
+    decisions = [(m, group.representative) for m, group in model_tops.items()]
     n_models = len(by_model)
     cross = group_actions(decisions, rules)
     reason = "no_consensus"
@@ -208,9 +210,7 @@ def find_consensus(
         tied = len(cross) > 1 and len(cross[1].members) == n
         if n >= recipe.agreement_threshold and n / n_models >= recipe.min_agreement_score:
             if not tied or recipe.allow_ties:
-                teachers = [
-                    t for m in top.members for k in _top(model_groups[m]).members for t in vote_by_key[k].teachers
-                ]
+                teachers = [t for m in top.members for k in model_tops[m].members for t in vote_by_key[k].teachers]
                 return Consensus(
                     "cross_model", top.signature, top.representative, teachers, n, n / n_models, n_models, n
                 )

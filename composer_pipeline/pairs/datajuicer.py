@@ -15,12 +15,15 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
 
 from composer_pipeline import tables
+
+if TYPE_CHECKING:
+    from loguru import Logger
 
 _GUARD_LOCK = threading.RLock()  # the guard patches process-wide state: one holder at a time
 
@@ -44,21 +47,28 @@ def data_juicer_guard() -> Iterator[None]:
             yield
 
 
+def _handler_ids(logger: Logger) -> set[int]:
+    """The ids of loguru's installed handlers."""
+    # loguru has no public listing of its handlers, and its stubs do not declare the private `_core`
+    return set(logger._core.handlers)  # type: ignore[attr-defined]  # noqa: SLF001
+
+
 @contextlib.contextmanager
 def _guarded() -> Iterator[None]:
     from loguru import logger
 
     saved_out, saved_err = sys.stdout, sys.stderr
-    before = set(logger._core.handlers)  # noqa: SLF001 - loguru has no public listing
+    before = _handler_ids(logger)
     real_remove = logger.remove
 
     def _remove_only_new(handler_id=None):
         if handler_id is None:  # data-juicer's blanket logger.remove(): spare the host's handlers
-            for hid in set(logger._core.handlers) - before:  # noqa: SLF001
+            for hid in _handler_ids(logger) - before:
                 real_remove(hid)
         elif handler_id not in before:
             real_remove(handler_id)
 
+    # data-juicer's blanket remove() is contained by swapping the method for the guard's lifetime
     logger.remove = _remove_only_new  # type: ignore[method-assign]
     try:
         from data_juicer.utils.lazy_loader import LazyLoader
@@ -77,8 +87,9 @@ def _guarded() -> Iterator[None]:
         finally:
             LazyLoader._install_package = real_install
     finally:
+        # the method swapped above, put back
         logger.remove = real_remove  # type: ignore[method-assign]
-        for hid in set(logger._core.handlers) - before:  # noqa: SLF001
+        for hid in _handler_ids(logger) - before:
             real_remove(hid)
         sys.stdout, sys.stderr = saved_out, saved_err
 

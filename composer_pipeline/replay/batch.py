@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -426,8 +426,9 @@ class _Pass:
     def _settle(self, t: TeacherConfig, call: PendingCall, raw: dict[str, Any]) -> None:
         bt = batch_priced(t)
         key = self.clients[t.name].key
-        data, problem = _read_answer(orjson.dumps(raw), t, key)
-        if data is None:  # billed, but no answer: kept at its worst case
+        data = _read_answer(orjson.dumps(raw), t, key)
+        if isinstance(data, str):  # billed, but no answer: kept at its worst case
+            problem = data
             finish_call(self.ledger, call, "kept", note=problem[:300])
             self.results[call.call_id] = CallResult(
                 status="failed", reason=problem, cost_usd=call.reserved_usd, reserved_usd=call.reserved_usd, attempts=1
@@ -561,7 +562,7 @@ def _held(ledger: Ledger, states: dict[str, tuple[str, str, int, str | None]]) -
     return sorted(by_batch), held
 
 
-def batches_ended(config: TeachersConfig, api_keys: dict[str, str | None], rows: list[BatchRow]) -> dict[str, str]:
+def batches_ended(config: TeachersConfig, api_keys: Mapping[str, str | None], rows: list[BatchRow]) -> dict[str, str]:
     """batch id -> ``"ended"``, ``"running"`` or why it cannot be told now, for each of ``rows``: asked of the
     provider through :class:`BatchClient` (what a pass's collect step reads), nothing settled. A batch
     already collected has ended; one whose POST went unanswered (``recorded``) needs a pass to look for it,
@@ -622,11 +623,11 @@ def _run_pass(p: _Pass, wait: bool, sleep: Callable[[float], None]) -> None:
                 p.recover(row)
                 continue
             for cid in p.collect(row):
-                r = p.wanted.get(cid)
+                released = p.wanted.get(cid)
                 st = call_states(p.ledger, [cid]).get(cid)
-                if r is not None and st is not None and st[2] < MAX_SUBMISSIONS:
+                if released is not None and st is not None and st[2] < MAX_SUBMISSIONS:
                     del p.results[cid]
-                    again.setdefault(r.teacher.name, []).append(r)
+                    again.setdefault(released.teacher.name, []).append(released)
         for name, reqs in again.items():  # only the released calls, alone in a new batch
             p.stats["calls_resubmitted"] += len(reqs)
             p.submit(p.config.teacher(name), reqs)

@@ -361,20 +361,20 @@ def _error_reply(reply: _Reply, api_key: str | None) -> _Reply:
     return reply
 
 
-def _read_answer(raw: bytes, teacher: TeacherConfig, api_key: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(the answer as a chat completion, None) or (None, what is wrong with the 200 body)."""
+def _read_answer(raw: bytes, teacher: TeacherConfig, api_key: str | None) -> dict[str, Any] | str:
+    """The answer as a chat completion, or (a string) what is wrong with the 200 body."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         head = _scrub(raw.decode("utf-8", "replace"), api_key, 60)
-        return None, f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
+        return f"invalid_json: {len(raw)} bytes that do not parse as JSON ({head!r}...)"
     # before the cache, the ledger, the table and any log see it (the caller runs this off the event loop)
     data = _clean_answer(data, api_key)
     problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
     if teacher.api == "anthropic" and problem is None:  # the native answer, mapped to the one shape stored
         data = anthropic.to_chat_completion(data)
     problem = problem or _valid_completion(data)
-    return (None, f"bad_response: {_scrub(problem, api_key)}") if problem else (data, None)
+    return f"bad_response: {_scrub(problem, api_key)}" if problem else data
 
 
 def _claim(usage: Any) -> str:
@@ -468,10 +468,11 @@ class _Call:
         await self.ledger.mark_sent(res.id)
         reply = await _post(self.http, t, canonical_json(wire), self.headers(), self.api_key)
         if reply.status_code == 200:
-            data, problem = await asyncio.to_thread(_read_answer, reply.raw, t, self.api_key)
-            if data is not None:
+            answer = await asyncio.to_thread(_read_answer, reply.raw, t, self.api_key)
+            if isinstance(answer, dict):
                 self.guard.valid()
-                return await self.settle_answer(res.id, data, reply.latency_s, n)
+                return await self.settle_answer(res.id, answer, reply.latency_s, n)
+            problem = answer
             await self.ledger.close(res.id, "kept", note=problem[:200])
             self.out.cost_usd += self.worst
             self.guard.invalid(problem)

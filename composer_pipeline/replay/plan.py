@@ -58,7 +58,7 @@ class CostPlan:
 def plan_requests(
     requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger
 ) -> CostPlan:
-    rows = {name: [] for name in tables.COST_PLAN.names}
+    rows: dict[str, list[Any]] = {name: [] for name in tables.COST_PLAN.names}
     ledger.check_identities(config.identities(), register=False)  # a name reused for another endpoint: refused first
     in_cache = {
         r.call_id

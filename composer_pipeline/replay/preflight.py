@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -49,7 +50,7 @@ def preflight(
     api_keys: dict[str, str | None],
     *,
     teachers: set[str] | None = None,
-    writable: dict[str, str | Path] | None = None,
+    writable: Mapping[str, str | Path] | None = None,
 ) -> None:
     """Raise :class:`PreflightError` listing every problem; ``teachers`` = names that will be called (None: all)."""
     problems: list[str] = []

@@ -169,6 +169,6 @@ def load_run(data: bytes, config: TeachersConfig):
 
 def _ordered(body: dict[str, Any]) -> dict[str, Any]:
     """The body's keys in ``request_body``'s order (model, messages, params..., tools): what is sent."""
-    head = {k: body[k] for k in ("model", "messages") if k in body}
+    head: dict[str, Any] = {k: body[k] for k in ("model", "messages") if k in body}
     rest = {k: v for k, v in body.items() if k not in head and k != "tools"}
     return {**head, **rest, **({"tools": body["tools"]} if "tools" in body else {})}

@@ -300,7 +300,7 @@ def with_cache_hints(requests: list[ReplayRequest]) -> list[ReplayRequest]:
         prev: list[dict] | None = None
         for n, i in enumerate(idx):
             msgs = requests[i].body.get("messages") or []
-            hint = CacheHint(len(prev) if _extends(msgs, prev) else None, write=n < len(idx) - 1)
+            hint = CacheHint(len(prev) if prev is not None and _extends(msgs, prev) else None, write=n < len(idx) - 1)
             out[i] = dataclasses.replace(requests[i], cache_hint=hint)
             prev = msgs
     return out

@@ -267,6 +267,8 @@ class _Run:
         while True:
             claim = await self.aledger.claim(r.call_id, r.teacher.name)  # waits while another live run buys it
             if claim.state == "answered":
+                if claim.record is None:
+                    raise RuntimeError(f"the ledger's claim on {r.call_id} is answered but holds no answer")
                 self.shared += 1
                 await self.repair_cache(r.call_id, claim.record)
                 return _from_cache(claim.record, r.teacher)
@@ -369,13 +371,20 @@ async def _with_signals(coro):
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(coro)
     got: list[int] = []
-    installed: dict[int, Any] = {}  # signal -> the handler it had (Dagster's, pytest's...): put back afterwards
+    installed: dict[
+        signal.Signals, Any
+    ] = {}  # signal -> the handler it had (Dagster's, pytest's...): put back afterwards
+
+    def interrupt(sig: int) -> None:
+        # once: let finally finish
+        if not got:
+            got.append(sig)
+            task.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             previous = signal.getsignal(sig)
-            loop.add_signal_handler(
-                sig, lambda s=sig: got or (got.append(s), task.cancel())
-            )  # once: let finally finish
+            loop.add_signal_handler(sig, interrupt, sig)
             installed[sig] = previous
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (e.g. inside a Dagster step)
             pass

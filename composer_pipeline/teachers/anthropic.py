@@ -127,7 +127,7 @@ def convert_messages(
             n += 1
             tid = ids.get(str(m.get("tool_call_id")), _tool_id(m.get("tool_call_id"), n))
             content = m.get("content")
-            block = {
+            block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": tid,
                 "content": content if isinstance(content, str) and content else EMPTY_TEXT,

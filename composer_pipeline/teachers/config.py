@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -364,7 +365,7 @@ def clean_api_key(value: str | None, env_name: str) -> str | None:
     return key or None
 
 
-def clean_api_keys(config: TeachersConfig, api_keys: dict[str, str | None]) -> dict[str, str | None]:
+def clean_api_keys(config: TeachersConfig, api_keys: Mapping[str, str | None]) -> dict[str, str | None]:
     """:func:`clean_api_key` for every teacher's key (teacher name -> value)."""
     return {
         name: clean_api_key(v, next((t.api_key_env or name for t in config.teachers if t.name == name), name))

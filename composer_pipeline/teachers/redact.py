@@ -69,7 +69,8 @@ def redact_text(text: str, key: str | None) -> str:
     if len(key) < MIN_KEY_LEN or not text:
         return text
     head, rest = _patterns(key)
-    pieces, pos = [], 0
+    pieces: list[str] = []
+    pos = 0
     for m in head.finditer(text):
         if m.start() < pos:
             continue

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -237,7 +237,8 @@ class LocalModel:
         stop_strings(body)  # a malformed stop is a 400 before anything is generated
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
         max_new = max(1, min(max_new, MAX_NEW_TOKENS))
-        temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
+        asked_temperature = body.get("temperature")
+        temperature = float(asked_temperature if asked_temperature is not None else 1.0)
         memo_key = self.memo.key(self.path, body, max_new) if self.memo is not None and temperature <= 0 else None
         choices, n_prompt, n_out, how = [], 0, 0, "off"
         for i in range(n):  # greedy: the same answer n times (the memo); sampled: n draws of one stream
@@ -263,13 +264,15 @@ class LocalModel:
         memo_key: bytes | None,
         torch: Any,
     ) -> tuple[tuple[str, str, int, int], str]:
+        # (a memo key is only made where there is a memo)
+        memo = self.memo if memo_key is not None else None
         with self.lock:  # shared by the served names of these weights: an identical request waits, then hits
-            cached = self.memo.get(memo_key) if memo_key is not None else None
+            cached = memo.get(memo_key) if memo is not None and memo_key is not None else None
             if cached is not None:
                 return cached, "hit"
             cached = self._generate(body, messages, max_new, temperature, torch)
-            if memo_key is not None:
-                self.memo.put(memo_key, cached)
+            if memo is not None and memo_key is not None:
+                memo.put(memo_key, cached)
             return cached, "off" if memo_key is None else "miss"
 
     def _generate(
@@ -379,7 +382,9 @@ class _Handler(BaseHTTPRequestHandler):
         except (orjson.JSONDecodeError, ValueError) as e:
             self._error(400, f"invalid request body: {e}", "invalid_request_error")
             return
-        model = self.server.models.get(body.get("model"))
+        name = body.get("model")
+        # (a model that is not a string, a list say, is not served either: it is no dict key)
+        model = self.server.models.get(name) if isinstance(name, str) else None
         if model is None:
             self._error(
                 404, f"model {body.get('model')!r} not served; serving {sorted(self.server.models)}", "model_not_found"
@@ -419,11 +424,13 @@ class TeacherHTTPServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        if isinstance(host, bytes):
+            host = host.decode()
         return f"http://{host}:{port}/v1"
 
 
 def load_models(
-    models: dict[str, str | Path],
+    models: Mapping[str, str | Path],
     max_prompt_tokens: int = 1024,
     memo_size: int = MEMO_SIZE,
     prompt_cache_size: int = PROMPT_CACHE_SIZE,
@@ -447,7 +454,7 @@ def load_models(
 
 
 def make_server(
-    models: dict[str, str | Path],
+    models: Mapping[str, str | Path],
     host: str = "127.0.0.1",
     port: int = 0,
     *,
@@ -479,7 +486,7 @@ def _watch(
     under a generation killed its handler thread inside torch at interpreter exit (the client got a
     dropped connection, the log ``terminate called without an active exception``). When the owner is
     gone, requests in flight are still answered (up to ``OWNER_GONE_GRACE_S``) before the server stops."""
-    owner_gone_at = None
+    owner_gone_at: float | None = None
     while True:
         with srv.busy:
             busy = srv.in_flight
@@ -496,11 +503,15 @@ def _watch(
                 on_exit(f"{why}: stopping")
             srv.shutdown()
             return
-        time.sleep(1.0 if exit_with_pid or busy else min(5.0, max(0.2, idle_exit_s - idle)))
+        if idle_exit_s and not (exit_with_pid or busy):
+            # waiting on the idle limit alone: look again about when it would be reached
+            time.sleep(min(5.0, max(0.2, idle_exit_s - idle)))
+        else:
+            time.sleep(1.0)
 
 
 def serve(
-    models: dict[str, str | Path],
+    models: Mapping[str, str | Path],
     host: str = "127.0.0.1",
     port: int = 8765,
     *,
@@ -532,7 +543,7 @@ def serve(
 
 
 def start_server_thread(
-    models: dict[str, str | Path], host: str = "127.0.0.1", port: int = 0, *, max_prompt_tokens: int = 1024
+    models: Mapping[str, str | Path], host: str = "127.0.0.1", port: int = 0, *, max_prompt_tokens: int = 1024
 ) -> tuple[str, Callable[[], None]]:
     """Serve in a daemon thread; returns (base URL ending in /v1, stop function)."""
     srv = make_server(models, host, port, max_prompt_tokens=max_prompt_tokens)

@@ -42,7 +42,7 @@ from composer_pipeline.render import Conversation, RenderOptions, render_state
 from composer_pipeline.store import Store
 from composer_pipeline.train.config import HintTemplates, TrainRecipe
 from composer_pipeline.train.hints import build_hint, with_hint
-from composer_pipeline.train.rewards import tool_names_of
+from composer_pipeline.train.rewards import tool_names_in, tool_names_of
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ def _add_unpaired_states(
             state_id=st["state_id"],
             messages=rendered.messages,
             tools=tools,
-            tool_names=[(t.get("function") or t).get("name") for t in tools if isinstance(t, dict)],
+            tool_names=tool_names_in(tools),
             agent_action=st["action"],
             consensus="",
             has_error=has_error,

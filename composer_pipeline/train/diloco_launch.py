@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -61,16 +61,22 @@ class Group:
     def live(self) -> bool:
         return self.status in ("running", "rejoining")
 
+    def process(self) -> subprocess.Popen:
+        """The group's process (``Launch.start`` starts it before anything looks at it)."""
+        if self.proc is None:
+            raise RuntimeError(f"replica group {self.group} has no process: it was never started")
+        return self.proc
 
-def _copy_stderr(proc: subprocess.Popen, err: Path) -> None:
+
+def _copy_stderr(stderr: IO[str], err: Path) -> None:
     with err.open("a") as f:  # appended across restarts
-        for line in proc.stderr:
+        for line in stderr:
             f.write(line)
 
 
-def _forward_stdout(g: int, proc: subprocess.Popen, lines: queue.Queue) -> None:
-    for line in proc.stdout:
-        lines.put((g, proc.pid, line))
+def _forward_stdout(g: int, pid: int, stdout: IO[str], lines: queue.Queue) -> None:
+    for line in stdout:
+        lines.put((g, pid, line))
 
 
 class Launch:
@@ -87,12 +93,14 @@ class Launch:
     def start(self, grp: Group, must_heal: bool) -> None:
         log_dir = self.out_dir / "groups" / str(grp.group)
         log_dir.mkdir(parents=True, exist_ok=True)
-        grp.proc = subprocess.Popen(
+        proc = grp.proc = subprocess.Popen(
             self.command(grp.group, must_heal), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
         )
+        if proc.stdout is None or proc.stderr is None:
+            raise RuntimeError(f"replica group {grp.group}'s process has no stdout/stderr pipe")
         grp.readers = [
-            threading.Thread(target=_forward_stdout, args=(grp.group, grp.proc, self.lines), daemon=True),
-            threading.Thread(target=_copy_stderr, args=(grp.proc, log_dir / "stderr.log"), daemon=True),
+            threading.Thread(target=_forward_stdout, args=(grp.group, proc.pid, proc.stdout, self.lines), daemon=True),
+            threading.Thread(target=_copy_stderr, args=(proc.stderr, log_dir / "stderr.log"), daemon=True),
         ]
         for t in grp.readers:
             t.start()
@@ -139,7 +147,7 @@ class Launch:
                 self.on_step(rec)
 
     def check(self, grp: Group) -> None:
-        rc = grp.proc.poll()
+        rc = grp.process().poll()
         if rc is None:
             waited = time.monotonic() - grp.restarted_at
             if grp.status == "rejoining" and waited > self.d.rejoin_timeout_s:
@@ -160,7 +168,7 @@ class Launch:
         grp.restarts += 1
         grp.status, grp.restarted_at = "rejoining", time.monotonic()
         self.start(grp, must_heal=True)
-        self.event("restarted", grp, pid=grp.proc.pid)
+        self.event("restarted", grp, pid=grp.process().pid)
 
     def run(self, poll_s: float = 0.2) -> None:
         for grp in self.groups:
@@ -174,7 +182,7 @@ class Launch:
                         self.check(grp)
                 if any(g.status == "done" for g in self.groups):
                     for grp in self.groups:
-                        if grp.status == "rejoining" and grp.proc.poll() is None:
+                        if grp.status == "rejoining" and grp.process().poll() is None:
                             self.drop(grp, "the other groups finished before it rejoined")
                 time.sleep(poll_s)
             self.take_lines()
@@ -228,7 +236,9 @@ def launch(
     keep = out_dir / "checkpoint"
     if keep.exists():
         shutil.rmtree(keep)
-    src = [Path(g.done["checkpoint"]) for g in finished]
+    # a group is done once its done line came (Launch.check)
+    done = [g.done for g in finished if g.done is not None]
+    src = [Path(d["checkpoint"]) for d in done]
     diff = _max_weight_diff(src)
     shutil.move(str(src[0]), keep)
     for other in src[1:]:
@@ -236,7 +246,7 @@ def launch(
     summary = {
         "replica_groups": d.replica_groups,
         "inner_steps": d.inner_steps,
-        "outer_steps": min(g.done["outer_steps"] for g in finished),
+        "outer_steps": min(d["outer_steps"] for d in done),
         "outer_steps_planned": target,
         "groups_finished": [g.group for g in finished],
         "groups_lost": sum(e["event"] == "lost" for e in run.events),

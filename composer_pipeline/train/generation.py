@@ -18,7 +18,7 @@ tools fall back to TRL's own generation (whose draws then depend on the batch sp
 from __future__ import annotations
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import pad
 
@@ -27,6 +27,9 @@ from composer_pipeline.train import distributed
 
 class RowSeededRollouts(GRPOTrainer):
     """``GRPOTrainer`` whose plain rollouts sample each row from its own (seed, step, row) generator."""
+
+    # what GRPOTrainer is given (transformers.Trainer declares the base TrainingArguments)
+    args: GRPOConfig
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plain = not (
@@ -61,12 +64,16 @@ class RowSeededRollouts(GRPOTrainer):
             eos_token_id=self.eos_token_ids,
             disable_compile=True,
         )
+        checkpointing_kwargs = self.args.gradient_checkpointing_kwargs
+        if isinstance(checkpointing_kwargs, str):
+            # transformers keeps a string that is not JSON as given; the unwrapping takes keywords only
+            raise ValueError(f"gradient_checkpointing_kwargs must be a dict, got {checkpointing_kwargs!r}")
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
                 self.accelerator,
                 gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+                gradient_checkpointing_kwargs=checkpointing_kwargs,
             ) as model,
             torch.no_grad(),
         ):

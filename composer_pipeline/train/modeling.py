@@ -46,7 +46,8 @@ def load_policy(model_path: str):
         model_path, config=config, dtype=torch.bfloat16 if cuda else torch.float32
     )
     if cuda:
-        model = model.to("cuda")
+        # transformers declares `to` through functools.wraps(torch.nn.Module.to): mypy reads it unbound (self first)
+        model = model.to("cuda")  # type: ignore[arg-type]
     return tok, model
 
 

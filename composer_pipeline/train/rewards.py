@@ -148,7 +148,11 @@ def tool_names_of(tools_json: str | None) -> list[str]:
     """Names from the ``tools`` column (JSON list of OpenAI function schemas)."""
     if not tools_json:
         return []
-    tools = orjson.loads(tools_json)
+    return tool_names_in(orjson.loads(tools_json))
+
+
+def tool_names_in(tools: list[Any] | None) -> list[str]:
+    """Names of a list of OpenAI function schemas (a schema without a string name is left out)."""
     names = []
     for t in tools or ():
         fn = t.get("function", t) if isinstance(t, dict) else {}

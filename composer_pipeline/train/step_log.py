@@ -82,9 +82,9 @@ def step_record(
         if vals:
             rec[k] = sum(vals) / len(vals)
     for key in ("reward", "reward_std"):  # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
-        vals = train_metrics.get(key)
-        if vals and channels.reads_rollouts:  # else the "rollouts" are placeholders nobody sampled
-            rec[key] = vals[-1]
+        logged = train_metrics.get(key)
+        if logged and channels.reads_rollouts:  # else the "rollouts" are placeholders nobody sampled
+            rec[key] = logged[-1]
     rec["step_time_s"] = step_time
     return rec
 

@@ -82,7 +82,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
         # LoRA, where the adapters disabled are the starting policy, or when neither needs it)
         self.start_copy = start_copy.to(self.accelerator.device) if start_copy is not None else None
         self._capture = False
-        self._captured_logits = None
+        self._captured_logits: torch.Tensor | None = None
         self.pending: list[dict[str, Any]] = []
         self.batch_states: list[str] = []
         self.rank = distributed.current()
@@ -112,9 +112,10 @@ class ThreeChannelTrainer(RowSeededRollouts):
         out["has_hint"] = has_hint
         if self.channels.on("sdpo") and bool(has_hint.any()):
             texts = [h or x["prompt"] for h, x in zip(hints, inputs)]
-            ids = self.processing_class(text=texts)["input_ids"]
+            # the text tokenizer (GRPOTrainer's: the processing class, or a processor's tokenizer)
+            ids = self._tokenizer(text=texts)["input_ids"]
             width = max(len(i) for i in ids)
-            pad = self.processing_class.pad_token_id
+            pad = self._tokenizer.pad_token_id
             out["hint_ids"] = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=device)
             out["hint_mask"] = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
         return out
@@ -205,7 +206,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
     def _hint_divergence(self, student, teacher, mask):
         """The hint channel's loss, a token mean over ``mask``, by ``sdpo.divergence``."""
         r = self.recipe.sdpo
-        if r.divergence == "taid":
+        # (the TAID schedule is made exactly when sdpo.divergence is taid)
+        if self.taid is not None:
             return taid_loss(student, teacher, self.taid.t, mask)
         if r.divergence == "eopd":
             return entropy_aware_kl(

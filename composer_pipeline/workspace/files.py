@@ -607,10 +607,10 @@ class Workspace:
 
 
 def _edit_list(name: str, args: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    raw: list[Any] = [args]
     if name == "MultiEdit":
-        raw = args.get("edits") if isinstance(args.get("edits"), list) else []
-    else:
-        raw = [args]
+        edits = args.get("edits")
+        raw = edits if isinstance(edits, list) else []
     return [
         (str(e.get("old_string", "")), str(e.get("new_string", "")), bool(e.get("replace_all")))
         for e in raw

@@ -81,12 +81,14 @@ class SessionHistory:
             if u and u not in s.by_uuid:
                 s.by_uuid[u] = row
             obj = _loads(row.pop("raw"))
-            msg = obj.get("message") if isinstance(obj.get("message"), dict) else {}
-            content = msg.get("content")
+            msg = obj.get("message")
+            content = msg.get("content") if isinstance(msg, dict) else None
             if row["record_type"] == "assistant" and isinstance(content, list):
                 for b in content:
                     if isinstance(b, dict) and b.get("type") == "tool_use":
-                        args = b.get("input") if isinstance(b.get("input"), dict) else {}
+                        args = b.get("input")
+                        if not isinstance(args, dict):
+                            args = {}
                         call = Call(str(b.get("id")), str(b.get("name")), args, row["line_no"] or 0, obj.get("cwd"))
                         s.calls.setdefault(call.id, call)
                         s.calls_of.setdefault(u, []).append(call)
@@ -122,7 +124,8 @@ class SessionHistory:
             if parent is not None and parent.get("subtype") == "compact_boundary":  # the path crossed it here
                 out.append(Call(f"{COMPACTION}:{row.get('uuid')}", COMPACTION, {}, row.get("line_no") or 0, None))
                 out[-1].result = {"content": "", "is_error": None, "structured": None, "line_no": 0, "timestamp": ""}
-            for c in s.calls_of.get(row.get("uuid"), []):
+            # every row of the path is one of `by_uuid`'s, so it has a uuid
+            for c in s.calls_of.get(row["uuid"], []):
                 if c.id in seen:
                     continue
                 seen.add(c.id)
