@@ -135,8 +135,6 @@ def policy_eval(
 ):
     row = trained_policy.to_pylist()[0]
     data_root = store.store().root
-    if recipes.train is None:
-        raise ValueError("policy_eval: no train recipe (recipes.train in recipes/pipeline.yaml names no file)")
     new = evaluate_policy(row["local_dir"], data_root, recipes.train)
     base = evaluate_policy(row["base_model"], data_root, recipes.train)
     entries = {k: new.get(k, base.get(k)) for k in {**new, **base}}

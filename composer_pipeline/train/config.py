@@ -287,7 +287,11 @@ class TrainRecipe:
     )
 
     @classmethod
-    def load(cls, path: str | Path) -> TrainRecipe:
+    def load(cls, path: str | Path | None = None) -> TrainRecipe:
+        """Read a train recipe; ``None`` (pipeline.yaml names no train recipe file) means the defaults, as
+        for the ingest recipe and the training schedule."""
+        if path is None:
+            return cls()
         return settings.load(cls, path, "train recipe")
 
     @classmethod

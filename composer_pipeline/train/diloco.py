@@ -120,7 +120,7 @@ class GroupRun:
 
 def train_group(
     data_root: str,
-    recipe: TrainRecipe | str | Path,
+    recipe: TrainRecipe | str | Path | None,
     *,
     group: int,
     lighthouse: str,

@@ -277,7 +277,7 @@ def _max_weight_diff(checkpoints: list[Path]) -> float:
 
 def train(
     data_root: str,
-    recipe: TrainRecipe | str | Path,
+    recipe: TrainRecipe | str | Path | None,
     *,
     out_dir: Path,
     model: str | None = None,

@@ -61,7 +61,7 @@ class Built:
 
 def build_trainer(
     data_root: str,
-    recipe: TrainRecipe | str | Path,
+    recipe: TrainRecipe | str | Path | None,
     *,
     model: str | None = None,
     steps: int | None = None,
@@ -150,7 +150,7 @@ def build_trainer(
 
 def train(
     data_root: str,
-    recipe: TrainRecipe | str | Path,
+    recipe: TrainRecipe | str | Path | None,
     *,
     model: str | None = None,
     steps: int | None = None,

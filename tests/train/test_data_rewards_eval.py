@@ -273,3 +273,13 @@ def test_model_names_resolve_through_local_models(tmp_path, monkeypatch, tiny_mo
         resolve_model_path("local:nope")
     with pytest.raises(ValueError, match="no model"):
         resolve_model_path(None)
+
+
+def test_no_train_recipe_means_the_defaults(tiny_model_dir, synth_store, tmp_path):
+    """pipeline.yaml naming no train recipe file gives ``recipe=None`` to the trainer and to policy_eval:
+    the defaults apply, as for the ingest recipe and the schedule (it crashed on ``Path(None)`` before)."""
+    from composer_pipeline.train.run import build_trainer
+
+    assert TrainRecipe.load(None) == TrainRecipe()
+    built = build_trainer(str(synth_store), None, model=str(tiny_model_dir), steps=1, out_dir=tmp_path / "out")
+    assert built.trainer.args.max_steps == 1
