@@ -135,9 +135,11 @@ def pretrain_base(
     seed: int = 0,
     every: int = 50,
     on_step=None,
+    device: str | None = None,
 ) -> Path:
     """Train the tiny base model from scratch; returns its directory (reused when already trained
-    with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
+    with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps;
+    ``device`` as :func:`~composer_pipeline.train.modeling.load_policy` takes it."""
     import torch
 
     templates = hint_templates or HintTemplates()
@@ -179,7 +181,7 @@ def pretrain_base(
             corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS],
             path_words=True,
         )
-    tok, model = load_policy(str(work / "init"))
+    tok, model = load_policy(str(work / "init"), device)
     seqs = _windows(work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates)
     if not seqs:
         raise ValueError(f"no sessions to pretrain on under {work / 'store'}")
