@@ -208,8 +208,8 @@ def pretrain_base(
     for step in range(first, steps + 1):
         batch = [seqs[rng.randrange(len(seqs))] for _ in range(batch_size)]
         w = max(map(len, batch))
-        ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch])
-        mask = torch.tensor([[0] * (w - len(s)) + [1] * len(s) for s in batch])
+        ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch], device=model.device)
+        mask = torch.tensor([[0] * (w - len(s)) + [1] * len(s) for s in batch], device=model.device)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[
             :, :-1
         ]
