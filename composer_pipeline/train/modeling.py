@@ -5,6 +5,7 @@ tokenizer and the causal LM on the best device (CUDA bf16, else CPU fp32) or on 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from composer_pipeline.models import KNOWN, resolve_model
 
@@ -26,7 +27,7 @@ def resolve_model_path(model: str | None, out_dir: Path | None = None) -> str:
     return model
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
     """``cpu`` | ``cuda`` | ``auto`` (cuda when torch sees a CUDA device, else cpu) -> ``cpu`` or ``cuda``.
     ``cuda`` where torch sees none fails here, naming the torch build, not later inside a trainer."""
     import torch
