@@ -196,7 +196,8 @@ def merge(tgzs: list[Path], cpu: list[Path], work: Path, publish: Path | None) -
 
 
 # -- there ---------------------------------------------------------------------------------------
-def check(out: Path) -> dict:
+def check(out: Path, device: str) -> dict:
+    """Versions, the GPU, and that the experiment imports; fails when ``device`` is cuda and none is seen."""
     from importlib.metadata import version
 
     import torch
@@ -212,6 +213,8 @@ def check(out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "env.json").write_text(json.dumps(env, indent=1))
     print(json.dumps(env))
+    if device == "cuda" and not env["cuda_available"]:
+        raise SystemExit(f"torch {env['torch']} sees no CUDA device: call b would fail; stop here")
     return env
 
 
@@ -347,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     elif a.step == "merge":
         merge(a.tgz, a.cpu, a.work, a.publish)
     elif a.step == "check":
-        check(a.out)
+        check(a.out, a.device)
     elif a.step == "stage":
         stage(a.dir, a.keep)
     elif a.step == "pack":

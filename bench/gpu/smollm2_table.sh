@@ -22,6 +22,8 @@ DEVICE=${DEVICE:-cuda}
 PY=${PY:-python3}
 HERE_PY=${HERE_PY:-.venv/bin/python}
 STEPS=bench/gpu/smollm2_table.py
+# nothing is reachable there: no library should spend the call's minutes trying the hub
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 site() {  # the carried wheels, installed once per machine outside the repo
   if compgen -G "$GPU_DIR/whl/*.whl" >/dev/null && [ ! -f "$KEEP/site/.installed" ]; then
@@ -36,7 +38,7 @@ call_a() {
   mkdir -p "$KEEP" "$OUT"
   site
   "$PY" "$STEPS" stage --dir "$GPU_DIR" --keep "$KEEP"
-  "$PY" "$STEPS" check --out "$OUT"
+  "$PY" "$STEPS" check --out "$OUT" --device "$DEVICE"
 }
 
 call_b() {
