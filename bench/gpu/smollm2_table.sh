@@ -58,18 +58,26 @@ case "$step" in
   merge) "$HERE_PY" "$STEPS" merge "$@" ;;
   dry-run)
     # the device calls' flow on this CPU with the tiny model: the same shell steps, each call seeing only
-    # what it carries (b is away during call a, a during call b), then a second call b that resumes
+    # what it carries (b is away during call a, a during call b), a second call b that resumes on the warm
+    # machine, two calls on a fresh one that resume from the carried cells.tgz, then merge
     dry=${DRY_DIR:-$(mktemp -d)}
     export OMP_NUM_THREADS=1
     GPU_DIR=$dry/gpu KEEP=$dry/keep PY=$HERE_PY DEVICE=cpu LIMIT_S=${LIMIT_S:-600}
     "$HERE_PY" "$STEPS" prepare --dir "$GPU_DIR" --recipe bench/gpu/dry_run.yaml --no-wheels "$@"
-    mv "$GPU_DIR/b" "$GPU_DIR/b.later"
-    OUT=$dry/out-a call_a
-    mv "$GPU_DIR/b.later" "$GPU_DIR/b"
-    mv "$GPU_DIR/a" "$GPU_DIR/a.gone"
-    OUT=$dry/out-b call_b --cell-s 20
-    OUT=$dry/out-b2 call_b --cell-s 20
-    "$HERE_PY" "$STEPS" merge "$dry/out-b2/cells.tgz" --work "$dry/merge"
+    two_calls() {  # call a sees only .gpu/a, call b only .gpu/b, as the device tool's carry sends them
+      mv "$GPU_DIR/b" "$GPU_DIR/b.later"
+      OUT=$1 call_a
+      mv "$GPU_DIR/b.later" "$GPU_DIR/b"
+      mv "$GPU_DIR/a" "$GPU_DIR/a.gone"
+      OUT=$2 call_b --cell-s 20
+      mv "$GPU_DIR/a.gone" "$GPU_DIR/a"
+    }
+    two_calls "$dry/out-a" "$dry/out-b"
+    OUT=$dry/out-b2 call_b --cell-s 20  # the warm machine again: every cell resumes
+    # a fresh machine: nothing kept, the last cells.tgz carried back in b: every cell resumes
+    cp "$dry/out-b2/cells.tgz" "$GPU_DIR/b/cells.tgz"
+    KEEP=$dry/keep-fresh two_calls "$dry/out-a3" "$dry/out-b3"
+    "$HERE_PY" "$STEPS" merge "$dry/out-b3/cells.tgz" --work "$dry/merge"
     echo "dry run: $dry"
     ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
