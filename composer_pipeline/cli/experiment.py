@@ -96,6 +96,13 @@ def register(subparsers) -> None:
         help="the tokens the preference term sums in the dpo, dpo_shuffled and all arms (default: the recipe's "
         "dpo.preference_tokens)",
     )
+    r.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default=None,
+        help="where models train and probes generate (default cpu: fp32, as before the flag; cuda: fp32 weights "
+        "with the trainer's bf16 autocast, refused at once where torch sees no CUDA device; auto: cuda if seen)",
+    )
     r.set_defaults(func=run)
 
 
@@ -121,6 +128,7 @@ def experiment_config(args: argparse.Namespace) -> ExperimentConfig:
         "eval_every": args.eval_every,
         "preference_tokens": args.preference_tokens,
         "lora": True if args.lora else None,
+        "device": args.device,
     }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())

@@ -136,9 +136,11 @@ def pretrain_base(
     seed: int = 0,
     every: int = 50,
     on_step=None,
+    device: str | None = None,
 ) -> Path:
     """Train the tiny base model from scratch; returns its directory (reused when already trained
-    with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps."""
+    with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps;
+    ``device`` as :func:`~composer_pipeline.train.modeling.load_policy` takes it."""
     import torch
 
     templates = hint_templates or HintTemplates()
@@ -180,7 +182,7 @@ def pretrain_base(
             corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS],
             path_words=True,
         )
-    tok, model = load_policy(str(work / "init"))
+    tok, model = load_policy(str(work / "init"), device)
     seqs = _windows(work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates)
     if not seqs:
         raise ValueError(f"no sessions to pretrain on under {work / 'store'}")
@@ -207,8 +209,8 @@ def pretrain_base(
     for step in range(first, steps + 1):
         batch = [seqs[rng.randrange(len(seqs))] for _ in range(batch_size)]
         w = max(map(len, batch))
-        ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch])
-        mask = torch.tensor([[0] * (w - len(s)) + [1] * len(s) for s in batch])
+        ids = torch.tensor([[pad] * (w - len(s)) + s for s in batch], device=model.device)
+        mask = torch.tensor([[0] * (w - len(s)) + [1] * len(s) for s in batch], device=model.device)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[
             :, :-1
         ]

@@ -28,6 +28,7 @@ def supervise_on_agent_actions(
     batch_size: int = 8,
     max_prompt_tokens: int = 384,
     max_completion_tokens: int = 96,
+    device: str | None = None,
 ) -> Path:
     import torch
 
@@ -37,7 +38,7 @@ def supervise_on_agent_actions(
     if not rows:
         raise ValueError("no prompt rows to supervise on")
     torch.manual_seed(seed)
-    tok, model = load_policy(model_path)
+    tok, model = load_policy(model_path, device)
     model.train()
     eos = tok.eos_token or ""
     pad = tok.pad_token_id

@@ -82,7 +82,7 @@ def write_checkpoint(
         "model": model_path,
         "device": "cuda" if cuda else "cpu",
         "world_size": world_size,
-        "dtype": "bfloat16" if cuda else "float32",
+        "dtype": str(model.dtype).removeprefix("torch."),
         "steps": len(losses),
         "train_seconds": train_seconds,
         "mean_step_seconds": sum(r["step_time_s"] for r in losses) / max(len(losses), 1),

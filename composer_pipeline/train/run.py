@@ -68,10 +68,12 @@ def build_trainer(
     out_dir: Path,
     plain_grpo: bool = False,
     shard: tuple[int, int] | None = None,
+    device: str | None = None,
 ) -> Built:
     """Load data and model and construct the trainer (``plain_grpo``: TRL's GRPOTrainer, same
     config, data and rewards, no extra channels: the benchmark baseline; ``shard``: ``(group, groups)``,
-    train on that DiLoCo replica group's share of the prompts and pairs only)."""
+    train on that DiLoCo replica group's share of the prompts and pairs only; ``device``: None, the best
+    device, else ``cpu`` / ``cuda`` / ``auto`` as :func:`~.modeling.load_policy` takes it)."""
     from datasets import Dataset
 
     recipe = recipe if isinstance(recipe, TrainRecipe) else TrainRecipe.load(recipe)
@@ -99,8 +101,8 @@ def build_trainer(
         recipe.weights, has_error_sites=any(p.hint for p in data.prompts), has_pairs=bool(data.pairs)
     )
 
-    tok, policy = load_policy(model_path)
-    cuda = torch.cuda.is_available()
+    tok, policy = load_policy(model_path, device)
+    cuda = policy.device.type == "cuda"
     if recipe.grpo.data_order == "shuffled":
         ordered = random.Random(recipe.optim.seed).sample(data.prompts, len(data.prompts))
     else:
@@ -158,11 +160,13 @@ def train(
     on_step: Callable[[dict], None] | None = None,
     callbacks: list | None = None,
     shard: tuple[int, int] | None = None,
+    device: str | None = None,
 ) -> TrainResult:
     """Run the three-channel trainer; returns the checkpoint, metrics, per-step losses and plots.
-    ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps)."""
+    ``callbacks``: extra ``transformers.TrainerCallback``s (e.g. a held-out probe every k steps);
+    ``device``: as :func:`build_trainer` takes it."""
     out_dir = Path(out_dir)
-    built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=out_dir, shard=shard)
+    built = build_trainer(data_root, recipe, model=model, steps=steps, out_dir=out_dir, shard=shard, device=device)
     trainer, recipe, tok = built.trainer, built.recipe, built.tokenizer
 
     losses: list[dict[str, Any]] = []

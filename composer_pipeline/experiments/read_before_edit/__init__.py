@@ -40,8 +40,10 @@ The sessions are fixed; the seeds vary the start policy's fitting and every arm'
 
 One module per idea: :mod:`.config` (the settings and their presets, ``recipes/experiments/read_before_edit/``),
 :mod:`.data` (steps 1-4), :mod:`.arms` (step 6: what each arm trains, the controls' data),
-:mod:`.probe` (step 7), :mod:`.run` (the base model, start policies and resumable cells) and
-:mod:`.report` (results, table, plots).
+:mod:`.probe` (step 7), :mod:`.run` (the base model, start policies and resumable cells),
+:mod:`.report` (results, table, plots) and :mod:`.merge` (run directories joined by seed, e.g. GPU cells
+beside CPU ones: ``bench/gpu/``). ``device`` (``--device``) says where models train and probes generate:
+cpu by default; cuda has not run on a GPU here.
 """
 
 from composer_pipeline.experiments.read_before_edit.config import ExperimentConfig, load_config

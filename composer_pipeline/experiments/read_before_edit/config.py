@@ -87,6 +87,12 @@ class ExperimentConfig:
     budget_minutes: float | None = setting(
         None, help="stop cleanly before the next cell once spent (a re-run resumes); null: no budget"
     )
+    device: Literal["cpu", "cuda", "auto"] = setting(
+        "cpu",
+        help="where the models train and the probes generate: cpu (fp32) | cuda (fp32 weights, the trainer's "
+        "bf16 autocast; fails at once where torch sees no CUDA device) | auto (cuda if torch sees one, else cpu); "
+        "a run directory records a device other than cpu, so its cells do not mix with cpu ones",
+    )
     only_seeds: tuple[int, ...] | None = setting(
         None,
         help="which seeds this process runs, in this order (null: 0 .. seeds-1); a second process on the same "
@@ -101,6 +107,10 @@ class ExperimentConfig:
             for k in self.__dataclass_fields__
             if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")
         }
+        # cpu cells keep the fingerprint they had before the device setting existed; cuda ones name it
+        # (auto is resolved before a run: run.run_experiment)
+        if d["device"] == "cpu":
+            del d["device"]
         # version 5: pairs whose chosen side repeats the prompt's last call are dropped, and every cell
         # records parse_rate and the answers' full texts (issue 31): cells of version 4 do not mix with these
         return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 5}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from composer_pipeline.experiments.read_before_edit.probe import heldout_cases, 
 from composer_pipeline.experiments.read_before_edit.report import collect
 from composer_pipeline.experiments.sft import supervise_on_agent_actions
 from composer_pipeline.train.config import TrainRecipe
-from composer_pipeline.train.modeling import load_policy, resolve_model_path
+from composer_pipeline.train.modeling import load_policy, resolve_device, resolve_model_path
 
 
 def _check_run_dir(out: Path, cfg: ExperimentConfig) -> None:
@@ -65,6 +66,7 @@ def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print)
     from composer_pipeline.train.data import load_train_data
 
     _check_config(cfg)
+    cfg = replace(cfg, device=resolve_device(cfg.device))  # fails here when cuda is asked for and absent
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_run_dir(out, cfg)
@@ -98,8 +100,9 @@ def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print)
                 lr=cfg.sft_lr,
                 max_prompt_tokens=cfg.prompt_tokens,
                 max_completion_tokens=cfg.max_new_tokens,
+                device=cfg.device,
             )
-        tok, start_model = load_policy(str(start))
+        tok, start_model = load_policy(str(start), cfg.device)
         cases = heldout_cases(data_info["heldout_store"], tok, cfg.prompt_tokens, cfg.probe_states)
         start_metrics = _finished_start_probe(out, seed)  # greedy: probing the same weights again gives the same
         if start_metrics is None:
@@ -165,6 +168,7 @@ def _base_model(cfg: ExperimentConfig, out: Path, base: TrainRecipe, emit: Calla
             steps=cfg.pretrain_steps,
             max_tokens=cfg.prompt_tokens,
             hint_templates=base.sdpo.hint,
+            device=cfg.device,
         )
     )
     meta = json.loads((out / "base" / "pretrain.json").read_text())
@@ -207,8 +211,9 @@ def _train_arm(
         recipe,
         out_dir=out / f"seed{seed}" / arm,
         callbacks=[probe_callback(tok, cases, cfg.eval_every, curve, cfg.max_new_tokens)],
+        device=cfg.device,
     )
-    tok2, final = load_policy(str(res.checkpoint))
+    tok2, final = load_policy(str(res.checkpoint), cfg.device)
     metrics = probe(final, tok2, cases, max_new_tokens=cfg.max_new_tokens)
     del final
     if curve[-1]["step"] != cfg.steps:
