@@ -23,11 +23,11 @@ says why) and ingest runs the Python engine.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from composer_pipeline import tables
@@ -72,12 +72,9 @@ def constant_strings(value: str, n: int) -> pa.Array:
     """``n`` times ``value`` as a string array, built from buffers (``pa.array`` and ``pa.scalar`` import
     pandas: ~0.3-1 CPU-s of an ingest run)."""
     data = value.encode()
-    offsets = (
-        np.arange(0, len(data) * (n + 1), len(data) or 1, dtype=np.int32)[: n + 1]
-        if data
-        else np.zeros(n + 1, np.int32)
-    )
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n)])
+    # int32 offsets 0, len, 2 len, ... (``array("i")``: numpy is not loaded in the ingest CLI, cli/ingest.py)
+    offsets = array("i", range(0, len(data) * (n + 1), len(data))) if data else array("i", [0]) * (n + 1)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
 
 
 def _array(spec: Any, typ: pa.DataType) -> pa.Array:
