@@ -173,11 +173,13 @@ _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (
 # (the whole run of backslashes goes with an escape, so every JSON string around it stays valid).
 _INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
 _INVISIBLE_BYTES = r"\xe2\x80[\x8b-\x8d]|\xe2\x81\xa0|\xef\xbb\xbf|\xc2\xad"
-_INVISIBLE_ESCAPE = r"\\+u(?:200[bcdBCD]|2060|[fF][eE][fF][fF]|00[aA][dD])"
+_INVISIBLE_ESCAPE = r"\\\\*u(?:200[bcdBCD]|2060|[fF][eE][fF][fF]|00[aA][dD])"  # (one or more backslashes)
 # entities of ASCII letters and digits only (``&#39;``, an apostrophe, hides nothing)
 _ALNUM_ENTITY = r"&#(?:0*(?:4[89]|5[0-7]|6[5-9]|[78][0-9]|9[07-9]|1[01][0-9]|12[0-2])|[xX]0*(?:3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]));"
 _HIDDEN_PART = "|".join((_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, _ALNUM_ENTITY))
-_HIDDEN_BYTES = re.compile(b"|".join(x.encode() for x in (_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, f"({_ALNUM_ENTITY})")))
+# every alternative starts with a literal byte (no group, no repeat in front), so Python's re skips
+# straight to the bytes that can start one: ~5x faster on a long line (a 5.7 KB web result, 85 -> 17 us)
+_HIDDEN_BYTES = re.compile(_HIDDEN_PART.encode())
 _HIDDEN_STR = re.compile(f"[{_INVISIBLE}]|({_ALNUM_ENTITY})")
 
 
@@ -191,7 +193,9 @@ def _shown_bytes(line: bytes) -> bytes:
     """A raw line as a reader sees its text: invisible characters (and their escapes) removed, entities of
     letters and digits decoded."""
 
-    return _HIDDEN_BYTES.sub(lambda m: _entity_char(m.group(1).decode()).encode() if m.group(1) else b"", line)
+    return _HIDDEN_BYTES.sub(
+        lambda m: _entity_char(m.group().decode()).encode() if m.group()[:1] == b"&" else b"", line
+    )
 
 
 def _shown_text(text: str) -> str:
