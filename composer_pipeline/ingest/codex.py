@@ -86,7 +86,8 @@ def detect_format(data: bytes) -> str | None:
         if type(obj) is dict:
             if _is_codex_line(obj):
                 return "codex"
-            if "uuid" in obj or "sessionId" in obj or "leafUuid" in obj or obj.get("type") in _CLAUDE_TYPES:
+            t = obj.get("type")
+            if "uuid" in obj or "sessionId" in obj or "leafUuid" in obj or (type(t) is str and t in _CLAUDE_TYPES):
                 return "claude"
         if parsed >= DETECT_LINES:
             break
@@ -95,11 +96,14 @@ def detect_format(data: bytes) -> str | None:
 
 def _is_codex_line(obj: dict) -> bool:
     t = obj.get("type")
-    if t in codex_items.ROLLOUT_LINE_TYPES and type(obj.get("payload")) is dict:
+    named = type(t) is str  # (a damaged line's list or object ``type`` names nothing, and is no set member)
+    if named and t in codex_items.ROLLOUT_LINE_TYPES and type(obj.get("payload")) is dict:
         return True
     if "payload" in obj or "uuid" in obj:
         return False
-    if obj.get("record_type") == "state" or (t in codex_items.RESPONSE_ITEMS and ("role" in obj or "call_id" in obj)):
+    if obj.get("record_type") == "state" or (
+        named and t in codex_items.RESPONSE_ITEMS and ("role" in obj or "call_id" in obj)
+    ):
         return True
     return "id" in obj and "timestamp" in obj and "instructions" in obj and t is None  # early session meta
 
