@@ -456,9 +456,10 @@ def child(corpus: Path, out: Path, engine: str) -> None:
 
     t0 = time.process_time()
     from composer_pipeline.cli import main
-    from composer_pipeline.cli.ingest import choose_arrow_allocator
+    from composer_pipeline.cli.ingest import choose_arrow_allocator, load_arrow_without_numpy
 
     choose_arrow_allocator()  # as `composer-pipeline ingest` does before it imports pyarrow
+    load_arrow_without_numpy()
     import pyarrow.parquet  # noqa: F401  (imports are startup, reported separately)
 
     import composer_pipeline.ingest.pipeline  # noqa: F401

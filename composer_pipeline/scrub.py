@@ -36,9 +36,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from composer_pipeline.home import default_home
 
@@ -175,11 +173,13 @@ _VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (
 # (the whole run of backslashes goes with an escape, so every JSON string around it stays valid).
 _INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
 _INVISIBLE_BYTES = r"\xe2\x80[\x8b-\x8d]|\xe2\x81\xa0|\xef\xbb\xbf|\xc2\xad"
-_INVISIBLE_ESCAPE = r"\\+u(?:200[bcdBCD]|2060|[fF][eE][fF][fF]|00[aA][dD])"
+_INVISIBLE_ESCAPE = r"\\\\*u(?:200[bcdBCD]|2060|[fF][eE][fF][fF]|00[aA][dD])"  # (one or more backslashes)
 # entities of ASCII letters and digits only (``&#39;``, an apostrophe, hides nothing)
 _ALNUM_ENTITY = r"&#(?:0*(?:4[89]|5[0-7]|6[5-9]|[78][0-9]|9[07-9]|1[01][0-9]|12[0-2])|[xX]0*(?:3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]));"
 _HIDDEN_PART = "|".join((_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, _ALNUM_ENTITY))
-_HIDDEN_BYTES = re.compile(b"|".join(x.encode() for x in (_INVISIBLE_BYTES, _INVISIBLE_ESCAPE, f"({_ALNUM_ENTITY})")))
+# every alternative starts with a literal byte (no group, no repeat in front), so Python's re skips
+# straight to the bytes that can start one: ~5x faster on a long line (a 5.7 KB web result, 85 -> 17 us)
+_HIDDEN_BYTES = re.compile(_HIDDEN_PART.encode())
 _HIDDEN_STR = re.compile(f"[{_INVISIBLE}]|({_ALNUM_ENTITY})")
 
 
@@ -193,7 +193,9 @@ def _shown_bytes(line: bytes) -> bytes:
     """A raw line as a reader sees its text: invisible characters (and their escapes) removed, entities of
     letters and digits decoded."""
 
-    return _HIDDEN_BYTES.sub(lambda m: _entity_char(m.group(1).decode()).encode() if m.group(1) else b"", line)
+    return _HIDDEN_BYTES.sub(
+        lambda m: _entity_char(m.group().decode()).encode() if m.group()[:1] == b"&" else b"", line
+    )
 
 
 def _shown_text(text: str) -> str:
@@ -258,12 +260,15 @@ class _Pattern:
     """One secret kind. ``pre``: prechecks every match contains; for a case-insensitive ``(?i)``
     pattern they are lower-case and run on the lower-cased text."""
 
-    __slots__ = ("kind", "rs", "rb", "pre", "assign", "keep", "tag", "repl")
+    __slots__ = ("kind", "source", "_rs", "_rb", "pre", "assign", "keep", "tag", "repl")
 
     def __init__(self, kind: str, source: str, prechecks: tuple[str, ...], assign: bool = False, keep: bool = False):
         self.kind = kind
-        self.rs = re.compile(source)
-        self.rb = re.compile(source.encode())
+        self.source = source
+        self._rs: re.Pattern[str] | None = None
+        self._rb: re.Pattern[bytes] | None = None
+        if not prechecks:  # an extra pattern: compiled now, so a bad one is refused when the recipe is read
+            self._rs, self._rb = re.compile(source), re.compile(source.encode())
         ci = source.startswith("(?i)")
         if ci and any(p != p.lower() for p in prechecks):
             raise ValueError(f"{kind}: prechecks of a case-insensitive pattern must be lower-case")
@@ -276,6 +281,20 @@ class _Pattern:
         self.keep = keep or assign  # the replacement keeps group 1 (name and separator) before the tag
         self.tag = f"[REDACTED:{kind}]".encode()
         self.repl = (lambda m, t=self.tag: m.group(1) + t) if self.keep else self.tag  # for ``rb.subn``
+
+    # The built-in kinds compile on first use: the prefilter and the prechecks rule most kinds out of most
+    # processes (all ten compiled up front cost ~0.005 CPU-s of every ingest).
+    @property
+    def rs(self) -> re.Pattern[str]:
+        if self._rs is None:
+            self._rs = re.compile(self.source)
+        return self._rs
+
+    @property
+    def rb(self) -> re.Pattern[bytes]:
+        if self._rb is None:
+            self._rb = re.compile(self.source.encode())
+        return self._rb
 
     def hit_in(self, text: str) -> bool:
         low = None
@@ -692,6 +711,10 @@ def _line_kinds(line: bytes) -> int:
 
 def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:
     """RE2 over the file's lines as a zero-copy Arrow binary array (offsets = newline positions)."""
+    # only where Hyperscan is missing: importing them costs ~0.03 (pyarrow.compute) and ~0.055 CPU-s
+    # (numpy) of every ingest process
+    import numpy as np
+    import pyarrow.compute as pc
 
     nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
     starts = np.empty(len(nl) + 1, np.int64)
@@ -702,7 +725,8 @@ def _candidate_lines_re2(data: bytes) -> list[tuple[int, int]]:
     lines = pa.LargeBinaryArray.from_buffers(
         pa.large_binary(), len(starts), [None, pa.py_buffer(np.append(starts, len(data))), pa.py_buffer(data)]
     )
-    hit = np.flatnonzero(pc.match_substring_regex(lines, PREFILTER).to_numpy(zero_copy_only=False))
+    # (no .to_numpy(): the ingest CLI's pyarrow is loaded without numpy, cli/ingest.py)
+    hit = pc.indices_nonzero(pc.match_substring_regex(lines, PREFILTER)).to_pylist()
     return [(int(starts[i]), int(ends[i])) for i in hit]
 
 

@@ -115,10 +115,30 @@ def choose_arrow_allocator() -> None:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 
+def load_arrow_without_numpy() -> None:
+    """Import pyarrow as if numpy were not installed: ingest never converts to or from numpy, and numpy's
+    import is ~0.055 CPU-s of every ingest process (~6 % of the process on 200 MB of sessions,
+    bench/RESULTS.md). pyarrow imports numpy once, in ``pyarrow.lib``, wherever it is installed; hidden
+    for that import, pyarrow's numpy interop stays off in this process (``to_numpy`` raises, and
+    ``pa.array`` no longer looks for pandas), while numpy itself can still be imported later (the secret
+    prefilter's RE2 fallback does). Ingest's own modules build their buffers without numpy. A process
+    that already imported either (a test calling ``main``) keeps what it has."""
+    if "pyarrow" in sys.modules or "numpy" in sys.modules:
+        return
+    # None in sys.modules makes `import numpy` raise ImportError (the import system's documented rule);
+    # typeshed types the mapping as modules only
+    sys.modules["numpy"] = None  # type: ignore[assignment]
+    try:
+        import pyarrow  # noqa: F401
+    finally:
+        del sys.modules["numpy"]
+
+
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
     choose_arrow_allocator()
+    load_arrow_without_numpy()
     from composer_pipeline.ingest.config import IngestRecipe
     from composer_pipeline.ingest.pipeline import TABLES, SessionIngester
 

@@ -39,10 +39,11 @@ single-JSON rollout (``rollout-*.json`` of the TypeScript cli) is not read.
 from __future__ import annotations
 
 import re
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate
 
-import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -87,7 +88,8 @@ def detect_format(data: bytes) -> str | None:
         if type(obj) is dict:
             if _is_codex_line(obj):
                 return "codex"
-            if "uuid" in obj or "sessionId" in obj or "leafUuid" in obj or obj.get("type") in _CLAUDE_TYPES:
+            t = obj.get("type")
+            if "uuid" in obj or "sessionId" in obj or "leafUuid" in obj or (type(t) is str and t in _CLAUDE_TYPES):
                 return "claude"
         if parsed >= DETECT_LINES:
             break
@@ -96,11 +98,14 @@ def detect_format(data: bytes) -> str | None:
 
 def _is_codex_line(obj: dict) -> bool:
     t = obj.get("type")
-    if t in codex_items.ROLLOUT_LINE_TYPES and type(obj.get("payload")) is dict:
+    named = type(t) is str  # (a damaged line's list or object ``type`` names nothing, and is no set member)
+    if named and t in codex_items.ROLLOUT_LINE_TYPES and type(obj.get("payload")) is dict:
         return True
     if "payload" in obj or "uuid" in obj:
         return False
-    if obj.get("record_type") == "state" or (t in codex_items.RESPONSE_ITEMS and ("role" in obj or "call_id" in obj)):
+    if obj.get("record_type") == "state" or (
+        named and t in codex_items.RESPONSE_ITEMS and ("role" in obj or "call_id" in obj)
+    ):
         return True
     return "id" in obj and "timestamp" in obj and "instructions" in obj and t is None  # early session meta
 
@@ -451,8 +456,9 @@ def _last_token_usage(obj: dict) -> bytes | None:
 
 
 # ---- Arrow columns from buffers ------------------------------------------------------------------
-# ``pa.array`` (and ``pa.scalar``) import pandas on first use: ~0.2 CPU-s of every ingest process that
-# reads a rollout. The reader's columns are built from buffers instead (numpy offsets and bitmaps).
+# ``pa.array`` (and ``pa.scalar``) import pandas on first use where pyarrow has numpy: ~0.2 CPU-s of an
+# ingest process that reads a rollout. The reader's columns are built from buffers instead (``array``
+# offsets and int bitmaps: numpy is not loaded in the ingest CLI, cli/ingest.py).
 
 
 def table_of(name: str, columns: dict[str, list]) -> pa.Table:
@@ -462,18 +468,21 @@ def table_of(name: str, columns: dict[str, list]) -> pa.Table:
     return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in schema], schema=schema)
 
 
+def _bitmap(flags: list[bool]) -> pa.Buffer:
+    """Arrow's LSB-first bitmap of ``flags`` (bit i of byte i // 8 is flag i)."""
+    bits = "".join("1" if f else "0" for f in reversed(flags))
+    return pa.py_buffer(int(bits or "0", 2).to_bytes((len(flags) + 7) // 8, "little"))
+
+
 def _validity(values: list) -> tuple[pa.Buffer | None, int]:
     nulls = values.count(None)
     if not nulls:
         return None, 0
-    present = np.fromiter((v is not None for v in values), bool, len(values))
-    return pa.py_buffer(np.packbits(present, bitorder="little").tobytes()), nulls
+    return _bitmap([v is not None for v in values]), nulls
 
 
 def _offsets(lengths) -> pa.Buffer:
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.py_buffer(offsets.tobytes())
+    return pa.py_buffer(array("i", accumulate(lengths, initial=0)))  # (int32)
 
 
 def _column(values: list, typ: pa.DataType) -> pa.Array:
@@ -481,19 +490,19 @@ def _column(values: list, typ: pa.DataType) -> pa.Array:
     validity, nulls = _validity(values)
     if pa.types.is_string(typ):
         encoded = [b"" if v is None else v.encode() if type(v) is str else v for v in values]
-        lengths = np.fromiter(map(len, encoded), np.int64, n)
         return pa.Array.from_buffers(
-            typ, n, [validity, _offsets(lengths), pa.py_buffer(b"".join(encoded))], null_count=nulls
+            typ, n, [validity, _offsets(map(len, encoded)), pa.py_buffer(b"".join(encoded))], null_count=nulls
         )
     if pa.types.is_int64(typ):
-        data = np.fromiter((0 if v is None else v for v in values), np.int64, n)
-        return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(data.tobytes())], null_count=nulls)
+        data = array("q", (0 if v is None else v for v in values))
+        return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(data)], null_count=nulls)
     if pa.types.is_boolean(typ):
-        bits = np.packbits(np.fromiter((v is True for v in values), bool, n), bitorder="little")
-        return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(bits.tobytes())], null_count=nulls)
+        bits = _bitmap([v is True for v in values])
+        return pa.Array.from_buffers(typ, n, [validity, bits], null_count=nulls)
     if pa.types.is_list(typ):
         items = [[] if v is None else v for v in values]
         child = _column([x for v in items for x in v], typ.value_type)
-        lengths = np.fromiter(map(len, items), np.int64, n)
-        return pa.ListArray.from_buffers(typ, n, [validity, _offsets(lengths)], null_count=nulls, children=[child])
+        return pa.ListArray.from_buffers(
+            typ, n, [validity, _offsets(map(len, items))], null_count=nulls, children=[child]
+        )
     raise TypeError(f"no buffer builder for {typ}")

@@ -76,6 +76,7 @@ def _clean_dir(head: str) -> str:
     return "/".join(c if _PLAIN.fullmatch(c) else _clean_part(c) for c in head.split("/")) if head else ""
 
 
+@functools.lru_cache(maxsize=4096)  # a name repeats across folders (a project's name under each root)
 def _clean_part(part: str) -> str:
     """One path component as ids may hold it: secrets redacted, undecodable bytes (``os`` hands them over
     as lone surrogates) as ``%XX``; when that changed anything, ``~`` + 8 hex of the original bytes'

@@ -34,12 +34,12 @@ from __future__ import annotations
 import os
 import re
 import stat
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -302,7 +302,7 @@ def _valid_utf8(data: bytes) -> bool:
     """Whole-buffer UTF-8 check at SIMD speed (Arrow's validator; Python's decode is ~10x slower)."""
     if data.isascii():
         return True
-    offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int32))
+    offsets = pa.py_buffer(array("i", [0, len(data)]))  # (int32)
     try:
         pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)]).validate(full=True)
         return True

@@ -21,8 +21,6 @@ the largest session, not the corpus.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -141,12 +139,12 @@ class SessionIngester:
     def add(self, sf: SessionFiles) -> SessionReport:
         scrubber = self._scrubber
         scrubber.counts = Counter()
-        fmt = self._format_of(sf)
+        read = [read_session_file(p) for p in sf.files]  # each file once: the format is told from the first's head
+        fmt = self._format_of(sf, read[0][0] if read else None)
         if fmt != "claude":
-            return self._add_codex(sf, scrubber, fmt)
+            return self._add_codex(sf, scrubber, fmt, read)
         files = []
-        for p in sf.files:
-            data, error = read_session_file(p)
+        for p, (data, error) in zip(sf.files, read):
             splices = []
             if data is not None and not is_empty(data):
                 if self._native is not None and not scrubber.extra:
@@ -272,32 +270,35 @@ class SessionIngester:
         self._python_rows += stats["messages"]
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="python")
 
-    def _format_of(self, sf: SessionFiles) -> str | None:
-        """``claude``, ``codex`` or ``None`` (neither): forced by ``source``, else read from the head of the
-        session's first file (a Codex session is one file; agent files belong to Claude Code sessions)."""
+    def _format_of(self, sf: SessionFiles, data: bytes | None) -> str | None:
+        """``claude``, ``codex`` or ``None`` (neither): forced by ``source``, else read from the head of
+        ``data``, the session's first file as read (a Codex session is one file; agent files belong to
+        Claude Code sessions)."""
         if self.source != "auto":
             return self.source
         if sf.main_file is None or sf.subagent_files:
             return "claude"
-        head = _head(sf.main_file)
-        # (an unreadable file, a link or a FIFO: the Claude Code reader quarantines it with its reason)
-        return codex.detect_format(head) if head and head.strip() else "claude"
+        # (None: an unreadable file, a link or a FIFO; the Claude Code reader quarantines it with its reason)
+        head = data[: codex.DETECT_BYTES] if data else None
+        return codex.detect_format(head) if head and not head.isspace() else "claude"
 
-    def _add_codex(self, sf: SessionFiles, scrubber: Scrubber, fmt: str | None) -> SessionReport:
-        """A Codex rollout (``fmt`` ``codex``), or a file in neither format (``None``: one quarantine row)."""
+    def _add_codex(
+        self, sf: SessionFiles, scrubber: Scrubber, fmt: str | None, read: list[tuple[bytes, None] | tuple[None, str]]
+    ) -> SessionReport:
+        """A Codex rollout (``fmt`` ``codex``), or a file in neither format (``None``: one quarantine row);
+        ``read``: each of ``sf.files`` as :func:`read_session_file` read it."""
         q = self.recipe.quarantine_text_chars
         qrows, reports = [], []
         states = messages = None
-        for p in sf.files:
+        for p, got in zip(sf.files, read):
             rel = sf.rel(p)
-            # (not unpacked: a check of the data narrows the reason too)
-            read = read_session_file(p)
             report = _empty_file_report(sf.key, rel)
             report["source"] = fmt
-            if read[0] is None:
-                qrows.append(codex.not_a_session_row(sf.key, rel, b"", q, read[1]))
+            # (not unpacked: a check of the data narrows the reason too)
+            if got[0] is None:
+                qrows.append(codex.not_a_session_row(sf.key, rel, b"", q, got[1]))
             else:
-                data = codex.scrub_url_credentials(scrubber.scrub_bytes(read[0]), scrubber.counts)
+                data = codex.scrub_url_credentials(scrubber.scrub_bytes(got[0]), scrubber.counts)
                 if fmt is None:
                     qrows.append(codex.not_a_session_row(sf.key, rel, data, q))
                 else:
@@ -369,22 +370,6 @@ class SessionIngester:
             self._pending[name] = []
         self._python_rows = self._python_bytes = 0
         return out
-
-
-def _head(path: Path) -> bytes | None:
-    """The first bytes of a regular file, opened as ``parser.read_session_file`` opens it (a link is not
-    followed, a FIFO not waited on); ``None`` where that reader would refuse it."""
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    try:
-        return os.read(fd, codex.DETECT_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _empty_file_report(session_key: str, rel: str) -> dict:

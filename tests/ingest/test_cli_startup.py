@@ -1,6 +1,8 @@
 """What an `ingest` process loads besides ingest: every import is CPU of every run (issue 35 §4), so a
-local `--out` loads neither fsspec nor the budget ledger (asyncio, decimal), and the ledger's errors
-still reach their exit codes from the commands that do load it."""
+local `--out` loads neither fsspec nor the budget ledger (asyncio, decimal), nor ``pyarrow.compute``
+(~0.03 CPU-s) nor numpy (~0.055 CPU-s; only the secret prefilter's RE2 fallback, where Hyperscan is
+missing, needs either), and the ledger's errors still reach their exit codes from the commands that do
+load it."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ import pytest
 from composer_pipeline import cli
 
 
-def test_ingest_to_a_local_directory_loads_neither_fsspec_nor_the_ledger(tmp_path, repo_root):
+def test_ingest_to_a_local_directory_loads_neither_fsspec_nor_the_ledger_nor_arrow_compute_nor_numpy(
+    tmp_path, repo_root
+):
     samples = repo_root / "composer_pipeline" / "samples" / "projects"
     code = (
         "import sys\n"
         "from composer_pipeline.cli import main\n"
         f"rc = main(['ingest', {str(samples)!r}, '--out', {str(tmp_path / 'out')!r}])\n"
-        "loaded = [m for m in ('fsspec', 'asyncio', 'composer_pipeline.ledger') if m in sys.modules]\n"
+        "loaded = [m for m in ('fsspec', 'asyncio', 'composer_pipeline.ledger', 'pyarrow.compute', 'numpy') if m in sys.modules]\n"
         "print('LOADED', rc, loaded, file=sys.stderr)\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -47,3 +51,47 @@ def test_ledger_errors_keep_their_exit_codes(monkeypatch, capsys, error, rc):
     err = capsys.readouterr().err
     assert err.startswith("composer-pipeline sql: ")
     assert ("the ledger is locked" if error == "LedgerError" else "interrupted by SIGTERM") in err
+
+
+def test_ingest_without_numpy_writes_what_ingest_with_numpy_writes(tmp_path, repo_root):
+    """The CLI loads pyarrow without numpy (``load_arrow_without_numpy``): the same Parquet rows as an
+    in-process run (this test's pyarrow has numpy) from both engines, Codex rollouts, a session the
+    compiled engine hands to Python (invalid UTF-8) and the secret prefilter's RE2 fallback."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from composer_pipeline.ingest import native
+
+    from . import codex_fixtures
+
+    root = tmp_path / "root"
+    shutil.copytree(repo_root / "composer_pipeline" / "samples" / "projects", root / "claude")
+    for generation in codex_fixtures.GENERATIONS:
+        codex_fixtures.write(root / "codex", generation)
+    bad = root / "claude" / "bad" / "s.jsonl"
+    bad.parent.mkdir()
+    bad.write_bytes(
+        b'{"type":"user","uuid":"u-1","message":{"role":"user","content":"hi"}}\n{"type":"user","uuid":"u-bad","parentUuid":"u-1","cwd":"\xff"}\n'
+    )
+    line = b'{"t":"x"}\n{"k":"key sk-ant-api03-' + b"a" * 40 + b'"}\n'
+    for engine in ("auto", "python") if native.AVAILABLE else ("python",):
+        code = (
+            "import sys\n"
+            "from composer_pipeline.cli import main\n"
+            f"rc = main(['ingest', {str(root)!r}, '--out', {str(tmp_path / engine)!r}, '--engine', {engine!r}])\n"
+            "from composer_pipeline import scrub\n"
+            f"re2 = scrub._candidate_lines({line!r}, 're2')\n"
+            "print('LOADED', rc, 'pyarrow' in sys.modules, sys.modules['pyarrow'].lib.np, re2, file=sys.stderr)\n"
+        )
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert f"LOADED 0 True None [(10, {len(line) - 1})]" in p.stderr, p.stderr
+        totals = [ln for ln in p.stdout.splitlines() if '"total"' in ln][-1]
+        if engine == "auto":
+            assert '"python_fallback_sessions": 1' in totals, totals
+        assert cli.main(["ingest", str(root), "--out", str(tmp_path / f"{engine}_in_process"), "--engine", engine]) == 0
+        for name in ("trace_states", "trace_messages", "quarantine"):
+            got = pq.read_table(tmp_path / engine / f"{name}.parquet")
+            assert got.num_rows
+            assert got.equals(pq.read_table(tmp_path / f"{engine}_in_process" / f"{name}.parquet")), name

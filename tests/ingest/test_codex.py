@@ -136,6 +136,16 @@ def test_a_file_in_neither_format_is_a_quarantine_row_not_silence(tmp_path):
     assert res.file_reports[0]["bad_lines"] == 1
 
 
+@pytest.mark.parametrize("value", [[], {"a": 1}])
+def test_a_first_line_whose_type_is_not_a_string_is_no_crash(value):
+    """A damaged first line (the native engine's fuzzer writes one) holding a list or object ``type``:
+    told from its other keys, or by the lines after it (a list is no set member: it raised TypeError)."""
+    first = json.dumps({"type": value, "summary": "Earlier work"}).encode()
+    assert codex.detect_format(first + b"\n" + json.dumps({"type": "user", "uuid": "u-1"}).encode()) == "claude"
+    assert codex.detect_format(json.dumps({"type": value, "leafUuid": "x"}).encode()) == "claude"
+    assert codex.detect_format(first) is None
+
+
 def test_source_override_and_a_bad_line(tmp_path):
     path = fx.write(tmp_path, "shell")
     lines = path.read_text().splitlines()

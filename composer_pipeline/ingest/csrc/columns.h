@@ -173,10 +173,23 @@ struct StrCol {
   std::string data;
   std::vector<uint8_t> valid;
   int64_t nulls = 0;
+  // Bytes to reserve at the next batch's first value (export_and_clear): reserved then rather than at
+  // the export, the exported batch's buffer has by then been written and released to the pool, so the
+  // next batch reuses its pages instead of faulting in fresh ones (the second batch did: ~5k page
+  // faults per run).
+  size_t reserve_next = 0;
+
+  void reserve() {
+    if (reserve_next) {
+      grow(data, reserve_next);
+      reserve_next = 0;
+    }
+  }
 
   size_t size() const { return valid.size(); }
   // false when the 32-bit offsets would overflow (the caller falls back for the session)
   bool add(std::string_view s) {
+    reserve();
     if (data.size() + s.size() > size_t(INT32_MAX)) return false;
     if (data.size() + s.size() > data.capacity()) grow(data, std::max(data.size() + s.size(), 2 * data.capacity()));
     data.append(s.data(), s.size());
@@ -190,7 +203,10 @@ struct StrCol {
     ++nulls;
   }
   // append directly into ``data`` (JSON written in place), then commit
-  std::string& buffer() { return data; }
+  std::string& buffer() {
+    reserve();
+    return data;
+  }
   bool commit() {
     if (data.size() > size_t(INT32_MAX)) return false;
     offsets.push_back(int32_t(data.size()));
@@ -216,7 +232,8 @@ struct StrCol {
     bufs.push_back(std::move(data));
     int64_t k = nulls;
     offsets.assign(1, 0);
-    data = storage(bytes + bytes / 4);  // the next batch is about as large: no regrowth copies
+    data = std::string();
+    reserve_next = bytes + bytes / 4;  // the next batch is about as large: no regrowth copies
     offsets.reserve(n + n / 4 + 1);
     valid.clear();
     valid.reserve(n + n / 4);

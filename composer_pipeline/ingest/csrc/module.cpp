@@ -314,6 +314,7 @@ static PyObject* builder_add_session(PyObject* obj, PyObject* args) {
   // at kFirstRaw (address space only until written: no doubling chain of copies for the first batch)
   size_t total = 0;
   for (const FileIn& f : files) total += f.size;
+  t.messages.raw.reserve();  // (first the batch's own reservation, if this is its first session)
   std::string& raw = t.messages.raw.data;
   if (raw.capacity() < raw.size() + total) grow(raw, std::max({raw.size() + total, 2 * raw.capacity(), kFirstRaw}));
 
