@@ -79,6 +79,13 @@ def register(subparsers) -> None:
         help="the tokens the preference term sums in the dpo, dpo_shuffled and all arms (default: the recipe's "
         "dpo.preference_tokens)",
     )
+    r.add_argument(
+        "--action-order",
+        choices=["sorted", "name_first"],
+        default=None,
+        help="tool-call key order of every completion text in the chain (render.action_order; default sorted): "
+        "name_first puts the tool name before the arguments",
+    )
     r.set_defaults(func=run)
 
 
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         "budget_minutes": args.budget_minutes,
         "eval_every": args.eval_every,
         "preference_tokens": args.preference_tokens,
+        "action_order": args.action_order,
     }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())

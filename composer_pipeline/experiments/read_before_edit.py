@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from composer_pipeline.actions import Action, ActionParseError, parse_action_text, parse_failure
+from composer_pipeline.actions import Action, ActionOrder, ActionParseError, parse_action_text, parse_failure
 from composer_pipeline.experiments.pretrain import pretrain_base
 from composer_pipeline.experiments.rule_teacher import (
     MODEL_PREFIX,
@@ -149,6 +149,9 @@ class ExperimentConfig:
     # the tokens the preference term sums in every DPO arm that does not set its own (dpo, dpo_shuffled,
     # all): None = the recipe's dpo.preference_tokens; all | differing | first_differing
     preference_tokens: str | None = None
+    # the tool calls' key order in every completion text of the chain (render.action_order): the base
+    # model's corpus, template and windows, the start fit, the pairs, hints and GRPO targets
+    action_order: ActionOrder = "sorted"
     max_new_tokens: int = 96  # probes and rollouts: a whole Edit call with the tiny tokenizer (~80)
     probe_states: str = "all"  # all | decisive (only the decisive kinds: cheaper for a large model)
     budget_minutes: float | None = None  # stop cleanly before the next cell once spent (a re-run resumes)
@@ -207,6 +210,8 @@ class ExperimentConfig:
             for k in self.__dataclass_fields__
             if k not in ("out", "seeds", "arms", "budget_minutes", "only_seeds")
         }
+        if self.action_order == "sorted":  # (absent: run dirs made before the setting stay resumable)
+            del d["action_order"]
         # version 5: pairs whose chosen side repeats the prompt's last call are dropped, and every cell
         # records parse_rate and the answers' full texts (issue 31): cells of version 4 do not mix with these
         return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 5}
@@ -242,6 +247,8 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         "heldout_seed": HELDOUT_SEED,
         "teachers": TEACHERS,
     }
+    if cfg.action_order != "sorted":
+        sizes["action_order"] = cfg.action_order
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info.get("sizes") == sizes:
@@ -285,7 +292,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
             },
             "experiment",
         )
-        opts = render.RenderOptions.from_recipe(None)
+        opts = render.RenderOptions(action_order=cfg.action_order)
         ledger, cache = Ledger(work / "ledger.sqlite"), ResponseCache(work / "teacher_cache")
         run = ReplayRun.prepare(task_states, messages, cfg_t, opts)
         plan = run.plan(cache, ledger)
@@ -400,7 +407,7 @@ def shuffled_label_store(train_root: str, out_root: Path, seed: int) -> str:
     return str(out_root)
 
 
-def consensus_store(train_root: str, out_root: Path) -> str:
+def consensus_store(train_root: str, out_root: Path, order: ActionOrder = "sorted") -> str:
     """A copy of the train store whose ``pairs`` hold the teachers' consensus as the chosen side at every
     task state that has one: the pairs, plus each positive (the agent agreed with the consensus) as a row
     whose rejected side is an empty-text stand-in. For the ``nll_all`` arm only, whose preference term is a
@@ -422,7 +429,7 @@ def consensus_store(train_root: str, out_root: Path) -> str:
                 "kind": "pair",
                 "pair_id": r.get("pair_id") or f"positive-{r['state_id']}",
                 "rejected": stand_in.to_json(),
-                "rejected_text": stand_in.to_text(),
+                "rejected_text": stand_in.to_text(order),
             }
         )
     dst.write_table("pairs", tables.conform(pa.Table.from_pylist(rows), "normalized_dpo_pairs"))
@@ -633,7 +640,9 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
     r = replace(
         r,
         optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),
-        data=replace(r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens),
+        data=replace(
+            r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens, render_recipe=render_recipe(cfg)
+        ),
         # 96 tokens hold a whole Edit call (~80 with the tiny tokenizer): a shorter limit cuts every
         # Edit rollout into an unparseable one and so rewards reading everywhere
         grpo=replace(
@@ -648,6 +657,19 @@ def arm_recipe(base, arm: str, cfg: ExperimentConfig, start: Path, seed: int):
         lora=LoraSection(enabled=cfg.lora, r=16, alpha=32) if cfg.lora else r.lora,
     )
     return r
+
+
+def render_recipe(cfg: ExperimentConfig) -> str | None:
+    """The render recipe the trainer reads (``data.render_recipe``) for ``cfg.action_order``: None for the
+    default, else ``<out>/render.yaml`` (written here) holding that order."""
+    if cfg.action_order == "sorted":
+        return None
+    path = Path(cfg.out) / "render.yaml"
+    text = f"render:\n  action_order: {cfg.action_order}\n"
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
 
 
 def _check_run_dir(out: Path, cfg: ExperimentConfig) -> None:
@@ -695,7 +717,9 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
     emit(json.dumps({"data": data_info}))
     repo = Path(__file__).resolve().parents[2]
     base = TrainRecipe.load(repo / "recipes" / "train.yaml")
-    train_rows = load_train_data(data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint).prompts
+    train_rows = load_train_data(
+        data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint, render_recipe=render_recipe(cfg)
+    ).prompts
     base_model = _base_model(cfg, out, base, emit)
     stopped = None
     for seed in cfg.only_seeds if cfg.only_seeds is not None else range(cfg.seeds):
@@ -720,6 +744,7 @@ def run_experiment(cfg: ExperimentConfig, emit=print) -> dict[str, Any]:
                 lr=cfg.sft_lr,
                 max_prompt_tokens=cfg.prompt_tokens,
                 max_completion_tokens=cfg.max_new_tokens,
+                action_order=cfg.action_order,
             )
         tok, start_model = load_policy(str(start))
         cases = heldout_cases(data_info["heldout_store"], tok, cfg.prompt_tokens, cfg.probe_states)
@@ -787,6 +812,7 @@ def _base_model(cfg: ExperimentConfig, out: Path, base, emit) -> str:
             steps=cfg.pretrain_steps,
             max_tokens=cfg.prompt_tokens,
             hint_templates=base.sdpo.hint,
+            action_order=cfg.action_order,
         )
     )
     meta = json.loads((out / "base" / "pretrain.json").read_text())
@@ -816,7 +842,7 @@ def _train_arm(arm: str, cfg: ExperimentConfig, base, start: Path, seed: int, da
     spec = ARMS[arm]
     root = {"train": data_info["train_store"], "error_sites": data_info["error_site_store"]}.get(spec.data)
     if spec.data == "consensus_all":
-        root = consensus_store(data_info["train_store"], out / "consensus_store")
+        root = consensus_store(data_info["train_store"], out / "consensus_store", cfg.action_order)
     if spec.data == "shuffled_labels":
         root = shuffled_label_store(data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed)
     res = train(
