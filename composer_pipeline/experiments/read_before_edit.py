@@ -162,7 +162,7 @@ class ExperimentConfig:
     @classmethod
     def quick(cls, out: Path, **kw) -> ExperimentConfig:
         """Tiny model, one seed, small sizes (≤ 10 minutes on 2 CPU cores)."""
-        base = dict(
+        base: dict[str, Any] = dict(
             model="tiny",
             seeds=1,
             steps=20,
@@ -183,7 +183,7 @@ class ExperimentConfig:
         """SmolLM2-135M-Instruct at sizes for a CPU (about 2.2 h on two free cores, bench/RESULTS.md): a
         40-step start fit, 30 steps per arm, probes at start/middle/end on the decisive states only,
         ≤ 72 new tokens, LoRA off (135M fits), prompts of 384 tokens (its tokenizer splits paths finer)."""
-        base = dict(
+        base: dict[str, Any] = dict(
             model="local:smollm2-135m-instruct",
             seeds=3,
             steps=30,
