@@ -4,17 +4,27 @@ The agent's own action (parsed from a trace), each teacher's answer and each tra
 completion all become an ``Action``, so pairing, rewards and display compare like with like.
 
 Text form (used as the DPO/GRPO completion string and to parse plain-text model output):
-free text, then one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per call
-(the Hermes/Qwen2.5 tool-call convention, which small open chat models are trained on).
+free text, then one ``<tool_call>`` block per call (the Hermes/Qwen2.5 tool-call convention, which
+small open chat models are trained on), its body compact JSON in one of two key orders
+(:data:`ACTION_ORDERS`, the ``render.action_order`` setting):
+
+* ``sorted`` (the default): ``{"arguments":{...},"name":"Read"}``, every key sorted;
+* ``name_first``: ``{"name":"Read","arguments":{...}}``, the decision first, as the Hermes/Qwen
+  template itself writes it (the arguments' own keys still sorted).
+
+Parsing accepts either order.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
+
+ActionOrder = Literal["sorted", "name_first"]
+ACTION_ORDERS: tuple[ActionOrder, ...] = ("sorted", "name_first")
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -63,12 +73,12 @@ class Action:
         return not self.text.strip() and not self.tool_calls
 
     # -- text form
-    def to_text(self) -> str:
-        """Completion string: text, then one ``<tool_call>`` block per call (no thinking)."""
+    def to_text(self, order: ActionOrder = "sorted") -> str:
+        """Completion string: text, then one ``<tool_call>`` block per call (no thinking), each call's
+        JSON in ``order`` (:func:`tool_call_json`)."""
         parts = [self.text.strip()] if self.text.strip() else []
         for c in self.tool_calls:
-            body = orjson.dumps({"name": c.name, "arguments": c.arguments}, option=orjson.OPT_SORT_KEYS).decode()
-            parts.append(f"<tool_call>\n{body}\n</tool_call>")
+            parts.append(f"<tool_call>\n{tool_call_json(c.name, c.arguments, order)}\n</tool_call>")
         return "\n".join(parts)
 
     def to_chat_message(self) -> dict[str, Any]:
@@ -84,6 +94,18 @@ class Action:
                 for c in self.tool_calls
             ]
         return msg
+
+
+def tool_call_json(name: str, arguments: Any, order: ActionOrder = "sorted") -> str:
+    """The compact JSON body of one ``<tool_call>`` block: the one serializer of a call's text form.
+    ``sorted``: every key sorted, so the name comes after the arguments; ``name_first``: the name,
+    then the arguments (their own keys sorted)."""
+    if order == "sorted":
+        return orjson.dumps({"name": name, "arguments": arguments}, option=orjson.OPT_SORT_KEYS).decode()
+    if order == "name_first":
+        args = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+        return f'{{"name":{orjson.dumps(name).decode()},"arguments":{args}}}'
+    raise ValueError(f"action order must be one of {ACTION_ORDERS}, not {order!r}")
 
 
 class ActionParseError(ValueError):

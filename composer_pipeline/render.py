@@ -42,7 +42,7 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import codex_items, settings
-from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.actions import ACTION_ORDERS, Action, ActionOrder, ToolCall
 from composer_pipeline.jsonutil import dumps
 from composer_pipeline.salvage import SALVAGED_MARK, SALVAGED_RESULTS, salvaged_tool_results
 from composer_pipeline.settings import setting
@@ -67,10 +67,19 @@ class RenderOptions:
         "after", help="after: start at the last compaction (what the agent saw); full: the pre-compaction history too"
     )
     system_prompt: str = setting(DEFAULT_SYSTEM_PROMPT, help="system message of every rendered prefix")
+    action_order: ActionOrder = setting(
+        "sorted",
+        help="key order of a tool call in completion text (the pairs' chosen/rejected_text, the trainer's "
+        'completions and hints): sorted = {"arguments":{...},"name":...} (every key sorted); name_first = '
+        '{"name":...,"arguments":{...}} (the decision first, as the Hermes/Qwen template writes it; the '
+        "arguments' keys still sorted). Parsing reads both. Changing it changes the pairs' texts: rebuild them",
+    )
 
     def __post_init__(self) -> None:
         if self.compaction not in ("after", "full"):
             raise ValueError(f"render.compaction must be 'after' or 'full', not {self.compaction!r}")
+        if self.action_order not in ACTION_ORDERS:
+            raise ValueError(f"render.action_order must be one of {ACTION_ORDERS}, not {self.action_order!r}")
 
     @classmethod
     def from_recipe(cls, recipe: str | Path | dict | None) -> RenderOptions:

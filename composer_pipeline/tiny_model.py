@@ -11,7 +11,8 @@ compress well. Same machine + same arguments → byte-identical files.
 
 Chat template: ChatML (``<|im_start|>role\\n...<|im_end|>``) that also renders ``tool`` role
 messages, assistant ``tool_calls`` as ``<tool_call>\\n{json}\\n</tool_call>`` text (the form
-:meth:`composer_pipeline.actions.Action.to_text` writes: compact JSON, sorted keys), an optional
+:meth:`composer_pipeline.actions.Action.to_text` writes: compact JSON, sorted keys, or with
+``action_order="name_first"`` the name before the arguments: :func:`chat_template`), an optional
 ``tools`` list in the system turn, and ``add_generation_prompt``.
 
 Deliberately simplified: the model is random (it emits noise; tests only need gradients and
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import sysconfig
 from pathlib import Path
+
+from composer_pipeline.actions import ACTION_ORDERS, ActionOrder, parse_action_text
 
 # Stdlib modules whose source forms the tokenizer corpus (sorted, fixed: deterministic).
 _CORPUS_MODULES = (
@@ -53,6 +56,25 @@ _SYNTHETIC = [
     "<|im_start|>assistant\nI will run the tests first.<|im_end|>\n",
 ]
 
+# one assistant tool call's arguments in the template (a JSON string as given, else compact and sorted)
+_TEMPLATE_ARGS = (
+    "{% if fn.arguments is string %}{{ fn.arguments }}"
+    "{% else %}{{ fn.arguments | tojson(separators=(',', ':'), sort_keys=true) }}{% endif %}"
+)
+_TEMPLATE_CALL = {
+    "sorted": "<tool_call>{{ '\n' }}{\"arguments\":" + _TEMPLATE_ARGS + ',"name":{{ fn.name | tojson }}}',
+    "name_first": '<tool_call>{{ \'\n\' }}{"name":{{ fn.name | tojson }},"arguments":' + _TEMPLATE_ARGS + "}",
+}
+
+
+def chat_template(order: ActionOrder = "sorted") -> str:
+    """The tiny model's chat template, its assistant tool calls in the key order ``order`` writes
+    (:func:`composer_pipeline.actions.tool_call_json`)."""
+    if order not in ACTION_ORDERS:
+        raise ValueError(f"action order must be one of {ACTION_ORDERS}, not {order!r}")
+    return CHAT_TEMPLATE.replace(_TEMPLATE_CALL["sorted"], _TEMPLATE_CALL[order])
+
+
 CHAT_TEMPLATE = (
     # transformers renders with trim_blocks: a newline right after a block tag is dropped,
     # so newlines that follow a tag are written as {{ '\n' }} expressions.
@@ -73,10 +95,8 @@ CHAT_TEMPLATE = (
     "{% for tc in message.tool_calls %}"
     "{% set fn = tc.function if tc.function is defined else tc %}"
     "{% if not loop.first or (message.content is string and message.content | trim) %}{{ '\n' }}{% endif %}"
-    "<tool_call>{{ '\n' }}{\"arguments\":"
-    "{% if fn.arguments is string %}{{ fn.arguments }}"
-    "{% else %}{{ fn.arguments | tojson(separators=(',', ':'), sort_keys=true) }}{% endif %}"
-    ",\"name\":{{ fn.name | tojson }}}{{ '\n' }}</tool_call>"
+    + _TEMPLATE_CALL["sorted"]
+    + "{{ '\n' }}</tool_call>"
     "{% endfor %}"
     "{% endif %}"
     "<|im_end|>{{ '\n' }}"
@@ -101,11 +121,25 @@ def _corpus() -> list[str]:
 _PATH_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?/?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}/]+|/|\s+(?!\S)|\s+"""
 
 
-def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None, *, path_words: bool = False):
+def _synthetic(order: ActionOrder) -> list[str]:
+    """The synthetic lines, their tool calls in ``order`` (the sorted ones are kept as first written)."""
+    if order == "sorted":
+        return _SYNTHETIC
+    return [parse_action_text(t).to_text(order) if t.startswith("<tool_call>") else t for t in _SYNTHETIC]
+
+
+def build_tokenizer(
+    vocab_size: int = 2048,
+    corpus: list[str] | None = None,
+    *,
+    path_words: bool = False,
+    action_order: ActionOrder = "sorted",
+):
     """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast`` (with chat template).
     ``corpus`` replaces the default stdlib text (the synthetic tool-call lines are always added).
     ``path_words``: keep a ``/`` with the word after it, so that copying a path piece from a request
-    means matching one token."""
+    means matching one token. ``action_order``: the tool calls' key order, in the synthetic lines and
+    the chat template (:func:`chat_template`)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -126,7 +160,8 @@ def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None, *, 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus() if corpus is None else [*corpus, *_SYNTHETIC * 20], trainer=trainer)
+    synthetic = _synthetic(action_order)
+    tok.train_from_iterator(_corpus() if corpus is None else [*corpus, *synthetic * 20], trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
@@ -135,7 +170,7 @@ def build_tokenizer(vocab_size: int = 2048, corpus: list[str] | None = None, *, 
         unk_token=None,
         padding_side="left",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template(action_order)
     return fast
 
 
@@ -148,16 +183,17 @@ def build_tiny_model(
     seed: int = 0,
     corpus: list[str] | None = None,
     path_words: bool = False,
+    action_order: ActionOrder = "sorted",
 ) -> Path:
     """Write a random-init tiny Qwen2 causal LM + tokenizer to ``out_dir``; returns ``out_dir``.
-    ``corpus``: text the tokenizer is trained on instead of the stdlib sources; ``path_words``: see
-    :func:`build_tokenizer`."""
+    ``corpus``: text the tokenizer is trained on instead of the stdlib sources; ``path_words``,
+    ``action_order``: see :func:`build_tokenizer`."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size, corpus, path_words=path_words)
+    tokenizer = build_tokenizer(vocab_size, corpus, path_words=path_words, action_order=action_order)
     heads = max(1, hidden // 32)
     config = Qwen2Config(
         vocab_size=len(tokenizer),

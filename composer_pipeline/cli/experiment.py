@@ -103,6 +103,13 @@ def register(subparsers) -> None:
         help="where models train and probes generate (default cpu: fp32, as before the flag; cuda: fp32 weights "
         "with the trainer's bf16 autocast, refused at once where torch sees no CUDA device; auto: cuda if seen)",
     )
+    r.add_argument(
+        "--action-order",
+        choices=["sorted", "name_first"],
+        default=None,
+        help="tool-call key order of every completion text in the chain (render.action_order; default sorted): "
+        "name_first puts the tool name before the arguments",
+    )
     r.set_defaults(func=run)
 
 
@@ -129,6 +136,7 @@ def experiment_config(args: argparse.Namespace) -> ExperimentConfig:
         "preference_tokens": args.preference_tokens,
         "lora": True if args.lora else None,
         "device": args.device,
+        "action_order": args.action_order,
     }
     if args.arms:
         kw["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())

@@ -36,7 +36,7 @@ import random
 import time
 from pathlib import Path
 
-from composer_pipeline.actions import Action, ToolCall
+from composer_pipeline.actions import Action, ActionOrder, ToolCall, tool_call_json
 from composer_pipeline.experiments.sessions import ingest_sessions, write_sessions
 from composer_pipeline.tiny_model import build_tiny_model
 from composer_pipeline.train.config import HintTemplates
@@ -44,9 +44,10 @@ from composer_pipeline.train.hints import build_hint, with_hint
 from composer_pipeline.train.modeling import load_policy
 
 
-def _session_text(root: Path) -> list[str]:
-    """The words of the generated sessions (requests, tool inputs as compact JSON, tool results, answers),
-    for the tokenizer: their paths' pieces and keys become single tokens, uuids and timestamps do not."""
+def _session_text(root: Path, order: ActionOrder = "sorted") -> list[str]:
+    """The words of the generated sessions (requests, tool calls as their text form writes them in
+    ``order``, tool results, answers), for the tokenizer: their paths' pieces and keys become single
+    tokens, uuids and timestamps do not."""
     texts = []
     for f in sorted(Path(root).rglob("*.jsonl")):
         for line in f.read_text().splitlines():
@@ -55,11 +56,7 @@ def _session_text(root: Path) -> list[str]:
                 if isinstance(part, str):
                     texts.append(part)
                 elif part.get("type") == "tool_use":
-                    texts.append(
-                        json.dumps(
-                            {"arguments": part["input"], "name": part["name"]}, separators=(",", ":"), sort_keys=True
-                        )
-                    )
+                    texts.append(tool_call_json(part["name"], part["input"], order))
                 else:
                     texts.append(str(part.get("text") or part.get("content") or ""))
     return texts
@@ -75,7 +72,7 @@ _HINT_ERRORS = [
 ]
 
 
-def _hint_for(action, rng: random.Random, templates) -> str | None:
+def _hint_for(action, rng: random.Random, templates, order: ActionOrder = "sorted") -> str | None:
     """A hint in the trainer's own format (``train.hints.build_hint``) whose "better next step" is
     ``action``: the failed step named in it is the other tool on the same file, its error drawn from
     :data:`_HINT_ERRORS`. None for an action without a file tool call."""
@@ -93,15 +90,21 @@ def _hint_for(action, rng: random.Random, templates) -> str | None:
     else:
         other = ToolCall("Read", {"file_path": path}, "call_0")
     error_after = json.dumps([{"tool_name": other.name, "content": rng.choice(_HINT_ERRORS)}])
-    return build_hint(Action(tool_calls=(other,)).to_json(), error_after, action.to_json(), templates)
+    return build_hint(Action(tool_calls=(other,)).to_json(), error_after, action.to_json(), templates, order)
 
 
 def _windows(
-    store_root: Path, tokenizer, max_tokens: int, hint_share: float = 0.0, seed: int = 0, templates=None
+    store_root: Path,
+    tokenizer,
+    max_tokens: int,
+    hint_share: float = 0.0,
+    seed: int = 0,
+    templates=None,
+    order: ActionOrder = "sorted",
 ) -> list[list[int]]:
-    """One token window per agent step: its prompt (last ``max_tokens`` tokens) and the agent's action.
-    A ``hint_share`` of the steps get a corrective hint before the action, in the trainer's format,
-    naming exactly the action that follows (whatever it is, right or wrong by the rule)."""
+    """One token window per agent step: its prompt (last ``max_tokens`` tokens) and the agent's action
+    (text form in ``order``). A ``hint_share`` of the steps get a corrective hint before the action, in
+    the trainer's format, naming exactly the action that follows (whatever it is, right or wrong by the rule)."""
     from composer_pipeline.train.data import load_train_data, render_chat_prompt
 
     templates = templates or HintTemplates()
@@ -112,10 +115,10 @@ def _windows(
         action = Action.from_json(r.agent_action)
         messages = r.messages
         if hint_share and rng.random() < hint_share:
-            hint = _hint_for(action, rng, templates)
+            hint = _hint_for(action, rng, templates, order)
             if hint is not None:
                 messages = with_hint(messages, hint, templates.role)
-        text = render_chat_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text() + eos
+        text = render_chat_prompt(tokenizer, messages, r.tools, max_tokens) + action.to_text(order) + eos
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 
@@ -137,10 +140,12 @@ def pretrain_base(
     every: int = 50,
     on_step=None,
     device: str | None = None,
+    action_order: ActionOrder = "sorted",
 ) -> Path:
     """Train the tiny base model from scratch; returns its directory (reused when already trained
     with the same settings). ``on_step(step, loss, model, tokenizer)`` runs every ``every`` steps;
-    ``device`` as :func:`~composer_pipeline.train.modeling.load_policy` takes it."""
+    ``device`` as :func:`~composer_pipeline.train.modeling.load_policy` takes it; ``action_order``: the tool
+    calls' key order in its tokenizer corpus, chat template and windows."""
     import torch
 
     templates = hint_templates or HintTemplates()
@@ -161,6 +166,8 @@ def pretrain_base(
         "corpus": "pretrain-split-v3",
         "path_words": True,
     }
+    if action_order != "sorted":  # (absent for sorted: base models trained before the setting stay reusable)
+        settings["action_order"] = action_order
     meta = work / "pretrain.json"
     if (
         meta.is_file()
@@ -179,11 +186,14 @@ def pretrain_base(
             hidden=hidden,
             layers=layers,
             seed=seed,
-            corpus=_session_text(work / "sessions") + 50 * [templates.with_consensus, *_HINT_ERRORS],
+            corpus=_session_text(work / "sessions", action_order) + 50 * [templates.with_consensus, *_HINT_ERRORS],
             path_words=True,
+            action_order=action_order,
         )
     tok, model = load_policy(str(work / "init"), device)
-    seqs = _windows(work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates)
+    seqs = _windows(
+        work / "store", tok, max_tokens, hint_share=hint_share, seed=seed, templates=templates, order=action_order
+    )
     if not seqs:
         raise ValueError(f"no sessions to pretrain on under {work / 'store'}")
     torch.manual_seed(seed)

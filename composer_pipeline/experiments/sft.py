@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from composer_pipeline.actions import Action
+from composer_pipeline.actions import Action, ActionOrder
 from composer_pipeline.train.modeling import load_policy
 
 
@@ -29,7 +29,9 @@ def supervise_on_agent_actions(
     max_prompt_tokens: int = 384,
     max_completion_tokens: int = 96,
     device: str | None = None,
+    action_order: ActionOrder = "sorted",
 ) -> Path:
+    """Fit ``model_path`` to the agents' actions (text form in ``action_order``); saved to ``out_dir``."""
     import torch
 
     from composer_pipeline.train.data import render_chat_prompt
@@ -45,7 +47,7 @@ def supervise_on_agent_actions(
     examples = []
     for r in rows:
         p = tok(render_chat_prompt(tok, r.messages, r.tools, max_prompt_tokens), add_special_tokens=False)["input_ids"]
-        c = tok(Action.from_json(r.agent_action).to_text() + eos, add_special_tokens=False)["input_ids"][
+        c = tok(Action.from_json(r.agent_action).to_text(action_order) + eos, add_special_tokens=False)["input_ids"][
             :max_completion_tokens
         ]
         examples.append((p, c))

@@ -44,7 +44,7 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import render, tables
-from composer_pipeline.actions import Action
+from composer_pipeline.actions import Action, ActionOrder
 from composer_pipeline.ids import partition_keys
 from composer_pipeline.pairs.config import PairRecipe, SignatureRules
 from composer_pipeline.pairs.signature import (
@@ -417,6 +417,7 @@ def build_pairs(
     by_state = _replays_by_state(states, replays, recipe, stats)
 
     pref = {t: i for i, t in enumerate(recipe.teacher_preference)}
+    order = (render_opts if render_opts is not None else render.RenderOptions()).action_order
     render_fn = None
     pair_rows: list[dict] = []
     pos_rows: list[dict] = []
@@ -460,7 +461,7 @@ def build_pairs(
         members = sorted(found.teachers, key=lambda t: (pref.get(t, len(pref)), t))
         chosen = answers[members[0]][0]
         agrees = same_decision(agent, found.representative, rules)
-        row = _pair_row(st, rows, agent, chosen, found, members, agrees, (prompt, tools_json, n_teachers, rules))
+        row = _pair_row(st, rows, agent, chosen, found, members, agrees, (prompt, tools_json, n_teachers, rules), order)
         row["partition_key"] = partition_of.get(st["session_key"])
         why = _drop_reason(chosen, prompt, rules, recipe, stats) if not agrees else None
         if why is not None:  # kept, with the reason, in dropped_pairs: never a chosen side, never silent
@@ -547,10 +548,19 @@ def _drop_reason(chosen: Action, prompt: str, rules, recipe: PairRecipe, stats: 
 
 
 def _pair_row(
-    st: dict, rows: list[dict], agent: Action, chosen: Action, found, members: list[str], agrees: bool, answered: tuple
+    st: dict,
+    rows: list[dict],
+    agent: Action,
+    chosen: Action,
+    found,
+    members: list[str],
+    agrees: bool,
+    answered: tuple,
+    order: ActionOrder = "sorted",
 ) -> dict:
     """The row of one state whose teachers agreed; ``answered``: (prompt, tools JSON, number of teachers that
-    answered, the pair rules); ``partition_key`` is set by the caller."""
+    answered, the pair rules); ``order``: the texts' tool-call key order (``render.action_order``);
+    ``partition_key`` is set by the caller."""
     prompt, tools_json, n_teachers, rules = answered
     return {
         "pair_id": pair_id_for(st["state_id"], found.signature),
@@ -568,8 +578,8 @@ def _pair_row(
         "tools": tools_json,
         "chosen": chosen.to_json(),
         "rejected": agent.to_json(),
-        "chosen_text": chosen.to_text(),
-        "rejected_text": agent.to_text(),
+        "chosen_text": chosen.to_text(order),
+        "rejected_text": agent.to_text(order),
         "agreement_kind": found.kind,
         "n_teachers": n_teachers,
         "n_models": found.n_models,

@@ -69,6 +69,8 @@ def render_markdown(view: View, *, full: bool = False, max_messages: int | None 
             out.append(
                 f"- stored prompt equals the rendered prefix: {'yes' if view.prompt_matches_prefix else '**no**'}"
             )
+        if view.texts_match_order is False:
+            out.append("- stored chosen/rejected texts in this `render.action_order`: **no**")
         out.append("")
         out.append("| chosen (teacher consensus) | rejected (the agent's action) |")
         out.append("|---|---|")

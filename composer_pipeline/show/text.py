@@ -161,6 +161,10 @@ def _format_pair(p: PairView, width: int, full: bool) -> str:
                 else "DIFFERS from the prefix shown below (pairs built with other render options?)"
             )
         )
+    if p.texts_match_order is False:
+        head.append(
+            "texts    the stored chosen/rejected texts (what the trainer reads) are NOT in this render.action_order"
+        )
     col = (width - 3) // 2
     left = _column(p.chosen, col, full)
     right = _column(p.rejected, col, full)

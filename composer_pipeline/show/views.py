@@ -30,6 +30,7 @@ import orjson
 import pyarrow as pa
 
 from composer_pipeline import ids as ids_mod
+from composer_pipeline.actions import Action
 from composer_pipeline.render import Conversation, RenderOptions
 from composer_pipeline.replay.requests import make_request, render_prompt
 from composer_pipeline.store import Store
@@ -146,6 +147,9 @@ class PairView:
     agreement: dict[str, Any]  # n_teachers, n_agreeing, agreeing_teachers, agreement_score, signatures, cost
     state: StateView
     prompt_matches_prefix: bool | None = None  # the pair's stored prompt == the prefix rendered now
+    # the stored chosen/rejected_text (what the trainer reads) == the actions in render.action_order now;
+    # not in to_dict (the JSON carries the texts themselves)
+    texts_match_order: bool | None = None
 
     kind = "pair"
 
@@ -490,4 +494,15 @@ def _pair_view(
         agreement={k: row.get(k) for k in PAIR_AGREEMENT_FIELDS},
         state=sv,
         prompt_matches_prefix=match,
+        texts_match_order=_texts_match_order(row, opts),
     )
+
+
+def _texts_match_order(row: dict, opts: RenderOptions) -> bool | None:
+    """Whether a pair's stored texts are its actions' text form in ``opts.action_order`` (None: unreadable)."""
+    try:
+        chosen, rejected = Action.from_json(row.get("chosen") or "{}"), Action.from_json(row.get("rejected") or "{}")
+    except (ValueError, KeyError, TypeError):
+        return None
+    order = opts.action_order
+    return (row.get("chosen_text"), row.get("rejected_text")) == (chosen.to_text(order), rejected.to_text(order))

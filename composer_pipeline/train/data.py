@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from composer_pipeline.actions import Action
+from composer_pipeline.actions import ACTION_ORDERS, Action, ActionOrder
 from composer_pipeline.chat import prompt_text
 from composer_pipeline.render import Conversation, RenderOptions, render_state
 from composer_pipeline.store import Store
@@ -82,6 +82,8 @@ class TrainData:
     heldout_prompts: list[PromptRow] = field(default_factory=list)
     heldout_pairs: list[PairRow] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    # the completions' tool-call key order (the render recipe's ``action_order``): hints, GRPO targets
+    action_order: ActionOrder = "sorted"
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -120,8 +122,12 @@ def load_train_data(
     include_unpaired_states: bool = True,
     render_recipe: str | None = None,
 ) -> TrainData:
-    """Read the pair tables and trace states under ``data_root`` into train/held-out rows."""
+    """Read the pair tables and trace states under ``data_root`` into train/held-out rows.
+
+    ``render_recipe``'s ``action_order`` is the order the hints and GRPO targets are written in; a pair
+    whose stored texts are the other order (pairs built under another setting) is refused: rebuild them."""
     store = Store(data_root)
+    opts = RenderOptions.from_recipe(render_recipe)
     has_pairs = store.exists("normalized_dpo_pairs") or store.exists("agreement_positives")
     has_states = store.exists("trace_states") and store.exists("trace_messages")
     if not has_pairs and not (include_unpaired_states and has_states):
@@ -134,7 +140,7 @@ def load_train_data(
         st = store.read_table("trace_states", columns=["state_id", "has_error", "error_after"]).to_pylist()
         errors = {r["state_id"]: (bool(r["has_error"]), r["error_after"]) for r in st}
 
-    data = TrainData()
+    data = TrainData(action_order=opts.action_order)
     seen_states: set[str] = set()
     for table in ("normalized_dpo_pairs", "agreement_positives"):
         if not store.exists(table):
@@ -154,12 +160,13 @@ def load_train_data(
                 has_error, error_after = bool(r.get("has_error")), r.get("error_after")
                 if not has_error and r["state_id"] in errors:
                     has_error, error_after = errors[r["state_id"]]
-                hint = build_hint(agent, error_after, consensus, hints) if has_error else None
+                hint = build_hint(agent, error_after, consensus, hints, opts.action_order) if has_error else None
             except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
                 data.skipped.append(Skipped(table, rid, f"{type(e).__name__}: {e}"))
                 continue
             held = is_heldout(r["state_id"], heldout_fraction)
             if r.get("kind") == "pair":
+                _check_order(r, opts.action_order)
                 if not (r.get("chosen_text") or "").strip() or not (r.get("rejected_text") or "").strip():
                     data.skipped.append(Skipped(table, rid, "empty chosen_text or rejected_text"))
                 elif r["chosen_text"] == r["rejected_text"]:
@@ -183,19 +190,40 @@ def load_train_data(
             )
             (data.heldout_prompts if held else data.prompts).append(row)
     if include_unpaired_states and has_states:
-        _add_unpaired_states(store, data, seen_states, heldout_fraction, hints, render_recipe)
+        _add_unpaired_states(store, data, seen_states, heldout_fraction, hints, opts)
     return data
 
 
+def _check_order(pair: dict, order: ActionOrder) -> None:
+    """Refuse a pair whose stored texts are its actions in the other tool-call key order: the DPO texts
+    and the trainer's own (hints, GRPO targets) would differ in format."""
+    try:
+        chosen, rejected = Action.from_json(pair.get("chosen") or "{}"), Action.from_json(pair.get("rejected") or "{}")
+    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        return
+    for other in ACTION_ORDERS:
+        if other == order or not (chosen.tool_calls or rejected.tool_calls):
+            continue
+        stored = (pair.get("chosen_text"), pair.get("rejected_text"))
+        if (
+            stored
+            == (chosen.to_text(other), rejected.to_text(other))
+            != (chosen.to_text(order), rejected.to_text(order))
+        ):
+            raise ValueError(
+                f"pair {pair.get('pair_id')}: its texts are in action_order {other!r}, the trainer's render recipe "
+                f"says {order!r}: rebuild the pairs with the same render.action_order (or set data.render_recipe)"
+            )
+
+
 def _add_unpaired_states(
-    store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, render_recipe: str | None
+    store: Store, data: TrainData, seen: set[str], fraction: float, hints: HintTemplates, opts: RenderOptions
 ) -> None:
     states = store.read_table("trace_states")
     todo = [r for r in states.to_pylist() if r["state_id"] not in seen]
     if not todo:
         return
     conv = Conversation.from_table(store.read_table("trace_messages"))
-    opts = RenderOptions.from_recipe(render_recipe)
     for st in todo:
         try:
             rendered = render_state(conv, st, opts)
@@ -203,7 +231,9 @@ def _add_unpaired_states(
                 raise ValueError("empty rendered prompt")
             Action.from_json(st["action"])
             has_error = bool(st.get("has_error"))
-            hint = build_hint(st["action"], st.get("error_after"), None, hints) if has_error else None
+            hint = (
+                build_hint(st["action"], st.get("error_after"), None, hints, opts.action_order) if has_error else None
+            )
         except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
             data.skipped.append(Skipped("trace_states", st.get("state_id") or "?", f"{type(e).__name__}: {e}"))
             continue
@@ -252,8 +282,11 @@ def interleave_error_sites(rows: list[PromptRow], group: int, seed: int) -> list
     return out
 
 
-def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_role: str) -> list[dict[str, Any]]:
-    """Rows for TRL's GRPO dataset: ``prompt`` text plus the columns rewards and the hint channel read."""
+def grpo_records(
+    tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_role: str, action_order: ActionOrder = "sorted"
+) -> list[dict[str, Any]]:
+    """Rows for TRL's GRPO dataset: ``prompt`` text plus the columns rewards and the hint channel read;
+    ``consensus_text`` in ``action_order`` (:attr:`TrainData.action_order`)."""
     out = []
     for r in rows:
         out.append(
@@ -267,7 +300,7 @@ def grpo_records(tokenizer, rows: list[PromptRow], max_prompt_tokens: int, hint_
                 "state_id": r.state_id,
                 "tool_names": r.tool_names,
                 "consensus": r.consensus,
-                "consensus_text": Action.from_json(r.consensus).to_text() if r.consensus else "",
+                "consensus_text": Action.from_json(r.consensus).to_text(action_order) if r.consensus else "",
             }
         )
     return out

@@ -110,7 +110,7 @@ def evaluate_policy(model_path: str | Path, data, recipe) -> dict[str, Any]:
         # -- reward on held-out prompts, greedy completions
         rows = data.heldout_prompts[: recipe.eval.max_prompts]
         if rows:
-            recs = grpo_records(tok, rows, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role)
+            recs = grpo_records(tok, rows, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role, data.action_order)
             enc = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in recs]
             pi, pm = _pad_left(enc, pad)
             gen = model.generate(

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from composer_pipeline.actions import Action
+from composer_pipeline.actions import Action, ActionOrder
 from composer_pipeline.train.config import HintTemplates
 
 
@@ -52,17 +52,19 @@ def build_hint(
     error_after: str | None,
     consensus_json: str | None,
     templates: HintTemplates,
+    order: ActionOrder = "sorted",
 ) -> str | None:
-    """The hint for one error site, or None when there is no error to hint about."""
+    """The hint for one error site, or None when there is no error to hint about. ``order``: the
+    actions' tool-call key order in the hint's text (``render.action_order``, as the completions)."""
     err = error_text(error_after)
     if not err:
         return None
-    agent = Action.from_json(agent_action_json).to_text() if agent_action_json else "(unknown)"
+    agent = Action.from_json(agent_action_json).to_text(order) if agent_action_json else "(unknown)"
     fields = {"agent": _clip(agent, templates.max_action_chars), "error": _clip(err, templates.max_error_chars)}
     if consensus_json:
-        consensus = Action.from_json(consensus_json)
-        if consensus.to_text() != Action.from_json(agent_action_json or "{}").to_text():
-            fields["consensus"] = _clip(consensus.to_text(), templates.max_action_chars)
+        consensus = Action.from_json(consensus_json).to_text(order)
+        if consensus != Action.from_json(agent_action_json or "{}").to_text(order):
+            fields["consensus"] = _clip(consensus, templates.max_action_chars)
             return templates.with_consensus.format(**fields)
     return templates.without_consensus.format(**fields)
 

@@ -107,7 +107,7 @@ def build_trainer(
         ordered = random.Random(recipe.optim.seed).sample(data.prompts, len(data.prompts))
     else:
         ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
-    records = grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role)
+    records = grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role, data.action_order)
     if "workspace_executes" in recipe.grpo.rewards:  # the reward executes in each state's workspace
         snapshots = workspace_snapshots(data_root, [r["state_id"] for r in records])
         for r in records:

@@ -384,3 +384,39 @@ def test_data_info_store_paths_resume_from_any_working_directory(tmp_path, monke
     legacy = {k: f"runs/r/data/{k}" for k in new}
     got = _resolve_stores(legacy, Path("runs/r/data"))
     assert {k: Path(v).resolve() for k, v in got.items()} == {k: (work / k).resolve() for k in new}
+
+
+def test_name_first_runs_the_whole_chain_in_that_order(tmp_path):
+    """``--action-order name_first`` reaches every completion text of the chain: the base model's template
+    and windows, the hints, the arms' render recipe; a sorted run keeps the fingerprint and base-model
+    settings it had before the setting (its run dirs stay resumable)."""
+    import json as _json
+    import random
+
+    from transformers import AutoTokenizer
+
+    from composer_pipeline.actions import Action, ToolCall
+    from composer_pipeline.experiments.pretrain import _hint_for, pretrain_base
+    from composer_pipeline.experiments.read_before_edit import ExperimentConfig
+    from composer_pipeline.experiments.read_before_edit.arms import arm_recipe
+    from composer_pipeline.render import RenderOptions
+    from composer_pipeline.tiny_model import chat_template
+    from composer_pipeline.train.config import HintTemplates, TrainRecipe
+
+    kw = dict(sessions=12, steps=1, every=1, hidden=32, layers=1, vocab_size=512, batch_size=2, max_tokens=96)
+    base = pretrain_base(tmp_path / "nf", action_order="name_first", **kw)
+    assert AutoTokenizer.from_pretrained(base).chat_template == chat_template("name_first")
+    assert _json.loads((tmp_path / "nf" / "pretrain.json").read_text())["settings"]["action_order"] == "name_first"
+    pretrain_base(tmp_path / "sorted", **kw)
+    assert "action_order" not in _json.loads((tmp_path / "sorted" / "pretrain.json").read_text())["settings"]
+
+    edit = Action(tool_calls=(ToolCall("Edit", {"file_path": "/w/a.py", "old_string": "X", "new_string": "Y"}, "c"),))
+    hint = _hint_for(edit, random.Random(0), HintTemplates(), "name_first")
+    assert hint.endswith(edit.to_text("name_first").replace("\n", " ").strip())
+
+    cfg = ExperimentConfig(out=tmp_path / "run", action_order="name_first")
+    assert cfg.fingerprint()["action_order"] == "name_first"
+    assert "action_order" not in ExperimentConfig(out=tmp_path / "run").fingerprint()
+    recipe = arm_recipe(TrainRecipe(), "dpo", cfg, tmp_path / "start", 0)
+    assert RenderOptions.from_recipe(recipe.data.render_recipe).action_order == "name_first"
+    assert arm_recipe(TrainRecipe(), "dpo", ExperimentConfig(out=tmp_path), tmp_path, 0).data.render_recipe is None

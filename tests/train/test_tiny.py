@@ -38,3 +38,21 @@ def test_tiny_model_reloads_and_template_renders_tool_messages(tiny_model_dir):
 def test_tokenizer_training_is_deterministic():
     a, b = build_tokenizer(512), build_tokenizer(512)
     assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+
+
+def test_template_writes_history_tool_calls_as_the_completions_are_written(tiny_model_dir):
+    """With ``render.action_order: name_first`` a tiny model's template (``chat_template``) renders the
+    prompt's earlier tool calls in the order its completions are trained in; the default stays sorted."""
+    from transformers import AutoTokenizer
+
+    from composer_pipeline.tiny_model import CHAT_TEMPLATE, chat_template
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    action = Action(tool_calls=(ToolCall("Edit", {"old_string": "a", "file_path": "/a.py", "new_string": "b"}, "c1"),))
+    msgs = [{"role": "user", "content": "fix it"}, action.to_chat_message(), {"role": "user", "content": "go on"}]
+    assert chat_template("sorted") == CHAT_TEMPLATE == tok.chat_template
+    for order in ("sorted", "name_first"):
+        tok.chat_template = chat_template(order)
+        text = render_chat_prompt(tok, msgs, [], 10_000)
+        other = "name_first" if order == "sorted" else "sorted"
+        assert action.to_text(order) in text and action.to_text(other) not in text

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from composer_pipeline.actions import Action
+from composer_pipeline.actions import Action, ActionOrder
 from composer_pipeline.experiments.read_before_edit.config import ExperimentConfig
 from composer_pipeline.train.config import LoraSection, TrainRecipe, Weights
 
@@ -81,7 +81,9 @@ def arm_recipe(base: TrainRecipe, arm: str, cfg: ExperimentConfig, start: Path, 
     r = replace(
         r,
         optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),
-        data=replace(r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens),
+        data=replace(
+            r.data, heldout_fraction=0.0, max_prompt_tokens=cfg.prompt_tokens, render_recipe=render_recipe(cfg)
+        ),
         # 96 tokens hold a whole Edit call (~80 with the tiny tokenizer): a shorter limit cuts every
         # Edit rollout into an unparseable one and so rewards reading everywhere
         grpo=replace(
@@ -127,7 +129,20 @@ def shuffled_label_store(train_root: str, out_root: Path, seed: int) -> str:
     return str(out_root)
 
 
-def consensus_store(train_root: str, out_root: Path) -> str:
+def render_recipe(cfg: ExperimentConfig) -> str | None:
+    """The render recipe the trainer reads (``data.render_recipe``) for ``cfg.action_order``: None for the
+    default, else ``<out>/render.yaml`` (written here) holding that order."""
+    if cfg.action_order == "sorted":
+        return None
+    path = Path(cfg.out) / "render.yaml"
+    text = f"render:\n  action_order: {cfg.action_order}\n"
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
+def consensus_store(train_root: str, out_root: Path, order: ActionOrder = "sorted") -> str:
     """A copy of the train store whose ``pairs`` hold the teachers' consensus as the chosen side at every
     task state that has one: the pairs, plus each positive (the agent agreed with the consensus) as a row
     whose rejected side is an empty-text stand-in. For the ``nll_all`` arm only, whose preference term is a
@@ -149,7 +164,7 @@ def consensus_store(train_root: str, out_root: Path) -> str:
                 "kind": "pair",
                 "pair_id": r.get("pair_id") or f"positive-{r['state_id']}",
                 "rejected": stand_in.to_json(),
-                "rejected_text": stand_in.to_text(),
+                "rejected_text": stand_in.to_text(order),
             }
         )
     dst.write_table("pairs", tables.conform(pa.Table.from_pylist(rows), "normalized_dpo_pairs"))

@@ -78,6 +78,11 @@ class ExperimentConfig:
         help="the tokens the preference term sums in every DPO arm that does not set its own (dpo, "
         "dpo_shuffled, all): null = the train recipe's dpo.preference_tokens",
     )
+    action_order: Literal["sorted", "name_first"] = setting(
+        "sorted",
+        help="the tool calls' key order in every completion text of the chain (render.action_order): the base "
+        "model's corpus, template and windows, the start fit, the pairs, hints and GRPO targets",
+    )
     max_new_tokens: int = setting(
         96, help="probes and rollouts: new tokens (a whole Edit call with the tiny tokenizer is ~80)"
     )
@@ -111,6 +116,9 @@ class ExperimentConfig:
         # (auto is resolved before a run: run.run_experiment)
         if d["device"] == "cpu":
             del d["device"]
+        # likewise sorted (the default order): run dirs made before the setting stay resumable
+        if d["action_order"] == "sorted":
+            del d["action_order"]
         # version 5: pairs whose chosen side repeats the prompt's last call are dropped, and every cell
         # records parse_rate and the answers' full texts (issue 31): cells of version 4 do not mix with these
         return {**d, "heldout_seed": HELDOUT_SEED, "teachers": TEACHERS, "version": 5}

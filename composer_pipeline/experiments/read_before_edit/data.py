@@ -55,6 +55,8 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         "heldout_seed": HELDOUT_SEED,
         "teachers": TEACHERS,
     }
+    if cfg.action_order != "sorted":
+        sizes["action_order"] = cfg.action_order
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info.get("sizes") == sizes:
@@ -97,7 +99,7 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
             },
             "experiment",
         )
-        opts = render.RenderOptions.from_recipe(None)
+        opts = render.RenderOptions(action_order=cfg.action_order)
         ledger, cache = Ledger(work / "ledger.sqlite"), ResponseCache(work / "teacher_cache")
         run = ReplayRun.prepare(task_states, messages, cfg_t, opts)
         plan = run.plan(cache, ledger)

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from composer_pipeline.experiments.pretrain import pretrain_base
-from composer_pipeline.experiments.read_before_edit.arms import ARMS, arm_recipe, consensus_store, shuffled_label_store
+from composer_pipeline.experiments.read_before_edit.arms import (
+    ARMS,
+    arm_recipe,
+    consensus_store,
+    render_recipe,
+    shuffled_label_store,
+)
 from composer_pipeline.experiments.read_before_edit.config import REPO, ExperimentConfig
 from composer_pipeline.experiments.read_before_edit.data import build_data
 from composer_pipeline.experiments.read_before_edit.probe import heldout_cases, probe, probe_callback
@@ -75,7 +81,9 @@ def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print)
     data_info = build_data(out / "data", cfg)
     emit(json.dumps({"data": data_info}))
     base = TrainRecipe.load(REPO / "recipes" / "train.yaml")
-    train_rows = load_train_data(data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint).prompts
+    train_rows = load_train_data(
+        data_info["train_store"], heldout_fraction=0.0, hints=base.sdpo.hint, render_recipe=render_recipe(cfg)
+    ).prompts
     base_model = _base_model(cfg, out, base, emit)
     stopped = None
     for seed in cfg.only_seeds if cfg.only_seeds is not None else range(cfg.seeds):
@@ -101,6 +109,7 @@ def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print)
                 max_prompt_tokens=cfg.prompt_tokens,
                 max_completion_tokens=cfg.max_new_tokens,
                 device=cfg.device,
+                action_order=cfg.action_order,
             )
         tok, start_model = load_policy(str(start), cfg.device)
         cases = heldout_cases(data_info["heldout_store"], tok, cfg.prompt_tokens, cfg.probe_states)
@@ -169,6 +178,7 @@ def _base_model(cfg: ExperimentConfig, out: Path, base: TrainRecipe, emit: Calla
             max_tokens=cfg.prompt_tokens,
             hint_templates=base.sdpo.hint,
             device=cfg.device,
+            action_order=cfg.action_order,
         )
     )
     meta = json.loads((out / "base" / "pretrain.json").read_text())
@@ -201,7 +211,7 @@ def _train_arm(
         raise ValueError(f"the {arm} arm trains nothing")
     recipe = arm_recipe(base, arm, cfg, start, seed)
     if spec.data == "consensus_all":
-        root = consensus_store(data_info["train_store"], out / "consensus_store")
+        root = consensus_store(data_info["train_store"], out / "consensus_store", cfg.action_order)
     elif spec.data == "shuffled_labels":
         root = shuffled_label_store(data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed)
     else:
