@@ -54,7 +54,8 @@ def item_of(obj: dict) -> dict | None:
     if obj.get("type") == "response_item":
         p = obj.get("payload")
         return p if type(p) is dict else None
-    if "payload" not in obj and obj.get("type") in RESPONSE_ITEMS:  # early JSONL: bare items
+    # early JSONL: bare items (a damaged line's list or object type is no set member)
+    if "payload" not in obj and isinstance(obj.get("type"), str) and obj["type"] in RESPONSE_ITEMS:
         return obj
     return None
 

@@ -156,7 +156,8 @@ def _classify(obj: dict) -> tuple[str, str | None, str | None] | None:
     """``(record_type, subtype, role)`` of a rollout line; ``None``: not a rollout line."""
     item = codex_items.item_of(obj)
     if item is not None:
-        t = item.get("type")
+        # (a damaged item's list or object type is no set member: unhashable)
+        t = item.get("type") if isinstance(item.get("type"), str) else None
         if t == "message":
             role = item.get("role") if isinstance(item.get("role"), str) else None
             rt = role if role in ("user", "assistant") else "developer"
@@ -165,8 +166,10 @@ def _classify(obj: dict) -> tuple[str, str | None, str | None] | None:
             return "assistant", t, "assistant"
         if t in codex_items.OUTPUT_ITEMS:
             return "user", t, "tool"
-        return "response_item", t if isinstance(t, str) else None, None
+        return "response_item", t, None
     t = obj.get("type")
+    if not isinstance(t, str | None):
+        return None
     if t == "compacted":
         return "user", "compacted", "user"
     if t in codex_items.ROLLOUT_LINE_TYPES or (isinstance(t, str) and type(obj.get("payload")) is dict):

@@ -146,6 +146,24 @@ def test_a_first_line_whose_type_is_not_a_string_is_no_crash(value):
     assert codex.detect_format(first) is None
 
 
+@pytest.mark.parametrize("value", [[], {"a": 1}])
+def test_a_rollout_line_whose_type_is_not_a_string_is_a_quarantine_row(tmp_path, value):
+    """A damaged line inside a rollout, its own ``type`` or its payload's a list or an object: one quarantine
+    row (a list is no set member: it raised TypeError and ended the whole ingest run)."""
+    path = fx.write(tmp_path, "shell")
+    lines = path.read_text().splitlines()
+    bad_line = json.dumps({"timestamp": "x", "type": value, "payload": {"type": "message"}})
+    bad_item = json.dumps({"timestamp": "x", "type": "response_item", "payload": {"type": value}})
+    bare = json.dumps({"timestamp": "x", "type": value})
+    path.write_text("\n".join(lines[:3] + [bad_line, bad_item, bare] + lines[3:]) + "\n")
+    res = _ingest(tmp_path)
+    assert res.states.num_rows == fx.STEPS["shell"]
+    reasons = {r["line_no"]: r["reason"] for r in res.quarantine.to_pylist()}
+    assert reasons[4] == codex.NOT_A_ROLLOUT_LINE
+    assert 5 not in reasons or reasons[5] == codex.NOT_A_ROLLOUT_LINE
+    assert reasons[6] == codex.NOT_A_ROLLOUT_LINE
+
+
 def test_source_override_and_a_bad_line(tmp_path):
     path = fx.write(tmp_path, "shell")
     lines = path.read_text().splitlines()
