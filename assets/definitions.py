@@ -85,7 +85,8 @@ def build_defs(settings: PipelineSettings | None = None) -> dg.Definitions:
         ],
         schedules=[build_nightly_schedule(training_cron(s.recipe("train")))],
         resources=build_resources(s),
-        executor=build_executor(s),  # deployment.executor (default in_process; docs/SCALING.md)
+        # deployment.executor (default in_process; docs/SCALING.md)
+        executor=build_executor(s),
     )
 
 

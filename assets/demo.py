@@ -66,14 +66,20 @@ class DemoReport:
     row_counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     dagster_home: str = str(DAGSTER_HOME)
-    ui_env: str = ""  # env the UI needs to see the same sessions, store and teachers
+    # env the UI needs to see the same sessions, store and teachers
+    ui_env: str = ""
     teachers_recipe: str = ""
     teachers: dict[str, dict] = field(default_factory=dict)  # name -> answered, other, cached, spend
-    example_pair: str | None = None  # a normalized pair id for the `lineage` / `show` hints
-    agreement: dict[str, int] = field(default_factory=dict)  # "self_consistency: 2 of 2 samples ..." -> pairs
-    train: dict = field(default_factory=dict)  # steps, seconds, data counts, steps each channel fired
-    ingest_engines: dict[str, int] = field(default_factory=dict)  # engine (or "python: <why>") -> sessions
-    min_rows_to_measure: int = 30  # the train recipe's eval.min_rows_to_measure (below it the eval measured nothing)
+    # a normalized pair id for the `lineage` / `show` hints
+    example_pair: str | None = None
+    # "self_consistency: 2 of 2 samples ..." -> pairs
+    agreement: dict[str, int] = field(default_factory=dict)
+    # steps, seconds, data counts, steps each channel fired
+    train: dict = field(default_factory=dict)
+    # engine (or "python: <why>") -> sessions
+    ingest_engines: dict[str, int] = field(default_factory=dict)
+    # the train recipe's eval.min_rows_to_measure (below it the eval measured nothing)
+    min_rows_to_measure: int = 30
 
 
 def ensure_dagster_home(home: Path = DAGSTER_HOME) -> Path:
@@ -120,7 +126,8 @@ def run_demo(
 ) -> DemoReport:
     t0 = time.monotonic()
     warnings.filterwarnings("ignore", message=".*is currently in preview.*")  # partitioned asset checks
-    for noisy in ("alembic", "httpx"):  # instance migrations and per-request lines drown the progress
+    # instance migrations and per-request lines drown the progress
+    for noisy in ("alembic", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     ensure_dagster_home(Path(dagster_home))
     # per-file "Loading weights"/"Writing model shards" bars of the teacher server and the trainer
@@ -146,7 +153,8 @@ def run_demo(
     if not sessions:
         raise FileNotFoundError(f"no Claude Code sessions under {root}")
     keymap = session_keymap(instance, sessions)
-    added = keymap.assign()  # short, readable partition keys (project/id) for sessions without one
+    # short, readable partition keys (project/id) for sessions without one
+    added = keymap.assign()
     if added:
         instance.add_dynamic_partitions(SESSIONS, sorted(added.values()))
     keys = sorted(keymap.partition_of[k] for k in sessions)
@@ -273,7 +281,8 @@ def _cli_path() -> str:
 
     script = Path(sys.executable).parent / "composer-pipeline"
     if not script.is_file() or shutil.which("composer-pipeline") == str(script):
-        return "composer-pipeline"  # on PATH (venv active) or not a venv install
+        # on PATH (venv active) or not a venv install
+        return "composer-pipeline"
     try:
         return str(script.relative_to(Path.cwd()))
     except ValueError:

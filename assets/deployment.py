@@ -69,7 +69,8 @@ class DeploymentSettings:
     )
     celery: dict[str, Any] = setting(factory=dict, help="celery_executor config (passed to Dagster as written)")
     trainer: TrainerDeployment = setting(factory=TrainerDeployment, help="where and how the trainer runs")
-    executor_config: dict[str, Any] = derived(factory=dict)  # the chosen executor's Dagster config (set by from_dict)
+    # the chosen executor's Dagster config (set by from_dict)
+    executor_config: dict[str, Any] = derived(factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict | None, repo_root: Path, where: str = "pipeline recipe") -> DeploymentSettings:

@@ -20,7 +20,8 @@ from assets.settings import PipelineSettings
 
 def build_executor(settings: PipelineSettings) -> dg.ExecutorDefinition:
     executor = _select(settings)
-    checked = executor.apply_config_mapping({})  # .configured() defers validation to the first run
+    # .configured() defers validation to the first run
+    checked = executor.apply_config_mapping({})
     if not checked.success:
         raise dg.DagsterInvalidConfigError(
             f"recipes: deployment.{settings.deployment.executor} is not valid {executor.name} config",

@@ -29,7 +29,8 @@ from composer_pipeline.scrub import Scrubber
 from composer_pipeline.show import render_markdown, state_views
 from resources.recipes import PipelineRecipes
 
-STAGE = stage("ingest")  # (one group for every asset: assets/layout.py)
+# (one group for every asset: assets/layout.py)
+STAGE = stage("ingest")
 
 
 def find_session(trace_root: str | list[str], partition_key: str, instance=None):
@@ -253,7 +254,8 @@ def ingest_session_tables(context: dg.AssetExecutionContext, recipes: PipelineRe
     )
     leaked = {}
     for name, tbl, cols in (
-        ("trace_messages", messages, ["raw"]),  # (content and toolUseResult are stored inside raw)
+        # (content and toolUseResult are stored inside raw)
+        ("trace_messages", messages, ["raw"]),
         ("trace_states", states, ["action", "error_after"]),
         ("quarantine", quarantine, ["text"]),
     ):

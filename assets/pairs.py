@@ -26,7 +26,8 @@ from composer_pipeline.show import pair_views, render_markdown
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
 
-STAGE = stage("pairs")  # (one group for every asset: assets/layout.py)
+# (one group for every asset: assets/layout.py)
+STAGE = stage("pairs")
 PAIR_PREVIEW = ["pair_id", "agreement_kind", "agreement", "chosen_text", "rejected_text"]
 
 

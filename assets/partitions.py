@@ -18,7 +18,8 @@ from composer_pipeline.ingest.partition_keys import KeyMap, project_name
 warnings.filterwarnings("ignore", message=r".*partitions_def on an AssetCheckSpec.*", category=dg.PreviewWarning)
 warnings.filterwarnings("ignore", message=r".*partitions_def.*asset_check.*", category=dg.PreviewWarning)
 
-SESSIONS = "sessions"  # the dynamic partitions' name, one per session
+# the dynamic partitions' name, one per session
+SESSIONS = "sessions"
 sessions_partitions = dg.DynamicPartitionsDefinition(name=SESSIONS)
 
 
@@ -40,7 +41,8 @@ def recorded_sessions(instance, partition_keys: list[str], page: int = 1000) -> 
                 limit=page,
                 cursor=cursor,
             )
-            for rec in res.records:  # newest first: keep the first seen per partition
+            # newest first: keep the first seen per partition
+            for rec in res.records:
                 mat = rec.asset_materialization
                 if mat is not None and mat.partition not in out:
                     out[mat.partition] = {k: v.value for k, v in mat.metadata.items()}

@@ -35,7 +35,8 @@ from resources.ledger import LedgerResource
 from resources.recipes import PipelineRecipes
 from resources.teachers import TeachersResource
 
-STAGE = stage("replay")  # (one group for every asset: assets/layout.py)
+# (one group for every asset: assets/layout.py)
+STAGE = stage("replay")
 
 
 @dg.asset(
@@ -95,7 +96,8 @@ def cost_plan_within_budget(
     cost_plan: pa.Table, teachers: TeachersResource, ledger: LedgerResource
 ) -> dg.AssetCheckResult:
     cfg = teachers.load_config()
-    plan = check_plan(cost_plan, cfg, ledger.open())  # the same decision the cost_plan asset reported
+    # the same decision the cost_plan asset reported
+    plan = check_plan(cost_plan, cfg, ledger.open())
     total, remaining = plan.total_worst_case_usd, plan.remaining_budget_by_teacher
     over = {
         t: {"worst_case_usd": plan.worst_case_by_teacher[t], "remaining_usd": float(remaining[t])}
@@ -111,7 +113,8 @@ def cost_plan_within_budget(
             "remaining_usd_by_teacher": dg.MetadataValue.json({k: float(v) for k, v in remaining.items()}),
             "teachers_over_budget": dg.MetadataValue.json(over),
         },
-        description=None if plan.fits else "; ".join(plan.reasons),  # the reasons check_plan gave, not recomputed
+        # the reasons check_plan gave, not recomputed
+        description=None if plan.fits else "; ".join(plan.reasons),
     )
 
 
@@ -134,7 +137,8 @@ def _example_md(replays: pa.Table, states: pa.Table, messages: pa.Table, recipes
     kinds={"parquet", "openai"},
     # batch mode: a run whose calls wait in live provider batches writes no table (an observation instead)
     output_required=False,
-    pool="teachers",  # politeness only (how many partitions call teachers at once); the ledger makes any number safe
+    # politeness only (how many partitions call teachers at once); the ledger makes any number safe
+    pool="teachers",
     description="Each state's prefix replayed to every teacher (OpenAI-compatible HTTP, response cache, "
     "budget ledger with per-call reservations).",
     check_specs=[
@@ -166,7 +170,8 @@ def teacher_replays(
 ):
     front = _front(teachers, ledger, recipes)
     cfg, led = front.config, front.ledger
-    plan = check_plan(cost_plan, cfg, led)  # the plan the blocking check passed (the same decision)
+    # the plan the blocking check passed (the same decision)
+    plan = check_plan(cost_plan, cfg, led)
     # missing key variable / unknown host: fail before any call
     keys = front.keys(plan, teachers.api_key_values())
     teachers.ensure_local_servers(log=context.log, only=plan.teachers_to_call)  # all cached: no server needed
@@ -186,10 +191,12 @@ def teacher_replays(
     outcome = front.replay(run, plan, keys, context.run_id, progress, wait=cfg.mode != "batch")
     res = outcome.result
     table = tables.conform(res.table, "teacher_replays")
-    summary = res.summary  # run_report.replay_summary: the dict `composer-pipeline replay` prints
+    # run_report.replay_summary: the dict `composer-pipeline replay` prints
+    summary = res.summary
     total = float(summary["spend_usd"])  # this run's spend
     batch = summary.get("batch") or {}
-    if batch.get("calls_pending"):  # batches still live: no table (nothing downstream runs), an observation
+    # batches still live: no table (nothing downstream runs), an observation
+    if batch.get("calls_pending"):
         context.log_event(_submitted(context.partition_key, summary, batch))
         yield from _checks(summary, cfg, led, recipes, pending=int(batch["calls_pending"]))
         return

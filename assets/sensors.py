@@ -43,12 +43,14 @@ def scan_sessions(trace_root: str | list[str]) -> dict[str, str]:
 
     found: dict[str, str] = {}
     for root in [trace_root] if isinstance(trace_root, str) else trace_root:
-        for sf in discover_sessions(local_root(root)):  # (an s3:// root: its mirror, new/changed objects fetched)
+        # (an s3:// root: its mirror, new/changed objects fetched)
+        for sf in discover_sessions(local_root(root)):
             found.setdefault(sf.key, session_fingerprint(sf))
     return found
 
 
-CHAIN_END = "normalized_dpo_pairs"  # the last asset of a session's chain (session_chain)
+# the last asset of a session's chain (session_chain)
+CHAIN_END = "normalized_dpo_pairs"
 
 
 def materialized_fingerprints(instance, keys: list[str]) -> dict[str, str]:
@@ -86,13 +88,15 @@ def build_sessions_sensor(
         seen = json.loads(context.cursor) if context.cursor else {}
         current = scan_sessions(roots)
         keymap = session_keymap(context.instance, current)
-        added = keymap.assign()  # session key -> partition key, for sessions without a partition
+        # session key -> partition key, for sessions without a partition
+        added = keymap.assign()
         pk = keymap.partition_of
         finished = set(context.instance.get_materialized_partitions(dg.AssetKey(CHAIN_END)))
         unknown = sorted(k for k in current if k not in seen and k not in added and pk[k] in finished)
         by_partition = materialized_fingerprints(context.instance, [pk[k] for k in unknown])
         done = {k: current[k] for k in unknown if by_partition.get(pk[k]) == current[k]}
-        seen = {**seen, **done}  # already materialized with these very files: no run, just remembered
+        # already materialized with these very files: no run, just remembered
+        seen = {**seen, **done}
         changed = sorted(k for k, fp in current.items() if seen.get(k) != fp)
         if not added and not changed:
             msg = f"{len(current)} sessions under {', '.join(roots)}, none new or changed"
@@ -113,7 +117,8 @@ def build_sessions_sensor(
     return sessions_sensor
 
 
-COLLECT_WINDOW_S = 30 * 24 * 3600  # batches recorded this long ago are looked at (Anthropic keeps results 29 days)
+# batches recorded this long ago are looked at (Anthropic keeps results 29 days)
+COLLECT_WINDOW_S = 30 * 24 * 3600
 
 
 def batch_partitions(instance, rows, since: float) -> tuple[dict[str, list], list[str]]:
@@ -205,7 +210,8 @@ def build_batch_collect_sensor(target, minimum_interval_seconds: int = 300) -> d
         by_partition, waiting = batch_partitions(context.instance, rows, since)
         if not by_partition:
             return dg.SkipReason("; ".join(["no provider batch of a Dagster run to collect", *waiting]))
-        unique = {r.id: r for v in by_partition.values() for r in v}  # a batch two partitions wait on: asked once
+        # a batch two partitions wait on: asked once
+        unique = {r.id: r for v in by_partition.values() for r in v}
         ended = batches_ended(teachers.load_config(), teachers.api_key_values(), list(unique.values()))
         requests, pending = [], list(waiting)
         for pk, batches in sorted(by_partition.items()):

@@ -26,7 +26,8 @@ from resources.recipes import PipelineRecipes
 from resources.storage import StoreResource
 from resources.trainer import TrainerLauncher
 
-STAGE = stage("train")  # (one group for every asset: assets/layout.py)
+# (one group for every asset: assets/layout.py)
+STAGE = stage("train")
 
 
 @dg.asset(
@@ -93,7 +94,8 @@ def trained_policy(
     for ch, v in (metrics.get("final") or {}).items():
         if isinstance(v, (int, float)):
             meta[f"final_{ch}_loss"] = float(v)
-    replicas = metrics.get("diloco") or {}  # DiLoCo replica groups (composer_pipeline/train/diloco_launch.py)
+    # DiLoCo replica groups (composer_pipeline/train/diloco_launch.py)
+    replicas = metrics.get("diloco") or {}
     for k in ("replica_groups", "outer_steps", "groups_lost", "groups_rejoined"):
         if k in replicas:
             meta[k] = replicas[k]

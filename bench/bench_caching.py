@@ -40,7 +40,8 @@ from composer_pipeline.replay.run import ReplayRun
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
+# the test helpers (tests/support) live in the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.long_sessions import write_long_sessions  # noqa: E402
 from tests.support.provider_emulator import ModelRules, ProviderEmulator  # noqa: E402

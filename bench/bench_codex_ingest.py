@@ -221,7 +221,8 @@ def main() -> None:
     corpora = {"claude": tmp / "claude", "codex": tmp / "codex"}
     sizes = {"claude": generate(corpora["claude"], args.mb)[1], "codex": generate_codex(corpora["codex"], args.mb)[1]}
     runs: dict[str, list[dict]] = {k: [] for k in corpora}
-    for _ in range(args.repeat):  # interleaved: the two corpora see the same machine load
+    # interleaved: the two corpora see the same machine load
+    for _ in range(args.repeat):
         for kind, corpus in corpora.items():
             f = floor(corpus)
             cpu, total = ingest(corpus, tmp / f"out_{kind}")

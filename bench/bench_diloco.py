@@ -139,7 +139,8 @@ def main() -> int:
     base["grpo"]["max_completion_length"] = 16
     (root / "one.yaml").write_text(yaml.safe_dump(base))
     groups = json.loads(json.dumps(base))
-    groups["grpo"]["prompts_per_step"] = 1  # per group: half the global batch, as a DDP rank has
+    # per group: half the global batch, as a DDP rank has
+    groups["grpo"]["prompts_per_step"] = 1
     groups["dpo"]["batch_size"] = 1
     groups["diloco"].update(replica_groups=2, inner_steps=a.inner_steps)
     (root / "diloco.yaml").write_text(yaml.safe_dump(groups))

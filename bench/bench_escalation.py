@@ -41,7 +41,8 @@ from composer_pipeline.replay.front import ReplayFront, plan_summary
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
+# the test helpers (tests/support) live in the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.long_sessions import write_long_sessions  # noqa: E402
 from tests.support.provider_emulator import ModelRules, ProviderEmulator  # noqa: E402
@@ -104,8 +105,10 @@ class Script:
     """The emulator's teachers (module docstring): the answer of a model to a state, by the state's prompt."""
 
     def __init__(self, by_prompt: dict[bytes, tuple[str, str]], args) -> None:
-        self.by_prompt, self.args = by_prompt, args  # sha256 of the messages -> (state_id, agent action JSON)
-        self.unknown = 0  # requests whose prompt is no state's (the emulator's default answer): should stay 0
+        # sha256 of the messages -> (state_id, agent action JSON)
+        self.by_prompt, self.args = by_prompt, args
+        # requests whose prompt is no state's (the emulator's default answer): should stay 0
+        self.unknown = 0
 
     def __call__(self, body: dict) -> dict | None:
         hit = self.by_prompt.get(_key(body["messages"]))

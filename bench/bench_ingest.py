@@ -58,7 +58,8 @@ def generate(corpus: Path, target_mb: float) -> tuple[int, int]:
 
         for rel, data in blobs.items():
             out = corpus / f"copy{k:04d}" / rel
-            if rel.stem.count("-") == 4:  # session files are named by their uuid: rename consistently
+            # session files are named by their uuid: rename consistently
+            if rel.stem.count("-") == 4:
                 out = out.with_name(sub(UUID_RE.match(rel.stem.encode())).decode() + ".jsonl")
             out.parent.mkdir(parents=True, exist_ok=True)
             data = UUID_RE.sub(sub, data)
@@ -209,7 +210,8 @@ def _damage(line: bytes, rng, mode: str) -> bytes | None:
     return line[: p.start()] + line[p.end() + 1 :].rstrip(b"}")  # parent key gone, line cut at its end
 
 
-VARIED_GROWTH = 2.0  # about how much varied() grows the copies: they are generated that much smaller
+# about how much varied() grows the copies: they are generated that much smaller
+VARIED_GROWTH = 2.0
 
 
 def varied(corpus: Path, seed: int = 25) -> dict:
@@ -223,11 +225,13 @@ def varied(corpus: Path, seed: int = 25) -> dict:
     for k, path in enumerate(files):
         is_main = path.stem.count("-") == 4 and "subagents" not in path.parts
         out, records = _vary_lines(path.read_bytes().split(b"\n"), rng, n)
-        if is_main and len(records) >= 30:  # a compaction at 60 %: boundary + summary, the chain continued after it
+        # a compaction at 60 %: boundary + summary, the chain continued after it
+        if is_main and len(records) >= 30:
             _add_compaction(out, records, k, rng, n)
         _damage_runs(out, rng, n)
         path.write_bytes(b"\n".join(out))
-        if is_main and path.stat().st_size > 20_000:  # six 2.1.x subagent files with their own uuids
+        # six 2.1.x subagent files with their own uuids
+        if is_main and path.stat().st_size > 20_000:
             _add_subagents(path, k, template, rng, n)
     return n
 
@@ -444,7 +448,8 @@ def floor(corpus: Path) -> float:
             if line:
                 try:
                     orjson.loads(line)
-                except orjson.JSONDecodeError:  # a cut line (real-world corpus): decoding fails, as in ingest
+                # a cut line (real-world corpus): decoding fails, as in ingest
+                except orjson.JSONDecodeError:
                     pass
                 n += 1
     return time.process_time() - t
@@ -458,14 +463,16 @@ def child(corpus: Path, out: Path, engine: str) -> None:
     from composer_pipeline.cli import main
     from composer_pipeline.cli.ingest import choose_arrow_allocator, load_arrow_without_numpy
 
-    choose_arrow_allocator()  # as `composer-pipeline ingest` does before it imports pyarrow
+    # as `composer-pipeline ingest` does before it imports pyarrow
+    choose_arrow_allocator()
     load_arrow_without_numpy()
     import pyarrow.parquet  # noqa: F401  (imports are startup, reported separately)
 
     import composer_pipeline.ingest.pipeline  # noqa: F401
 
     startup = time.process_time() - t0
-    captured = io.StringIO()  # the CLI's JSON lines (one per file, then the totals line)
+    # the CLI's JSON lines (one per file, then the totals line)
+    captured = io.StringIO()
     t = time.process_time()
     stdout, sys.stdout = sys.stdout, captured
     try:
@@ -473,7 +480,8 @@ def child(corpus: Path, out: Path, engine: str) -> None:
     finally:
         sys.stdout = stdout
     cpu = time.process_time() - t
-    whole = time.process_time()  # the whole process: interpreter start, imports, ingest, Parquet
+    # the whole process: interpreter start, imports, ingest, Parquet
+    whole = time.process_time()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     totals = json.loads(captured.getvalue().splitlines()[-1])
     import pyarrow as pa
@@ -526,7 +534,8 @@ def measure(corpus: Path, out: Path, mb: float, copies: int, repeat: int, compar
         "floor_mb_per_cpu_s": round(mb / f_cpu, 1),
         "ingest_cpu_s": round(res["cpu_s"], 2),
         "ingest_mb_per_cpu_s": round(mb / res["cpu_s"], 1),
-        "startup_cpu_s": round(res["startup_cpu_s"], 2),  # interpreter imports, not in ingest_cpu_s
+        # interpreter imports, not in ingest_cpu_s
+        "startup_cpu_s": round(res["startup_cpu_s"], 2),
         "ratio_vs_floor": round(ratio, 3),
         "target_ratio": 0.4,
         "ratio_all_runs": [round(r[0], 3) for r in runs],
@@ -544,7 +553,8 @@ def measure(corpus: Path, out: Path, mb: float, copies: int, repeat: int, compar
         "bad_lines": res["bad_lines"],
         "damaged_bridged": res["damaged_bridged"],
     }
-    if compare_python:  # the reference engine on the same corpus, with its own floor run
+    # the reference engine on the same corpus, with its own floor run
+    if compare_python:
         f_cpu = floor(corpus)
         ref = run_child(corpus, "python")
         report["python_engine"] = {
@@ -589,7 +599,8 @@ def main() -> None:
     expected = json.loads(FINGERPRINT.read_text())
     if got != expected:
         sys.exit(f"ingest output changed (vs {FINGERPRINT.name}):\n{json.dumps(got, indent=1)}")
-    report = {"output_unchanged": True}  # checked above against the recorded fingerprint
+    # checked above against the recorded fingerprint
+    report = {"output_unchanged": True}
     # an installed package imports from bytecode; a shell with PYTHONDONTWRITEBYTECODE=1 (as here) would
     # otherwise recompile every project module in every child (~0.06 CPU-s of each measured process)
     compileall.compile_dir(REPO / "composer_pipeline", quiet=1)

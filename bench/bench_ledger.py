@@ -254,7 +254,8 @@ def main() -> None:
                 )
         proc, url = start_server(args.latency)
         try:
-            for k in [int(x) for x in args.runs.split(",")]:  # each K: bare httpx, then every backend, side by side
+            # each K: bare httpx, then every backend, side by side
+            for k in [int(x) for x in args.runs.split(",")]:
                 bare = throughput(None, k, args.c, args.latency, args.rounds, url, d)
                 print(json.dumps({"backend": "bare-httpx", **bare}), flush=True)
                 for b in backends:

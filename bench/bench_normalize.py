@@ -58,7 +58,8 @@ def main() -> int:
     devnull = open(os.devnull, "w")
     with tempfile.TemporaryDirectory(prefix="bench-normalize-") as tmp:
         real_out = sys.stdout
-        sys.stdout = devnull  # data-juicer prints its config tables; keep the report readable
+        # data-juicer prints its config tables; keep the report readable
+        sys.stdout = devnull
         try:
             t0 = time.perf_counter()
             ref = default_executor_survivors(pairs, args.recipe, tmp)

@@ -29,7 +29,8 @@ from composer_pipeline.replay.run import replay_requests
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test helpers (tests/support) live in the checkout
+# the test helpers (tests/support) live in the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.scripted_server import start_subprocess  # noqa: E402
 

@@ -71,12 +71,14 @@ def render_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | N
                 native_messages(messages), tools=tools or None, tokenize=False, add_generation_prompt=True
             )
         except Exception:
-            pass  # the template cannot render these messages: fall back to the plain form
+            # the template cannot render these messages: fall back to the plain form
+            pass
     return tokenizer.apply_chat_template(plain_messages(messages, tools), tokenize=False, add_generation_prompt=True)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # as apply_chat_template(tokenize=True) does
+    # as apply_chat_template(tokenize=True) does
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _fit(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, max_tokens: int) -> tuple[str, list[int]]:

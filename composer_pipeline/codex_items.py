@@ -107,7 +107,8 @@ def _decoded_output(output: Any) -> tuple[str, int | None, bool | None]:
             meta = obj.get("metadata")
             code = meta.get("exit_code") if isinstance(meta, dict) else None
             return str(obj.get("output") or ""), code if type(code) is int else None, None
-    if output[:1] == "[":  # an MCP call's content items as a JSON string (early JSONL, 2025)
+    # an MCP call's content items as a JSON string (early JSONL, 2025)
+    if output[:1] == "[":
         texts = _content_item_texts(output)
         if texts is not None:
             return texts, None, None

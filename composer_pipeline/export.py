@@ -134,7 +134,8 @@ def action_message(action_json: str) -> dict:
 
 def _lineage(r: dict) -> dict:
     row = {name: r.get(name) for name, _ in LINEAGE if name != "tools_json"}
-    row["source"] = r.get("source") or "claude"  # (pair tables from before the column: Claude Code's)
+    # (pair tables from before the column: Claude Code's)
+    row["source"] = r.get("source") or "claude"
     row["source_lines"] = r.get("source_lines") or []
     row["record_uuids"] = r.get("record_uuids") or []
     row["replay_call_ids"] = r.get("replay_call_ids") or []

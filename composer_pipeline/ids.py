@@ -22,7 +22,8 @@ from composer_pipeline.ingest.partition_keys import KeyMap, is_short_key
 if TYPE_CHECKING:
     import pyarrow as pa
 
-MIN_PREFIX = 6  # characters of an id prefix (20-hex ids: a 6-char prefix is unique in practice)
+# characters of an id prefix (20-hex ids: a 6-char prefix is unique in practice)
+MIN_PREFIX = 6
 
 
 def resolve_id(

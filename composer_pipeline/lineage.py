@@ -26,7 +26,9 @@ from composer_pipeline.ids import MIN_PREFIX, resolve_id, session_of
 from composer_pipeline.pairs.build import agreement_label
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores
-from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES  # where a pair can live, and what that says
+
+# where a pair can live, and what that says
+from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES
 
 StoresLike = Stores | Store | Sequence[Store]
 
@@ -35,7 +37,8 @@ def resolve_pair_id(store: StoresLike, pair_id: str) -> str:
     """The full pair id for ``pair_id`` (exact, or a unique prefix of >= 6 chars)."""
     stores = Stores.of(store)
     pid = pair_id.strip().lower()
-    if len(pid) < MIN_PREFIX:  # the resolver's own wording, before any table is read
+    # the resolver's own wording, before any table is read
+    if len(pid) < MIN_PREFIX:
         resolve_id(pair_id, {"pair": ()}, "")
     ids: set[str] = set()
     any_table = False

@@ -90,12 +90,14 @@ def resolve_model(name_or_path: str | Path) -> Path:
     out = models_home() / name
     if (out / "config.json").is_file():
         if name == SMOLLM2:
-            _strip_gguf_marker(out)  # directories converted before the marker was stripped
+            # directories converted before the marker was stripped
+            _strip_gguf_marker(out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{name}.lock", "a+") as lockf:
         fcntl.flock(lockf.fileno(), fcntl.LOCK_EX)
-        if (out / "config.json").is_file():  # another process finished while we waited
+        # another process finished while we waited
+        if (out / "config.json").is_file():
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out.parent))
         try:

@@ -146,7 +146,8 @@ def user_parts(content: Any, known_tool_uses: set | dict) -> list[str]:
             parts.append(IMAGE_PLACEHOLDER)
         elif t == "tool_result":
             tid = b.get("tool_use_id")
-            if not (type(tid) is str and tid in known_tool_uses):  # (known ids are strings; an odd id may not hash)
+            # (known ids are strings; an odd id may not hash)
+            if not (type(tid) is str and tid in known_tool_uses):
                 parts.append(f"[tool result for a call not in this transcript]\n{flatten_content(b.get('content'))}")
         else:
             parts.append(f"[{t}]")
@@ -362,10 +363,14 @@ class _Walk:
     leaf: str | None
     messages: list[dict]
     emitted: set[str]  # assistant message keys rendered
-    crossed: bool  # the path went through a compaction into the earlier history
-    skipped_own: bool  # a row of the state's own message was in its path (left out)
-    pending: list[int]  # lines of the results rendered INTERRUPTED (a later state may have seen them)
-    last_seen: int  # the latest line of a result rendered as seen
+    # the path went through a compaction into the earlier history
+    crossed: bool
+    # a row of the state's own message was in its path (left out)
+    skipped_own: bool
+    # lines of the results rendered INTERRUPTED (a later state may have seen them)
+    pending: list[int]
+    # the latest line of a result rendered as seen
+    last_seen: int
 
 
 class StreamRenderer:
@@ -480,7 +485,8 @@ def _render(
             if row.get("is_meta") or (walk.crossed and row.get("is_compact_summary")):
                 continue
             kept = codex_items.kept_messages(row["_content"]) if row.get("subtype") == "compacted" else []
-            if kept:  # a Codex compaction: the messages it kept, each with its role
+            # a Codex compaction: the messages it kept, each with its role
+            if kept:
                 messages.extend(conv._once(("kept", sid, id(row)), lambda: _kept_messages(kept, s)))
                 continue
             msg = conv._once(("user", sid, id(row)), lambda: _user_message(row, s))
@@ -498,7 +504,8 @@ def _tool_message(call_id: str, res: tuple[dict, dict] | None) -> dict:
     state came before its result), scrubbed."""
     content = flatten_content(res[1].get("content")) if res is not None else INTERRUPTED
     msg: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": content}
-    if res is not None and res[1].get("is_error") is True:  # for Claude's tool_result (anthropic.py)
+    # for Claude's tool_result (anthropic.py)
+    if res is not None and res[1].get("is_error") is True:
         msg["is_error"] = True
     return _scrubbed_json(msg)
 
@@ -517,7 +524,8 @@ def _user_message(row: dict, s: _Stream) -> dict | None:
     return _scrubbed_json({"role": "user", "content": "\n\n".join(parts)}) if parts else None
 
 
-_EGRESS = None  # the built-in secret patterns, for _scrubbed_json
+# the built-in secret patterns, for _scrubbed_json
+_EGRESS = None
 
 
 def _egress():
@@ -619,9 +627,11 @@ def action_of(state_row: dict) -> Action:
 # the project's provider notes, shared/notes/providers.md beside the checkout (31 real sessions at 4 and
 # 3.2 bytes per token).
 FIT_BYTES_PER_TOKEN = 3.0
-FIT_TOKENS_PER_MESSAGE = 8  # role markers and separators of chat templates
+# role markers and separators of chat templates
+FIT_TOKENS_PER_MESSAGE = 8
 FIT_TOKENS_FIXED = 32  # generation prompt, tool-list framing
-MIN_TURN_TOKENS = 256  # a window must hold the system prompt plus at least this much of one turn
+# a window must hold the system prompt plus at least this much of one turn
+MIN_TURN_TOKENS = 256
 ELIDED_MARKER = "[{n} earlier messages elided to fit the teacher's context window]"
 CUT_MARKER = "\n[... {n} characters cut to fit the teacher's context window ...]\n"
 
@@ -640,7 +650,8 @@ class JsonSizes:
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Any, int]] = {}
-        self._lists: dict[Any, tuple[list[Any], int]] = {}  # key -> (the last list measured, its bytes)
+        # key -> (the last list measured, its bytes)
+        self._lists: dict[Any, tuple[list[Any], int]] = {}
         self._prefixes: dict[Any, _Prefix] = {}
 
     def __call__(self, obj: Any) -> int:
@@ -690,10 +701,14 @@ class Fitted:
     calls, each answered): such a request is never sent (replay records it ``over_context_window``)."""
 
     messages: list[dict[str, Any]]
-    elided: int = 0  # messages replaced by the marker (the marker itself not counted)
-    cut: int = 0  # messages (and the tools list) whose content or tool-call arguments were cut in the middle
-    tokens: int = 0  # estimated prompt tokens of the result (tools included)
-    tools: list[dict[str, Any]] | None = None  # the tools as sent (argument names dropped when too many)
+    # messages replaced by the marker (the marker itself not counted)
+    elided: int = 0
+    # messages (and the tools list) whose content or tool-call arguments were cut in the middle
+    cut: int = 0
+    # estimated prompt tokens of the result (tools included)
+    tokens: int = 0
+    # the tools as sent (argument names dropped when too many)
+    tools: list[dict[str, Any]] | None = None
     fits: bool = True
 
     @property
@@ -701,7 +716,8 @@ class Fitted:
         return bool(self.elided or self.cut)
 
 
-MIN_CUT_CHARS = 64  # a text shorter than this is not worth a cut marker
+# a text shorter than this is not worth a cut marker
+MIN_CUT_CHARS = 64
 
 
 def _cut_text(text: str, drop: int) -> str:
@@ -762,7 +778,8 @@ def _cut_middle(msg: dict, max_tokens: int, bpt: float, tok: Any) -> dict:
     n_content = 1 if isinstance(msg.get("content"), str) else 0
     drops = [0] * len(texts)
     out = msg
-    for _ in range(256):  # each pass cuts more of the largest text still long; a few passes in practice
+    # each pass cuts more of the largest text still long; a few passes in practice
+    for _ in range(256):
         i = max(range(len(texts)), key=lambda j: len(texts[j]) - drops[j])
         left = len(texts[i]) - drops[i]
         if left < MIN_CUT_CHARS:
@@ -781,7 +798,8 @@ def _cut_middle(msg: dict, max_tokens: int, bpt: float, tok: Any) -> dict:
     return out
 
 
-TOOLS_SHARE = 4  # over the window, the tools list may take at most 1/4 of the prompt budget
+# over the window, the tools list may take at most 1/4 of the prompt budget
+TOOLS_SHARE = 4
 
 
 def _fit_tools(tools: list[dict], budget: int, tok: Any) -> tuple[list[dict], int]:
@@ -816,7 +834,8 @@ def _fit_tools(tools: list[dict], budget: int, tok: Any) -> tuple[list[dict], in
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if tok(capped(mid, len(tools))) <= budget else (lo, mid - 1)
     n = len(tools)
-    if tok(capped(lo, n)) > budget:  # too many tools even without argument names: the first ones that fit
+    # too many tools even without argument names: the first ones that fit
+    if tok(capped(lo, n)) > budget:
         a, b = 0, n
         while a < b:
             mid = (a + b + 1) // 2
@@ -862,11 +881,13 @@ def fit_messages(
     def tok(obj: Any) -> int:
         if count is None:
             return count_tokens(obj, bpt, sizes(obj) if sizes is not None else None)
-        return int(-(-count(obj) * scale // 1))  # the tokenizer's count, scaled up for a refit
+        # the tokenizer's count, scaled up for a refit
+        return int(-(-count(obj) * scale // 1))
 
     pre = _Prefix() if sizes is None or key is None else sizes.prefix((key, bpt, scale, count))
     pre.extend(messages, tok)
-    cum, starts = pre.cum, pre.starts  # cum[i]: tokens of messages[:i]; starts: where each turn begins
+    # cum[i]: tokens of messages[:i]; starts: where each turn begins
+    cum, starts = pre.cum, pre.starts
     tools_cost = tok(tools) if tools else 0
     total = FIT_TOKENS_FIXED + tools_cost + cum[len(messages)]
     if total <= max_prompt_tokens:
@@ -880,7 +901,8 @@ def fit_messages(
     # head: system prompt(s) + the first user message
     h = _head_end(messages)
     head = list(messages[:h])
-    head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)  # an oversized first message gets at most half
+    # an oversized first message gets at most half
+    head_budget = max(MIN_TURN_TOKENS, (max_prompt_tokens - fixed) // 2)
     if h and cum[h] > head_budget and messages[h - 1].get("role") == "user":  # an oversized first user message
         head[-1] = _cut_middle(head[-1], max(FIT_TOKENS_PER_MESSAGE + 16, head_budget - cum[h - 1]), bpt, tok)
         cut += 1
@@ -893,11 +915,13 @@ def fit_messages(
     room = max_prompt_tokens - fixed - head_cost
     end = cum[len(messages)]
 
-    def over(k: int) -> bool:  # keeping the turns from the k-th on does not fit (monotone in k >= 1)
+    # keeping the turns from the k-th on does not fit (monotone in k >= 1)
+    def over(k: int) -> bool:
         return end - cum[starts[first + k]] + (marker_cost if k else 0) > room
 
     k = _turns_to_elide(n_units, max(1, int(step)), over) if n_units and over(0) else 0
-    k = min(k, max(n_units - 1, 0))  # keep at least the last turn (cut below when even it is too large)
+    # keep at least the last turn (cut below when even it is too large)
+    k = min(k, max(n_units - 1, 0))
     keep_from = starts[first + k] if n_units else len(messages)
     elided = keep_from - h
     out = head + ([{"role": "user", "content": ELIDED_MARKER.format(n=elided)}] if elided else [])
@@ -924,12 +948,14 @@ def _head_end(messages: list[dict[str, Any]]) -> int:
 def _turns_to_elide(n_units: int, step: int, over: Any) -> int:
     """The fewest turns to elide, a multiple of ``step``, so that the rest fits (``over(k)``: keeping the
     turns from the k-th on does not fit, monotone in k >= 1); called when keeping all of them does not."""
-    lo, hi = 1, (n_units - 1) // step + 1  # the first multiple of step that fits, else hi
+    # the first multiple of step that fits, else hi
+    lo, hi = 1, (n_units - 1) // step + 1
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if not over(mid * step) else (mid + 1, hi)
     k = lo * step
-    if k >= n_units:  # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+    # a step overshot the last turn (the window holds fewer than `step` turns): single steps
+    if k >= n_units:
         k = max(0, k - step)
         while k < n_units - 1 and over(k):
             k += 1

@@ -23,7 +23,8 @@ import re
 # json's C scanner: json.decoder.scanstring is this function, which typeshed declares only here
 from _json import scanstring
 
-SALVAGED_RESULTS = "tool_result_salvaged"  # the subtype of a damaged row holding salvageable results
+# the subtype of a damaged row holding salvageable results
+SALVAGED_RESULTS = "tool_result_salvaged"
 SALVAGED_MARK = "[salvaged from a damaged line]"
 
 _ID_RE = re.compile(r'"tool_use_id"\s*:\s*"((?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*)"')
@@ -39,12 +40,15 @@ def _string_at(closed: str, start: int) -> str:
     s = closed
     for _ in range(4):
         try:
-            out = scanstring(s, start, False)[0]  # (strict=False: raw control characters, as in a cut line)
+            # (strict=False: raw control characters, as in a cut line)
+            out = scanstring(s, start, False)[0]
             break
         except json.JSONDecodeError as e:
-            if e.msg.startswith("Unterminated"):  # the appended quote went to a dangling backslash
+            # the appended quote went to a dangling backslash
+            if e.msg.startswith("Unterminated"):
                 s = s[:-2] + '"'
-            else:  # an invalid escape: the text ends before it
+            # an invalid escape: the text ends before it
+            else:
                 s = s[: e.pos if s[e.pos] == "\\" else e.pos - 1] + '"'
     else:
         return ""

@@ -51,7 +51,8 @@ from composer_pipeline.home import default_home
 # A URL's percent-escape (``%20``, ``%2F``, ``%3D``, ``%0A``: a curl command, a logged URL) ends in a hex
 # digit too, and decodes to a separator: a key right after one matches as well, also when the URL was
 # encoded again (``%252F``: a URL in a query parameter, ``next=%252Fapi%252F...``), up to three times.
-_PERCENT = ("%", "%25", "%2525")  # what stands before the two hex digits of an escape encoded 1, 2, 3 times
+# what stands before the two hex digits of an escape encoded 1, 2, 3 times
+_PERCENT = ("%", "%25", "%2525")
 _ESCAPE_BEFORE = (  # case-sensitive even in (?i)
     r"(?-i:(?<=\\[nrtbf])|(?<=\\u[0-9A-Fa-f]{4})" + "".join(f"|(?<={p}[0-9A-Fa-f]{{2}})" for p in _PERCENT) + ")"
 )
@@ -96,7 +97,8 @@ _BUILTIN: list[tuple[str, str, tuple[str, ...]]] = [
         r"(?s)-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----(?:(?:(?!-----BEGIN ).)*?-----END [A-Z ]{0,20}PRIVATE KEY-----"
         r"|(?:[A-Za-z0-9+/=\s]|\\+[nrt])*)",
         ("PRIVATE KEY-----",),
-    ),  # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). The END
+        # in JSONL a key is one line (escaped newlines); in plain text it spans lines (DOTALL). The END
+    ),
     # line is looked for only up to the next "-----BEGIN " (a block holds none): linear in the text
     # however many headers lack an END (grep output of certs/ has thousands). Without its END line
     # (cut off) the body runs on while it is base64, blanks or newline escapes at any nesting depth
@@ -162,7 +164,8 @@ KINDS = [k for k, _, _ in _BUILTIN] + ["password_assignment"]
 # id holding ``xox``) stop being candidates: the exact pass then runs on almost nothing.
 # (source, caseless). Run by Hyperscan when installed (one SIMD pass, ~2.5 GB/s here), else by RE2
 # through pyarrow.compute (~0.2-0.3 GB/s); both fold case at least as widely as Python's ASCII ``(?i)``.
-_VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""  # _ASSIGN's value class (``\s`` spelled out)
+# _ASSIGN's value class (``\s`` spelled out)
+_VALUE_CHAR = r"""[^ \t\n\r\f\v"'\\,;&<>(){}\[\]`]"""
 
 # Hidden spellings of a key: an invisible character inside it (zero-width space, non-joiner and joiner,
 # word joiner, BOM, soft hyphen: a key copied from a web page or a chat) or one of its letters or digits
@@ -208,13 +211,15 @@ PREFILTER_PARTS: list[tuple[str, bool]] = [
     ("aws_secret_access_key" + _QUOTE + _BLANKS + "(?:[:=]|" + _PCT + "3[AaDd])", True),
     ("gh[pousr]_[A-Za-z0-9]{30}", False),
     ("github_pat_[A-Za-z0-9_]{22}", False),
-    (r"sk-[A-Za-z0-9_\-]{20}", False),  # anthropic (sk-ant-...) and openai (sk-proj-...) alike
+    # anthropic (sk-ant-...) and openai (sk-proj-...) alike
+    (r"sk-[A-Za-z0-9_\-]{20}", False),
     (r"xox[abposr]-[A-Za-z0-9\-]{10}", False),
     (r"hooks\.slack\.com[/%]", False),  # (also URL-encoded: %2F)
     (r"AIza[0-9A-Za-z_\-]{35}", False),
     (r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}", False),
     ("(?:" + _ASSIGN_NAMES + ")" + _SEP + _VALUE_CHAR + "{6}", True),
-    (_HIDDEN_PART, False),  # a hidden spelling (below): every kind runs on the line as a reader sees it
+    # a hidden spelling (below): every kind runs on the line as a reader sees it
+    (_HIDDEN_PART, False),
 ]
 PREFILTER = "|".join(f"(?i:{src})" if ci else src for src, ci in PREFILTER_PARTS)  # the RE2 form
 # The kinds each part stands for: every match of a kind contains a match of one of its own parts (the
@@ -267,7 +272,8 @@ class _Pattern:
         self.source = source
         self._rs: re.Pattern[str] | None = None
         self._rb: re.Pattern[bytes] | None = None
-        if not prechecks:  # an extra pattern: compiled now, so a bad one is refused when the recipe is read
+        # an extra pattern: compiled now, so a bad one is refused when the recipe is read
+        if not prechecks:
             self._rs, self._rb = re.compile(source), re.compile(source.encode())
         ci = source.startswith("(?i)")
         if ci and any(p != p.lower() for p in prechecks):
@@ -278,7 +284,8 @@ class _Pattern:
             for p in prechecks
         )
         self.assign = assign
-        self.keep = keep or assign  # the replacement keeps group 1 (name and separator) before the tag
+        # the replacement keeps group 1 (name and separator) before the tag
+        self.keep = keep or assign
         self.tag = f"[REDACTED:{kind}]".encode()
         self.repl = (lambda m, t=self.tag: m.group(1) + t) if self.keep else self.tag  # for ``rb.subn``
 
@@ -339,7 +346,8 @@ class Scrubber:
     def scrub(self, text: str) -> str:
         if "&#" in text or any(ch in text for ch in _INVISIBLE):  # a hidden spelling (see _INVISIBLE)
             shown = _shown_text(text)
-            if shown != text:  # as in _scrub_shown: as written, unless the spelling hid a secret
+            # as in _scrub_shown: as written, unless the spelling hid a secret
+            if shown != text:
                 as_written: Counter[str] = Counter()
                 as_shown: Counter[str] = Counter()
                 written = self._scrub_text(text, as_written)
@@ -379,13 +387,15 @@ class Scrubber:
                 if m is None:
                     continue
                 start = m.end(1) if p.keep else m.start()
-                if start >= seam:  # (only the value's head is in b: b alone is cut)
+                # (only the value's head is in b: b alone is cut)
+                if start >= seam:
                     b = f"[REDACTED:{p.kind}]" + b[m.end() - seam :]
                 else:
                     a = a[: len(a) - seam + start] + f"[REDACTED:{p.kind}]"
                     b = f"[REDACTED:{p.kind}]" + b[m.end() - seam :]
                 self.counts[p.kind] += 1
-                break  # (one seam, one secret: the halves are now tags)
+                # (one seam, one secret: the halves are now tags)
+                break
             else:
                 # a first half long enough to match alone was redacted where it was scrubbed (ingest, one
                 # line per block): the seam then shows a tag and the key's rest, which matches nothing
@@ -428,7 +438,8 @@ class Scrubber:
             line = self._scrub_line(old, kinds, found)
             if line is not old:
                 out.append((start, end, line))
-        for p in self.builtin:  # counts enter in pattern order, as a whole-buffer pass adds them
+        # counts enter in pattern order, as a whole-buffer pass adds them
+        for p in self.builtin:
             if found[p.kind]:
                 self.counts[p.kind] += found[p.kind]
         return out
@@ -493,7 +504,8 @@ class Scrubber:
             if shown != line:
                 found: Counter[str] = Counter()
                 new, as_shown = self._scrub_shown(line, shown, found)
-                if as_shown:  # scrubbed as shown here (the passes below find no more in it)
+                # scrubbed as shown here (the passes below find no more in it)
+                if as_shown:
                     counts.update(found)
                     pieces += (data[pos:start], new)
                     pos = end
@@ -564,7 +576,8 @@ def starts_word(data: bytes, i: int) -> bool:
         return True
     if i >= 2 and data[i - 2] == 92 and data[i - 1] in b"nrtbf":
         return True
-    if i >= 3 and data[i - 2] in _HEX and data[i - 1] in _HEX:  # %XX (a URL escape, encoded up to 3 times)
+    # %XX (a URL escape, encoded up to 3 times)
+    if i >= 3 and data[i - 2] in _HEX and data[i - 1] in _HEX:
         if any(data[max(0, i - 2 - len(p)) : i - 2] == p for p in _PERCENT_BYTES):
             return True
     return i >= 6 and data[i - 6] == 92 and data[i - 5] == 117 and all(c in _HEX for c in data[i - 4 : i])
@@ -585,7 +598,8 @@ def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> 
         return data, 0
     pieces, pos = [], 0
     for a, b in sorted(set(cuts)):
-        if a < pos:  # overlapping hit (e.g. "client_secret" and "secret"): already cut
+        # overlapping hit (e.g. "client_secret" and "secret"): already cut
+        if a < pos:
             continue
         pieces.append(data[pos:a])
         pieces.append(tag)
@@ -594,7 +608,8 @@ def _scrub_assignments(data: bytes, lowered: bytes, p: _Pattern, tag: bytes) -> 
     return b"".join(pieces), len(pieces) // 2
 
 
-_HS_DB = None  # compiled Hyperscan database (False: unavailable -> RE2)
+# compiled Hyperscan database (False: unavailable -> RE2)
+_HS_DB = None
 
 
 def _hyperscan_db():
@@ -604,7 +619,8 @@ def _hyperscan_db():
             import hyperscan
 
             _HS_DB = _hyperscan_cached(hyperscan) or _hyperscan_compile(hyperscan)
-        except Exception:  # not installed (non-x86) or cannot compile here: RE2 path
+        # not installed (non-x86) or cannot compile here: RE2 path
+        except Exception:
             _HS_DB = False
     return _HS_DB
 
@@ -618,12 +634,14 @@ def _hyperscan_compile(hyperscan):
         flags=[hyperscan.HS_FLAG_CASELESS if ci else 0 for _, ci in PREFILTER_PARTS],
     )
     path = _hyperscan_cache_path()
-    try:  # best effort: an unwritable cache only means compiling again next time
+    # best effort: an unwritable cache only means compiling again next time
+    try:
         blob = hyperscan.dumpb(db)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(hashlib.sha256(blob).digest() + blob)
-        os.replace(tmp, path)  # atomic: concurrent processes never read half a file
+        # atomic: concurrent processes never read half a file
+        os.replace(tmp, path)
     except Exception:
         pass
     return db
@@ -647,7 +665,8 @@ def _hyperscan_cached(hyperscan):
         if hashlib.sha256(blob).digest() != digest:
             return None
         db = hyperscan.loadb(blob, hyperscan.HS_MODE_BLOCK)
-        db.scratch = hyperscan.Scratch(db)  # a loaded database comes without scratch space
+        # a loaded database comes without scratch space
+        db.scratch = hyperscan.Scratch(db)
         return db
     except Exception:
         return None
@@ -661,7 +680,8 @@ def _candidate_lines(data: bytes, backend: str = "auto") -> list[tuple[int, int]
 
 
 # part id -> bit mask over the built-in kinds (bit i: KINDS[i], the order of Scrubber.builtin)
-_HIDDEN_BIT = 1 << len(KINDS)  # the line holds a hidden spelling: every kind runs on it as shown
+# the line holds a hidden spelling: every kind runs on it as shown
+_HIDDEN_BIT = 1 << len(KINDS)
 _PART_BITS = [sum(1 << KINDS.index(k) for k in kinds) or _HIDDEN_BIT for kinds in PREFILTER_KINDS]
 _BUILTIN_BITS = (1 << len(KINDS)) - 1
 _ALL_KINDS = _BUILTIN_BITS | _HIDDEN_BIT
@@ -679,8 +699,10 @@ def _candidate_hits(data: bytes, backend: str = "auto") -> list[tuple[int, int, 
         hits.sort()
         lines: list[tuple[int, int, int]] = []
         line_end, start, kinds = -1, 0, 0
-        for to, part in hits:  # a match never spans a newline; its last byte (to - 1) is not one
-            if to > line_end:  # a new line: close the one found last (linear even for many hits per line)
+        # a match never spans a newline; its last byte (to - 1) is not one
+        for to, part in hits:
+            # a new line: close the one found last (linear even for many hits per line)
+            if to > line_end:
                 if kinds:
                     lines.append((start, line_end, kinds))
                 start = data.rfind(b"\n", 0, to) + 1

@@ -93,7 +93,8 @@ def read_yaml(path: str | Path, what: str = "recipe") -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what} not found: {p}")
-    import yaml  # here, not at module import: a run on the defaults skips it
+    # here, not at module import: a run on the defaults skips it
+    import yaml
 
     try:
         data = yaml.safe_load(p.read_text())
@@ -130,7 +131,8 @@ def from_dict(cls: type[T], raw: Any, where: str, key: str = "") -> T:
     kwargs = {name: _value(hints[name], value, where, f"{key}.{name}" if key else name) for name, value in raw.items()}
     try:
         return cls(**kwargs)
-    except ValueError as e:  # a rule of the class's __post_init__: say where
+    # a rule of the class's __post_init__: say where
+    except ValueError as e:
         raise ValueError(f"{at}: {e}") from None
 
 
@@ -264,7 +266,8 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list and typing.get_args(tp) else None
         if isinstance(item, type) and dataclasses.is_dataclass(
             item
-        ):  # a list of sections: each entry's keys as `key[].name`
+            # a list of sections: each entry's keys as `key[].name`
+        ):
             out.append(
                 (key, "list[section]", "required" if d is MISSING else "`" + _yaml_scalar(to_dict(d)) + "`", help_text)
             )

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     import fsspec
 
 
-DEFAULT_STORE = ".store"  # recipes/pipeline.yaml store_root: where the demo and the Dagster assets write
+# recipes/pipeline.yaml store_root: where the demo and the Dagster assets write
+DEFAULT_STORE = ".store"
 
 
 def default_store() -> str:
@@ -86,7 +87,8 @@ def open_replacing(fs: fsspec.AbstractFileSystem, path: str, where: str | None =
             f = fs.open(path, "wb")
             try:
                 yield f
-            except BaseException:  # not close(): that would upload what was written so far
+            # not close(): that would upload what was written so far
+            except BaseException:
                 f.discard()  # (s3fs: aborts a multipart upload)
                 f.closed = True
                 raise
@@ -104,7 +106,8 @@ def read_parquet(f, where: str, columns: Iterable[str] | None = None) -> pa.Tabl
     object, which leaves a user with a truncated or foreign file nothing to look for."""
     try:
         return pq.read_table(f, columns=list(columns) if columns else None)
-    except pa.ArrowInvalid as e:  # not OSError: a network failure is not a damaged file
+    # not OSError: a network failure is not a damaged file
+    except pa.ArrowInvalid as e:
         raise ValueError(
             f"{where}: not a readable Parquet file ({type(e).__name__}: "
             f"{str(e).replace('<Buffer>', 'the file')}); a write cut short? delete or rewrite it"
@@ -118,7 +121,8 @@ class Store:
     base: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        import fsspec  # (here: `ingest` to a local directory uses only staged(), without fsspec's ~0.03 CPU-s import)
+        # (here: `ingest` to a local directory uses only staged(), without fsspec's ~0.03 CPU-s import)
+        import fsspec
 
         self.root = str(self.root).rstrip("/") or "/"
         self.fs, self.base = fsspec.core.url_to_fs(self.root)

@@ -19,28 +19,40 @@ _ints = pa.list_(pa.int64())
 # --- ingestion -----------------------------------------------------------------------------
 TRACE_STATES = pa.schema(
     [
-        ("state_id", _str),  # stable: sha256(session_key, stream_id, response key)[:20]
-        ("session_id", _str),  # Claude Code sessionId of the main session
-        ("session_key", _str),  # partition key (see ingest.discover.session_key)
-        ("stream_id", _str),  # "<session_key>:main" | "<session_key>:agent-<id>" | "<session_key>:side-<root uuid>"
-        ("stream_kind", _str),  # main | inline_sidechain | sibling_agent_file | subagents_dir
+        # stable: sha256(session_key, stream_id, response key)[:20]
+        ("state_id", _str),
+        # Claude Code sessionId of the main session
+        ("session_id", _str),
+        # partition key (see ingest.discover.session_key)
+        ("session_key", _str),
+        # "<session_key>:main" | "<session_key>:agent-<id>" | "<session_key>:side-<root uuid>"
+        ("stream_id", _str),
+        # main | inline_sidechain | sibling_agent_file | subagents_dir
+        ("stream_kind", _str),
         ("agent_id", _str),
-        ("parent_tool_use_id", _str),  # Task/Agent tool_use id that spawned this stream
-        ("source_file", _str),  # relative to the trace root it was found under
-        ("source_lines", _ints),  # 1-based lines of the records that form the action
+        # Task/Agent tool_use id that spawned this stream
+        ("parent_tool_use_id", _str),
+        # relative to the trace root it was found under
+        ("source_file", _str),
+        # 1-based lines of the records that form the action
+        ("source_lines", _ints),
         ("record_uuids", _strs),
         ("message_id", _str),
         ("request_id", _str),
-        ("prefix_leaf_uuid", _str),  # last record before the action on its parentUuid chain
+        # last record before the action on its parentUuid chain
+        ("prefix_leaf_uuid", _str),
         ("n_prefix_messages", pa.int64()),
         ("action", _str),  # JSON Action (actions.Action.to_json)
-        ("error_after", _str),  # JSON list[{"tool_use_id", "tool_name", "content"}] or null
+        # JSON list[{"tool_use_id", "tool_name", "content"}] or null
+        ("error_after", _str),
         ("has_error", pa.bool_()),
         ("model", _str),
         ("version", _str),
         ("timestamp", _str),
-        ("usage", _str),  # JSON usage of the last record of the response
-        ("source", _str),  # the agent that wrote the session: claude | codex
+        # JSON usage of the last record of the response
+        ("usage", _str),
+        # the agent that wrote the session: claude | codex
+        ("source", _str),
     ]
 )
 
@@ -48,12 +60,15 @@ TRACE_MESSAGES = pa.schema(
     [
         ("stream_id", _str),
         ("session_key", _str),
-        ("uuid", _str),  # record uuid (salvaged from a damaged line where possible)
+        # record uuid (salvaged from a damaged line where possible)
+        ("uuid", _str),
         ("parent_uuid", _str),
         ("logical_parent_uuid", _str),  # compact_boundary stitching
-        ("record_type", _str),  # user | assistant | system | progress | attachment | <unknown>
+        # user | assistant | system | progress | attachment | <unknown>
+        ("record_type", _str),
         ("subtype", _str),
-        ("message_key", _str),  # assistant grouping key: message.id, else requestId, else uuid
+        # assistant grouping key: message.id, else requestId, else uuid
+        ("message_key", _str),
         ("role", _str),
         ("is_meta", pa.bool_()),
         ("is_compact_summary", pa.bool_()),
@@ -61,7 +76,8 @@ TRACE_MESSAGES = pa.schema(
         ("source_file", _str),
         ("line_no", pa.int64()),
         ("timestamp", _str),
-        ("raw", _str),  # the scrubbed JSONL line: lineage, and the one copy of the record's payload
+        # the scrubbed JSONL line: lineage, and the one copy of the record's payload
+        ("raw", _str),
         ("source", _str),  # claude | codex
     ]
 )
@@ -78,7 +94,8 @@ QUARANTINE = pa.schema(
         ("text", _str),  # scrubbed, truncated
         ("salvaged_uuid", _str),
         ("salvaged_parent_uuid", _str),
-        ("source", _str),  # claude | codex; null for a file in neither format
+        # claude | codex; null for a file in neither format
+        ("source", _str),
     ]
 )
 
@@ -91,11 +108,13 @@ COST_PLAN = pa.schema(
         ("cached", pa.bool_()),
         ("est_prompt_tokens", pa.int64()),
         ("worst_case_usd", pa.float64()),
-        ("predicted_usd", pa.float64()),  # expected cost with prompt caching (replay/plan.predict_cached)
+        # expected cost with prompt caching (replay/plan.predict_cached)
+        ("predicted_usd", pa.float64()),
         (
             "skip_reason",
             _str,
-        ),  # why this call is not sent (over_context_window: / no_user_turn: ...); null: sent or cached
+            # why this call is not sent (over_context_window: / no_user_turn: ...); null: sent or cached
+        ),
     ]
 )
 
@@ -104,17 +123,24 @@ CUT_FINISH_REASONS = ("length", "max_tokens")
 
 TEACHER_REPLAYS = pa.schema(
     [
-        ("call_id", _str),  # content address: sha256(teacher, model, base_url, request body)
+        # content address: sha256(teacher, model, base_url, request body)
+        ("call_id", _str),
         ("state_id", _str),
         ("session_key", _str),
         ("teacher", _str),
         ("model", _str),
-        ("status", _str),  # answered | refused | failed | budget_exhausted | skipped (never sent by design: reason)
-        ("reason", _str),  # failure reason / parse error / cut_off / usage flag (null when answered and parsed)
-        ("action", _str),  # JSON Action, null if not answered or unparseable
-        ("raw_answer", _str),  # the teacher's message content as received
-        ("cost_usd", pa.float64()),  # what this answer cost when it was bought (kept for cache hits)
-        ("paid_usd", pa.float64()),  # what THIS run paid for the row (0 for a cache hit or a shared answer)
+        # answered | refused | failed | budget_exhausted | skipped (never sent by design: reason)
+        ("status", _str),
+        # failure reason / parse error / cut_off / usage flag (null when answered and parsed)
+        ("reason", _str),
+        # JSON Action, null if not answered or unparseable
+        ("action", _str),
+        # the teacher's message content as received
+        ("raw_answer", _str),
+        # what this answer cost when it was bought (kept for cache hits)
+        ("cost_usd", pa.float64()),
+        # what THIS run paid for the row (0 for a cache hit or a shared answer)
+        ("paid_usd", pa.float64()),
         ("reserved_usd", pa.float64()),
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
@@ -122,10 +148,14 @@ TEACHER_REPLAYS = pa.schema(
         ("attempts", pa.int64()),
         ("cache_hit", pa.bool_()),
         ("created_at", _str),
-        ("cached_tokens", pa.int64()),  # prompt tokens the provider billed as cache reads (null: no usage)
-        ("cache_write_tokens", pa.int64()),  # prompt tokens billed as cache writes (Anthropic)
-        ("elided_messages", pa.int64()),  # messages of the prefix elided to fit the teacher's window (0: sent whole)
-        ("cut_messages", pa.int64()),  # messages cut in their middle to fit the window
+        # prompt tokens the provider billed as cache reads (null: no usage)
+        ("cached_tokens", pa.int64()),
+        # prompt tokens billed as cache writes (Anthropic)
+        ("cache_write_tokens", pa.int64()),
+        # messages of the prefix elided to fit the teacher's window (0: sent whole)
+        ("elided_messages", pa.int64()),
+        # messages cut in their middle to fit the window
+        ("cut_messages", pa.int64()),
         # the provider's stop reason in its word (stop, length, tool_calls, end_turn, max_tokens, refusal...);
         # an answer cut at its token limit (length, max_tokens) never votes (pairs/build.py)
         ("finish_reason", _str),
@@ -134,30 +164,39 @@ TEACHER_REPLAYS = pa.schema(
 
 # --- pairs ---------------------------------------------------------------------------------
 _PAIR_FIELDS = [
-    ("pair_id", _str),  # sha256(state_id, consensus signature)[:20]
+    # sha256(state_id, consensus signature)[:20]
+    ("pair_id", _str),
     ("kind", _str),  # pair | positive
     ("state_id", _str),
     ("session_key", _str),
     (
         "partition_key",
         _str,
-    ),  # the short key the Dagster UI shows for the session (calc/a1f0c3d2; ids.with_partition_key)
+        # the short key the Dagster UI shows for the session (calc/a1f0c3d2; ids.with_partition_key)
+    ),
     ("session_id", _str),
     ("source_file", _str),
     ("source_lines", _ints),
     ("record_uuids", _strs),
     ("replay_call_ids", _strs),
-    ("prompt", _str),  # JSON list of OpenAI chat messages (render.render_prefix)
-    ("tools", _str),  # JSON list of tool schemas offered to teachers
+    # JSON list of OpenAI chat messages (render.render_prefix)
+    ("prompt", _str),
+    # JSON list of tool schemas offered to teachers
+    ("tools", _str),
     ("chosen", _str),  # JSON Action (consensus representative)
-    ("rejected", _str),  # JSON Action (the agent's); for positives: the agent's action too
+    # JSON Action (the agent's); for positives: the agent's action too
+    ("rejected", _str),
     ("chosen_text", _str),  # Action.to_text()
     ("rejected_text", _str),
-    ("agreement_kind", _str),  # cross_model (distinct models agree) | self_consistency (samples of one model)
+    # cross_model (distinct models agree) | self_consistency (samples of one model)
+    ("agreement_kind", _str),
     ("n_teachers", pa.int64()),  # teacher entries with a parsed answer
-    ("n_models", pa.int64()),  # distinct models (base_url + model) among them
-    ("n_models_agreeing", pa.int64()),  # distinct models whose answer is the consensus decision
-    ("n_agreeing", pa.int64()),  # votes in the consensus: models (cross_model) or samples (self_consistency)
+    # distinct models (base_url + model) among them
+    ("n_models", pa.int64()),
+    # distinct models whose answer is the consensus decision
+    ("n_models_agreeing", pa.int64()),
+    # votes in the consensus: models (cross_model) or samples (self_consistency)
+    ("n_agreeing", pa.int64()),
     ("agreeing_teachers", _strs),
     ("agreement_score", pa.float64()),
     ("consensus_signature", _str),
@@ -165,7 +204,8 @@ _PAIR_FIELDS = [
     ("cost_usd", pa.float64()),
     ("has_error", pa.bool_()),
     ("error_after", _str),
-    ("source", _str),  # the agent whose session the state comes from: claude | codex
+    # the agent whose session the state comes from: claude | codex
+    ("source", _str),
 ]
 DPO_PAIRS = pa.schema(_PAIR_FIELDS)
 NORMALIZED_DPO_PAIRS = DPO_PAIRS
@@ -224,7 +264,8 @@ def cli_file_name(name: str) -> str:
     return FILE_ALIASES.get(name, (name,))[0]
 
 
-LEGACY_SOURCE = "claude"  # the agent of every table stored before the ``source`` column
+# the agent of every table stored before the ``source`` column
+LEGACY_SOURCE = "claude"
 
 
 def conform(table: pa.Table, name: str) -> pa.Table:

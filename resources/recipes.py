@@ -18,7 +18,8 @@ import dagster as dg
 
 from composer_pipeline.settings import setting
 
-CHECKPOINTS_DIR = ".state/checkpoints"  # trainer output before it is uploaded to the store (pipeline.yaml's default)
+# trainer output before it is uploaded to the store (pipeline.yaml's default)
+CHECKPOINTS_DIR = ".state/checkpoints"
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,8 @@ class ParquetUPathIOManager(dg.UPathIOManager):
         return {}
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        if obj is None:  # nothing to store (e.g. a checkpoint written by the asset itself)
+        # nothing to store (e.g. a checkpoint written by the asset itself)
+        if obj is None:
             return
         super().handle_output(context, obj)
 

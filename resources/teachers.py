@@ -54,12 +54,15 @@ class TeachersResource(dg.ConfigurableResource):
 
     recipe: str
     api_keys: dict[str, str] = {}
-    cache_dir: str | None = None  # None: composer_pipeline.home.default_cache_dir() (the CLI's)
+    # None: composer_pipeline.home.default_cache_dir() (the CLI's)
+    cache_dir: str | None = None
     autostart_local: bool = True
     startup_timeout_s: float = 180.0
-    local_server_idle_s: int = 600  # a server a run started exits after this long without requests
+    # a server a run started exits after this long without requests
+    local_server_idle_s: int = 600
     stop_with_parent: bool = (
-        True  # ... and when the process that launched this one exits (dagster dev: the code location)
+        # ... and when the process that launched this one exits (dagster dev: the code location)
+        True
     )
 
     @property

@@ -91,9 +91,11 @@ class TrainerLauncher(dg.ConfigurableResource):
     # deployment.trainer (assets/deployment.py): subprocess | torchrun | accelerate | k8s
     launcher: str = "subprocess"
     nproc_per_node: int = 1
-    torchrun_args: list[str] = []  # multi-node rendezvous flags; empty: --standalone (one machine)
+    # multi-node rendezvous flags; empty: --standalone (one machine)
+    torchrun_args: list[str] = []
     accelerate_config: str | None = None
-    k8s: dict[str, Any] = {}  # a K8sTrainerPod as plain data (Dagster config); read it through .pod
+    # a K8sTrainerPod as plain data (Dagster config); read it through .pod
+    k8s: dict[str, Any] = {}
 
     @property
     def pod(self) -> K8sTrainerPod:
@@ -113,7 +115,8 @@ class TrainerLauncher(dg.ConfigurableResource):
 
     def run(self, context, *, extras: dict, pipes_client: dg.PipesSubprocessClient):
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **self.env}
-        if self.launcher == "k8s":  # the trainer in its own pod; pipes_client (local) is not used
+        # the trainer in its own pod; pipes_client (local) is not used
+        if self.launcher == "k8s":
             pod = self.pod
             return self.pipes_k8s_client().run(
                 context=context,

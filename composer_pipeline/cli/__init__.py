@@ -36,20 +36,28 @@ if TYPE_CHECKING:
 
 # in the order a user runs them
 SUBCOMMANDS = [
-    sessions,  # sessions push --to s3://bucket/prefix [--root DIR]
+    # sessions push --to s3://bucket/prefix [--root DIR]
+    sessions,
     ingest,  # ingest PATH... --out DIR
-    replay,  # replay --states DIR --teachers FILE --out DIR
+    # replay --states DIR --teachers FILE --out DIR
+    replay,
     teachers,  # teachers serve ...
-    pairs,  # pairs --replays DIR --states DIR --out DIR
-    export,  # export --store DIR --format trl|sft --out DIR
-    train,  # train --data DIR --recipe FILE --out DIR
+    # pairs --replays DIR --states DIR --out DIR
+    pairs,
+    # export --store DIR --format trl|sft --out DIR
+    export,
+    # train --data DIR --recipe FILE --out DIR
+    train,
     model,  # model init-tiny --out DIR
     show,  # show ID... [--store] [--json] [--all]
     lineage,  # lineage PAIR_ID [--store] [--json]
     sql,  # sql "<query>" [--store]
-    demo,  # demo: the main job end to end through Dagster
-    experiment,  # experiment read-before-edit --out DIR: does the data make a better policy?
-    workspace,  # workspace verify --store DIR: would each file-tool action work in the workspace the agent saw?
+    # demo: the main job end to end through Dagster
+    demo,
+    # experiment read-before-edit --out DIR: does the data make a better policy?
+    experiment,
+    # workspace verify --store DIR: would each file-tool action work in the workspace the agent saw?
+    workspace,
 ]
 
 
@@ -103,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     except _interrupted() as e:  # the ledger run was closed first
         print(f"composer-pipeline {args.command}: {e}", file=sys.stderr)
         return 128 + e.signum
-    except OSError as e:  # disk full, permission denied, ... : one line naming the path, not a traceback
+    # disk full, permission denied, ... : one line naming the path, not a traceback
+    except OSError as e:
         if os.environ.get("COMPOSER_DEBUG"):
             raise
         where = f" {e.filename}" if e.filename else ""
@@ -128,14 +137,16 @@ def run(argv: list[str] | None = None) -> NoReturn:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
-    for thread in threading.enumerate():  # as interpreter exit does: non-daemon threads finish first
+    # as interpreter exit does: non-daemon threads finish first
+    for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (BrokenPipeError, ValueError):  # `... | head`, or a closed stream: nothing left to say
+        # `... | head`, or a closed stream: nothing left to say
+        except (BrokenPipeError, ValueError):
             pass
     os._exit(rc)
 

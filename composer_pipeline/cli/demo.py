@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         if (v := getattr(args, k)) is not None
     ]
     argv += [f"--{k.replace('_', '-')}" for k in ("skip_train", "keep_teachers") if getattr(args, k)]
-    env = dict(os.environ)  # the checkout first, as workspace.yaml's working_directory does for `dagster dev`
+    # the checkout first, as workspace.yaml's working_directory does for `dagster dev`
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.call([sys.executable, "-m", "assets.demo", *argv], env=env)

@@ -31,8 +31,10 @@ DICTIONARY_COLUMNS = (
 )
 # large JSON/text columns: min/max statistics of them help no reader and cost ~10 % of the write
 NO_STATISTICS_COLUMNS = ("raw", "content", "tool_use_result", "action", "usage", "error_after", "text")
-FLUSH_ROWS = 8000  # messages per Parquet row group (bounds memory; 4000-row groups cost ~10 % more to write)
-FLUSH_BYTES = 32 << 20  # ...or sooner, for sessions with very large lines
+# messages per Parquet row group (bounds memory; 4000-row groups cost ~10 % more to write)
+FLUSH_ROWS = 8000
+# ...or sooner, for sessions with very large lines
+FLUSH_BYTES = 32 << 20
 
 
 class TableWriteFailed(Exception):
@@ -144,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = IngestRecipe.load(args.recipe)
     ingester = SessionIngester(recipe, args.engine, args.source)
-    with contextlib.ExitStack() as stack:  # the outputs replace the previous ones only if all are written
+    # the outputs replace the previous ones only if all are written
+    with contextlib.ExitStack() as stack:
         handles, paths, out_url = _open_outputs(args.out, TABLES, stack)
         try:
             totals, secrets, files = _ingest(args, ingester, handles)
@@ -190,7 +193,8 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     }
     frozen = False
 
-    def flush() -> None:  # many small sessions -> one row group per ~FLUSH_ROWS messages
+    # many small sessions -> one row group per ~FLUSH_ROWS messages
+    def flush() -> None:
         nonlocal frozen
         for n, t in ingester.take().items():
             if t.num_rows:
@@ -198,7 +202,8 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
                     writers[n].write_table(t, row_group_size=max(t.num_rows, 1))
                 except OSError as e:
                     raise TableWriteFailed(n, e) from e
-        if not frozen:  # pyarrow has now imported pandas (at its first table): freeze those objects too
+        # pyarrow has now imported pandas (at its first table): freeze those objects too
+        if not frozen:
             gc.freeze()
             frozen = True
 
@@ -212,7 +217,8 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     files, done = 0, False
     try:
         for path in args.paths:
-            for sf in discover_sessions(local_root(path)):  # (an s3:// root: its local mirror, brought up to date)
+            # (an s3:// root: its local mirror, brought up to date)
+            for sf in discover_sessions(local_root(path)):
                 rep = ingester.add(sf)
                 if ingester.pending_rows() >= FLUSH_ROWS or ingester.pending_bytes() >= FLUSH_BYTES:
                     flush()
@@ -237,8 +243,10 @@ def _ingest(args: argparse.Namespace, ingester, handles: dict):
     finally:
         for n in TABLES:
             try:
-                writers[n].close()  # (writes the footer) the handles are closed by the caller's stack
+                # (writes the footer) the handles are closed by the caller's stack
+                writers[n].close()
             except OSError as e:
-                if done:  # (after an earlier error, that one is raised)
+                # (after an earlier error, that one is raised)
+                if done:
                     raise TableWriteFailed(n, e) from e
     return totals, secrets, files

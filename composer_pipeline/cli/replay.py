@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     keys = front.keys(plan, env_keys, plan_only=args.plan_only, writable={} if out.is_remote else {"--out": args.out})
     try:
         check_writable(cache_dir, "response cache")
-    except PreflightError as e:  # paid answers are stored in the ledger first: the run can still go on
+    # paid answers are stored in the ledger first: the run can still go on
+    except PreflightError as e:
         print(f"warning: {e}; answers are kept in the ledger ({ledger.label}) and reach the output", file=sys.stderr)
     out.write_table("cost_plan", plan.table)
     if not plan.fits:
@@ -165,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"teacher {name} was cut off for this run: {why}", file=sys.stderr)
         rc = 1
     s = res.summary
-    if s.get("batch", {}).get("calls_pending"):  # --no-wait: submitted; a later run collects
+    # --no-wait: submitted; a later run collects
+    if s.get("batch", {}).get("calls_pending"):
         print(
             f"replay: {s['batch']['calls_pending']} calls wait in provider batches; run again with the same "
             "arguments to collect them",

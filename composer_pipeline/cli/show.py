@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-MIN_WIDTH, MAX_WIDTH = 40, 1000  # (a width of 10^8 printed 1.2 GB of rules)
+# (a width of 10^8 printed 1.2 GB of rules)
+MIN_WIDTH, MAX_WIDTH = 40, 1000
 
 
 def register(subparsers) -> None:

@@ -188,7 +188,8 @@ def _print(columns: list[str], rows: list[tuple], args: argparse.Namespace) -> N
         print(orjson.dumps([dict(zip(columns, r)) for r in rows], default=str).decode())
     elif args.csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
-        if sys.stdout.isatty():  # a person reads it: no terminal escapes from the data
+        # a person reads it: no terminal escapes from the data
+        if sys.stdout.isatty():
             from composer_pipeline.cli.terminal import safe
 
             columns = [safe(c) for c in columns]

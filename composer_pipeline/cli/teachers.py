@@ -118,7 +118,8 @@ def run_serve(args: argparse.Namespace) -> int:
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
     import signal
 
-    signal.signal(signal.SIGTERM, _interrupt)  # `teachers stop`/kill: leave like Ctrl-C (pid file removed)
+    # `teachers stop`/kill: leave like Ctrl-C (pid file removed)
+    signal.signal(signal.SIGTERM, _interrupt)
     pid_file = Path(args.pid_file) if args.pid_file else None
     if pid_file:
         pid_file.parent.mkdir(parents=True, exist_ok=True)

@@ -166,7 +166,8 @@ def pretrain_base(
         "corpus": "pretrain-split-v3",
         "path_words": True,
     }
-    if action_order != "sorted":  # (absent for sorted: base models trained before the setting stay reusable)
+    # (absent for sorted: base models trained before the setting stay reusable)
+    if action_order != "sorted":
         settings["action_order"] = action_order
     meta = work / "pretrain.json"
     if (

@@ -109,7 +109,8 @@ def rule_action(messages: list[dict]) -> Action | None:
     )
 
 
-NOISE_SHARE = 0.2  # share of the states a noisy variant answers wrongly
+# share of the states a noisy variant answers wrongly
+NOISE_SHARE = 0.2
 
 
 def _noisy(variant: str, messages: list[dict]) -> bool:
@@ -136,7 +137,8 @@ def variant_action(variant: str, messages: list[dict]) -> Action | None:
         return Action(tool_calls=(ToolCall("Write", {"file_path": path, "content": content}, "call_0"),))
     if not _noisy(variant, messages):
         return right
-    if call.name == "Read":  # the impatient agent's error: edit before reading
+    # the impatient agent's error: edit before reading
+    if call.name == "Read":
         request = st["request"].replace(path, " ")
         key = (KEY_RE.search(request) or ("", "VALUE"))[1]
         old, new = (re.findall(r"\b\d+\b", request) + ["0", "0"])[:2]  # a guess: the file is unread
@@ -153,7 +155,8 @@ def variant_action(variant: str, messages: list[dict]) -> Action | None:
 
 
 VARIANTS = ("rule", "noisy-1", "noisy-2", "writer")
-MODEL_PREFIX = "read-before-edit-"  # the request's model field: MODEL_PREFIX + variant
+# the request's model field: MODEL_PREFIX + variant
+MODEL_PREFIX = "read-before-edit-"
 
 
 def variant_of(model: str | None) -> str:

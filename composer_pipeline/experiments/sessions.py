@@ -79,7 +79,8 @@ _SPLITS: dict[str, _Split] = {
         ],
     },
 }
-PROJECT = "app"  # every session runs in /home/dev/app: the file inside it is what varies
+# every session runs in /home/dev/app: the file inside it is what varies
+PROJECT = "app"
 # each component of the repository is written in one language, as in a real monorepo: the extension
 # follows the directory. (With extensions drawn per session the tiny base model learned a prior for
 # `.go` instead of copying the requested one, which capped every strict metric: bench/RESULTS.md.)
@@ -104,9 +105,11 @@ class SessionPlan:
     old: str
     new: str
     edit_first: bool
-    reread: bool  # read the target a second time before editing it (a wasted step; teachers edit there)
+    # read the target a second time before editing it (a wasted step; teachers edit there)
+    reread: bool
     history: str  # none | ls | decoy_read
-    detour: str | None = None  # another file read right after the request, before the target (None: no detour)
+    # another file read right after the request, before the target (None: no detour)
+    detour: str | None = None
 
 
 class _Writer:

@@ -54,7 +54,8 @@ from composer_pipeline.jsonutil import dumps
 from composer_pipeline.render import action_from_blocks, user_parts
 
 SOURCE = "codex"
-DETECT_BYTES = 1 << 16  # the head of a file read to tell its format
+# the head of a file read to tell its format
+DETECT_BYTES = 1 << 16
 DETECT_LINES = 20  # parsed lines looked at, at most
 NOT_A_SESSION = "neither a Claude Code session nor a Codex rollout (no line of either format in the file's head)"
 NOT_A_ROLLOUT_LINE = "not a Codex rollout line"
@@ -74,7 +75,8 @@ def detect_format(data: bytes) -> str | None:
     head lines parses is left to the Claude Code reader (which quarantines each line)."""
     parsed = start = 0
     head = data[:DETECT_BYTES]
-    while start < len(head):  # (line by line: the first line nearly always decides)
+    # (line by line: the first line nearly always decides)
+    while start < len(head):
         end = head.find(b"\n", start)
         end = len(head) if end < 0 else end
         line, start = head[start:end], end + 1
@@ -98,7 +100,8 @@ def detect_format(data: bytes) -> str | None:
 
 def _is_codex_line(obj: dict) -> bool:
     t = obj.get("type")
-    named = type(t) is str  # (a damaged line's list or object ``type`` names nothing, and is no set member)
+    # (a damaged line's list or object ``type`` names nothing, and is no set member)
+    named = type(t) is str
     if named and t in codex_items.ROLLOUT_LINE_TYPES and type(obj.get("payload")) is dict:
         return True
     if "payload" in obj or "uuid" in obj:
@@ -147,7 +150,8 @@ class CodexBuild:
     quarantine: list[dict] = field(default_factory=list)
     lines: int = 0
     generation: str = "unknown"
-    assistant_steps: int = 0  # steps with text or a call: what could be a state
+    # steps with text or a call: what could be a state
+    assistant_steps: int = 0
     reasoning_only_steps: int = 0  # steps with neither (not states)
     compactions: int = 0
 
@@ -210,7 +214,8 @@ def read_rollout(data: bytes, rel: str, session_key: str, quarantine_chars: int 
         generations[_generation_of(obj)] += 1
         rt, sub, role = kind
         row = _Row(line_no, obj, line, rt, sub, role, uuid=f"L{line_no}")
-        if sub == "compacted":  # the agent starts again from what the compaction kept
+        # the agent starts again from what the compaction kept
+        if sub == "compacted":
             row.logical_parent, out.compactions = prev, out.compactions + 1
         else:
             row.parent = prev
@@ -338,7 +343,8 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
     n_messages = 1  # the system prompt
     known_calls: dict[str, str] = {}
     model = meta.model
-    pending_usage: list[int] = []  # indices of states still waiting for their token_count event
+    # indices of states still waiting for their token_count event
+    pending_usage: list[int] = []
     emitted: set[str] = set()
     for r in rows:
         if r.record_type == "turn_context":
@@ -350,7 +356,8 @@ def _states(rows: list[_Row], session_key: str, stream_id: str, rel: str, meta: 
                 cols["usage"][i] = usage
             pending_usage = []
         elif r.record_type == "user":
-            if r.subtype == "compacted":  # the system prompt, then each kept message (as render.py makes them)
+            # the system prompt, then each kept message (as render.py makes them)
+            if r.subtype == "compacted":
                 kept = codex_items.kept_messages(r.blocks)
                 n_messages = 1 + sum(1 for _, blocks in kept if user_parts(blocks, known_calls))
             elif user_parts(r.blocks, known_calls):

@@ -17,9 +17,11 @@ from composer_pipeline import settings
 from composer_pipeline.render import RenderOptions
 from composer_pipeline.settings import setting
 
-Engine = Literal["auto", "native", "python"]  # auto: the compiled engine where built, else python
+# auto: the compiled engine where built, else python
+Engine = Literal["auto", "native", "python"]
 ENGINES = typing.get_args(Engine)
-Source = Literal["auto", "claude", "codex"]  # the agent whose sessions are read; auto: detected per file
+# the agent whose sessions are read; auto: detected per file
+Source = Literal["auto", "claude", "codex"]
 SOURCES = typing.get_args(Source)
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 
 _SESSION_ID_RE = re.compile(rb'"sessionId"\s*:\s*"([^"]+)"')
 _HEAD_BYTES = 65536
-_FIRST_READ = 8192  # the first record usually carries it: read more only when it does not
+# the first record usually carries it: read more only when it does not
+_FIRST_READ = 8192
 
 
 @dataclass
@@ -71,12 +72,14 @@ def clean_name(rel: str) -> str:
     return _clean_dir(head) + sep + (name if _PLAIN.fullmatch(name) else _clean_part(name))
 
 
-@functools.lru_cache(maxsize=4096)  # a project's folder repeats for each of its files
+# a project's folder repeats for each of its files
+@functools.lru_cache(maxsize=4096)
 def _clean_dir(head: str) -> str:
     return "/".join(c if _PLAIN.fullmatch(c) else _clean_part(c) for c in head.split("/")) if head else ""
 
 
-@functools.lru_cache(maxsize=4096)  # a name repeats across folders (a project's name under each root)
+# a name repeats across folders (a project's name under each root)
+@functools.lru_cache(maxsize=4096)
 def _clean_part(part: str) -> str:
     """One path component as ids may hold it: secrets redacted, undecodable bytes (``os`` hands them over
     as lone surrogates) as ``%XX``; when that changed anything, ``~`` + 8 hex of the original bytes'
@@ -93,13 +96,15 @@ def _clean_part(part: str) -> str:
 
 def _head_session_id(p: str | Path) -> str | None:
     """The first ``sessionId`` in the first 64 KiB of a file (summary and snapshot records carry none)."""
-    if os.path.islink(p) or not os.path.isfile(p):  # not followed, not read (parser.read_session_file)
+    # not followed, not read (parser.read_session_file)
+    if os.path.islink(p) or not os.path.isfile(p):
         return None
     try:
         with open(p, "rb") as f:
             head = f.read(_FIRST_READ)
             m = _SESSION_ID_RE.search(head)
-            if m is None or m.end() == len(head):  # not found yet, or the match may run past the read
+            # not found yet, or the match may run past the read
+            if m is None or m.end() == len(head):
                 head += f.read(_HEAD_BYTES - len(head))
                 m = _SESSION_ID_RE.search(head)
     except OSError:
@@ -108,7 +113,8 @@ def _head_session_id(p: str | Path) -> str | None:
         return None
     sid = m.group(1).decode("utf-8", "replace")
     # read before scrubbing and used in session keys and paths: a value holding a secret is no id
-    if _UUID.fullmatch(sid):  # (what Claude Code writes: no secret fits in one)
+    # (what Claude Code writes: no secret fits in one)
+    if _UUID.fullmatch(sid):
         return sid
     return None if _scrubber().scrub(sid) != sid else sid
 
@@ -134,7 +140,8 @@ def _is_agent(name: str) -> bool:
 
 def discover_sessions(root: Path) -> list[SessionFiles]:
     root = Path(root)
-    if root.is_file():  # a file named by the user is read where its link (if it is one) leads
+    # a file named by the user is read where its link (if it is one) leads
+    if root.is_file():
         return _discover_single(Path(os.path.realpath(root)) if root.is_symlink() else root)
     if not root.is_dir():
         raise FileNotFoundError(f"no such trace path: {root}")
@@ -173,7 +180,8 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         # a file named <sessionId>.jsonl wins; otherwise the sessionId its first records carry
         # (a resumed session can start with records of the session it continues)
         by_sid: dict[str, str] = {n[: -len(".jsonl")]: dirpath + sep + n for n in mains}
-        for n in mains:  # (a symlink or special file too: reading it is refused with a reason, not skipped)
+        # (a symlink or special file too: reading it is refused with a reason, not skipped)
+        for n in mains:
             get(dirpath + sep + n, True)
         for main, p in _agent_file_parents(dirpath + sep, filenames, mains, by_sid):
             get(main, False).subagent_files.append(Path(p))
@@ -187,7 +195,8 @@ def _agent_file_parents(
     the separator): the main file named by the agent file's sessionId, else the main file whose first records
     carry that sessionId, else a session of its own. ``by_sid`` (file name stem -> path) gains the heads."""
     out = []
-    heads_read = False  # the main files' own sessionIds: read only for an agent file no file name matches
+    # the main files' own sessionIds: read only for an agent file no file name matches
+    heads_read = False
     for n in sorted(filenames):
         if not _is_agent(n):
             continue
@@ -201,7 +210,8 @@ def _agent_file_parents(
                 if head:
                     by_sid.setdefault(head, dir_prefix + m)
             main = by_sid.get(sid)
-        if main is None:  # parent session not here: keep the agent file as its own session
+        # parent session not here: keep the agent file as its own session
+        if main is None:
             main = dir_prefix + f"{sid or n[: -len('.jsonl')]}.jsonl"
         out.append((main, p))
     return out
@@ -223,7 +233,8 @@ def session_fingerprint(sf: SessionFiles) -> str:
     h = hashlib.sha256(sf.key.encode())
     for p in sf.files:
         try:
-            st = p.stat(follow_symlinks=False)  # (a link is fingerprinted, not followed)
+            # (a link is fingerprinted, not followed)
+            st = p.stat(follow_symlinks=False)
             h.update(f"|{p}|{st.st_size}|{st.st_mtime_ns}".encode())
         except OSError:
             h.update(f"|{p}|missing".encode())

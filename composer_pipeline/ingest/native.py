@@ -35,7 +35,8 @@ from composer_pipeline import tables
 CSRC = Path(__file__).with_name("csrc")
 
 
-SOURCE = "claude"  # the agent whose sessions this engine reads (the ``source`` column)
+# the agent whose sessions this engine reads (the ``source`` column)
+SOURCE = "claude"
 
 
 def stale_sources(module_file: str | Path, csrc: Path = CSRC) -> list[str]:
@@ -50,7 +51,8 @@ def stale_sources(module_file: str | Path, csrc: Path = CSRC) -> list[str]:
 # (its interface: _native.pyi)
 try:
     from composer_pipeline.ingest import _native
-except ImportError as e:  # not compiled here: the Python engine is used
+# not compiled here: the Python engine is used
+except ImportError as e:
     IMPORT_ERROR: str | None = str(e)
 else:
     IMPORT_ERROR = None

@@ -49,9 +49,11 @@ from composer_pipeline.scrub import Scrubber
 _UUID_RE = re.compile(r'"uuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _PARENT_RE = re.compile(r'"parentUuid"\s*:\s*"([0-9a-fA-F\-]{8,})"')
 _SIDECHAIN_RE = re.compile(r'"isSidechain"\s*:\s*(true|false)')
-_ROOT_RE = re.compile(r'"parentUuid"\s*:\s*null')  # a damaged root: its parent is known to be none
+# a damaged root: its parent is known to be none
+_ROOT_RE = re.compile(r'"parentUuid"\s*:\s*null')
 
-NO_RAW = msgspec.Raw()  # an absent payload (empty, falsy); JSON null is Raw(b"null")
+# an absent payload (empty, falsy); JSON null is Raw(b"null")
+NO_RAW = msgspec.Raw()
 
 
 class Block(msgspec.Struct, gc=False):
@@ -104,7 +106,8 @@ class Record(msgspec.Struct, gc=False):
     uuid: str | None = None
     parent: str | None = _f("parentUuid")
     logical_parent: str | None = _f("logicalParentUuid")
-    is_sidechain: Any = _f("isSidechain", False)  # tested with ``is True``, like the other flags
+    # tested with ``is True``, like the other flags
+    is_sidechain: Any = _f("isSidechain", False)
     is_meta: Any = _f("isMeta")
     is_compact_summary: Any = _f("isCompactSummary")
     subtype: Any = None
@@ -222,7 +225,8 @@ class ParsedFile:
     # line numbers of damaged records (uuid salvaged) whose own parent reference / isSidechain is unreadable
     parent_lost: set[int] = field(default_factory=set)
     side_lost: set[int] = field(default_factory=set)
-    bridged: int = 0  # pass-through records bridge_damaged inserted (not counted in ``records`` of the report)
+    # pass-through records bridge_damaged inserted (not counted in ``records`` of the report)
+    bridged: int = 0
 
 
 def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, text: str, limit: int) -> None:
@@ -240,9 +244,11 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
             "salvaged_parent_uuid": p.group(1) if p else None,
         }
     )
-    if not u and line_no > 0 and text[:1] == "{":  # a record cut before its uuid: a bridge candidate
+    # a record cut before its uuid: a bridge candidate
+    if not u and line_no > 0 and text[:1] == "{":
         out.cut.append((line_no, p.group(1) if p else None, text, sub))
-    if u:  # keep the chain link: a pass-through record carrying only the salvaged ids
+    # keep the chain link: a pass-through record carrying only the salvaged ids
+    if u:
         side = _SIDECHAIN_RE.search(text)
         out.records.append(
             Record(
@@ -257,7 +263,8 @@ def _quarantine(out: ParsedFile, session_key: str, line_no: int, reason: str, te
                 damaged=True,
             )
         )
-        if not p and not _ROOT_RE.search(text):  # its parent reference was cut, garbled or is missing
+        # its parent reference was cut, garbled or is missing
+        if not p and not _ROOT_RE.search(text):
             out.parent_lost.add(line_no)
         if side is None:
             out.side_lost.add(line_no)
@@ -274,7 +281,8 @@ def _general(out: ParsedFile, session_key: str, i: int, line: bytes, limit: int)
         if not line.strip():
             _quarantine(out, session_key, i, "empty line", text, limit)
             return None
-        try:  # invalid UTF-8 inside an otherwise valid line (else the same text fails the same way: not retried)
+        # invalid UTF-8 inside an otherwise valid line (else the same text fails the same way: not retried)
+        try:
             if "\ufffd" not in text:
                 raise e
             obj = orjson.loads(text)
@@ -333,7 +341,8 @@ def read_session_file(path: Path | str) -> tuple[bytes, None] | tuple[None, str]
                 return None, NOT_REGULAR
             n = st.st_size
             data = os.read(fd, n + 1)
-            if len(data) != n:  # grew, shrank, or a read cut short (2 GiB per call): read to the end
+            # grew, shrank, or a read cut short (2 GiB per call): read to the end
+            if len(data) != n:
                 parts = [data]
                 while chunk := os.read(fd, 1 << 24):
                     parts.append(chunk)
@@ -377,29 +386,34 @@ def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int 
     # msgspec skips the keys it does not read without checking their UTF-8, so a file with invalid
     # UTF-8 anywhere sends its lines through the general path, which repairs them as before
     if len(data) < 2**31 and _valid_utf8(data):
-        try:  # the whole file in one call (the common case: every line a well-formed record)
+        # the whole file in one call (the common case: every line a well-formed record)
+        try:
             records = _decode_lines(data)
-        except (msgspec.DecodeError, RecursionError):  # (msgspec raises RecursionError on deep nesting)
+        # (msgspec raises RecursionError on deep nesting)
+        except (msgspec.DecodeError, RecursionError):
             records = None
         if records is not None and len(records) == len(lines):  # (blank lines would shift numbering)
             for i, r in enumerate(records):
                 r.line_no = i + 1
                 r.raw = lines[i]
                 r.file = rel
-                r.damaged = False  # (the bookkeeping fields are set here, never from a JSON key)
+                # (the bookkeeping fields are set here, never from a JSON key)
+                r.damaged = False
             out.records = records
             return out
         decode = _decode
     else:
         decode = None
     append = out.records.append
-    for i, line in enumerate(lines, 1):  # line by line: find, repair or quarantine the bad ones
+    # line by line: find, repair or quarantine the bad ones
+    for i, line in enumerate(lines, 1):
         if decode is not None:
             try:
                 r = decode(line)
                 r.raw = line
                 r.damaged = False
-            except (msgspec.DecodeError, RecursionError):  # malformed, a key of an unexpected type, too deep
+            # malformed, a key of an unexpected type, too deep
+            except (msgspec.DecodeError, RecursionError):
                 r = _general(out, session_key, i, line, quarantine_chars)
                 if r is None:
                     continue
@@ -414,7 +428,8 @@ def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int 
     return out
 
 
-LEAF_SCAN = 256  # records looked back over for a childless record to attach a damaged line to
+# records looked back over for a childless record to attach a damaged line to
+LEAF_SCAN = 256
 
 
 def bridge_damaged(pf: ParsedFile) -> int:
@@ -439,13 +454,15 @@ def bridge_damaged(pf: ParsedFile) -> int:
     named = {r.parent for r in recs if r.parent}  # records that have a child
     cut, ci = pf.cut, 0
     unused: list[tuple[tuple[int, str | None, str, str | None], int, str | None, str | None]] = []  # nearest last
-    last: list[str | None] = [None, None]  # uuid of the latest record: [main, sidechain]
+    # uuid of the latest record: [main, sidechain]
+    last: list[str | None] = [None, None]
     bridges = []
     lost, side_lost = pf.parent_lost, pf.side_lost
     flag = False  # isSidechain of the latest record
     for i, r in enumerate(recs):
         while ci < len(cut) and cut[ci][0] < r.line_no:
-            unused.append((cut[ci], i, last[0], last[1]))  # (the cut line, records before it, latest uuids)
+            # (the cut line, records before it, latest uuids)
+            unused.append((cut[ci], i, last[0], last[1]))
             ci += 1
         if r.damaged and r.line_no in side_lost:
             r.is_sidechain = flag

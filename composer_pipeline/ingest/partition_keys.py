@@ -32,13 +32,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-ID_LEN = 8  # characters of a UUID file name in a key (32 bits: collisions are checked, not assumed away)
-NAME_MAX = 24  # longest project name / non-UUID id shown (longer ones keep their first characters)
+# characters of a UUID file name in a key (32 bits: collisions are checked, not assumed away)
+ID_LEN = 8
+# longest project name / non-UUID id shown (longer ones keep their first characters)
+NAME_MAX = 24
 
 _UUIDISH = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 # Codex CLI names a session's file rollout-<timestamp>-<session id>.jsonl (under YYYY/MM/DD)
 _ROLLOUT = re.compile(r"rollout-.+?-([0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")  # also keeps Dagster's forbidden substrings ("...", controls) out
+# also keeps Dagster's forbidden substrings ("...", controls) out
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 # Claude Code names a project directory after its cwd with "/" (and "\", ":", ".") -> "-"
 _HOME_PREFIX = re.compile(r"^(?:[A-Za-z]--)?-?(?:home|Users|users|root)(?:-[^-]+)?-(?=.)")
 
@@ -60,11 +63,13 @@ def project_name(session_key: str) -> str:
     return "codex" if _ROLLOUT.fullmatch(stem) else _project_of_dir(head)
 
 
-@functools.lru_cache(maxsize=4096)  # a handful of project directories for any number of sessions
+# a handful of project directories for any number of sessions
+@functools.lru_cache(maxsize=4096)
 def _project_of_dir(head: str) -> str:
     last = head.rpartition("__")[2]
     name = _safe(_HOME_PREFIX.sub("", last)) or _safe(last)
-    return name[:NAME_MAX].strip("-") or "_"  # "_": a session file directly under the trace root
+    # "_": a session file directly under the trace root
+    return name[:NAME_MAX].strip("-") or "_"
 
 
 def _parts(session_key: str) -> tuple[str, str, int]:
@@ -146,7 +151,8 @@ class KeyMap:
                 self._name(pk, pinned)
             elif is_short_key(pk):
                 shorts.append(pk)
-            elif pk in sessions:  # a long key (before short keys): the session key itself
+            # a long key (before short keys): the session key itself
+            elif pk in sessions:
                 self.session_of[pk] = pk
                 self.partition_of.setdefault(pk, pk)
             else:
@@ -183,7 +189,8 @@ class KeyMap:
 
     def _name(self, pk: str, s: str) -> None:
         self.session_of[pk] = s
-        self.partition_of[s] = pk  # a short key wins over a session's long one
+        # a short key wins over a session's long one
+        self.partition_of[s] = pk
 
     def _resolve(self, pending: list[str], taken: set[str]) -> None:
         while pending:
@@ -198,7 +205,8 @@ class KeyMap:
                     still.append(pk)
                 else:
                     self.unresolved[pk] = "no session with this name under the trace root (moved or deleted?)"
-            if still and not progress:  # a tie: the first such key goes to its smaller session
+            # a tie: the first such key goes to its smaller session
+            if still and not progress:
                 pk = still.pop(0)
                 s = min(x for x in self.holders(pk) if x not in taken)
                 taken.add(s)
@@ -216,7 +224,8 @@ class KeyMap:
             for c in _lazy_candidates(s, _first_key(*self._parts(s))):
                 if c not in used and self.holders(c) == [s]:
                     break
-            else:  # the last candidate carries a hash of the whole session key: not reached in practice
+            # the last candidate carries a hash of the whole session key: not reached in practice
+            else:
                 raise PartitionKeyError(f"no free partition key for session {s!r} (tried {candidates(s)})")
             new[s] = c
             used.add(c)

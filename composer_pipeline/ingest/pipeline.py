@@ -54,8 +54,10 @@ class SessionReport:
     file_reports: list[dict] = field(default_factory=list)
     secrets: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
-    engine: str = "python"  # the engine that produced the rows: native | python
-    fallback_reason: str | None = None  # why the native engine handed this session to Python
+    # the engine that produced the rows: native | python
+    engine: str = "python"
+    # why the native engine handed this session to Python
+    fallback_reason: str | None = None
 
 
 @dataclass
@@ -91,7 +93,8 @@ def to_table(name: str, columns: dict[str, list], source: str = native.SOURCE) -
 @dataclass
 class _File:
     rel: str
-    data: bytes | None  # as read, scrubbed once ``splices`` are applied; None when unreadable
+    # as read, scrubbed once ``splices`` are applied; None when unreadable
+    data: bytes | None
     error: str | None  # why it could not be read
     # lines the scrubber changed, not yet put into ``data``: the native engine reads them in place
     # (no copy of a file that holds a key); everything else reads :meth:`scrubbed`
@@ -127,19 +130,23 @@ class SessionIngester:
             )
         self.engine = "native" if engine != "python" and native.AVAILABLE else "python"
         self._native = native.Builder() if self.engine == "native" else None
-        self._native_pending = False  # rows added to the native builder since its last take
+        # rows added to the native builder since its last take
+        self._native_pending = False
         self._codex_columns: dict[str, dict[str, list]] = {n: {} for n in TABLES}  # Codex rows not yet built
         self._pending: dict[str, list[pa.Table]] = {n: [] for n in TABLES}
         self._python_rows = 0
         self._python_bytes = 0
-        self.fallbacks: Counter[str] = Counter()  # reason -> sessions the Python engine took over
-        self._scrubber = Scrubber(self.recipe.extra_secret_patterns)  # compiled once; counts reset per session
+        # reason -> sessions the Python engine took over
+        self.fallbacks: Counter[str] = Counter()
+        # compiled once; counts reset per session
+        self._scrubber = Scrubber(self.recipe.extra_secret_patterns)
 
     # ---- one session ------------------------------------------------------------------------------
     def add(self, sf: SessionFiles) -> SessionReport:
         scrubber = self._scrubber
         scrubber.counts = Counter()
-        read = [read_session_file(p) for p in sf.files]  # each file once: the format is told from the first's head
+        # each file once: the format is told from the first's head
+        read = [read_session_file(p) for p in sf.files]
         fmt = self._format_of(sf, read[0][0] if read else None)
         if fmt != "claude":
             return self._add_codex(sf, scrubber, fmt, read)
@@ -149,7 +156,8 @@ class SessionIngester:
             if data is not None and not is_empty(data):
                 if self._native is not None and not scrubber.extra:
                     splices = scrubber.line_splices(data)
-                else:  # extra recipe patterns run on the whole (scrubbed) buffer
+                # extra recipe patterns run on the whole (scrubbed) buffer
+                else:
                     data = scrubber.scrub_bytes(data)
             files.append(_File(sf.rel(p), data, error, splices))
         reason = None
@@ -166,7 +174,8 @@ class SessionIngester:
     def _add_native(
         self, builder: native.Builder, sf: SessionFiles, files: list[_File], scrubber: Scrubber
     ) -> SessionReport | str:
-        self._flush_codex()  # keep session order in the pending tables
+        # keep session order in the pending tables
+        self._flush_codex()
         q = self.recipe.quarantine_text_chars
         specs = []
         for i, f in enumerate(files):
@@ -260,7 +269,8 @@ class SessionIngester:
             reports, build.streams, build.warmup_dropped, len(build.states["state_id"]), len(build.messages["uuid"])
         )
         qcols = {f.name: [row[f.name] for row in quarantine] for f in tables.QUARANTINE if f.name != "source"}
-        self._flush_codex()  # keep session order in the pending tables
+        # keep session order in the pending tables
+        self._flush_codex()
         self._flush_native()
         for name, cols in (("trace_states", build.states), ("trace_messages", build.messages), ("quarantine", qcols)):
             t = to_table(name, cols)
@@ -316,7 +326,8 @@ class SessionIngester:
                     )
             report["bad_lines"] = sum(1 for r in qrows if r["source_file"] == rel)
             reports.append(report)
-        self._flush_native()  # keep session order in the pending tables
+        # keep session order in the pending tables
+        self._flush_native()
         n_states = len(states["state_id"]) if states else 0
         n_messages = len(messages["uuid"]) if messages else 0
         # column lists gathered over sessions, built into Arrow once per take (:meth:`_flush_codex`)
@@ -417,11 +428,13 @@ def _file_report(
         "compactions_crossed": crossed,
         "lines": lines,
         "records": records,
-        "no_uuid_records": no_uuid,  # summary / snapshot / queue-operation: not chain links
+        # summary / snapshot / queue-operation: not chain links
+        "no_uuid_records": no_uuid,
         "warmup_dropped": warmup,
         "utf8_repaired": utf8_repaired,
         "empty_file": empty,
-        "damaged_bridged": bridged,  # records whose unknown parent was re-attached through a damaged line
+        # records whose unknown parent was re-attached through a damaged line
+        "damaged_bridged": bridged,
     }
 
 

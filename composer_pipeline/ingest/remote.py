@@ -61,7 +61,8 @@ def _objects(fs, base: str) -> dict[str, dict]:
 
 @dataclass
 class MirrorReport:
-    root: Path  # the local mirror: what discovery and ingest read
+    # the local mirror: what discovery and ingest read
+    root: Path
     downloaded: int = 0
     unchanged: int = 0
     removed: int = 0
@@ -73,7 +74,8 @@ def mirror_dir(url: str) -> Path:
 
 def mirror(url: str) -> MirrorReport:
     """Bring the local mirror of the trace root ``url`` up to date (see the module docstring)."""
-    import fsspec  # (not at import: ~0.1 CPU-s of every ingest start)
+    # (not at import: ~0.1 CPU-s of every ingest start)
+    import fsspec
 
     fs, base = fsspec.core.url_to_fs(url)
     fs.invalidate_cache()
@@ -121,7 +123,8 @@ class PushReport:
         }
 
 
-DEFAULT_TRACE_ROOTS = ("~/.claude/projects", "~/.codex/sessions")  # Claude Code's sessions, Codex CLI's rollouts
+# Claude Code's sessions, Codex CLI's rollouts
+DEFAULT_TRACE_ROOTS = ("~/.claude/projects", "~/.codex/sessions")
 
 
 def push(roots: list[str | Path], to: str, extra_secret_patterns: dict[str, str] | None = None) -> PushReport:

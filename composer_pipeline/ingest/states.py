@@ -64,7 +64,8 @@ def _dumps(v) -> bytes | None:
 @dataclass
 class Stream:
     stream_id: str
-    kind: str  # main | inline_sidechain | sibling_agent_file | subagents_dir
+    # main | inline_sidechain | sibling_agent_file | subagents_dir
+    kind: str
     file: str
     agent_id: str | None = None
     parent_tool_use_id: str | None = None
@@ -270,15 +271,19 @@ class _StreamIndex:
     def __init__(self, s: Stream):
         # the first record wins for a duplicated uuid (reversed: earlier records are assigned last)
         self.by_uuid: dict[str, Record] = {_uuid(r): r for r in reversed(s.records)}
-        self.key: dict[str, str] = {}  # uuid -> message_key (assistant records)
+        # uuid -> message_key (assistant records)
+        self.key: dict[str, str] = {}
         self.tools_of_key: dict[str, set[str]] = {}
         self.n_tools_of_key: dict[str, int] = {}
         self.tool_uses: dict[str, str] = {}
         self.results: dict[str, tuple[Record, Block]] = {}
         self.synthetic_keys: set[str] = set()
-        self.groups: dict[str, list[Record]] = {}  # message_key -> the response's records (first appearance order)
-        self.subtype_fixes: list[tuple[int, str | None]] = []  # (index, subtype) where it is not the record's own
-        self.compactions = 0  # compact boundaries whose logical parent is in this stream
+        # message_key -> the response's records (first appearance order)
+        self.groups: dict[str, list[Record]] = {}
+        # (index, subtype) where it is not the record's own
+        self.subtype_fixes: list[tuple[int, str | None]] = []
+        # compact boundaries whose logical parent is in this stream
+        self.compactions = 0
         by_uuid, results, fixes = self.by_uuid, self.results, self.subtype_fixes
         for i, r in enumerate(s.records):
             t = r.type
@@ -374,7 +379,8 @@ def _has_user_parts(content, known_tool_uses) -> bool:
             if b.text:
                 return True
         elif t != "tool_result" or not (type(b.tool_use_id) is str and b.tool_use_id in known_tool_uses):
-            return True  # image, unknown block type, or an orphan tool result (known ids are strings)
+            # image, unknown block type, or an orphan tool result (known ids are strings)
+            return True
     return False
 
 
@@ -391,11 +397,13 @@ def _prefix_counts(s: Stream, ix: _StreamIndex, opts: RenderOptions) -> dict[str
         u = _uuid(r)
         if u in memo:
             continue
-        r = by_uuid[u]  # the first record with this uuid, as _prefix_value() resolves it
+        # the first record with this uuid, as _prefix_value() resolves it
+        r = by_uuid[u]
         p = r.parent
         if p is not None and p != u:
             v = memo_get(p)
-            if v is not None:  # fast path (records come parent-first): one step on a known parent
+            # fast path (records come parent-first): one step on a known parent
+            if v is not None:
                 t = r.type
                 if t == "user":
                     memo[u] = v + 2 * _user_count(r, v & 1, tool_uses)

@@ -47,7 +47,8 @@ import orjson
 from composer_pipeline.ledger.backends import LedgerError, LedgerUnavailable
 from composer_pipeline.ledger.core import DEFAULT_LEASE_S, Claim, Ledger, Reservation, Reserve, RunIdInUse
 
-HELD_SUFFIX = ".pending"  # a held answer's file in the spool (not ``.json``: the response cache counts those)
+# a held answer's file in the spool (not ``.json``: the response cache counts those)
+HELD_SUFFIX = ".pending"
 
 
 class ReplayInterrupted(RuntimeError):
@@ -84,10 +85,14 @@ class AsyncLedger:
         self._watch: dict[str, asyncio.Future] = {}
         self._watcher: asyncio.Task | None = None
         self._deliverer: asyncio.Task | None = None
-        self.held: dict[str, dict[str, Any]] = {}  # reservation id -> the close a down ledger could not record
-        self.taken_over: str | None = None  # another process holds the run id now: this run buys nothing more
-        self.waits = 0  # reservations that had to wait for money in flight (not failures)
-        self.lost_claims = 0  # requests another run took over while this one was paused
+        # reservation id -> the close a down ledger could not record
+        self.held: dict[str, dict[str, Any]] = {}
+        # another process holds the run id now: this run buys nothing more
+        self.taken_over: str | None = None
+        # reservations that had to wait for money in flight (not failures)
+        self.waits = 0
+        # requests another run took over while this one was paused
+        self.lost_claims = 0
 
     async def _run(self, fn, *args, **kw):
         loop = asyncio.get_running_loop()
@@ -123,7 +128,8 @@ class AsyncLedger:
                 self.taken_over = str(e)
                 return
             except LedgerError:
-                pass  # the next beat tries again; the lease is long enough to miss a few
+                # the next beat tries again; the lease is long enough to miss a few
+                pass
 
     async def _keep_lease(self) -> None:
         """Beat; a run finalized while it was paused past its lease registers again (its claims went to other
@@ -163,7 +169,8 @@ class AsyncLedger:
             ids = list(self._watch)
             try:
                 status = await self._run(self.ledger.claims_status, ids)
-                await self.maybe_reconcile()  # a claimant whose lease expired, or whose process is gone, is finalized
+                # a claimant whose lease expired, or whose process is gone, is finalized
+                await self.maybe_reconcile()
             except Exception as e:
                 for cid in ids:
                     fut = self._watch.pop(cid, None)
@@ -193,7 +200,8 @@ class AsyncLedger:
             if not waited:
                 waited = True
                 self.waits += 1
-            await self.maybe_reconcile()  # a dead run's reservations stop blocking once its lease expires
+            # a dead run's reservations stop blocking once its lease expires
+            await self.maybe_reconcile()
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 1.6, 0.2)
 
@@ -206,7 +214,8 @@ class AsyncLedger:
 
     async def _lost(self) -> None:
         self.lost_claims += 1
-        await self._keep_lease()  # a finalized run registers again (or learns its id was taken over)
+        # a finalized run registers again (or learns its id was taken over)
+        await self._keep_lease()
         raise ClaimLost()
 
     async def close(
@@ -285,7 +294,8 @@ class AsyncLedger:
             try:
                 close = orjson.loads(path.read_bytes())
             except FileNotFoundError:
-                continue  # another run with this spool recorded and removed it meanwhile
+                # another run with this spool recorded and removed it meanwhile
+                continue
             except (OSError, orjson.JSONDecodeError):
                 close = None
             if not isinstance(close, dict) or set(close) != keys:  # not written by _hold: set aside, named
@@ -335,7 +345,8 @@ class AsyncLedger:
             if t is not None:
                 t.cancel()
         try:
-            await self._wait_held(bounded=note != "run ended")  # still heartbeating: its claims stay its own
+            # still heartbeating: its claims stay its own
+            await self._wait_held(bounded=note != "run ended")
             if self._heart is not None:
                 self._heart.cancel()
             return await self._run(self.ledger.close_run, self.run_id, note, self.owner)

@@ -98,7 +98,8 @@ class _SQLite:
     kind = "sqlite"
     now = "((julianday('now') - 2440587.5) * 86400.0)"
     for_update = ""
-    begin = "BEGIN IMMEDIATE"  # take the write lock up front: no lock upgrades, no deadlocks
+    # take the write lock up front: no lock upgrades, no deadlocks
+    begin = "BEGIN IMMEDIATE"
 
     def __init__(self, path: str):
         self.path = Path(path.removeprefix("sqlite:///") if path.startswith("sqlite:///") else path).expanduser()
@@ -123,7 +124,8 @@ class _SQLite:
                 # switching a new file to WAL needs an exclusive lock and may answer "locked" at once while
                 # another process creates the same file (the busy handler is not always used): retry
                 con.execute("PRAGMA journal_mode = WAL")
-                con.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes (kill -9)
+                # WAL: durable across process crashes (kill -9)
+                con.execute("PRAGMA synchronous = NORMAL")
                 return con
             except sqlite3.DatabaseError as e:
                 if con is not None:
@@ -179,10 +181,12 @@ class _SQLite:
         return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
 
     def migration_lock(self, cur) -> None:
-        pass  # BEGIN IMMEDIATE already excludes every other writer
+        # BEGIN IMMEDIATE already excludes every other writer
+        pass
 
     def disconnected(self, e: BaseException) -> bool:
-        return False  # an embedded file has no connection to lose
+        # an embedded file has no connection to lose
+        return False
 
     def beat(self, column: str) -> str:
         return column
@@ -219,11 +223,13 @@ class _Postgres:
                 keepalives_interval=5,
                 keepalives_count=3,
             )
-        except psycopg2.OperationalError as e:  # refused, starting up, shutting down: may pass
+        # refused, starting up, shutting down: may pass
+        except psycopg2.OperationalError as e:
             raise LedgerUnavailable(f"ledger {self.label}: cannot connect: {self.reason(e)}") from None
         except psycopg2.Error as e:
             raise LedgerError(f"ledger {self.label}: cannot connect: {self.reason(e)}") from None
-        con.autocommit = True  # transactions are explicit BEGIN/COMMIT, as on SQLite
+        # transactions are explicit BEGIN/COMMIT, as on SQLite
+        con.autocommit = True
         return con
 
     def reason(self, e: BaseException) -> str:
@@ -288,9 +294,12 @@ class LedgerDatabase:
         self.url = url
         self._db = _Postgres(url) if is_postgres(url) else _SQLite(url)
         self._local = threading.local()
-        self.outage_s = float(outage_s)  # how long a transaction rides through a lost server before it fails
-        self._opened = False  # a server unreachable at open is an error at once; once the subclass has opened it (Ledger: schema in place), an outage to ride through
-        self._outage_since: float | None = None  # monotonic time the current outage began (shared by all threads)
+        # how long a transaction rides through a lost server before it fails
+        self.outage_s = float(outage_s)
+        # a server unreachable at open is an error at once; once the subclass has opened it (Ledger: schema in place), an outage to ride through
+        self._opened = False
+        # monotonic time the current outage began (shared by all threads)
+        self._outage_since: float | None = None
 
     @property
     def label(self) -> str:
@@ -352,7 +361,8 @@ class LedgerDatabase:
                     now = time.monotonic()
                     if self._outage_since is None:
                         self._outage_since = now
-                    outage_until = self._outage_since + self.outage_s  # one deadline per outage, not per transaction
+                    # one deadline per outage, not per transaction
+                    outage_until = self._outage_since + self.outage_s
                     if now < outage_until:
                         time.sleep(min(pause, outage_until - now) * random.uniform(0.5, 1.0))
                         pause = min(pause * 2, 1.0)

@@ -63,7 +63,8 @@ class PendingCall:
 
 @dataclass
 class Recorded:
-    batch_id: str | None  # None: nothing recorded (every call held elsewhere or refused)
+    # None: nothing recorded (every call held elsewhere or refused)
+    batch_id: str | None
     granted: list[str]
     held: list[str]  # pending in another live batch already
     refused: dict[str, str]  # call id -> why (budget / ceiling)
@@ -308,7 +309,8 @@ def batch_holds(ledger: Ledger, teachers: list[str], call_ids: list[str]) -> tup
 def recorded_by_live_run(ledger: Ledger, batch_id: str, owner: str) -> bool:
     """The run that recorded ``batch_id`` is live in another process (its lease held, its process not seen
     gone): its POST may be on the wire now, so nobody else may look for or resubmit the batch yet."""
-    ledger.reconcile()  # a dead process's run (same machine: at once; elsewhere: once its lease expired) ends here
+    # a dead process's run (same machine: at once; elsewhere: once its lease expired) ends here
+    ledger.reconcile()
     row = ledger._tx(
         lambda c: c.one(
             f"SELECT 1 FROM batches b JOIN runs r ON r.run_id = b.run_id WHERE b.id = ? AND r.owner <> ? AND "

@@ -60,12 +60,16 @@ from composer_pipeline.ledger.backends import Cursor, LedgerDatabase, LedgerErro
 from composer_pipeline.ledger.schema import migrate
 from composer_pipeline.teachers.config import TeachersConfig, split_user_info
 
-EPS = 1e-12  # float slack when comparing sums of dollars
-DEFAULT_LEASE_S = TeachersConfig.lease_s  # one home: the teachers recipe's defaults
+# float slack when comparing sums of dollars
+EPS = 1e-12
+# one home: the teachers recipe's defaults
+DEFAULT_LEASE_S = TeachersConfig.lease_s
 DEFAULT_OUTAGE_S = (
     TeachersConfig.ledger_outage_s
-)  # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
-OPEN_STATES = ("reserved", "sent", "batched")  # batched: held by a provider batch, not a run (ledger/batches.py)
+    # a PostgreSQL restart or failover takes seconds; a server down longer stops the run
+)
+# batched: held by a provider batch, not a run (ledger/batches.py)
+OPEN_STATES = ("reserved", "sent", "batched")
 
 
 @dataclass
@@ -76,21 +80,26 @@ class Reserve:
     ceiling_usd: float
     amount_usd: float
     call_id: str = ""
-    owner: str = ""  # the run's owner token (AsyncLedger): then the run must hold its lease and the call's claim
+    # the run's owner token (AsyncLedger): then the run must hold its lease and the call's claim
+    owner: str = ""
 
 
 @dataclass(frozen=True)
 class Reservation:
     ok: bool
     id: str
-    reason: str = ""  # why it was refused (or, with wait=True, what it waits for)
-    wait: bool = False  # not granted yet: money held by calls in flight or earlier waiters
-    lost: bool = False  # refused because the run lost its lease or the call's claim (paused past its lease)
+    # why it was refused (or, with wait=True, what it waits for)
+    reason: str = ""
+    # not granted yet: money held by calls in flight or earlier waiters
+    wait: bool = False
+    # refused because the run lost its lease or the call's claim (paused past its lease)
+    lost: bool = False
 
 
 @dataclass(frozen=True)
 class Claim:
-    state: str  # mine | answered | wait | batched (held by a live provider batch: not bought here)
+    # mine | answered | wait | batched (held by a live provider batch: not bought here)
+    state: str
     record: dict[str, Any] | None = None  # the answer, when answered
     owner: str = ""  # the run holding it, when wait
 
@@ -99,7 +108,8 @@ class Claim:
 class Balance:
     teacher: str
     budget_usd: float
-    spent_usd: float  # settled + kept + reserved (what the budget check counts)
+    # settled + kept + reserved (what the budget check counts)
+    spent_usd: float
     settled_usd: float
     kept_usd: float
     reserved_usd: float  # held by calls in flight
@@ -119,7 +129,8 @@ class RunIdInUse(LedgerError):
 
     def __init__(self, message: str, lease_s: float = DEFAULT_LEASE_S):
         super().__init__(message)
-        self.lease_s = lease_s  # the holder's lease: how long it may go without a heartbeat before it is dead
+        # the holder's lease: how long it may go without a heartbeat before it is dead
+        self.lease_s = lease_s
 
 
 def machine_id() -> str | None:
@@ -374,7 +385,8 @@ class Ledger(LedgerDatabase):
                 )
                 released += 1
                 counted, kept_n = 0.0, 0
-            else:  # sent, outcome unknown: counted at its worst case
+            # sent, outcome unknown: counted at its worst case
+            else:
                 c.execute(
                     f"UPDATE reservations SET state = 'kept', cost_usd = reserved_usd, note = ?, closed_at = {now} WHERE id = ?",
                     [f"{note}: outcome unknown, counted at worst case", rid],
@@ -409,7 +421,8 @@ class Ledger(LedgerDatabase):
 
         def run(c: Cursor) -> Claim:
             held = c.one("SELECT batch_id FROM batch_calls WHERE call_id = ? AND state = 'pending'", [call_id])
-            if held:  # a live provider batch holds it (ledger/batches.py): its answer comes from the batch
+            # a live provider batch holds it (ledger/batches.py): its answer comes from the batch
+            if held:
                 return Claim("batched", owner=f"batch:{held[0]}")
             ins = c.execute(
                 "INSERT INTO claims (call_id, teacher, run_id, state, record, reason, cost_usd, created_at, updated_at, "

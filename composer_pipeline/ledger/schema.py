@@ -174,7 +174,8 @@ MIGRATIONS: list[tuple[int, list[str | dict[str, str]]]] = [
         ],
     ),
 ]
-CODE_VERSION = MIGRATIONS[-1][0]  # the newest ledger schema this code knows
+# the newest ledger schema this code knows
+CODE_VERSION = MIGRATIONS[-1][0]
 
 
 def migrate(tx: Callable[..., Any], db: Any) -> None:
@@ -196,7 +197,8 @@ def migrate(tx: Callable[..., Any], db: Any) -> None:
         return have >= CODE_VERSION
 
     if tx(current, write=False):
-        return  # nothing to create: a role that may only read (``teachers budget``) opens it too
+        # nothing to create: a role that may only read (``teachers budget``) opens it too
+        return
 
     def run(c: Cursor) -> None:
         db.migration_lock(c.cur)
@@ -238,7 +240,8 @@ def import_duckdb(c: Cursor, src: Path, now: str) -> None:
             counted, kept = float(cost or 0.0), False
         elif state == "released":
             counted, kept = 0.0, False
-        else:  # kept, or still reserved when that ledger was last written
+        # kept, or still reserved when that ledger was last written
+        else:
             state, counted, kept = "kept", reserved, True
         c.execute(
             f"INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})",

@@ -98,7 +98,8 @@ def _teacher_answers(rows: list[dict], stats: dict[str, int]) -> dict[str, tuple
     """One (action, call_id, model) per teacher: its latest answered row with a parseable action."""
     best: dict[str, tuple[str, Action, str, str]] = {}
     for r in rows:
-        if r.get("status") == "skipped":  # never sent by design (no_user_turn, not_escalated): not a failure
+        # never sent by design (no_user_turn, not_escalated): not a failure
+        if r.get("status") == "skipped":
             stats["replays_skipped"] += 1
             continue
         if r.get("status") != "answered" or not r.get("action"):
@@ -136,10 +137,14 @@ class Consensus:
     kind: str  # cross_model | self_consistency
     signature: str
     representative: Action
-    teachers: list[str]  # teacher entries whose answers are in the consensus
-    n_agreeing: int  # distinct models (cross_model) or samples of one model (self_consistency)
-    score: float  # n_agreeing / models that answered (cross_model) or / that model's samples
-    n_models: int  # distinct models that answered the state
+    # teacher entries whose answers are in the consensus
+    teachers: list[str]
+    # distinct models (cross_model) or samples of one model (self_consistency)
+    n_agreeing: int
+    # n_agreeing / models that answered (cross_model) or / that model's samples
+    score: float
+    # distinct models that answered the state
+    n_models: int
     n_models_agreeing: int
 
 
@@ -447,7 +452,8 @@ def build_pairs(
         except Exception:  # noqa: BLE001 - one unrenderable state must not sink the run; counted
             stats["states_render_error"] += 1
             continue
-        if n_msgs <= 1:  # only the system prompt: the state's stream is not in trace_messages
+        # only the system prompt: the state's stream is not in trace_messages
+        if n_msgs <= 1:
             stats["states_no_messages"] += 1
             continue
         answers = _valid_answers(answers, prompt, tools_json, recipe, stats)
@@ -464,7 +470,8 @@ def build_pairs(
         row = _pair_row(st, rows, agent, chosen, found, members, agrees, (prompt, tools_json, n_teachers, rules), order)
         row["partition_key"] = partition_of.get(st["session_key"])
         why = _drop_reason(chosen, prompt, rules, recipe, stats) if not agrees else None
-        if why is not None:  # kept, with the reason, in dropped_pairs: never a chosen side, never silent
+        # kept, with the reason, in dropped_pairs: never a chosen side, never silent
+        if why is not None:
             drop_rows.append({**row, "drop_op": "pairs.build", "drop_reason": why, "drop_stats": "{}"})
             continue
         (pos_rows if agrees else pair_rows).append(row)
@@ -521,7 +528,8 @@ def _replays_by_state(states: pa.Table, replays: pa.Table, recipe: PairRecipe, s
         if recipe.drop_fitted_answers and ((r.get("elided_messages") or 0) or (r.get("cut_messages") or 0)):
             stats["answers_fitted_dropped"] += 1
             continue
-        if r.get("finish_reason") in tables.CUT_FINISH_REASONS:  # cut at its token limit: never votes, never chosen
+        # cut at its token limit: never votes, never chosen
+        if r.get("finish_reason") in tables.CUT_FINISH_REASONS:
             stats["answers_cut_dropped"] += 1
             continue
         by_state.setdefault(r["state_id"], []).append(r)
@@ -570,7 +578,8 @@ def _pair_row(
         "partition_key": None,  # set by the caller
         "session_id": st.get("session_id"),
         "source_file": st.get("source_file"),
-        "source": st.get("source") or "claude",  # (states stored before the column: Claude Code's)
+        # (states stored before the column: Claude Code's)
+        "source": st.get("source") or "claude",
         "source_lines": st.get("source_lines") or [],
         "record_uuids": st.get("record_uuids") or [],
         "replay_call_ids": sorted(r["call_id"] for r in rows),

@@ -18,7 +18,8 @@ from composer_pipeline.settings import setting
 
 DEFAULT_PAIRS_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "pairs.yaml"
 DEFAULT_NORMALIZE_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "normalize.yaml"
-DERIVED_KEYS = ("pair_text",)  # computed by datajuicer.texts_for: prompt + chosen_text + rejected_text
+# computed by datajuicer.texts_for: prompt + chosen_text + rejected_text
+DERIVED_KEYS = ("pair_text",)
 
 # Claude Code's markup around what the user or the harness typed (slash commands, local command
 # output, reminders): text a model reads in its prompt and has no reason to write

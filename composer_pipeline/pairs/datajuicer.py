@@ -25,7 +25,8 @@ from composer_pipeline import tables
 if TYPE_CHECKING:
     from loguru import Logger
 
-_GUARD_LOCK = threading.RLock()  # the guard patches process-wide state: one holder at a time
+# the guard patches process-wide state: one holder at a time
+_GUARD_LOCK = threading.RLock()
 
 
 @dataclass
@@ -62,7 +63,8 @@ def _guarded() -> Iterator[None]:
     real_remove = logger.remove
 
     def _remove_only_new(handler_id=None):
-        if handler_id is None:  # data-juicer's blanket logger.remove(): spare the host's handlers
+        # data-juicer's blanket logger.remove(): spare the host's handlers
+        if handler_id is None:
             for hid in _handler_ids(logger) - before:
                 real_remove(hid)
         elif handler_id not in before:

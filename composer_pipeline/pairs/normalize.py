@@ -91,7 +91,8 @@ def _run_filter(op, key: str, idx: list[int], texts: list, drop: dict[int, tuple
         results = [(idx, *one_batch(idx))]
     except AutoInstallBlocked:
         raise
-    except Exception:  # isolate the failing row(s): re-run row by row
+    # isolate the failing row(s): re-run row by row
+    except Exception:
         results = []
         for i in idx:
             try:
@@ -116,7 +117,8 @@ def _run_dedup(op, key: str, idx: list[int], texts: list, pair_ids: list, drop) 
     from data_juicer.utils.constant import HashKeys
 
     name = op._name
-    if name == "document_deduplicator":  # exact md5: first occurrence wins, as in its process()
+    # exact md5: first occurrence wins, as in its process()
+    if name == "document_deduplicator":
         first: dict[str, int] = {}
         survivors = []
         for i in idx:
@@ -148,12 +150,14 @@ def _run_dedup(op, key: str, idx: list[int], texts: list, pair_ids: list, drop) 
 def normalize_pairs(pairs: pa.Table, recipe: NormalizeRecipe | None = None) -> NormalizeResult:
     """Run the recipe's filters and deduplicators over ``pairs``; see the module docstring."""
     recipe = recipe or NormalizeRecipe.load(None)
-    if recipe.executor == "ray":  # same ops on data-juicer's RayExecutor (composer_pipeline/pairs/normalize_ray.py)
+    # same ops on data-juicer's RayExecutor (composer_pipeline/pairs/normalize_ray.py)
+    if recipe.executor == "ray":
         from composer_pipeline.pairs.normalize_ray import normalize_pairs_ray
 
         return normalize_pairs_ray(pairs, recipe)
     t0 = time.perf_counter()
-    pairs = tables.conform(with_partition_key(pairs), "dpo_pairs")  # (pairs built before the column: filled)
+    # (pairs built before the column: filled)
+    pairs = tables.conform(with_partition_key(pairs), "dpo_pairs")
     n = pairs.num_rows
     pair_ids = pairs.column("pair_id").to_pylist()
     drop: dict[int, tuple[str, str, dict]] = {}
@@ -169,7 +173,8 @@ def normalize_pairs(pairs: pa.Table, recipe: NormalizeRecipe | None = None) -> N
         else:
             alive.append(i)
 
-    if alive:  # nothing to normalize: skip data-juicer's import (~3 s) altogether
+    # nothing to normalize: skip data-juicer's import (~3 s) altogether
+    if alive:
         with data_juicer_guard():
             _apply_ops(recipe, alive, texts, pair_ids, drop)
     alive = [i for i in range(n) if i not in drop]

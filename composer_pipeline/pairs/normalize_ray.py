@@ -90,7 +90,8 @@ def load_ray_config(config: dict[str, Any], cfg_path: Path):
 def normalize_pairs_ray(pairs: pa.Table, recipe: NormalizeRecipe) -> NormalizeResult:
     """Run ``recipe`` through data-juicer's ``RayExecutor``; same result shape as ``normalize_pairs``."""
     t0 = time.perf_counter()
-    pairs = tables.conform(with_partition_key(pairs), "dpo_pairs")  # (pairs built before the column: filled)
+    # (pairs built before the column: filled)
+    pairs = tables.conform(with_partition_key(pairs), "dpo_pairs")
     n = pairs.num_rows
     pair_ids = pairs.column("pair_id").to_pylist()
     keys = recipe.text_keys()

@@ -89,8 +89,10 @@ log = logging.getLogger(__name__)
 # per provider batch: (requests, bytes) — OpenAI: 50,000 requests and 200 MB per input file; Anthropic: 100,000
 # requests or 256 MB per batch (providers.md "Batch APIs"); the bytes kept 1% under, for the envelope
 LIMITS: dict[str, tuple[int, int]] = {"openai": (50_000, 198_000_000), "anthropic": (100_000, 253_000_000)}
-MAX_SUBMISSIONS = 3  # a call errored, expired or canceled this many times fails with the last reason
-RECOVERY_SLACK_S = 600.0  # provider and ledger clocks: a batch created this long before our record still matches
+# a call errored, expired or canceled this many times fails with the last reason
+MAX_SUBMISSIONS = 3
+# provider and ledger clocks: a batch created this long before our record still matches
+RECOVERY_SLACK_S = 600.0
 
 
 def batch_priced(t: TeacherConfig) -> TeacherConfig:
@@ -127,7 +129,8 @@ class BatchUnknown(RuntimeError):
 
 @dataclass
 class Outcome:
-    kind: str  # succeeded | errored | expired | canceled
+    # succeeded | errored | expired | canceled
+    kind: str
     data: dict[str, Any] | None = None  # the answer body (succeeded)
     reason: str = ""
 
@@ -258,7 +261,8 @@ class BatchClient:
             for b in items:
                 if (b.get("metadata") or {}).get("cp_batch") == row.id:
                     return str(b["id"])
-        else:  # no metadata on Message Batches: an unknown batch since the record, with as many requests
+        # no metadata on Message Batches: an unknown batch since the record, with as many requests
+        else:
             cands = [
                 b
                 for b in items
@@ -266,9 +270,11 @@ class BatchClient:
                 and _epoch(b.get("created_at")) >= since
                 and sum(int(v) for v in (b.get("request_counts") or {}).values()) == row.n_requests
             ]
-            if len(cands) == 1:  # its custom ids are checked when it is collected (a stranger's are released)
+            # its custom ids are checked when it is collected (a stranger's are released)
+            if len(cands) == 1:
                 return str(cands[0]["id"])
-            for b in cands:  # several alike: the one whose results hold exactly these calls, once they end
+            # several alike: the one whose results hold exactly these calls, once they end
+            for b in cands:
                 if self.ended(b) and set(self.results(b)) == call_ids:
                     return str(b["id"])
             if any(not self.ended(b) for b in cands):
@@ -296,7 +302,8 @@ class _Pass:
     ledger: Ledger
     cache: ResponseCache
     run_id: str
-    wanted: dict[str, ReplayRequest]  # call id -> its request (outstanding calls of this run)
+    # call id -> its request (outstanding calls of this run)
+    wanted: dict[str, ReplayRequest]
     clients: dict[str, BatchClient]
     results: dict[str, CallResult] = field(default_factory=dict)
     stats: dict[str, int] = field(
@@ -354,10 +361,12 @@ class _Pass:
         client = self.clients[teacher.name]
         try:
             pid, refused = client.create(batch_id, lines)
-        except BatchUnknown as e:  # the provider may have it: left recorded, looked for on the next pass
+        # the provider may have it: left recorded, looked for on the next pass
+        except BatchUnknown as e:
             log.warning("batch %s of %s: no answer to its POST (%s); looked for next pass", batch_id, teacher.name, e)
             return
-        if pid is None:  # certainly not created: its calls released (they may go out again alone)
+        # certainly not created: its calls released (they may go out again alone)
+        if pid is None:
             for call in pending_calls(self.ledger, batch_id).values():
                 finish_call(self.ledger, call, "released", note=refused)
                 self.results[call.call_id] = CallResult(status="failed", reason=f"batch_refused: {refused}")
@@ -371,7 +380,8 @@ class _Pass:
     def recover(self, row: BatchRow) -> None:
         client = self.clients[row.teacher]
         if recorded_by_live_run(self.ledger, row.id, self.ledger.owner):
-            return  # its POST may be on the wire now: only its own process, or a run after it died, looks for it
+            # its POST may be on the wire now: only its own process, or a run after it died, looks for it
+            return
         pend = pending_calls(self.ledger, row.id)
         try:
             pid = client.find(row, known_provider_ids(self.ledger), set(pend))
@@ -385,7 +395,8 @@ class _Pass:
         # provably not at the provider: the same calls go out again under the same record and reservations
         mine = [self.wanted[c] for c in pend if c in self.wanted]
         for cid, call in pend.items():
-            if cid not in self.wanted:  # recorded by a run with other arguments: its request is not here
+            # recorded by a run with other arguments: its request is not here
+            if cid not in self.wanted:
                 finish_call(
                     self.ledger, call, "released", note="batch never reached the provider; not resubmitted here"
                 )
@@ -427,7 +438,8 @@ class _Pass:
         bt = batch_priced(t)
         key = self.clients[t.name].key
         data = _read_answer(orjson.dumps(raw), t, key)
-        if isinstance(data, str):  # billed, but no answer: kept at its worst case
+        # billed, but no answer: kept at its worst case
+        if isinstance(data, str):
             problem = data
             finish_call(self.ledger, call, "kept", note=problem[:300])
             self.results[call.call_id] = CallResult(
@@ -457,7 +469,8 @@ class _Pass:
         try:
             self.cache.put(call.call_id, record)
         except OSError:
-            pass  # the answer is in the ledger: a re-run serves it from there
+            # the answer is in the ledger: a re-run serves it from there
+            pass
         res = answer_from_response(stored, t)
         res.cost_usd, res.reserved_usd, res.attempts = s.cost_usd, call.reserved_usd, call.submissions
         if s.flag:
@@ -517,7 +530,8 @@ def replay_batch(
             p.results[cid] = CallResult(
                 status="failed", reason=f"missing_api_key: environment variable {r.teacher.api_key_env} is not set"
             )
-    ledger.start_run(run_id, config.lease_s)  # a live run: no other process looks for its unanswered batches
+    # a live run: no other process looks for its unanswered batches
+    ledger.start_run(run_id, config.lease_s)
     try:
         _run_pass(p, wait, sleep)
     finally:
@@ -544,8 +558,10 @@ def replay_batch(
     summary["batch"] = {
         **p.stats,
         "calls_pending": sum(1 for r in rows if (r["reason"] or "").startswith("batch_pending")),
-        "live_batch_ids": live_ids,  # the batches this run's pending calls wait in
-        "held_usd": held_usd,  # what those calls hold in the ledger (their worst case at batch prices)
+        # the batches this run's pending calls wait in
+        "live_batch_ids": live_ids,
+        # what those calls hold in the ledger (their worst case at batch prices)
+        "held_usd": held_usd,
     }
     return ReplayResult(table, summary)
 
@@ -628,7 +644,8 @@ def _run_pass(p: _Pass, wait: bool, sleep: Callable[[float], None]) -> None:
                 if released is not None and st is not None and st[2] < MAX_SUBMISSIONS:
                     del p.results[cid]
                     again.setdefault(released.teacher.name, []).append(released)
-        for name, reqs in again.items():  # only the released calls, alone in a new batch
+        # only the released calls, alone in a new batch
+        for name, reqs in again.items():
             p.stats["calls_resubmitted"] += len(reqs)
             p.submit(p.config.teacher(name), reqs)
         if not wait or not _ours_pending(p):

@@ -98,11 +98,16 @@ class CallResult:
     latency_s: float | None = None
     attempts: int = 0
     cache_hit: bool = False
-    cached_tokens: int | None = None  # prompt tokens the provider billed as cache reads
-    cache_write_tokens: int | None = None  # prompt tokens it billed as cache writes (Anthropic)
-    elided_messages: int = 0  # messages the fitted prefix replaced by its marker (render.fit_messages)
-    cut_messages: int = 0  # messages whose content was cut in the middle to fit
-    finish_reason: str | None = None  # the provider's stop reason, in its word (stop, length, end_turn, max_tokens...)
+    # prompt tokens the provider billed as cache reads
+    cached_tokens: int | None = None
+    # prompt tokens it billed as cache writes (Anthropic)
+    cache_write_tokens: int | None = None
+    # messages the fitted prefix replaced by its marker (render.fit_messages)
+    elided_messages: int = 0
+    # messages whose content was cut in the middle to fit
+    cut_messages: int = 0
+    # the provider's stop reason, in its word (stop, length, end_turn, max_tokens...)
+    finish_reason: str | None = None
 
 
 def make_http_client(teacher: TeacherConfig) -> httpx.AsyncClient:
@@ -140,7 +145,8 @@ def _scrub(text: str, api_key: str | None, limit: int = 300) -> str:
     """Reason text from a response or an exception, at most ``limit`` characters: without the teacher's
     key (in any encoding, see ``redact.py``) or any other secret. Redacted first, then cut (a key cut
     in half by the limit would match neither); only a window the limit's keys can reach is scanned."""
-    window = limit + 4096 + 8 * len(api_key or "")  # (a key starting before ``limit`` ends inside it)
+    # (a key starting before ``limit`` ends inside it)
+    window = limit + 4096 + 8 * len(api_key or "")
     text = scrub_obj(redact_text(text[:window], api_key))
     return " ".join(text.split())[:limit]
 
@@ -255,7 +261,8 @@ def wire_body(
     the ``call_id``: a cached answer stays found whatever the transport adds."""
     if teacher.api == "anthropic":
         return anthropic.to_messages_request(body, hint=cache_hint)
-    body = without_error_marks(body)  # OpenAI's tool messages have no is_error
+    # OpenAI's tool messages have no is_error
+    body = without_error_marks(body)
     if cache_key and teacher.prompt_cache_key:
         return {**body, "prompt_cache_key": cache_key}
     return body
@@ -317,7 +324,8 @@ class _Reply:
     reason: str = ""
     release: bool = False
     retry: bool = False
-    adapted: bool = False  # a 400 named a parameter the model refuses: tried again at once without it
+    # a 400 named a parameter the model refuses: tried again at once without it
+    adapted: bool = False
 
 
 async def _post(
@@ -344,7 +352,8 @@ async def _post(
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
         kind = "truncated_body" if status_code is not None else "connection_dropped"
         return _Reply(reason=f"{kind}: {type(e).__name__} from {host}: {_scrub(str(e), api_key, 120)}", retry=True)
-    except httpx.HTTPError as e:  # protocol/decoding/proxy problems: sent, outcome unknown, not retried
+    # protocol/decoding/proxy problems: sent, outcome unknown, not retried
+    except httpx.HTTPError as e:
         return _Reply(reason=f"http_error: {type(e).__name__} from {host}: {_scrub(str(e), api_key, 120)}")
     return _Reply(status_code, raw, resp.headers, time.perf_counter() - t0)
 
@@ -371,7 +380,8 @@ def _read_answer(raw: bytes, teacher: TeacherConfig, api_key: str | None) -> dic
     # before the cache, the ledger, the table and any log see it (the caller runs this off the event loop)
     data = _clean_answer(data, api_key)
     problem = anthropic.message_problem(data) if teacher.api == "anthropic" else None
-    if teacher.api == "anthropic" and problem is None:  # the native answer, mapped to the one shape stored
+    # the native answer, mapped to the one shape stored
+    if teacher.api == "anthropic" and problem is None:
         data = anthropic.to_chat_completion(data)
     problem = problem or _valid_completion(data)
     return f"bad_response: {_scrub(problem, api_key)}" if problem else data
@@ -459,7 +469,8 @@ class _Call:
         if not res.ok:
             after = f" (after attempt {n - 1}: {self.last_reason})" if self.last_reason else ""
             return self.stop("budget_exhausted", f"budget_exhausted: {res.reason}{after}")
-        if self.guard.disabled_reason:  # another call cut the teacher off while this one waited for money
+        # another call cut the teacher off while this one waited for money
+        if self.guard.disabled_reason:
             await self.ledger.close(res.id, "released", note=self.guard.disabled_reason[:200])
             return self.stop("failed", self.guard.disabled_reason)
         self.out.reserved_usd += self.worst
@@ -612,7 +623,8 @@ async def call_teacher(
             got = await call.attempt(n)
             if isinstance(got, CallResult):
                 return got
-            if got.adapted:  # tried again at once without the parameter the model refused
+            # tried again at once without the parameter the model refused
+            if got.adapted:
                 adapted += 1
                 continue
             if not got.retry or n > teacher.max_retries + adapted:

@@ -28,7 +28,8 @@ class Escalation:
     """The tiers of one run and what it has decided so far (``stopped``: state id → the reason)."""
 
     config: TeachersConfig
-    agents: dict[str, str]  # state_id -> the agent's action JSON (trace_states.action)
+    # state_id -> the agent's action JSON (trace_states.action)
+    agents: dict[str, str]
     recipe: PairRecipe
     voters: dict[str, Voter] = field(default_factory=dict)
     stopped: dict[str, str] = field(default_factory=dict)

@@ -43,12 +43,14 @@ from composer_pipeline.replay.run import ReplayResult, ReplayRun
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import TeachersConfig, clean_api_keys
 
-PREPARED_MAX_AGE_S = 24 * 3600  # prepared files of runs that never replayed them (a blocked check) go after this
+# prepared files of runs that never replayed them (a blocked check) go after this
+PREPARED_MAX_AGE_S = 24 * 3600
 
 
 @dataclass
 class ReplayOutcome:
-    result: ReplayResult  # table teacher_replays + run_report.replay_summary
+    # table teacher_replays + run_report.replay_summary
+    result: ReplayResult
     predicted_vs_billed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -59,13 +61,15 @@ class ReplayFront:
     config: TeachersConfig
     cache: ResponseCache
     ledger: Ledger
-    pair_recipe: PairRecipe | None = None  # escalation decides with it (None: the packaged pairs recipe)
+    # escalation decides with it (None: the packaged pairs recipe)
+    pair_recipe: PairRecipe | None = None
 
     def prepare(self, states: pa.Table, messages: pa.Table, render_opts) -> ReplayRun:
         return ReplayRun.prepare(states, messages, self.config, render_opts)
 
     def plan(self, run: ReplayRun) -> CostPlan:
-        if self.config.mode == "batch":  # priced as batches go out: at each teacher's batch_price_factor
+        # priced as batches go out: at each teacher's batch_price_factor
+        if self.config.mode == "batch":
             return plan_requests(priced_for_batch(run.requests), self.config, self.cache, self.ledger)
         return run.plan(self.cache, self.ledger)
 
@@ -93,7 +97,8 @@ class ReplayFront:
         *,
         wait: bool = True,
     ) -> ReplayOutcome:
-        if self.config.mode == "batch":  # provider batches (replay/batch.py); wait=False returns after submitting
+        # provider batches (replay/batch.py); wait=False returns after submitting
+        if self.config.mode == "batch":
             res = replay_batch(
                 run.requests,
                 self.config,

@@ -26,15 +26,18 @@ from composer_pipeline.teachers.config import TeachersConfig
 @dataclass
 class CostPlan:
     table: pa.Table  # schema cost_plan
-    worst_case_by_teacher: dict[str, float]  # USD still to be risked (cache hits excluded)
+    # USD still to be risked (cache hits excluded)
+    worst_case_by_teacher: dict[str, float]
     remaining_budget_by_teacher: dict[str, float]
     fits: bool
     reasons: list[str]
     ceiling_usd: float = 0.0
     total_worst_case_usd: float = 0.0
-    over_budget: list[str] = field(default_factory=list)  # teachers whose worst case exceeds what remains
+    # teachers whose worst case exceeds what remains
+    over_budget: list[str] = field(default_factory=list)
     predicted_by_teacher: dict[str, float] = field(default_factory=dict)  # expected USD with prompt caching
-    skipped_by_teacher: dict[str, int] = field(default_factory=dict)  # calls never sent (skip_reason), per teacher
+    # calls never sent (skip_reason), per teacher
+    skipped_by_teacher: dict[str, int] = field(default_factory=dict)
     # escalation: calls of tiers after the first, sent only if the state's earlier answers can still make a pair
     # (their worst case is in the totals above all the same: what might be called is reserved)
     conditional_calls: int = 0
@@ -59,7 +62,8 @@ def plan_requests(
     requests: list[ReplayRequest], config: TeachersConfig, cache: ResponseCache, ledger: Ledger
 ) -> CostPlan:
     rows: dict[str, list[Any]] = {name: [] for name in tables.COST_PLAN.names}
-    ledger.check_identities(config.identities(), register=False)  # a name reused for another endpoint: refused first
+    # a name reused for another endpoint: refused first
+    ledger.check_identities(config.identities(), register=False)
     in_cache = {
         r.call_id
         for r in requests
@@ -80,10 +84,12 @@ def plan_requests(
     return check_plan(pa.table(rows, schema=tables.COST_PLAN), config, ledger)
 
 
-PREDICT_BYTES_PER_TOKEN = 4.0  # typical bytes per token of English, code and JSON (the worst case assumes 1)
+# typical bytes per token of English, code and JSON (the worst case assumes 1)
+PREDICT_BYTES_PER_TOKEN = 4.0
 
 
-OPENAI_MIN_CACHED, OPENAI_CACHE_STEP = 1024, 128  # platform.openai.com/docs/guides/prompt-caching
+# platform.openai.com/docs/guides/prompt-caching
+OPENAI_MIN_CACHED, OPENAI_CACHE_STEP = 1024, 128
 
 
 def predict_cached(requests: list[ReplayRequest]) -> list[float]:
@@ -109,7 +115,8 @@ def predict_cached(requests: list[ReplayRequest]) -> list[float]:
             r = requests[i]
             t = r.teacher
             msgs = r.body.get("messages") or []
-            if r.skip_reason is not None:  # never sent: costs nothing, and the next one cannot read it
+            # never sent: costs nothing, and the next one cannot read it
+            if r.skip_reason is not None:
                 prev_msgs, prev_tokens = None, 0
                 continue
             n_bytes = r.prompt_bytes or len(orjson.dumps(msgs)) + len(orjson.dumps(r.body.get("tools") or []))
@@ -161,9 +168,8 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
         if skip is not None:
             skipped_by[teacher] = skipped_by.get(teacher, 0) + 1
     conditional, conditional_usd = _conditional(plan, skips, config)
-    remaining = {  # money in flight may come back; money held by live batches not soon
-        t.name: max(0.0, ledger.room(t.name, t.budget_usd) - held.get(t.name, 0.0)) for t in config.teachers
-    }
+    # money in flight may come back; money held by live batches not soon
+    remaining = {t.name: max(0.0, ledger.room(t.name, t.budget_usd) - held.get(t.name, 0.0)) for t in config.teachers}
     reasons, over = [], []
     for t in config.teachers:
         if worst_by[t.name] > remaining[t.name]:
@@ -179,7 +185,8 @@ def check_plan(plan: pa.Table, config: TeachersConfig, ledger: Ledger) -> CostPl
             f"run worst case ${total:.4f} exceeds ceiling_usd ${config.ceiling_usd:g}; calls past it will be recorded budget_exhausted"
         )
     for column, kind in (("predicted_usd", pa.float64()), ("skip_reason", pa.string())):
-        if column not in plan.column_names:  # a plan written before this column existed
+        # a plan written before this column existed
+        if column not in plan.column_names:
             plan = plan.append_column(column, pa.array([None] * plan.num_rows, kind))
     table = tables.conform(plan, "cost_plan")
     return CostPlan(
@@ -215,5 +222,6 @@ def _conditional(plan: pa.Table, skips: list[str | None], config: TeachersConfig
 def _cache_get(cache: ResponseCache, cid: str) -> dict[str, Any] | None:
     try:
         return cache.get(cid)
-    except OSError:  # an unreadable cache is a miss; the ledger still has every paid answer
+    # an unreadable cache is a miss; the ledger still has every paid answer
+    except OSError:
         return None

@@ -34,7 +34,8 @@ def check_writable(path: str | Path, what: str) -> None:
         p.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=p)
         try:
-            os.write(fd, b"\0" * 65536)  # real bytes, synced: an empty file would pass on a full disk
+            # real bytes, synced: an empty file would pass on a full disk
+            os.write(fd, b"\0" * 65536)
             os.fsync(fd)
         finally:
             os.close(fd)

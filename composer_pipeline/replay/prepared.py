@@ -22,7 +22,8 @@ import orjson
 
 from composer_pipeline.teachers.config import TeachersConfig
 
-FORMAT = 2  # 2: the agents' actions (escalation decides by them)
+# 2: the agents' actions (escalation decides by them)
+FORMAT = 2
 
 
 class StalePrepared(ValueError):
@@ -35,9 +36,11 @@ class _Lists:
     def __init__(self) -> None:
         self.pool: list[Any] = []
         self._index: dict[int, tuple[Any, int]] = {}  # id(obj) -> (obj, pool index)
-        self.lists: list[list[Any]] = []  # each: [base list index or -1, [pool indices...]]
+        # each: [base list index or -1, [pool indices...]]
+        self.lists: list[list[Any]] = []
         self._written: dict[int, tuple[list[Any], int]] = {}  # id(list) -> (list, its index)
-        self._last: dict[Any, tuple[list[Any], int]] = {}  # stream key -> the last list written under it
+        # stream key -> the last list written under it
+        self._last: dict[Any, tuple[list[Any], int]] = {}
 
     def _item(self, obj: Any) -> int:
         hit = self._index.get(id(obj))

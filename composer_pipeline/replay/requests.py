@@ -47,16 +47,25 @@ class ReplayRequest:
     call_id: str
     est_prompt_tokens: int
     worst_case_usd: float
-    stream_id: str | None = None  # session-affine scheduling and the prompt_cache_key
-    order: int = 0  # position in its stream (prefix length): a stream's requests go in this order
-    elided_messages: int = 0  # what fitting the teacher's window did (render.fit_messages)
+    # session-affine scheduling and the prompt_cache_key
+    stream_id: str | None = None
+    # position in its stream (prefix length): a stream's requests go in this order
+    order: int = 0
+    # what fitting the teacher's window did (render.fit_messages)
+    elided_messages: int = 0
     cut_messages: int = 0
-    source: tuple[list[dict], list[dict] | None] | None = None  # the unfitted prefix, for a tighter refit
-    counter: Callable[[Any], int] | None = None  # the teacher's tokenizer count (local models), else the bytes ratio
-    cache_hint: CacheHint | None = None  # its place in its stream (with_cache_hints): where to read, whether to write
-    skip_reason: str | None = None  # never sent, and why (over_context_window: even fitted it is too long)
-    legacy_id: str = ""  # legacy_call_id of the body (computed with call_id; "" = compute when asked)
-    prompt_bytes: int = 0  # JSON bytes of its messages and tools (0 = not measured)
+    # the unfitted prefix, for a tighter refit
+    source: tuple[list[dict], list[dict] | None] | None = None
+    # the teacher's tokenizer count (local models), else the bytes ratio
+    counter: Callable[[Any], int] | None = None
+    # its place in its stream (with_cache_hints): where to read, whether to write
+    cache_hint: CacheHint | None = None
+    # never sent, and why (over_context_window: even fitted it is too long)
+    skip_reason: str | None = None
+    # legacy_call_id of the body (computed with call_id; "" = compute when asked)
+    legacy_id: str = ""
+    # JSON bytes of its messages and tools (0 = not measured)
+    prompt_bytes: int = 0
 
 
 def request_body(teacher: TeacherConfig, messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
@@ -142,7 +151,8 @@ def _legacy_id(r: ReplayRequest) -> str:
     return r.legacy_id or legacy_call_id(r.teacher.name, r.teacher.model, r.body)
 
 
-REFIT_FACTOR = 0.7  # a provider said "too long": count 1/0.7 more tokens per byte and fit again, once
+# a provider said "too long": count 1/0.7 more tokens per byte and fit again, once
+REFIT_FACTOR = 0.7
 
 
 def refit(r: ReplayRequest) -> ReplayRequest | None:
@@ -217,12 +227,14 @@ def build_requests(
     failed_at: dict[int, tuple[str, str | None, str]] = {}
     ids: dict[tuple[str, str], StreamCallIds] = {}
     order = sorted(range(len(rows)), key=lambda i: (str(rows[i].get("stream_id")), _prefix_len(rows[i]), i))
-    renderer = StreamRenderer(conv, render_opts)  # render_prompt's output, extending each stream's previous state
+    # render_prompt's output, extending each stream's previous state
+    renderer = StreamRenderer(conv, render_opts)
     for i in order:
         row = rows[i]
         try:
             rs = renderer.render(row)
-        except Exception as e:  # one bad state must not sink the partition: recorded per teacher
+        # one bad state must not sink the partition: recorded per teacher
+        except Exception as e:
             failed_at[i] = (
                 row["state_id"],
                 row.get("session_key"),

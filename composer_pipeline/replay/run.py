@@ -101,7 +101,8 @@ def _row(r: ReplayRequest, res: CallResult) -> dict[str, Any]:
     }
 
 
-SKIPPED = ("no_user_turn", "not_escalated")  # never sent by design: status skipped, not a failure
+# never sent by design: status skipped, not a failure
+SKIPPED = ("no_user_turn", "not_escalated")
 
 
 def _skipped(reason: str) -> CallResult:
@@ -110,7 +111,8 @@ def _skipped(reason: str) -> CallResult:
 
 def _from_cache(rec: dict[str, Any], teacher: TeacherConfig) -> CallResult:
     res = answer_from_response(rec["response"], teacher)
-    res.cost_usd = float(rec.get("cost_usd") or 0.0)  # what it cost when bought; this run pays 0 (paid_usd)
+    # what it cost when bought; this run pays 0 (paid_usd)
+    res.cost_usd = float(rec.get("cost_usd") or 0.0)
     res.latency_s = rec.get("latency_s")
     res.cache_hit = True
     return res
@@ -139,10 +141,13 @@ class _Run:
     guards: dict[str, TeacherGuard]
     clients: dict[str, httpx.AsyncClient]
     results: list[CallResult | None]
-    first: dict[str, asyncio.Future] = field(default_factory=dict)  # call_id -> its first occurrence's result
-    legacy_answered: set[str] = field(default_factory=set)  # legacy ids of uncached requests the ledger answered
+    # call_id -> its first occurrence's result
+    first: dict[str, asyncio.Future] = field(default_factory=dict)
+    # legacy ids of uncached requests the ledger answered
+    legacy_answered: set[str] = field(default_factory=set)
     done: int = 0
-    shared: int = 0  # answers another run bought while this one waited for its claim
+    # answers another run bought while this one waited for its claim
+    shared: int = 0
 
     @classmethod
     def open(cls, requests, config, api_keys, cache, ledger, run_id, progress) -> _Run:
@@ -171,7 +176,8 @@ class _Run:
 
     async def close(self, note: str) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients.values()), return_exceptions=True)
-        await self.aledger.finish(note)  # anything still open is released (never sent) or kept (sent)
+        # anything still open is released (never sent) or kept (sent)
+        await self.aledger.finish(note)
 
     def info(self) -> RunInfo:
         disabled = {n: g.disabled_reason for n, g in self.guards.items() if g.disabled_reason}
@@ -210,7 +216,8 @@ class _Run:
         fut = self.first[r.call_id] = asyncio.get_running_loop().create_future()
         try:
             res = await self.buy(r)
-        except Exception as e:  # a bug or a ledger failure: recorded, never a lost row
+        # a bug or a ledger failure: recorded, never a lost row
+        except Exception as e:
             res = CallResult(status="failed", reason=f"internal_error: {type(e).__name__}: {str(e)[:200]}")
         fut.set_result(res)
         return res
@@ -249,7 +256,8 @@ class _Run:
             return CallResult(
                 status="failed", reason=f"missing_api_key: environment variable {t.api_key_env} is not set"
             )
-        disabled = self.guards[t.name].disabled_reason  # read again: another call may have cut it off meanwhile
+        # read again: another call may have cut it off meanwhile
+        disabled = self.guards[t.name].disabled_reason
         if disabled:
             return CallResult(status="failed", reason=disabled)
         return None
@@ -272,7 +280,8 @@ class _Run:
                 self.shared += 1
                 await self.repair_cache(r.call_id, claim.record)
                 return _from_cache(claim.record, r.teacher)
-            if claim.state == "batched":  # never bought twice: the batch's answer is collected in batch mode
+            # never bought twice: the batch's answer is collected in batch mode
+            if claim.state == "batched":
                 return CallResult(
                     status="failed", reason=f"batch_pending: held by {claim.owner}; replay --mode batch collects it"
                 )
@@ -288,7 +297,8 @@ class _Run:
             if _too_long(res):
                 res = await self.refitted(r, key, res)
         except ClaimLost:
-            raise  # not this run's claim any more: nothing to fail
+            # not this run's claim any more: nothing to fail
+            raise
         except Exception as e:
             await self.aledger.fail_claim(r.call_id, f"internal_error: {type(e).__name__}")
             raise
@@ -373,7 +383,8 @@ async def _with_signals(coro):
     got: list[int] = []
     installed: dict[
         signal.Signals, Any
-    ] = {}  # signal -> the handler it had (Dagster's, pytest's...): put back afterwards
+        # signal -> the handler it had (Dagster's, pytest's...): put back afterwards
+    ] = {}
 
     def interrupt(sig: int) -> None:
         # once: let finally finish
@@ -386,7 +397,8 @@ async def _with_signals(coro):
             previous = signal.getsignal(sig)
             loop.add_signal_handler(sig, interrupt, sig)
             installed[sig] = previous
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (e.g. inside a Dagster step)
+        # not the main thread (e.g. inside a Dagster step)
+        except (NotImplementedError, RuntimeError, ValueError):
             pass
     try:
         return await task
@@ -396,7 +408,8 @@ async def _with_signals(coro):
         raise
     finally:
         for sig, previous in installed.items():
-            loop.remove_signal_handler(sig)  # sets SIG_DFL / default_int_handler, not the previous handler
+            # sets SIG_DFL / default_int_handler, not the previous handler
+            loop.remove_signal_handler(sig)
             if previous is not None:
                 signal.signal(sig, previous)
 
@@ -423,12 +436,14 @@ def replay_requests(
         _with_signals(_replay(sent, config, api_keys, cache, ledger, run_id, progress, escalation))
     )
     if progress is not None and escalation is not None and any(r is None for r in results):
-        progress(len(sent), len(sent))  # the tiers not reached are decided too (their rows say not_escalated)
+        # the tiers not reached are decided too (their rows say not_escalated)
+        progress(len(sent), len(sent))
     answers = iter(results)
     rows = []
     for r in requests:
         res = next(answers) if r.skip_reason is None else _skipped(r.skip_reason)
-        if res is None:  # its state never reached this teacher's tier
+        # its state never reached this teacher's tier
+        if res is None:
             res = _skipped(escalation.reason(r.state_id) if escalation is not None else "not_escalated")
         rows.append(_row(r, res))
     for sid, skey, reason in extra_failed:
@@ -452,7 +467,8 @@ class ReplayRun:
     config: TeachersConfig
     requests: list[ReplayRequest]
     unrendered: list[tuple[str, str | None, str]]  # (state_id, session_key, reason)
-    agents: dict[str, str] = field(default_factory=dict)  # state_id -> the agent's action (escalation decides by it)
+    # state_id -> the agent's action (escalation decides by it)
+    agents: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def prepare(cls, states: pa.Table, messages: pa.Table, config: TeachersConfig, render_opts) -> ReplayRun:

@@ -35,7 +35,9 @@ from composer_pipeline.render import Conversation, RenderOptions
 from composer_pipeline.replay.requests import make_request, render_prompt
 from composer_pipeline.store import Store
 from composer_pipeline.stores import Stores, rows_where
-from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES  # where a pair can live, and what that says
+
+# where a pair can live, and what that says
+from composer_pipeline.tables import PAIR_AGREEMENT_FIELDS, PAIR_TABLES
 
 _STATE_META = (
     "session_key",
@@ -65,7 +67,8 @@ class TeacherAnswer:
     model: str | None
     status: str | None
     reason: str | None
-    action: dict | None  # Action.to_dict(), None if unanswered or unparseable
+    # Action.to_dict(), None if unanswered or unparseable
+    action: dict | None
     raw_answer: str | None
     cost_usd: float | None
     latency_s: float | None
@@ -75,13 +78,18 @@ class TeacherAnswer:
     cache_hit: bool | None
     call_id: str | None
     created_at: str | None
-    superseded: int = 0  # older rows of this teacher for this state
-    sent_as_shown: bool | None = None  # call_id == hash of the body rebuilt from the shown prefix (needs teachers YAML)
+    # older rows of this teacher for this state
+    superseded: int = 0
+    # call_id == hash of the body rebuilt from the shown prefix (needs teachers YAML)
+    sent_as_shown: bool | None = None
     paid_usd: float | None = (
-        None  # what the run that wrote the row paid (0 for a cache hit); cost_usd = cost when bought
+        # what the run that wrote the row paid (0 for a cache hit); cost_usd = cost when bought
+        None
     )
-    cached_tokens: int | None = None  # prompt tokens the provider billed as cache reads (cost_usd is the billed price)
-    elided_messages: int = 0  # messages of the prefix elided to fit the teacher's window before its answer
+    # prompt tokens the provider billed as cache reads (cost_usd is the billed price)
+    cached_tokens: int | None = None
+    # messages of the prefix elided to fit the teacher's window before its answer
+    elided_messages: int = 0
 
 
 @dataclass
@@ -89,12 +97,14 @@ class StateView:
     state_id: str
     source_file: str | None
     source_lines: list[int]
-    prefix: list[dict]  # OpenAI chat messages, exactly as replay sends them
+    # OpenAI chat messages, exactly as replay sends them
+    prefix: list[dict]
     tools: list[dict]
     action: dict  # the agent's Action.to_dict()
     error_after: list[dict] | None
     teachers: list[TeacherAnswer] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)  # session_key, stream_id, stream_kind, model, ...
+    # session_key, stream_id, stream_kind, model, ...
+    meta: dict[str, Any] = field(default_factory=dict)
     render: dict[str, Any] = field(default_factory=dict)  # the render options used
     replayed: bool = False
     missing: list[str] = field(default_factory=list)  # links that could not be followed
@@ -141,12 +151,15 @@ class StateView:
 class PairView:
     pair_id: str
     pair_kind: str | None  # pair | positive (None: not recorded)
-    tables: list[dict]  # [{"table", "status"[, "drop_op", "drop_reason"]}]
+    # [{"table", "status"[, "drop_op", "drop_reason"]}]
+    tables: list[dict]
     chosen: dict
     rejected: dict
-    agreement: dict[str, Any]  # n_teachers, n_agreeing, agreeing_teachers, agreement_score, signatures, cost
+    # n_teachers, n_agreeing, agreeing_teachers, agreement_score, signatures, cost
+    agreement: dict[str, Any]
     state: StateView
-    prompt_matches_prefix: bool | None = None  # the pair's stored prompt == the prefix rendered now
+    # the pair's stored prompt == the prefix rendered now
+    prompt_matches_prefix: bool | None = None
     # the stored chosen/rejected_text (what the trainer reads) == the actions in render.action_order now;
     # not in to_dict (the JSON carries the texts themselves)
     texts_match_order: bool | None = None
@@ -328,7 +341,8 @@ def pair_views(
             by_state.setdefault(r["state_id"], []).append(r)
     app = {"table": table, "status": dict(PAIR_TABLES).get(table, table)}
     views = [_pair_view((row, [dict(app)]), st_rows, conv, opts, by_state, messages is not None) for row in rows]
-    if states is None:  # the caller chose the pair's stored prompt (render source "pair.prompt"): nothing is missing
+    # the caller chose the pair's stored prompt (render source "pair.prompt"): nothing is missing
+    if states is None:
         for v in views:
             v.state.missing = [m for m in v.state.missing if not m.startswith("trace_states: state ")]
     return views
@@ -464,7 +478,8 @@ def _pair_view(
         if not have_messages:
             sv.missing.append("trace_messages: table not stored")
         match = stored_prompt == sv.prefix if stored_prompt is not None else None
-    else:  # the state is not stored here: show what the pair itself recorded
+    # the state is not stored here: show what the pair itself recorded
+    else:
         sv = StateView(
             state_id=row["state_id"],
             source_file=row.get("source_file"),

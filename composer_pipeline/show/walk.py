@@ -55,9 +55,11 @@ class Turn:
     role: str | None
     body: str = ""
     lines: list[str] = field(default_factory=list)
-    tool_name: str = "?"  # a tool message: the name of the call it answers
+    # a tool message: the name of the call it answers
+    tool_name: str = "?"
     tool_call_id: str | None = None
-    interrupted: bool = False  # a tool message: no result before this step
+    # a tool message: no result before this step
+    interrupted: bool = False
 
 
 def walk(prefix: Sequence[dict], full: bool = False, last: int | None = None) -> list[Turn]:

@@ -30,8 +30,10 @@ from typing import Any
 
 import orjson
 
-MAX_BREAKPOINTS = 4  # per request (docs.anthropic.com prompt caching)
-LOOKBACK_BLOCKS = 20  # how far back from a breakpoint a cached prefix is looked for
+# per request (docs.anthropic.com prompt caching)
+MAX_BREAKPOINTS = 4
+# how far back from a breakpoint a cached prefix is looked for
+LOOKBACK_BLOCKS = 20
 _TOOL_ID_RE = re.compile(r"[^a-zA-Z0-9_-]")
 EMPTY_TEXT = "[no text]"
 
@@ -141,7 +143,8 @@ def convert_messages(
             ends[-1] = (system[-1] if role == "system" else out[-1]["content"][-1]) if (system or out) else None
     if not out or out[0]["role"] != "user":
         out.insert(0, {"role": "user", "content": [_text_block("[session start]")]})
-    if out[-1]["role"] == "assistant":  # a trailing assistant turn would be a prefill: ask for the next step
+    # a trailing assistant turn would be a prefill: ask for the next step
+    if out[-1]["role"] == "assistant":
         out.append({"role": "user", "content": [_text_block("Continue with the next step.")]})
     return system, out
 

@@ -64,7 +64,8 @@ def legacy_call_id(teacher: str, model: str, body: dict[str, Any]) -> str:
     return call_id(teacher, model, body)
 
 
-_MESSAGES_SLOT = "\x00messages\x00"  # stands for the messages list while the rest of a body is serialized
+# stands for the messages list while the rest of a body is serialized
+_MESSAGES_SLOT = "\x00messages\x00"
 _SLOT_JSON = b'"messages":"\\u0000messages\\u0000"'
 
 
@@ -87,7 +88,8 @@ class StreamCallIds:
         tools = body.get("tools")
         if self._frame is None or self._frame[0] != id(tools) or self._frame[1] is not tools:
             frame = canonical_json({**body, "messages": _MESSAGES_SLOT})
-            at = frame.index(_SLOT_JSON)  # the top-level key: no other value holds NUL characters here
+            # the top-level key: no other value holds NUL characters here
+            at = frame.index(_SLOT_JSON)
             self._frame = (id(tools), tools, frame[:at] + b'"messages":[', b"]" + frame[at + len(_SLOT_JSON) :])
             self._messages = []  # another frame: start again
         return self._frame[2], self._frame[3]
@@ -103,7 +105,8 @@ class StreamCallIds:
             prev = []
         for i in range(len(prev), len(msgs)):
             msg = msgs[i]
-            if isinstance(msg, dict) and "is_error" in msg:  # not part of the id (see without_error_marks)
+            # not part of the id (see without_error_marks)
+            if isinstance(msg, dict) and "is_error" in msg:
                 msg = {k: v for k, v in msg.items() if k != "is_error"}
             piece = (b"," if i else b"") + self._canonical(msg)
             for h in self._hashes:
@@ -125,7 +128,8 @@ class ResponseCache:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError:
-            pass  # an unwritable cache costs only speed: paid answers are stored in the ledger first (preflight warns)
+            # an unwritable cache costs only speed: paid answers are stored in the ledger first (preflight warns)
+            pass
 
     def path(self, cid: str) -> Path:
         if len(cid) < 8 or not all(c in "0123456789abcdef" for c in cid):
@@ -141,7 +145,8 @@ class ResponseCache:
         try:
             rec = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return None  # unreachable with atomic writes; a damaged file is re-fetched, not trusted
+            # unreachable with atomic writes; a damaged file is re-fetched, not trusted
+            return None
         return rec if isinstance(rec, dict) and rec.get("call_id") == cid else None
 
     def __contains__(self, cid: str) -> bool:

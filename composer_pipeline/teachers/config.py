@@ -130,7 +130,8 @@ class TeacherConfig:
     def __post_init__(self) -> None:
         url, auth = split_user_info(self.base_url)
         if auth is not None:
-            object.__setattr__(self, "base_url", url)  # (frozen) identity, call ids, cache records, logs
+            # (frozen) identity, call ids, cache records, logs
+            object.__setattr__(self, "base_url", url)
             object.__setattr__(self, "basic_auth", auth)
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
             raise ValueError(f"name must be a non-empty [A-Za-z0-9_.-] string, got {self.name!r}")

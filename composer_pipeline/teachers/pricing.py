@@ -28,9 +28,12 @@ import orjson
 
 from composer_pipeline.teachers.config import TeacherConfig
 
-BYTES_PER_TOKEN = 1.0  # no token covers less than one byte (see module docstring)
-TOKENS_PER_MESSAGE = 8  # role markers, separators, tool-call framing of chat templates
-TOKENS_FIXED = 32  # generation prompt, BOS, tool-list framing
+# no token covers less than one byte (see module docstring)
+BYTES_PER_TOKEN = 1.0
+# role markers, separators, tool-call framing of chat templates
+TOKENS_PER_MESSAGE = 8
+# generation prompt, BOS, tool-list framing
+TOKENS_FIXED = 32
 
 
 def estimate_prompt_tokens(body: dict[str, Any], n_bytes: int | None = None) -> int:
@@ -97,11 +100,16 @@ class Billed:
 
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0  # prompt tokens read from the provider's cache
-    cache_write_tokens: int = 0  # prompt tokens written to it (Anthropic), of which
-    cache_write_1h_tokens: int = 0  # one-hour writes (Anthropic ``ttl: "1h"``, 2× the input price)
-    usd: float = 0.0  # uncached × input + cached × cached price + writes × write price + output × output price
-    full_price_usd: float = 0.0  # the same tokens all at the input price (what a cache-blind ledger records)
+    # prompt tokens read from the provider's cache
+    cached_tokens: int = 0
+    # prompt tokens written to it (Anthropic), of which
+    cache_write_tokens: int = 0
+    # one-hour writes (Anthropic ``ttl: "1h"``, 2× the input price)
+    cache_write_1h_tokens: int = 0
+    # uncached × input + cached × cached price + writes × write price + output × output price
+    usd: float = 0.0
+    # the same tokens all at the input price (what a cache-blind ledger records)
+    full_price_usd: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,7 +126,8 @@ class Billed:
         }
 
 
-ONE_HOUR_WRITE_FACTOR = 2.0  # a one-hour cache write costs 2× the input price (docs.anthropic.com prompt caching)
+# a one-hour cache write costs 2× the input price (docs.anthropic.com prompt caching)
+ONE_HOUR_WRITE_FACTOR = 2.0
 
 
 def price(prompt: int, completion: int, reads: int, writes: int, writes_1h: int, teacher: TeacherConfig) -> Billed:

@@ -75,7 +75,8 @@ def redact_text(text: str, key: str | None) -> str:
         if m.start() < pos:
             continue
         end = m.end()
-        for form in rest:  # as far as the key goes on (a cut-off copy stops early)
+        # as far as the key goes on (a cut-off copy stops early)
+        for form in rest:
             more = form.match(text, end)
             if more is None:
                 break

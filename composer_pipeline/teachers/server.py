@@ -53,8 +53,10 @@ from composer_pipeline.actions import ActionParseError, parse_action_text
 from composer_pipeline.models import resolve_model
 
 MAX_NEW_TOKENS = 1024
-MEMO_SIZE = 4096  # greedy results kept per server process (a few hundred bytes each)
-PROMPT_CACHE_SIZE = 4  # prefilled prompts kept per model (SmolLM2-135M at 1k tokens: ~90 MB each)
+# greedy results kept per server process (a few hundred bytes each)
+MEMO_SIZE = 4096
+# prefilled prompts kept per model (SmolLM2-135M at 1k tokens: ~90 MB each)
+PROMPT_CACHE_SIZE = 4
 
 
 MAX_N = 8  # choices per request (``n``)
@@ -203,8 +205,10 @@ class LocalModel:
     tokenizer: Any = None
     model: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    memo: GreedyMemo | None = None  # shared by every served name of the server
-    prompt_cache: PromptCache | None = None  # per weights (shared by the names of one directory)
+    # shared by every served name of the server
+    memo: GreedyMemo | None = None
+    # per weights (shared by the names of one directory)
+    prompt_cache: PromptCache | None = None
 
     def load(self) -> LocalModel:
         import torch
@@ -234,14 +238,16 @@ class LocalModel:
         n = body.get("n", 1)
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
-        stop_strings(body)  # a malformed stop is a 400 before anything is generated
+        # a malformed stop is a 400 before anything is generated
+        stop_strings(body)
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
         max_new = max(1, min(max_new, MAX_NEW_TOKENS))
         asked_temperature = body.get("temperature")
         temperature = float(asked_temperature if asked_temperature is not None else 1.0)
         memo_key = self.memo.key(self.path, body, max_new) if self.memo is not None and temperature <= 0 else None
         choices, n_prompt, n_out, how = [], 0, 0, "off"
-        for i in range(n):  # greedy: the same answer n times (the memo); sampled: n draws of one stream
+        # greedy: the same answer n times (the memo); sampled: n draws of one stream
+        for i in range(n):
             (text, finish, n_prompt, n_new), how = self._one(body, messages, max_new, temperature, memo_key, torch)
             message, finish = chat_message(text, finish)
             choices.append({"index": i, "finish_reason": finish, "message": message})
@@ -266,7 +272,8 @@ class LocalModel:
     ) -> tuple[tuple[str, str, int, int], str]:
         # (a memo key is only made where there is a memo)
         memo = self.memo if memo_key is not None else None
-        with self.lock:  # shared by the served names of these weights: an identical request waits, then hits
+        # shared by the served names of these weights: an identical request waits, then hits
+        with self.lock:
             cached = memo.get(memo_key) if memo is not None and memo_key is not None else None
             if cached is not None:
                 return cached, "hit"
@@ -295,7 +302,8 @@ class LocalModel:
                 kv = self.prompt_cache.get_or_fill(self.model, ids, torch)
                 if kv is not None:
                     gen_kwargs["past_key_values"] = kv
-            if body.get("seed") is not None:  # after the prefill: decoding draws the same stream either way
+            # after the prefill: decoding draws the same stream either way
+            if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             input_ids = torch.tensor([ids], dtype=torch.long)
             out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs)
@@ -305,7 +313,8 @@ class LocalModel:
         finish = "stop" if (new and new[-1] in eos_ids) or len(new) < max_new else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         at = [text.find(s) for s in stop_strings(body) if s in text]
-        if at:  # OpenAI's ``stop``: the text ends before the first stop string, which is not returned
+        # OpenAI's ``stop``: the text ends before the first stop string, which is not returned
+        if at:
             text, finish = text[: min(at)], "stop"
         return text, finish, len(ids), len(new)
 
@@ -358,7 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {path}", "not_found")
 
     def do_POST(self):
-        with self.server.busy:  # idle means nothing in flight: the idle exit never cuts a generation short
+        # idle means nothing in flight: the idle exit never cuts a generation short
+        with self.server.busy:
             self.server.in_flight += 1
             self.server.last_request = time.monotonic()
         try:
@@ -399,7 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             self._error(400, str(e), "invalid_request_error")
             return
-        except Exception as e:  # a model failure is the server's fault: 500, retryable
+        # a model failure is the server's fault: 500, retryable
+        except Exception as e:
             self._error(500, f"{type(e).__name__}: {e}", "server_error")
             return
         self._json(200, resp, {"X-Composer-Memo": how})
@@ -413,13 +424,16 @@ class TeacherHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.models = models
         self.log = log
-        self.last_request = time.monotonic()  # start/end of the last completion (health checks do not keep it alive)
-        self.in_flight = 0  # completion requests being answered (or waiting for their model's lock)
+        # start/end of the last completion (health checks do not keep it alive)
+        self.last_request = time.monotonic()
+        # completion requests being answered (or waiting for their model's lock)
+        self.in_flight = 0
         self.busy = threading.Lock()
         memos = {id(m.memo): m.memo for m in models.values() if m.memo is not None}
         if len(memos) > 1:
             raise ValueError("all served models must share one GreedyMemo")
-        self.memo = next(iter(memos.values()), None) or GreedyMemo(0)  # GreedyMemo(0): off, /health still reports
+        # GreedyMemo(0): off, /health still reports
+        self.memo = next(iter(memos.values()), None) or GreedyMemo(0)
 
     @property
     def url(self) -> str:
@@ -474,7 +488,8 @@ def process_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-OWNER_GONE_GRACE_S = 120.0  # answers in flight when the owning process went: finished first, within this
+# answers in flight when the owning process went: finished first, within this
+OWNER_GONE_GRACE_S = 120.0
 
 
 def _watch(

@@ -46,7 +46,8 @@ def ln2_check(first: dict[str, Any], losses: list[dict[str, Any]], dpo: DPOSecti
     """Plain DPO's first-step preference loss (the logged ``dpo`` less ``sft_weight`` · NLL) against ln 2:
     the sign that the reference log-probs were really computed. None for SimPO, cDPO, or DPO off."""
     first_dpo = first["dpo"]
-    if first_dpo is not None and dpo.sft_weight:  # the sanity value is the preference part alone
+    # the sanity value is the preference part alone
+    if first_dpo is not None and dpo.sft_weight:
         first_dpo -= dpo.sft_weight * next(r["dpo_sft"] for r in losses if r.get("dpo_sft") is not None)
     if first_dpo is not None and dpo.variant == "dpo" and dpo.label_smoothing == 0:
         return {"first_dpo_loss": first_dpo, "ln2": math.log(2), "ok": abs(first_dpo - math.log(2)) < 1e-3}

@@ -52,10 +52,12 @@ class PromptRow:
     tools: list[dict[str, Any]]
     tool_names: list[str]
     agent_action: str  # JSON Action
-    consensus: str  # JSON Action, "" where no teacher consensus exists
+    # JSON Action, "" where no teacher consensus exists
+    consensus: str
     has_error: bool
     error_after: str | None
-    hint: str | None  # corrective hint at an error site (None elsewhere)
+    # corrective hint at an error site (None elsewhere)
+    hint: str | None
 
 
 @dataclass(frozen=True)

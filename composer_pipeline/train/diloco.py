@@ -82,12 +82,14 @@ class OuterSteps(TrainerCallback):
         self.healed_at: int | None = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kw):
-        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the torch optimizer
+        # accelerate's wrapper -> the torch optimizer
+        inner = getattr(optimizer, "optimizer", optimizer)
         self.diloco = wrap(self.manager, model, inner, self.d).__enter__()
 
     def on_step_end(self, args, state, control, **kw):
         step = self.manager.current_step()
-        if step > self.seen_step + 1:  # the quorum moved this group forward: it healed from a peer
+        # the quorum moved this group forward: it healed from a peer
+        if step > self.seen_step + 1:
             self.healed_at = self.seen_step if self.healed_at is None else self.healed_at
         elif self.must_heal and step == 1 and self.seen_step == 0:
             raise RuntimeError(f"group {self.group} was restarted but found no live peer to heal from")

@@ -153,7 +153,8 @@ class Launch:
             if grp.status == "rejoining" and waited > self.d.rejoin_timeout_s:
                 self.drop(grp, f"did not rejoin within rejoin_timeout_s = {self.d.rejoin_timeout_s:g}")
             return
-        for t in grp.readers:  # the pipes are closed: its last lines are on their way
+        # the pipes are closed: its last lines are on their way
+        for t in grp.readers:
             t.join(timeout=10)
         self.take_lines()  # its last step lines and its done line
         if rc == 0 and grp.done is not None:

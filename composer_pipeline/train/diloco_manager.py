@@ -61,7 +61,8 @@ def make_manager(group: int, lighthouse: str, d: DiLoCoSection, *, host: str | N
         load_state_dict=None,
         state_dict=None,
         min_replica_size=1,
-        use_async_quorum=False,  # DiLoCo needs the quorum before each sync, not during it
+        # DiLoCo needs the quorum before each sync, not during it
+        use_async_quorum=False,
         timeout=timeout,
         quorum_timeout=timedelta(seconds=max(600.0, 4 * d.rejoin_timeout_s)),
         connect_timeout=timeout,
@@ -72,7 +73,8 @@ def make_manager(group: int, lighthouse: str, d: DiLoCoSection, *, host: str | N
         lighthouse_addr=lighthouse,
         replica_id=f"group{group}",
         hostname=host,
-        init_sync=False,  # every group starts from the same weights (same model, same seed)
+        # every group starts from the same weights (same model, same seed)
+        init_sync=False,
     )
     manager.tcp_store = store  # kept alive with the manager
     return manager

@@ -54,7 +54,8 @@ def generalized_jsd(
         raise ValueError(f"jsd beta must be in [0, 1], got {beta}")
     log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
     log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    same = log_t == log_s  # identical distributions contribute exactly 0 (not ~1e-9 of rounding)
+    # identical distributions contribute exactly 0 (not ~1e-9 of rounding)
+    same = log_t == log_s
     if beta == 0.0:  # KL(T || S)
         per_token = (log_t.exp() * (log_t - log_s)).sum(-1)
     elif beta == 1.0:  # KL(S || T)
@@ -293,7 +294,8 @@ def differing_token_masks(
         start = 0
         while start < min(len(c), len(r)) and c[start] == r[start]:
             start += 1
-        end = 0  # common ending, not overlapping the common beginning
+        # common ending, not overlapping the common beginning
+        end = 0
         while end < min(len(c), len(r)) - start and c[len(c) - 1 - end] == r[len(r) - 1 - end]:
             end += 1
         if first_only:

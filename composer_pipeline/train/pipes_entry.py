@@ -35,7 +35,8 @@ def _metadata(res) -> dict:
         "mean_step_seconds": res.metrics["mean_step_seconds"],
         "channels_off": json.dumps(res.metrics["channels_off"]),
     }
-    if "diloco" in res.metrics:  # replica groups (composer_pipeline.train.diloco_launch)
+    # replica groups (composer_pipeline.train.diloco_launch)
+    if "diloco" in res.metrics:
         dl = res.metrics["diloco"]
         md |= {k: dl[k] for k in ("replica_groups", "outer_steps", "groups_lost", "groups_rejoined") if k in dl}
         if "groups_dropped" in dl:
@@ -67,7 +68,8 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
         from dagster_pipes import PipesDefaultContextLoader, PipesEnvVarParamsLoader
 
         with PipesDefaultContextLoader().load_context(PipesEnvVarParamsLoader().load_context_params()) as ctx:
-            extras = dict(ctx["extras"])  # read only: rank 0's session reports for all ranks
+            # read only: rank 0's session reports for all ranks
+            extras = dict(ctx["extras"])
         steps = extras.get("steps")
         train(
             extras["data_root"],
@@ -87,7 +89,8 @@ def _main(argv, main_rank: bool, pipes_env: str, open_dagster_pipes, train) -> i
                 steps=int(steps) if steps is not None else None,
                 out_dir=Path(pipes.get_extra("out_dir")),
                 on_step=lambda rec: pipes.log.info(json.dumps(rec)),
-                lighthouse=pipes.extras.get("lighthouse"),  # DiLoCo on many hosts: one Pipes run per group
+                # DiLoCo on many hosts: one Pipes run per group
+                lighthouse=pipes.extras.get("lighthouse"),
                 group=pipes.extras.get("group"),
             )
             pipes.report_asset_materialization(metadata=_metadata(res))

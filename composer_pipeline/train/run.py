@@ -108,14 +108,16 @@ def build_trainer(
     else:
         ordered = interleave_error_sites(data.prompts, recipe.grpo.prompts_per_step, recipe.optim.seed)
     records = grpo_records(tok, ordered, recipe.data.max_prompt_tokens, recipe.sdpo.hint.role, data.action_order)
-    if "workspace_executes" in recipe.grpo.rewards:  # the reward executes in each state's workspace
+    # the reward executes in each state's workspace
+    if "workspace_executes" in recipe.grpo.rewards:
         snapshots = workspace_snapshots(data_root, [r["state_id"] for r in records])
         for r in records:
             r["workspace"] = snapshots.get(r["state_id"], "")
     ds = Dataset.from_list(records)
     dpo_batches = dpo_batches_from(tok, data.pairs, recipe) if channels.on("dpo") else []
     rank = distributed.current()
-    if rank.distributed:  # one model on N shards: every global batch below is split over the ranks
+    # one model on N shards: every global batch below is split over the ranks
+    if rank.distributed:
         distributed.per_rank_rows(recipe.dpo.batch_size, rank.world, "dpo.batch_size")
         dpo_batches = distributed.shard_dpo_batches(dpo_batches, rank.rank, rank.world)
     start_copy = None
@@ -145,7 +147,8 @@ def build_trainer(
             start_copy=start_copy,
         )
 
-    trainer.remove_callback(PrinterCallback)  # stdout carries only our JSON step lines
+    # stdout carries only our JSON step lines
+    trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return Built(trainer, recipe, tok, data, channels, model_path, cuda)
 
@@ -179,7 +182,8 @@ def train(
 
     ckpt = out_dir / "checkpoint"
     rank = distributed.current()
-    if not rank.main:  # rank 0 alone writes the checkpoint (all ranks hold the same weights)
+    # rank 0 alone writes the checkpoint (all ranks hold the same weights)
+    if not rank.main:
         distributed.barrier()
         return TrainResult(
             checkpoint=ckpt,
@@ -204,5 +208,6 @@ def train(
         train_seconds=train_s,
     )
     shutil.rmtree(out_dir / "trainer", ignore_errors=True)
-    distributed.barrier()  # the other ranks return once the checkpoint is complete
+    # the other ranks return once the checkpoint is complete
+    distributed.barrier()
     return TrainResult(checkpoint=ckpt, metrics=metrics, losses=losses, plots=plots)

@@ -74,16 +74,19 @@ def step_record(
     rec["states"] = list(states)
     if any("dpo_batch" in p for p in pend):
         rec["dpo_batches"] = sorted({p["dpo_batch"] for p in pend if "dpo_batch" in p})
-    for k in ("sdpo_divergence", "taid_t"):  # the hint channel's divergence, TAID's t of this step
+    # the hint channel's divergence, TAID's t of this step
+    for k in ("sdpo_divergence", "taid_t"):
         if any(k in p for p in pend):
             rec[k] = next(p[k] for p in pend if k in p)
     for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "error_sites"):
         vals = [p[k] for p in pend if k in p]
         if vals:
             rec[k] = sum(vals) / len(vals)
-    for key in ("reward", "reward_std"):  # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
+    # GRPO's loss sits near 0 on-policy; a reward spread means a real gradient
+    for key in ("reward", "reward_std"):
         logged = train_metrics.get(key)
-        if logged and channels.reads_rollouts:  # else the "rollouts" are placeholders nobody sampled
+        # else the "rollouts" are placeholders nobody sampled
+        if logged and channels.reads_rollouts:
             rec[key] = logged[-1]
     rec["step_time_s"] = step_time
     return rec

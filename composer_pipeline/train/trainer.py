@@ -236,8 +236,10 @@ class ThreeChannelTrainer(RowSeededRollouts):
         has_hint = inputs.get("has_hint")
         sdpo_now = self.channels.on("sdpo") and has_hint is not None and bool(has_hint.any())
         ddp = self.rank.distributed
-        stand_in = False  # DDP: this rank has no error site but others do; it runs the same forwards at weight 0
-        if ddp and self.channels.on("sdpo"):  # the JSD is a mean over the error-site tokens of all ranks
+        # DDP: this rank has no error site but others do; it runs the same forwards at weight 0
+        stand_in = False
+        # the JSD is a mean over the error-site tokens of all ranks
+        if ddp and self.channels.on("sdpo"):
             local_tokens = inputs["completion_mask"][has_hint.nonzero().squeeze(-1)].sum() if sdpo_now else 0
             global_tokens = distributed.all_reduce_sum([local_tokens])[0]
             stand_in = global_tokens > 0 and not sdpo_now
@@ -264,11 +266,13 @@ class ThreeChannelTrainer(RowSeededRollouts):
                 else (inputs["prompt_ids"][idx], inputs["prompt_mask"][idx])
             )
             if stand_in:
-                c_mask = torch.zeros_like(c_mask)  # every hint divergence of an empty span: 0 with a gradient path
+                # every hint divergence of an empty span: 0 with a gradient path
+                c_mask = torch.zeros_like(c_mask)
             student = self._captured_logits
             self._captured_logits = None
             with self.accelerator.autocast():
-                if student is None:  # GRPO off: the student forward is the only one
+                # GRPO off: the student forward is the only one
+                if student is None:
                     student = completion_logits(
                         model, inputs["prompt_ids"][idx], inputs["prompt_mask"][idx], c_ids, c_mask
                     )
@@ -279,7 +283,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
             hint_loss = self._hint_divergence(student, teacher, c_mask)
             if self.taid is not None:
                 rec["taid_t"] = self.taid.t
-            if ddp:  # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
+            # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
+            if ddp:
                 hint_loss = hint_loss * c_mask.sum() * self.rank.world / global_tokens
             term = w.sdpo * hint_loss / ga
             total = term if total is None else total + term
@@ -294,7 +299,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
             rec["dpo"] = float(d.detach())
             rec["dpo_margin"] = float(margins.mean())
             rec["dpo_accuracy"] = float((margins > 0).float().mean())
-            if nll is not None:  # the channel's loss is preference + sft_weight · this
+            # the channel's loss is preference + sft_weight · this
+            if nll is not None:
                 rec["dpo_sft"] = float(nll.detach())
             rec["dpo_batch"] = self.dpo_batch_index
         if ddp:

@@ -62,7 +62,8 @@ def _reward(ok: bool | None) -> float | None:
 class WorkspaceEnv(Environment[WorkspaceAction, WorkspaceObservation, WorkspaceState]):
     """OpenEnv environment over one trace state's workspace."""
 
-    SUPPORTS_CONCURRENT_SESSIONS = True  # each instance holds its own workspace, nothing shared
+    # each instance holds its own workspace, nothing shared
+    SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,7 +158,8 @@ def trl_environment(tokenizer: Any) -> type[WorkspaceTools]:
     house templates (``tiny_model.CHAT_TEMPLATE``, Qwen's) write Qwen's ``<tool_call>`` JSON after
     ``<|im_start|>assistant``, so TRL's ``qwen3_template`` reads them. A tokenizer whose template writes tool
     calls some other way is refused rather than parsed wrong. Returns the factory (the class)."""
-    from trl.chat_template_utils import qwen3_template  # trl costs seconds to import: only where training
+    # trl costs seconds to import: only where training
+    from trl.chat_template_utils import qwen3_template
 
     if getattr(tokenizer, "response_template", None) is None:
         probe = [

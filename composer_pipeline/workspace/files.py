@@ -117,7 +117,8 @@ class Event:
     ok: bool | None
     content: str = ""
     structured: Any = None  # Claude Code's ``toolUseResult``
-    own: bool = True  # made by the agent whose workspace this is (False: another agent of the session)
+    # made by the agent whose workspace this is (False: another agent of the session)
+    own: bool = True
     cwd: str | None = None
 
 
@@ -125,11 +126,16 @@ class Event:
 class FileView:
     exists: bool | None = None
     text: str | None = None  # the full text, where known
-    lines: dict[int, str] = field(default_factory=dict)  # 1-based line -> text, from partial reads
-    read: bool = False  # read or written by this agent (read-before-write state)
-    read_whole: bool = False  # a whole-file Read succeeded and nothing changed it since
-    oversize: str | None = None  # the size error a whole-file Read gave, while unchanged
-    size: int | None = None  # bytes, where a listing (ls -l) showed it, while unchanged
+    # 1-based line -> text, from partial reads
+    lines: dict[int, str] = field(default_factory=dict)
+    # read or written by this agent (read-before-write state)
+    read: bool = False
+    # a whole-file Read succeeded and nothing changed it since
+    read_whole: bool = False
+    # the size error a whole-file Read gave, while unchanged
+    oversize: str | None = None
+    # bytes, where a listing (ls -l) showed it, while unchanged
+    size: int | None = None
     # written outside the file tools (a shell redirection) since; Claude Code then compares the file's mtime
     # with the read's time ("File has been modified since read"), which no trace shows: cannot tell
     stale: bool = False
@@ -173,7 +179,8 @@ class Workspace:
 
     def __init__(self, cwd: str | None = None):
         self.cwd = cwd or "/"
-        self.shell_cwd: str | None = self.cwd  # the Bash shell's cwd while it can be followed
+        # the Bash shell's cwd while it can be followed
+        self.shell_cwd: str | None = self.cwd
         self.files: dict[str, FileView] = {}
         self.dirs: set[str] = set()
         # complete listings seen (Glob, ls -la, find): (base dir, regex over the relative path); a path that
@@ -216,7 +223,8 @@ class Workspace:
         for v in self.files.values():
             v.forget_contents()
             v.exists = None
-            v.stale = v.stale or v.read  # it may have rewritten a file read before: the mtime check may refuse
+            # it may have rewritten a file read before: the mtime check may refuse
+            v.stale = v.stale or v.read
         self.complete = []
 
     # -- learning from the history ---------------------------------------------------------------------
@@ -243,17 +251,20 @@ class Workspace:
         if path is None:
             return
         v = self.view(path)
-        if ev.ok is None:  # interrupted: it may or may not have run
+        # interrupted: it may or may not have run
+        if ev.ok is None:
             if name != "Read":
                 v.forget_contents()
             return
         if not ev.ok:
-            if ev.own:  # another agent's failure may predate changes this agent saw
+            # another agent's failure may predate changes this agent saw
+            if ev.own:
                 self._observe_failure(ev, path, v)
             return
         read_before, stale_before = v.read, v.stale
         self._observe_file_success(ev, path, v)
-        if not ev.own:  # read-before-write state is each agent's own
+        # read-before-write state is each agent's own
+        if not ev.own:
             # another agent's Write or Edit does not make this agent's read stale: a 2.0.74 session's main agent
             # Edits a file with success, unread since its subagent Edited it (kfischer-okarin b3edadab)
             v.read, v.stale = read_before, stale_before
@@ -274,13 +285,15 @@ class Workspace:
             written = written_files(command, self.shell_cwd) if command is not None and ev.ok else None
             if written is None:
                 self._outside_change()
-            for path in written or ():  # a redirection writes its file only, outside the file tools
+            # a redirection writes its file only, outside the file tools
+            for path in written or ():
                 self._exists(path)
                 self.view(path).forget_contents()
                 self.view(path).stale = True
         if command is not None and ev.ok:
             self._observe_shell_listing(command, ev)
-        if command is not None:  # another agent's cd moves a shared shell (Claude Code 1.0.x subagents)
+        # another agent's cd moves a shared shell (Claude Code 1.0.x subagents)
+        if command is not None:
             follow = ev.own or self.shell_shared or "cd " not in command
             self.shell_cwd = shell_cwd_after(command, self.shell_cwd) if follow else None
 
@@ -311,7 +324,8 @@ class Workspace:
         if not ev.ok:
             return
         names = ev.structured.get("filenames") if isinstance(ev.structured, dict) else None
-        if not isinstance(names, list):  # files_with_matches output: "Found N files\n/a\n/b"
+        # files_with_matches output: "Found N files\n/a\n/b"
+        if not isinstance(names, list):
             names = [ln for ln in ev.content.split("\n") if ln.startswith("/")]
         base = self.path(ev.arguments.get("path"), ev.cwd) or ev.cwd or self.cwd
         if names:

@@ -41,7 +41,8 @@ class Call:
     arguments: dict[str, Any]
     line_no: int
     cwd: str | None
-    result: dict[str, Any] | None = None  # {"content", "is_error", "structured", "line_no", "timestamp"}
+    # {"content", "is_error", "structured", "line_no", "timestamp"}
+    result: dict[str, Any] | None = None
 
     def event(self, own: bool) -> Event:
         r = self.result
@@ -67,7 +68,8 @@ class SessionHistory:
         self.linked_tasks = {s["parent_tool_use_id"] for s in trace_states or () if s.get("parent_tool_use_id")}
         self.streams: dict[str, _Stream] = {}
         self.session_of: dict[str, str] = {}
-        self.inline: set[str] = set()  # 1.0.x subagents: sidechain records inside the main session file
+        # 1.0.x subagents: sidechain records inside the main session file
+        self.inline: set[str] = set()
         files_of: dict[str, set[tuple[str, bool]]] = {}
         cols = ["stream_id", "session_key", "uuid", "parent_uuid", "logical_parent_uuid", "record_type"]
         cols += ["subtype", "line_no", "timestamp", "raw", "source_file", "is_sidechain"]

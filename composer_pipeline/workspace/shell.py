@@ -61,7 +61,8 @@ def written_files(command: str, cwd: str | None) -> list[str] | None:
             continue
         found = list(_REDIRECT.finditer(seg))
         if any(seg[: m.start()].count("'") % 2 or seg[: m.start()].count('"') % 2 for m in found):
-            return None  # a '>' inside quotes is text, or the quoting is beyond this reader
+            # a '>' inside quotes is text, or the quoting is beyond this reader
+            return None
         targets = [_unquote(m.group(1)) for m in found]
         if may_write(_REDIRECT.sub(" ", _HEREDOC.sub(" ", seg))):
             return None
@@ -95,9 +96,11 @@ def may_write(command: str) -> bool:
 
 @dataclass
 class Listing:
-    files: dict[str, int | None] = field(default_factory=dict)  # path -> size in bytes where ls -l gave it
+    # path -> size in bytes where ls -l gave it
+    files: dict[str, int | None] = field(default_factory=dict)
     dirs: set[str] = field(default_factory=set)
-    complete: list[tuple[str, str]] = field(default_factory=list)  # (base dir, regex over the relative path)
+    # (base dir, regex over the relative path)
+    complete: list[tuple[str, str]] = field(default_factory=list)
 
 
 def glob_regex(pattern: str) -> str:

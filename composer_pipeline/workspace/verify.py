@@ -31,7 +31,8 @@ class Verdict:
     observed_ok: bool | None
     reason: str
     observed: str = ""  # the recorded result's first line
-    predicted: str = ""  # the environment's observation's first line
+    # the environment's observation's first line
+    predicted: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +63,8 @@ def verify_store(store: str | Store) -> Iterator[Verdict]:
                 predicted=out.observation.split("\n", 1)[0][:200],
             )
             if out.ok is None and observed.ok is not None:
-                ws.observe(observed)  # what really happened, where the environment could not tell
+                # what really happened, where the environment could not tell
+                ws.observe(observed)
 
 
 def _first_line(call: Call) -> str:

@@ -41,7 +41,8 @@ def _rec(kind, parent, uid, sid, content, ts, **extra):
     return rec
 
 
-FAKE_GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"  # not a real token; the scrubber must catch it
+# not a real token; the scrubber must catch it
+FAKE_GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 
 
 def session_lines(sid: str = SESSION_ID, n_steps: int = 3, task: str = "Fix the failing test in app.py") -> list[str]:

@@ -194,7 +194,8 @@ def test_a_collecting_run_the_provider_did_not_answer_is_requested_again(
     sensor = build_batch_collect_sensor(batch_collect_job, 60)
     emu.batches.end = True
     (first,) = _tick(sensor, instance, resources).run_requests
-    emu.batches.fail_reads = 2  # both teachers' batch reads in the collecting run
+    # both teachers' batch reads in the collecting run
+    emu.batches.fail_reads = 2
     led = Ledger(ledger_url)
     failed = _collect(resources, instance, first)
     assert failed.success and "teacher_replays" not in {
@@ -238,12 +239,14 @@ def test_a_collecting_run_that_also_settles_another_sessions_batches_leaves_that
     assert _collect(resources, instance, first[KEY]).success
     led = Ledger(ledger_url)
     assert {b["state"] for b in ledger_rows(led, "batches")} == {"collected"}  # all four, by the first run
-    (second,) = _tick(sensor, instance, resources).run_requests  # the other session is still to be written
+    # the other session is still to be written
+    (second,) = _tick(sensor, instance, resources).run_requests
     assert second.partition_key == KEY2 and second.run_key == first[KEY2].run_key
     assert _collect(resources, instance, second).success
     assert len(emu.billed) == n_calls and len(emu.batches.created()) == 4  # nothing bought twice
     assert len(ledger_rows(led, "billed_usage")) == n_calls
-    for pk in (KEY, KEY2):  # every call of each session answered in its own table
+    # every call of each session answered in its own table
+    for pk in (KEY, KEY2):
         s = _replays_summary(instance, pk)
         assert s["failed"] == 0 and s["answered"] == s["rows"] > 0, pk
     assert isinstance(_tick(sensor, instance, resources), dg.SkipReason)
@@ -273,7 +276,8 @@ def test_a_session_whose_calls_another_sessions_batches_hold_is_collected_too(
     runs = [dg.materialize(ASSETS, partition_key=pk, instance=instance, resources=resources) for pk in (KEY, copy)]
     assert all(r.success for r in runs)
     created = emu.batches.created()
-    assert [b.api for b in created] == ["openai", "anthropic"]  # the copy's calls went out once, with the first
+    # the copy's calls went out once, with the first
+    assert [b.api for b in created] == ["openai", "anthropic"]
     led = Ledger(ledger_url)
     assert {b["run_id"] for b in ledger_rows(led, "batches")} == {runs[0].run_id}
     (obs,) = _observations(runs[1])

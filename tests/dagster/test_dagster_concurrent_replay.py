@@ -15,7 +15,8 @@ from ledger_helpers import ledger_rows
 
 from composer_pipeline.ledger import Ledger
 
-pytestmark = pytest.mark.slow  # concurrent Dagster runs against one ledger
+# concurrent Dagster runs against one ledger
+pytestmark = pytest.mark.slow
 
 SIDS = [f"{k}1111111-2222-3333-4444-555555555555" for k in range(2)]
 

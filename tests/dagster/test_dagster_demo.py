@@ -9,7 +9,8 @@ from dagster_sessions import SESSION_ID, write_session, write_teachers_yaml
 from assets.demo import print_report, run_demo
 
 
-@pytest.mark.slow  # every session through the whole chain (the other tests here cover each asset)
+# every session through the whole chain (the other tests here cover each asset)
+@pytest.mark.slow
 def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", os.environ.get("DAGSTER_HOME", ""))  # restored after the test
     root = tmp_path / "projects"
@@ -17,8 +18,10 @@ def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monk
     write_session(root, "-home-dev-two", "22222222-0000-0000-0000-000000000002", n_steps=2)
     teachers = write_teachers_yaml(tmp_path / "teachers.yaml", scripted_server.url)
     monkeypatch.setenv(
-        "COMPOSER_PIPELINE_RECIPE", str(tmp_path / "none.yaml")
-    )  # defaults, nothing from the repo's state
+        "COMPOSER_PIPELINE_RECIPE",
+        str(tmp_path / "none.yaml"),
+        # defaults, nothing from the repo's state
+    )
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))  # the default ledger and cache: fresh
     lines: list[str] = []
     report = run_demo(
@@ -36,7 +39,8 @@ def test_demo_runs_every_session_through_dagster(tmp_path, scripted_server, monk
     from composer_pipeline.store import Store
 
     replays = Store(str(tmp_path / "store")).read_table("teacher_replays")
-    hits = sum(replays.column("cache_hit").to_pylist())  # both sessions open with the same prompt
+    # both sessions open with the same prompt
+    hits = sum(replays.column("cache_hit").to_pylist())
     assert hits > 0 and len(scripted_server.requests) == replays.num_rows - hits
     assert (
         report.row_counts["training_set"]

@@ -13,7 +13,8 @@ import textwrap
 
 import dagster as dg
 
-DAGSTER_VERSION = "1.13.27"  # the version the pins were read from (pyproject.toml pins it too)
+# the version the pins were read from (pyproject.toml pins it too)
+DAGSTER_VERSION = "1.13.27"
 # private method -> its parameters, in order (load_input passes them positionally)
 SIGNATURES = {
     "_get_paths_for_partitions": ["self", "context"],

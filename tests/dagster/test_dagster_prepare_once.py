@@ -47,7 +47,8 @@ def test_requests_are_built_once_per_run(trace_root, tmp_path, scripted_server, 
     assert res.success
     store = Store(str(tmp_path / "store"))
     states, replays = store.read_table("trace_states"), store.read_table("teacher_replays")
-    assert builds == [states.num_rows]  # cost_plan built them; teacher_replays read them back
+    # cost_plan built them; teacher_replays read them back
+    assert builds == [states.num_rows]
     assert set(replays.column("status").to_pylist()) == {"answered"}
     assert len(scripted_server.requests) == replays.num_rows == 3 * states.num_rows
     # what was sent is what the checked plan priced: the same call ids, in the plan's order
@@ -65,7 +66,8 @@ def test_requests_are_built_once_per_run(trace_root, tmp_path, scripted_server, 
         selection=[teacher_replays.key],
     )
     assert again.success and builds == [states.num_rows, states.num_rows]
-    assert len(scripted_server.requests) == sent  # every answer cached: nothing bought twice
+    # every answer cached: nothing bought twice
+    assert len(scripted_server.requests) == sent
 
 
 def test_a_prepared_file_that_the_plan_did_not_price_is_not_used(tmp_path):

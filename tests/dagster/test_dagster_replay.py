@@ -60,12 +60,14 @@ def test_blocking_cost_check_prevents_any_teacher_request(trace_root, tmp_path, 
     assert checks["cost_plan_within_budget"].description == "; ".join(plan.reasons)
     materialized = {m.asset_key.to_user_string() for m in res.get_asset_materialization_events()}
     assert "cost_plan" in materialized and "teacher_replays" not in materialized
-    assert scripted_server.requests == []  # not one HTTP request reached the teacher
+    # not one HTTP request reached the teacher
+    assert scripted_server.requests == []
 
 
 @pytest.mark.slow
 def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_server, monkeypatch):
-    secret = "sk-test-" + "Zq9" * 12  # a key t0 needs; it may reach the teacher only
+    # a key t0 needs; it may reach the teacher only
+    secret = "sk-test-" + "Zq9" * 12
     monkeypatch.setenv("COMPOSER_TEST_TEACHER_KEY", secret)
     teachers_yaml = write_teachers_yaml(
         tmp_path / "teachers.yaml", scripted_server.url, key_env="COMPOSER_TEST_TEACHER_KEY"
@@ -74,7 +76,8 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     resources["teachers"] = TeachersResource(
         recipe=str(teachers_yaml), cache_dir=str(tmp_path / "cache"), api_keys=api_key_envvars(str(teachers_yaml))
     )
-    assert secret not in repr(resources["teachers"])  # the resource holds the variable's name only
+    # the resource holds the variable's name only
+    assert secret not in repr(resources["teachers"])
     instance = _instance()
     res = dg.materialize(
         [*CHAIN, consensus_pairs, normalized_pairs], partition_key=KEY, instance=instance, resources=resources
@@ -99,7 +102,8 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
     assert meta["teacher_replays"]["spend_usd"].value > 0
     assert set(meta["teacher_replays"]["spend_usd_by_teacher"].value) == {"t0", "t1", "t2"}
-    assert "| t0 |" in meta["teacher_replays"]["example"].value  # show's state view: one table row per teacher
+    # show's state view: one table row per teacher
+    assert "| t0 |" in meta["teacher_replays"]["example"].value
     # what providers billed (issue #22): the ledger's billed_usage of this run, = spend (the scripted server caches nothing)
     # beside the plan's prediction, in the shape `composer-pipeline replay` prints (predicted_vs_billed)
     billed = meta["teacher_replays"]["predicted_vs_billed"].value
@@ -116,7 +120,8 @@ def test_replay_and_pairs_chain_over_real_http(trace_root, tmp_path, scripted_se
     kinds = meta["dpo_pairs"]["pairs_by_agreement_kind"].value
     assert kinds == {"cross_model": store.read_table("dpo_pairs").num_rows}  # three distinct model names agree
     assert "- **agreement: cross_model**, 3 of 3 models" in meta["dpo_pairs"]["example"].value
-    norm_example = meta["normalized_dpo_pairs"]["example"].value  # rendered as on dpo_pairs: with the replays
+    # rendered as on dpo_pairs: with the replays
+    norm_example = meta["normalized_dpo_pairs"]["example"].value
     assert "- **agreement: cross_model**" in norm_example and "missing: " not in norm_example
     assert "not replayed yet" not in norm_example and "| t0 |" in norm_example  # every teacher's answer
     assert f"- stream: `{KEY}:main`" in norm_example  # the state's stream, not None

@@ -51,7 +51,8 @@ def test_unpartitioned_downstream_gets_a_dict_with_a_single_partition(tmp_path, 
 def _roundtrip(root: str) -> Store:
     io = ParquetIOManager(root=root)
     instance = dg.DagsterInstance.ephemeral()
-    for key in ("sess_a", "sess_c"):  # sess_b never materialized: tolerated downstream
+    # sess_b never materialized: tolerated downstream
+    for key in ("sess_a", "sess_c"):
         assert dg.materialize([rows], partition_key=key, resources={"io_manager": io}, instance=instance).success
     res = dg.materialize([rows.to_source_asset(), gathered], resources={"io_manager": io}, instance=instance)
     assert res.success

@@ -56,7 +56,8 @@ def test_local_teacher_server_autostarts_and_answers(tmp_path, tiny_model_dir):
             json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-        assert res.ensure_local_servers() == []  # already answering: nothing started twice
+        # already answering: nothing started twice
+        assert res.ensure_local_servers() == []
         assert (tmp_path / "state" / f"teacher_server-{port}.log").is_file()
     finally:
         if pid_file.is_file():
@@ -117,7 +118,8 @@ def test_a_started_server_is_stoppable_and_stops_itself_when_idle(tmp_path, tiny
     deadline = time.monotonic() + 30
     while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(pid) and not pid_file.exists()  # it left by itself and took its pid file along
+    # it left by itself and took its pid file along
+    assert not _running(pid) and not pid_file.exists()
     assert "idle_exit_s 2" in (state / f"teacher_server-{port}.log").read_text()
 
 

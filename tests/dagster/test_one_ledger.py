@@ -67,7 +67,8 @@ def test_cli_replay_and_dagster_run_buy_each_answer_once(trace_root, tmp_path, s
     monkeypatch.setenv("COMPOSER_TRACE_ROOT", str(trace_root))
     monkeypatch.setenv("COMPOSER_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("COMPOSER_TEACHERS_RECIPE", str(teachers))
-    settings = load_settings()  # the repo's recipes/pipeline.yaml: ledger_path and cache_dir left to the default
+    # the repo's recipes/pipeline.yaml: ledger_path and cache_dir left to the default
+    settings = load_settings()
     assert settings.ledger_path == str(home / "ledger.sqlite")
     assert settings.cache_dir == str(home / "teacher_cache")
     instance = dg.DagsterInstance.ephemeral()
@@ -79,7 +80,8 @@ def test_cli_replay_and_dagster_run_buy_each_answer_once(trace_root, tmp_path, s
         resources=build_resources(settings),
     )
     assert res.success
-    assert len(scripted_server.requests) == bought  # the Dagster run bought nothing the CLI had bought
+    # the Dagster run bought nothing the CLI had bought
+    assert len(scripted_server.requests) == bought
     replays = Store(str(tmp_path / "store")).read_table("teacher_replays")
     assert replays.num_rows == bought and all(replays.column("cache_hit").to_pylist())
     assert sum(replays.column("paid_usd").to_pylist()) == 0

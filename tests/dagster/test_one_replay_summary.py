@@ -58,7 +58,8 @@ def test_cli_and_asset_print_the_same_summary(trace_root, tmp_path, scripted_ser
             "ledger": LedgerResource(path=str(ledger)),
         },
     )
-    assert res.success and len(scripted_server.requests) == n  # the same requests: all answered by the cache
+    # the same requests: all answered by the cache
+    assert res.success and len(scripted_server.requests) == n
     meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
     asset = meta["teacher_replays"]["summary"].value
 

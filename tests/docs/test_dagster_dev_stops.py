@@ -22,7 +22,8 @@ from test_readme_commands import readme_commands
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # a real dagster dev: ~15-40 s to start here
+# a real dagster dev: ~15-40 s to start here
+@pytest.mark.slow
 def test_readme_launch_line_stops_on_sigterm_in_the_background(tmp_path):
     (line,) = [
         c
@@ -34,8 +35,10 @@ def test_readme_launch_line_stops_on_sigterm_in_the_background(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = re.sub(r"^(\S+=\S+\s+)+", "", line).replace(
-        "-p 3000", f"-p {port}"
-    )  # the repo's own variables: a tmp instance
+        "-p 3000",
+        f"-p {port}",
+        # the repo's own variables: a tmp instance
+    )
     env = {
         **os.environ,
         "DAGSTER_HOME": str(tmp_path / "dh"),
@@ -67,7 +70,8 @@ def test_readme_launch_line_stops_on_sigterm_in_the_background(tmp_path):
             pytest.fail("dagster dev did not serve: " + (tmp_path / "dev.log").read_text()[-2000:])
         t0 = time.monotonic()
         os.kill(pid, signal.SIGTERM)
-        shell.wait(timeout=60)  # bash waits for its job: it returns when dagster dev has exited
+        # bash waits for its job: it returns when dagster dev has exited
+        shell.wait(timeout=60)
         took = time.monotonic() - t0
     finally:
         if shell.poll() is None:

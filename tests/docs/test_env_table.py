@@ -8,7 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CODE = ("composer_pipeline", "assets", "resources")
 NAME = r'"([A-Z][A-Z0-9_]*)"'
-READS = [  # os.environ.get("X"), os.getenv("X"), os.environ["X"] (not assigned), os.environ.setdefault("X"), "X" in os.environ
+# os.environ.get("X"), os.getenv("X"), os.environ["X"] (not assigned), os.environ.setdefault("X"), "X" in os.environ
+READS = [
     re.compile(rf"os\.environ\.get\({NAME}"),
     re.compile(rf"os\.getenv\({NAME}"),
     re.compile(rf"os\.environ\[{NAME}\](?!\s*=[^=])"),
@@ -46,7 +47,8 @@ def test_the_scan_sees_the_reads_it_must():
     reads = code_reads()
     assert reads["COMPOSER_PIPELINE_HOME"] == {"composer_pipeline/home.py"}
     assert "composer_pipeline/store.py" in reads["COMPOSER_STORE"]
-    assert "DAGSTER_HOME" not in reads  # the demo assigns it; an assignment is not a read
+    # the demo assigns it; an assignment is not a read
+    assert "DAGSTER_HOME" not in reads
 
 
 def test_environment_table_matches_the_code():

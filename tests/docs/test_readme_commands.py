@@ -106,7 +106,8 @@ def root(tmp_path_factory, tiny_model_dir, scripted):
     home = base / "home"
     shutil.copytree(SAMPLES, home / ".claude" / "projects")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSER_")}
-    venv_bin = Path(sys.executable).parent  # .../.venv/bin (unresolved: the venv, not the base interpreter)
+    # .../.venv/bin (unresolved: the venv, not the base interpreter)
+    venv_bin = Path(sys.executable).parent
     (r / ".venv").symlink_to(venv_bin.parent, target_is_directory=True)
     path = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p) != venv_bin)
     env.update(
@@ -120,8 +121,10 @@ def root(tmp_path_factory, tiny_model_dir, scripted):
 
 
 def run(root, cmd: str, timeout: float = 600) -> str:
-    cmd = cmd.replace("8765", str(root["port"]))  # the one substitution: see the module docstring
-    if cmd.endswith("&"):  # a server the README starts in the background
+    # the one substitution: see the module docstring
+    cmd = cmd.replace("8765", str(root["port"]))
+    # a server the README starts in the background
+    if cmd.endswith("&"):
         proc = subprocess.Popen(
             ["bash", "-c", cmd[:-1]],
             cwd=root["dir"],
@@ -170,7 +173,8 @@ def readme_run(root):
             ran.append(c)
             if _bare(c).startswith("composer-pipeline pairs"):
                 summary = orjson.loads(out.strip().splitlines()[-1])
-                assert summary["pairs_by_agreement_kind"], summary  # the demo recipe's samples agree: pairs exist
+                # the demo recipe's samples agree: pairs exist
+                assert summary["pairs_by_agreement_kind"], summary
                 shutil.copytree(root["dir"] / "data", root["dir"] / ".store")
                 pairs = orjson.loads(
                     run(
@@ -200,7 +204,8 @@ def readme_run(root):
 
 def test_every_readme_command_runs_as_printed(readme_run):
     commands, ran, elsewhere = readme_run["commands"], readme_run["ran"], readme_run["elsewhere"]
-    assert sorted(set(ran) | elsewhere) == sorted(commands)  # each README command ran here or is covered
+    # each README command ran here or is covered
+    assert sorted(set(ran) | elsewhere) == sorted(commands)
     assert len(ran) >= 15, ran
     assert any(_bare(c).startswith("composer-pipeline show <pair_id>") for c in ran)  # the one that failed before
     # from the repo root a bare `composer-pipeline` / `python` is not the venv's: every command names it
@@ -212,8 +217,10 @@ def test_every_command_the_demo_prints_runs_as_printed(root, readme_run, monkeyp
     """The report's "next:" commands, printed for a store like the demo's (the real demo: test_dagster_demo)."""
     from assets.demo import DemoReport, print_report
 
-    monkeypatch.chdir(root["dir"])  # the demo prints commands for the directory it runs in
-    monkeypatch.setenv("PATH", root["env"]["PATH"])  # ... and for the shell it runs in (no venv activated)
+    # the demo prints commands for the directory it runs in
+    monkeypatch.chdir(root["dir"])
+    # ... and for the shell it runs in (no venv activated)
+    monkeypatch.setenv("PATH", root["env"]["PATH"])
 
     store = root["dir"] / ".store"
     pid = orjson.loads(

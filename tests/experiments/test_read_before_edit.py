@@ -220,14 +220,16 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
         r["message"]["content"][0]["input"]["file_path"]
         for r in held
         if r["type"] == "assistant" and r["message"]["content"][0].get("name") == "Edit"
-    }  # the targets (a decoy Read may name a train file)
+        # the targets (a decoy Read may name a train file)
+    }
     assert held_asks and not any(json.dumps(a)[1:-1] in pre_text for a in held_asks if "/" in a)
     train_text = "".join(f.read_text() for f in (out / "data" / "sessions" / "train").rglob("*.jsonl"))
     assert held_paths and not any(p in train_text for p in held_paths)
     # the data came through the normal stages: ingest, HTTP replay (five teacher entries per task state), pairs
     assert data["ingest"]["train"]["quarantine"] == 0 and data["ingest"]["heldout"]["trace_states"] > 0
     assert data["teacher_calls_http"] == data["replay"]["calls"] == 5 * data["task_states"]
-    assert data["pairs"] > 0 and data["positives"] > 0  # pairs where agents erred, agreement elsewhere
+    # pairs where agents erred, agreement elsewhere
+    assert data["pairs"] > 0 and data["positives"] > 0
     # both directions: "Read, not Edit" (edited first) and "Edit, not Read" (read twice)
     assert data["pair_kinds"].get("Read over Edit", 0) > 0 and data["pair_kinds"].get("Edit over Read", 0) > 0
     assert data["error_sites"] > 0  # the hint arm's states
@@ -361,7 +363,8 @@ def test_base_model_training_resumes_where_it_stopped(tmp_path):
     assert (tmp_path / "cut" / "resume.pt").is_file() and not (tmp_path / "cut" / "model" / "config.json").exists()
     seen: list[int] = []
     resumed = pretrain_base(tmp_path / "cut", on_step=lambda step, *a: seen.append(step), **kw)
-    assert seen == [4]  # it went on from step 2: steps 1-2 were not trained again
+    # it went on from step 2: steps 1-2 were not trained again
+    assert seen == [4]
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a)
     curve = _json.loads((tmp_path / "cut" / "pretrain.json").read_text())["curve"]

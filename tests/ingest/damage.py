@@ -47,7 +47,8 @@ def damage_line(line: str, mode: str, rng: random.Random) -> str | None:
     out = _damage(line, mode, rng)
     try:
         json.loads(out or "")
-        return None  # still JSON (or nothing left): not a damaged line
+        # still JSON (or nothing left): not a damaged line
+        return None
     except json.JSONDecodeError:
         return out
 
@@ -64,7 +65,8 @@ def _damage(line: str, mode: str, rng: random.Random) -> str | None:
     if mode == "garbled_parent":
         value = p.group(0)
         cut = rng.randint(value.index('"', len('"parentUuid"')) + 1, len(value) - 2)
-        garbled = value[:cut] + '[REDACTED]"' + value[cut:]  # a stray quote: not JSON, the value unreadable
+        # a stray quote: not JSON, the value unreadable
+        garbled = value[:cut] + '[REDACTED]"' + value[cut:]
         return line[: p.start()] + garbled + line[p.end() :]
     if mode == "missing_parent":
         return (line[: p.start()] + line[p.end() :].lstrip(",")).rstrip("}")
@@ -78,8 +80,10 @@ def _damage(line: str, mode: str, rng: random.Random) -> str | None:
 class Variant:
     damaged: Path
     repaired: Path
-    lines: dict[str, set[int]] = field(default_factory=dict)  # rel file -> damaged line numbers (1-based)
-    results: set[str] = field(default_factory=set)  # tool_use_ids whose result line was damaged
+    # rel file -> damaged line numbers (1-based)
+    lines: dict[str, set[int]] = field(default_factory=dict)
+    # tool_use_ids whose result line was damaged
+    results: set[str] = field(default_factory=set)
 
 
 def make_variant(
@@ -193,7 +197,8 @@ def masked(prefix: list[dict], results: set[str]) -> list[dict]:
 class Score:
     states: int = 0
     right: int = 0
-    assistants_right: int = 0  # states whose prefix holds the repaired prefix's assistant messages
+    # states whose prefix holds the repaired prefix's assistant messages
+    assistants_right: int = 0
     missing: int = 0
 
     def add(self, other: Score) -> None:

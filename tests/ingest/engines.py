@@ -17,7 +17,8 @@ def assert_same(got: IngestResult, ref: IngestResult) -> None:
     key = got.session_key
     for name in ("states", "messages", "quarantine"):
         a, b = getattr(got, name), getattr(ref, name)
-        a.validate(full=True)  # the native buffers are well-formed Arrow (offsets, UTF-8)
+        # the native buffers are well-formed Arrow (offsets, UTF-8)
+        a.validate(full=True)
         if not a.equals(b):
             rows_a, rows_b = a.to_pylist(), b.to_pylist()
             assert len(rows_a) == len(rows_b), f"{key} {name}: {len(rows_a)} rows vs {len(rows_b)}"

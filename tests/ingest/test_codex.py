@@ -63,7 +63,8 @@ def test_every_call_in_a_prefix_is_answered_by_its_output(tmp_path, generation):
     for c in calls:
         assert answers[c["id"]] not in ("", INTERRUPTED), c
     assert {t["function"]["name"] for t in rendered.tools} >= {c["function"]["name"] for c in calls}
-    for st in res.states.to_pylist():  # the count stored at ingest is the rendered prefix's
+    # the count stored at ingest is the rendered prefix's
+    for st in res.states.to_pylist():
         assert st["n_prefix_messages"] == len(render_state(conv, st).messages), st["state_id"]
 
 
@@ -101,7 +102,8 @@ def test_a_compaction_restarts_the_prefix_from_what_it_kept(tmp_path):
     msgs = render_state(conv, after).messages
     assert [m["role"] for m in msgs[1:3]] == ["user", "assistant"]  # the kept messages, each with its role
     assert msgs[2]["content"] == "Summary: VERSION now says 1.5.0; publishing is next."
-    assert "cat VERSION" not in json.dumps(msgs)  # the compacted-away history is not in the prefix
+    # the compacted-away history is not in the prefix
+    assert "cat VERSION" not in json.dumps(msgs)
     assert res.file_reports[0]["compactions_crossed"] == 1
 
 

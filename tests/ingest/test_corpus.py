@@ -29,7 +29,8 @@ def test_every_file_ingests_and_nothing_is_lost(ingested, corpus):
     files = {p.relative_to(corpus.root).as_posix() for p in corpus.root.rglob("*.jsonl")}
     reports = {rep["file"]: rep for r in ingested.results for rep in r.file_reports}
     assert set(reports) == files
-    for rep in reports.values():  # nothing lost: every line is a record or a quarantine row
+    # nothing lost: every line is a record or a quarantine row
+    for rep in reports.values():
         assert rep["records"] + rep["bad_lines"] == rep["lines"]
     assert sum(r.states.num_rows for r in ingested.results) == sum(rep["states"] for rep in reports.values())
     states = [s for r in ingested.results for s in r.states.to_pylist()]

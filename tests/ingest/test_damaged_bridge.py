@@ -25,14 +25,16 @@ from .damage import damage_files, masked, prefixes
 from .engines import ingest_checked
 
 SID = "b41d6e00-0000-4000-8000-000000000001"
-LOST = "LOST-USER-MESSAGE"  # the text of the one cut record that renders (a user message)
+# the text of the one cut record that renders (a user message)
+LOST = "LOST-USER-MESSAGE"
 
 
 def _write(root: Path) -> dict[str, list[int]]:
     """Main file + 2.1.x subagent file, intact under ``root/a`` and with four lines cut before their uuid
     under ``root/b``; returns the cut line numbers per file name."""
     m = Session(SID)
-    cuts_main: list[tuple[int, int | None]] = []  # (line index, cut length or None: just before "uuid")
+    # (line index, cut length or None: just before "uuid")
+    cuts_main: list[tuple[int, int | None]] = []
     m.user("fix the parser")
     m.assistant(text("looking"), tool("Read", "r1", file_path="a.py"))
     m.result("r1", "file text")
@@ -44,7 +46,8 @@ def _write(root: Path) -> dict[str, list[int]]:
     cuts_main.append((len(m.lines) - 1, None))
     m.assistant(tool("Bash", "b1", command="ls"))
     m.rec("attachment", attachment={"type": "file"})
-    cuts_main.append((len(m.lines) - 1, 20))  # cut inside parentUuid: nothing salvaged, nearest record used
+    # cut inside parentUuid: nothing salvaged, nearest record used
+    cuts_main.append((len(m.lines) - 1, 20))
     m.result("b1", "a.py b.py")
     m.assistant(text("done"))
     a = Session(SID, agent_id="ag1", sidechain=True)
@@ -86,7 +89,8 @@ def test_every_state_keeps_its_prefix_through_cut_lines(tmp_path):
         want = [m for m in prefix if LOST not in json.dumps(m)]
         assert got[sid] == want, sid
         changed += want != prefix
-    assert changed == 2  # the two states after the lost user message
+    # the two states after the lost user message
+    assert changed == 2
     n_good = {s["state_id"]: s["n_prefix_messages"] for s in intact.states.to_pylist()}
     for st in damaged.states.to_pylist():
         assert st["n_prefix_messages"] == len(got[st["state_id"]]) <= n_good[st["state_id"]]
@@ -150,7 +154,8 @@ def _chain_corpus(src: Path) -> dict[str, list[int]]:
     s1, s2 = (
         Session(SID, "1.0.98", sidechain=True, new_uuid=lambda: "%08x-0000-4000-8000-000000000000" % next(ids))
         for _ in range(2)
-    )  # (distinct first 8 characters: a sidechain's stream id is side-<root[:8]>)
+        # (distinct first 8 characters: a sidechain's stream id is side-<root[:8]>)
+    )
     s1.user("one", parent=None)
     s2.user("two", parent=None)
     for k in range(4):
@@ -158,7 +163,8 @@ def _chain_corpus(src: Path) -> dict[str, list[int]]:
             s.assistant(text(f"{tag}{k}"), tool("Grep", f"g{tag}{k}", pattern=tag), mid=f"msg_{tag}{k}")
             s.result(f"g{tag}{k}", f"found {tag}{k}")
     side_starts = [len(m.lines) + 4, len(m.lines) + len(s1.lines) + 6]  # inside each sidechain
-    m.lines += s1.lines + s2.lines  # one sidechain after the other, as 1.0.x writes them
+    # one sidechain after the other, as 1.0.x writes them
+    m.lines += s1.lines + s2.lines
     m.result("t1", "done one")
     m.result("t2", "done two")
     main_start = len(m.lines)
@@ -194,7 +200,8 @@ def test_chains_of_damaged_lines_keep_every_prefix(tmp_path, modes):
     assert len(want) >= 14 and set(got) == set(want)
     wrong = [k for k in want if masked(got[k], v.results) != masked(want[k], v.results)]
     assert not wrong, wrong
-    assert max(len(p) for p in want.values()) >= 8  # (the main conversation's last states: long histories)
+    # (the main conversation's last states: long histories)
+    assert max(len(p) for p in want.values()) >= 8
 
 
 def _checked(sf):
@@ -239,9 +246,11 @@ def test_tool_results_are_salvaged_from_damaged_lines(tmp_path):
     m.assistant(text("done"))
     lines = m.lines
     at = lines[cut_string].index("x" * 50)
-    lines[cut_string] = lines[cut_string][: at + 10]  # cut inside the content string (uuid lost)
+    # cut inside the content string (uuid lost)
+    lines[cut_string] = lines[cut_string][: at + 10]
     lines[cut_list] = lines[cut_list][: lines[cut_list].index("is long")]  # cut inside the second block
-    lines[garbled] = lines[garbled].rstrip("}")  # not JSON any more; uuid and parent readable
+    # not JSON any more; uuid and parent readable
+    lines[garbled] = lines[garbled].rstrip("}")
     m.write(tmp_path / "proj" / f"{SID}.jsonl")
     res = _ingest(tmp_path)
     assert res.quarantine.num_rows == 3

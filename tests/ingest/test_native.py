@@ -136,7 +136,8 @@ def test_sha256_and_utf8_validation_match_python():
     rng = random.Random(9)
     for n in list(range(130)) + [1000, 4096]:
         data = bytes(rng.getrandbits(8) for _ in range(n))
-        for portable in (False, True):  # SHA-NI where the CPU has it, and the portable rounds
+        # SHA-NI where the CPU has it, and the portable rounds
+        for portable in (False, True):
             assert native.sha256_hex(data, portable) == hashlib.sha256(data).hexdigest()
     samples = [
         b"",
@@ -273,7 +274,8 @@ def test_scrubbed_lines_are_read_in_place_and_a_splice_must_be_a_whole_line(tmp_
     data = path.read_bytes()
     splices = Scrubber().line_splices(data)
     assert len(splices) >= 4 and splices[-1][1] in (len(data), len(data) - 1)
-    res = ingest_checked(sf)  # native (in place) == python (spliced bytes)
+    # native (in place) == python (spliced bytes)
+    res = ingest_checked(sf)
     assert res.engine == "native" and res.quarantine.num_rows == 1
     stored = str([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
     assert not any(KEYS[kind][1] in stored for kind in key)
@@ -369,7 +371,8 @@ PLANT_FRAGMENTS = [k if kind != "private_key" else "QkLmNoPq==" for kind, (k, _)
 
 def _planted(rng: random.Random) -> str:
     v = rng.choice(BOUNDARIES) + rng.choice(list(KEYS.values()))[0] + rng.choice(["", "\n", '"', " tail", "\u00e9"])
-    for _ in range(rng.choice([0, 0, 1, 2])):  # a JSON document in a string (a tool input that is JSON)
+    # a JSON document in a string (a tool input that is JSON)
+    for _ in range(rng.choice([0, 0, 1, 2])):
         v = json.dumps({"in": v} if rng.random() < 0.5 else v, ensure_ascii=rng.random() < 0.5)
     return v
 
@@ -405,7 +408,8 @@ def _synthetic_sessions(root: Path, rng: random.Random) -> None:
     m.lines += side.lines
     if rng.random() < 0.5:
         m.raw('{"parentUuid":"%s","type":"user","uuid":"%s","message":{"role":"user","content":"cut' % (b, uid()))
-    if rng.random() < 0.5:  # a tool result on a damaged line (salvaged): cut mid-content, or garbled at its end
+    # a tool result on a damaged line (salvaged): cut mid-content, or garbled at its end
+    if rng.random() < 0.5:
         m.assistant(tool("Bash", "b3", command="cat log"))
         m.result("b3", "log line\n" * 3)
         t = m.lines[-1]
@@ -498,7 +502,8 @@ def _fuzz_round(tmp: Path, rng: random.Random, corpus_root: Path) -> list:
             op = rng.random()
             if op < 0.65:
                 lines[i] = _mutate_line(lines[i], rng, uuids)
-            elif op < 0.75:  # 1 to 3 damaged lines in a row: cut, parent garbled or missing (damage.py)
+            # 1 to 3 damaged lines in a row: cut, parent garbled or missing (damage.py)
+            elif op < 0.75:
                 for j in range(i, min(i + rng.randint(1, 3), len(lines))):
                     lines[j] = damage_line(lines[j], rng.choice(MODES), rng) or lines[j]
             elif op < 0.85:

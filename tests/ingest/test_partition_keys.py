@@ -62,7 +62,8 @@ def test_without_a_record_the_tie_is_decided_the_same_way_every_time_and_reporte
 
 
 def test_long_keys_of_older_instances_keep_naming_their_sessions():
-    keymap = KeyMap([A, C], [A])  # an instance from before short keys knows A by its session key
+    # an instance from before short keys knows A by its session key
+    keymap = KeyMap([A, C], [A])
     assert keymap.session_key(A) == A
     assert keymap.assign() == {C: "calc/c3d2e1f0"}  # only the new session gets a short key
     assert keymap.partition_of == {A: A, C: "calc/c3d2e1f0"}

@@ -67,7 +67,8 @@ def test_1_invalid_lines_quarantined_and_chain_salvaged(tmp_path):
 def test_2_unknown_types_pass_through(tmp_path):
     s = Session()
     s.user("hi")
-    s.rec("brand-new-record", data={"type": "mystery"})  # unknown type with uuid: still a chain link
+    # unknown type with uuid: still a chain link
+    s.rec("brand-new-record", data={"type": "mystery"})
     s.rec("system", subtype="never_seen_subtype", content="x")
     s.rec("progress", data={"type": "unknown_progress"})
     s.rec("attachment", attachment={"type": "future_attachment"})
@@ -182,7 +183,8 @@ def test_8_three_subagent_layouts_warmup_and_no_double_count(tmp_path):
         tool("Task", "tk_dir", prompt="dir job"),
     )
     side = Session(sid, "1.0.98", sidechain=True)
-    side.lines = m.lines  # inline sidechain records inside the main file
+    # inline sidechain records inside the main file
+    side.lines = m.lines
     side.user("inline job", parent=None)
     side.assistant(text("inline done"))
     m.last = None
@@ -220,8 +222,10 @@ def test_8_three_subagent_layouts_warmup_and_no_double_count(tmp_path):
         "subagents_dir": ("tk_dir", sid),
     }
     assert res.stats["warmup_dropped"] == 1 and res.stats["subagents_linked"] == 3
-    assert res.states.num_rows == 4  # main + 3 subagents; the agent_progress copy is not a state
-    for s_ in st.values():  # subagent prefixes start at their own prompt
+    # main + 3 subagents; the agent_progress copy is not a state
+    assert res.states.num_rows == 4
+    # subagent prefixes start at their own prompt
+    for s_ in st.values():
         msgs = rendered(res, s_)
         assert msgs[1]["content"].endswith("job") and len(msgs) == 2
 
@@ -261,7 +265,8 @@ def test_10_records_without_uuid_timestamp_version(tmp_path):
     s.obj({"type": "queue-operation", "operation": "enqueue", "sessionId": "x"})
     s.user("q")
     s.assistant(text("a1"))
-    s.version = "2.1.9"  # resumed under a newer version: read per record
+    # resumed under a newer version: read per record
+    s.version = "2.1.9"
     s.user("q2")
     s.assistant(text("a2"))
     lines = [json.loads(x) for x in s.lines]
@@ -329,7 +334,8 @@ def test_odd_values_never_abort_the_ingest(tmp_path):
     res = ingest_dir(s.write(tmp_path / "p" / "s.jsonl").parent.parent)
     states = res.states.to_pylist()
     call = json.loads(states[0]["action"])["tool_calls"][0]
-    assert call["arguments"]["n"] == 2**70  # written exactly, by the standard library
+    # written exactly, by the standard library
+    assert call["arguments"]["n"] == 2**70
     assert states[0]["has_error"] and "boom" in states[0]["error_after"]
     msgs = {m["uuid"]: m for m in res.messages.to_pylist()}
     assert msgs[forged]["record_type"] == "user" and msgs[forged]["message_key"] is None

@@ -37,7 +37,8 @@ def test_subagent_links_in_three_layouts(ours):
         assert {(s["parent_tool_use_id"], s["agent_id"]) for s in linked} == {(tool_use_id, agent_id)}
     inline = [s for s in states if s["stream_kind"] == "inline_sidechain"]
     assert sorted({s["parent_tool_use_id"] for s in inline}) == EXPECTED["inline_links"]
-    assert len({s["stream_id"] for s in inline}) == 2  # two sidechains, records interleaved in one file
+    # two sidechains, records interleaved in one file
+    assert len({s["stream_id"] for s in inline}) == 2
     unlinked = [s for s in states if s["stream_kind"] != "main" and not s["parent_tool_use_id"]]
     assert len(unlinked) == EXPECTED["unlinked_subagent_states"] and unlinked[0]["agent_id"].startswith("acompact-")
     # subagents carry their parent's session id

@@ -51,7 +51,8 @@ def test_every_file_ingests_with_hand_checked_counts(real):
 def test_rejected_calls_end_a_session_as_error_after(real):
     # in this set the interrupts come at session ends (no later state sees them); they show up as error_after:
     short = real.states("marot__spotter__short")[0]
-    errs = orjson.loads(short["error_after"])  # both parallel calls were rejected by the user (lines 11-12)
+    # both parallel calls were rejected by the user (lines 11-12)
+    errs = orjson.loads(short["error_after"])
     assert short["has_error"] and [e["tool_name"] for e in errs] == ["Bash", "Glob"]
     assert "doesn't want to proceed" in errs[0]["content"]
 
@@ -79,7 +80,8 @@ def test_state_fields_traceable(real):
     assert action_of(st).thinking  # thinking stays in the action
     assert st["version"] == "2.1.38" and st["model"] and st["timestamp"]
     assert orjson.loads(st["usage"])["output_tokens"] > 0
-    assert st["prefix_leaf_uuid"].startswith("b9e31962")  # the last tool result of the 4 parallel calls
+    # the last tool result of the 4 parallel calls
+    assert st["prefix_leaf_uuid"].startswith("b9e31962")
 
 
 def test_render_parallel_calls_and_chain_order(real):

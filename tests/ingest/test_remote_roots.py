@@ -18,7 +18,8 @@ from . import codex_fixtures as fx
 
 BUCKET = "team-sessions"
 CLAUDE_KEY = "sk-ant-api03-" + "ClAuDeLaPtOp" * 4
-DIR_KEY = "ghp_" + "DiRnAmE1" * 5  # Claude Code names a project folder after its cwd
+# Claude Code names a project folder after its cwd
+DIR_KEY = "ghp_" + "DiRnAmE1" * 5
 
 
 @pytest.fixture

@@ -95,7 +95,8 @@ def test_bytes_fast_path_equals_regex_on_json_lines():
     out = fast.scrub_bytes(data)
     slow = Scrubber()
     expected = data
-    for p in slow.patterns:  # reference: every regex over the whole buffer, no prechecks
+    # reference: every regex over the whole buffer, no prechecks
+    for p in slow.patterns:
         tag = f"[REDACTED:{p.kind}]".encode()
         expected, n = p.rb.subn((lambda m, t=tag: m.group(1) + t) if p.keep else tag, expected)
         slow.counts[p.kind] += n
@@ -150,7 +151,8 @@ def test_no_secret_reaches_any_table(tmp_path):
     s.user("ticket TKT-0123456789abcdef0123456789abcdef")
     s.assistant(text("ok"))
     s.write(tmp_path / "p" / "s.jsonl")
-    recipe = IngestRecipe.load("recipes/ingest.yaml")  # has an extra pattern: internal_ticket_token
+    # has an extra pattern: internal_ticket_token
+    recipe = IngestRecipe.load("recipes/ingest.yaml")
     (sf,) = discover_sessions(tmp_path)
     res = ingest_checked(sf, recipe)
     dump = json.dumps([res.states.to_pylist(), res.messages.to_pylist(), res.quarantine.to_pylist()])
@@ -185,7 +187,8 @@ def test_hyperscan_database_cache_round_trip(tmp_path, monkeypatch):
     assert path.is_relative_to(tmp_path) and not path.exists()
     monkeypatch.setattr(scrub, "_HS_DB", None)
     want = scrub._candidate_lines(data)  # compiled, then written
-    assert len(want) == len(SECRETS) + 2 and path.is_file()  # every line but "plain" (task-sk- is a candidate)
+    # every line but "plain" (task-sk- is a candidate)
+    assert len(want) == len(SECRETS) + 2 and path.is_file()
     cached = scrub._hyperscan_cached(hyperscan)
     assert cached is not None
     monkeypatch.setattr(scrub, "_HS_DB", cached)
@@ -271,7 +274,8 @@ def test_prefilter_path_equals_exact_path_on_messy_buffers(backend):
         fast, exact = Scrubber(), Scrubber()
         assert fast.scrub_bytes(data, backend) == exact._scrub_lines(data)
         assert fast.counts == exact.counts and sum(fast.counts.values()) > 10
-        assert list(fast.counts) == list(exact.counts)  # same order of kinds (the CLI prints them)
+        # same order of kinds (the CLI prints them)
+        assert list(fast.counts) == list(exact.counts)
 
 
 def _best_of(runs: int, fn) -> float:
@@ -318,7 +322,8 @@ class _Spy:
         self._p, self._ran = pattern, ran
 
     def __getattr__(self, name):
-        if name in ("rb", "pre"):  # the regex, or the assignment pass's name lookups
+        # the regex, or the assignment pass's name lookups
+        if name in ("rb", "pre"):
             self._ran.append(self._p.kind)
         return getattr(self._p, name)
 
@@ -329,7 +334,8 @@ def test_a_hidden_spelling_runs_only_the_kinds_its_line_and_its_shown_line_name(
     whose prefilter parts match the line (and, shown, the shown line) run: a zero-width joiner inside an
     emoji (common in real sessions) ran every pattern twice. Same result as the exact path."""
     family = "family \U0001f468\u200d\U0001f469\u200d\U0001f467 and \U0001f575\ufe0f\u200d\u2640\ufe0f"
-    cases = {  # text: (the kinds whose exact patterns may run, the kinds found)
+    # text: (the kinds whose exact patterns may run, the kinds found)
+    cases = {
         family: ([], []),  # no key: no exact pattern runs at all
         family + " " + SECRETS["openai_key"]: (["anthropic_key", "openai_key"], ["openai_key"]),  # (one part)
         "ghp_" + "A1b2\u200bC3d4" * 5: (["github_token"], ["github_token"]),  # only the shown line names it

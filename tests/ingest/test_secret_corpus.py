@@ -177,7 +177,8 @@ def _session(tmp: Path, raw_utf8: bool) -> None:
         agent.assistant(text(f"\t{key}"), tool("Bash", f"ag_{i}_{kind}", command=f"echo '{key}'"))
         agent.result(f"ag_{i}_{kind}", f"{key}\n", tur={"stdout": key})
     for sess, path in ((s, proj / f"{sid}.jsonl"), (agent, proj / sid / "subagents" / "agent-a5ec0e7.jsonl")):
-        if raw_utf8:  # as Claude Code writes: non-ASCII as UTF-8, not \\u escapes
+        # as Claude Code writes: non-ASCII as UTF-8, not \\u escapes
+        if raw_utf8:
             sess.lines = [
                 line if not line.startswith("{") or not line.endswith("}") else orjson.dumps(json.loads(line)).decode()
                 for line in sess.lines
@@ -242,7 +243,8 @@ def test_every_kind_at_every_position_is_counted_and_the_engines_agree(corpus):
         assert set(r.secrets) == set(KINDS)
         # main: positions + thinking + text + 3 in the nested input (x2 depths) + result + 2 tur; the
         # damaged line; the subagent: prompt, text, command, result, tur
-        per_kind = len(POSITIONS) + 2 + 6 + 3 + 1 + 5  # every placement counted once, nothing else
+        # every placement counted once, nothing else
+        per_kind = len(POSITIONS) + 2 + 6 + 3 + 1 + 5
         assert r.secrets == {k: per_kind * PER_KIND[k] for k in KINDS}, r.secrets
         assert r.quarantine.num_rows == 1 and r.quarantine.column("salvaged_uuid")[0].as_py() is None
 
@@ -395,9 +397,11 @@ def test_a_key_split_across_two_blocks_or_two_arguments_reaches_no_prefix(tmp_pa
     s = Session(sid="c0ffee00-0000-4000-8000-0000000000f9")
     halves = []
     for i, (kind, key, frag) in enumerate(SAMPLES):
-        if kind == "private_key" or (kind, key, frag) in HIDDEN:  # (a hidden spelling cut in two: not handled)
+        # (a hidden spelling cut in two: not handled)
+        if kind == "private_key" or (kind, key, frag) in HIDDEN:
             continue
-        probe = Scrubber()  # the cut nearest the middle where neither half matches alone
+        # the cut nearest the middle where neither half matches alone
+        probe = Scrubber()
         cut = min(
             (c for c in range(4, len(key) - 3) if probe.scrub(key[:c]) == key[:c] and probe.scrub(key[c:]) == key[c:]),
             key=lambda c: abs(c - len(key) // 2),

@@ -63,7 +63,8 @@ def test_fast_and_general_paths_agree_on_every_line(corpus):
             slow = record_from_obj(obj)
             try:
                 fast = _decode(line)
-            except msgspec.ValidationError:  # an unexpected type: the parser takes the general path
+            # an unexpected type: the parser takes the general path
+            except msgspec.ValidationError:
                 general += 1
                 continue
             assert _normalized(fast) == _normalized(slow), line[:300]

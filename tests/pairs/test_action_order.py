@@ -117,7 +117,8 @@ def test_pairs_show_and_trainer_use_one_text(session_tables, tmp_path, tiny_mode
     (pair,) = data.pairs
     assert (pair.chosen_text, pair.rejected_text) == (p["chosen_text"], p["rejected_text"])
     row = next(r for r in data.prompts if r.state_id == p["state_id"])
-    assert row.hint is not None  # the hint names both actions (newlines flattened) in the same order
+    # the hint names both actions (newlines flattened) in the same order
+    assert row.hint is not None
     for c in (*chosen.tool_calls, *rejected.tool_calls):
         assert tool_call_json(c.name, c.arguments, "name_first") in row.hint
 

@@ -221,7 +221,8 @@ def test_one_model_under_two_greedy_names_is_one_vote(session_tables):
 def test_same_model_field_without_a_config_is_one_vote(session_tables):
     rows = _bash_state(("a", EDIT), ("b", EDIT), ("c", GREP))
     for r in rows:
-        r["model"] = "smollm2"  # what the replay table says each entry sent
+        # what the replay table says each entry sent
+        r["model"] = "smollm2"
     t = _with_replays(session_tables, rows)
     res = build_pairs(
         t["trace_states"], t["trace_messages"], t["teacher_replays"], PairRecipe.load(None), RenderOptions()
@@ -301,7 +302,8 @@ def test_answers_that_decide_nothing_are_not_votes(session_tables):
     mean = Action(tool_calls=(ToolCall("Mean", {"file_path": "/repo/src/app.py"}),))
     bare_bash = Action(tool_calls=(ToolCall("Bash", {}),))
     echo = Action(text="Please fix the failing test in src/app.py")
-    echo_tool = Action(text="1 failed")  # the tool result the BASH state's prefix ends with
+    # the tool result the BASH state's prefix ends with
+    echo_tool = Action(text="1 failed")
     rows = [
         replay("s_read_000000000001", t, a)
         for t, a in (("m1", mean), ("m2", mean), ("m3", bare_bash), ("m4", bare_bash), ("m5", echo), ("m6", echo))
@@ -332,7 +334,8 @@ def test_answers_that_decide_nothing_are_not_votes(session_tables):
     res = build_pairs(
         t["trace_states"], t["trace_messages"], t["teacher_replays"], loose, RenderOptions(), teachers=cfg
     )
-    assert res.pairs.num_rows + res.positives.num_rows == 2  # the same answers count when the recipe says so
+    # the same answers count when the recipe says so
+    assert res.pairs.num_rows + res.positives.num_rows == 2
     # ... but a pair whose chosen side parrots its prompt is still no pair unless that is switched off too
     res = build_pairs(
         t["trace_states"],
@@ -426,7 +429,8 @@ def test_teachers_echoing_slash_command_markup_do_not_agree_and_never_become_cho
 def test_a_chosen_side_that_parrots_an_earlier_prompt_message_is_dropped_with_the_reason():
     url = "http://127.0.0.1:8765/v1"
     cfg = _teachers(("a", url, "m-a", 0.0), ("b", url, "m-b", 0.0))
-    parrot = Action(text="Earlier: please keep the README short!")  # the first user message, not the last one
+    # the first user message, not the last one
+    parrot = Action(text="Earlier: please keep the README short!")
     t = _slash_command_session([("a", parrot), ("b", parrot)])
     res = build_pairs(
         t["trace_states"],

@@ -226,7 +226,8 @@ def test_the_short_partition_key_in_the_pair_tables_lineage_and_sql(tmp_path, se
     text = _run(capsys, "lineage", "proj/s1", "--store", root)
     assert all(f"pair {p}" in text for p in pairs)
     one = orjson.loads(_run(capsys, "lineage", pairs[0], "--store", root, "--json"))
-    assert one["pair"]["pair_id"] == pairs[0]  # a pair id still prints one chain object
+    # a pair id still prints one chain object
+    assert one["pair"]["pair_id"] == pairs[0]
     assert main(["lineage", "proj/zz", "--store", root]) == 2
     assert "no session with partition key 'proj/zz'" in capsys.readouterr().err
 

@@ -29,7 +29,8 @@ def base() -> pa.Table:
 
 
 def test_rejected_side_alone_violating_a_filter_is_dropped(base):
-    t = _with(base, 3, rejected_text="no")  # chosen is long: a shared text_len stat would keep it
+    # chosen is long: a shared text_len stat would keep it
+    t = _with(base, 3, rejected_text="no")
     t = _with(t, 5, chosen_text="no")
     recipe = _recipe(
         {"text_length_filter": {"text_key": "chosen_text", "min_len": 5}},
@@ -146,7 +147,8 @@ def test_side_effects_are_contained_and_auto_install_fails_loudly(base):
     try:
         normalize_pairs(base, NormalizeRecipe.load(None))
         assert sys.stdout is out and sys.stderr is err
-        assert hid in logger._core.handlers  # data-juicer's logger.remove() spared our handler
+        # data-juicer's logger.remove() spared our handler
+        assert hid in logger._core.handlers
         with data_juicer_guard():
             from data_juicer.utils.lazy_loader import LazyLoader
 
@@ -157,7 +159,8 @@ def test_side_effects_are_contained_and_auto_install_fails_loudly(base):
         logger.remove(hid)
 
 
-@pytest.mark.slow  # data-juicer's own DefaultExecutor (datasets + worker pools) as the reference
+# data-juicer's own DefaultExecutor (datasets + worker pools) as the reference
+@pytest.mark.slow
 def test_same_survivors_as_default_executor(tmp_path, repo_root):
     """The fast path changes speed, not results: compare with DefaultExecutor on 300 pairs."""
     from tests.support.default_executor import default_executor_survivors

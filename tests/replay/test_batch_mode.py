@@ -111,7 +111,8 @@ def test_submit_then_collect_with_no_wait(emu, ledger_url, tmp_path):
         held, n_batches, n_calls = held_by_batches(led, t.name)
         assert held == pytest.approx(worst[t.name], rel=1e-9) and (n_batches, n_calls) == (1, N_STATES)
         assert led.balance(t.name, t.budget_usd).reserved_usd == pytest.approx(worst[t.name], rel=1e-9)
-    again = _run(cfg, reqs, led, cache, run_id="r2")  # still in progress: nothing submitted twice
+    # still in progress: nothing submitted twice
+    again = _run(cfg, reqs, led, cache, run_id="r2")
     assert again.summary["batch"]["batches_submitted"] == 0 and len(emu.batches.created()) == 2
     assert emu.billed == []
     emu.batches.end = True
@@ -120,7 +121,8 @@ def test_submit_then_collect_with_no_wait(emu, ledger_url, tmp_path):
     _assert_all_answered_at_batch_rate(emu, led, cfg, done)
     from composer_pipeline.ledger.billing import usage_by_run
 
-    by_run = usage_by_run(led, "r3")  # the collecting run's summary reports what it settled
+    # the collecting run's summary reports what it settled
+    by_run = usage_by_run(led, "r3")
     assert sum(v["billed_usd"] for v in by_run.values()) == pytest.approx(emu.billed_usd(), rel=0.01)
     # half of what the same tokens cost in sync mode (the emulator prices the same usage at full rate)
     full = sum(b.usd for b in emu.billed) / 0.5
@@ -141,7 +143,8 @@ def test_lost_answer_to_the_batch_post_is_found_again_not_resubmitted(emu, ledge
     cfg = _config(emu.url)
     reqs = _requests(cfg)
     led, cache = Ledger(ledger_url), ResponseCache(tmp_path / "cache")
-    emu.batches.hang_creates = 2  # both creations made, neither answered (the client times out after 1 s)
+    # both creations made, neither answered (the client times out after 1 s)
+    emu.batches.hang_creates = 2
     first = _run(cfg, reqs, led, cache)
     emu.batches.release.set()
     # no answer to either POST: both looked for in the same pass (its collect step), found, their ids recorded
@@ -159,12 +162,14 @@ def test_a_post_that_never_reached_the_provider_is_resubmitted_once(emu, ledger_
     cfg = _config(emu.url)
     reqs = _requests(cfg)
     led, cache = Ledger(ledger_url), ResponseCache(tmp_path / "cache")
-    emu.batches.fail_creates = 2  # 503: the outcome is unknown to the client, the provider has nothing
+    # 503: the outcome is unknown to the client, the provider has nothing
+    emu.batches.fail_creates = 2
     first = _run(cfg, reqs, led, cache)
     # looked for in the same pass: the provider's list provably holds none, so each goes out again, once
     assert first.summary["batch"]["batches_submitted"] == 2 and first.summary["batch"]["batches_recovered"] == 0
     assert len(emu.batches.created()) == 2
-    assert len(ledger_rows(led, "batches")) == 2  # the same records, the same reservations
+    # the same records, the same reservations
+    assert len(ledger_rows(led, "batches")) == 2
     assert len([r for r in ledger_rows(led) if r["state"] == "batched"]) == 2 * N_STATES
     emu.batches.end = True
     done = _run(cfg, reqs, led, cache, run_id="r2")
@@ -183,7 +188,8 @@ def test_expired_requests_alone_are_resubmitted(emu, ledger_url, tmp_path):
     emu.batches.end = True
     res = _run(cfg, reqs, led, cache, wait=True)
     created = emu.batches.created()
-    assert len(created) == 4  # one per teacher, then one per teacher with only its released calls
+    # one per teacher, then one per teacher with only its released calls
+    assert len(created) == 4
     assert [sorted(c for c, _ in b.lines) for b in created[2:]] == [
         [by_teacher["oa"][1]],
         sorted([by_teacher["an"][0], by_teacher["an"][3]]),
@@ -285,7 +291,8 @@ def test_cli_batch_replay_killed_mid_post_then_rerun_finishes_once(emu, ledger_u
         emu.batches.release.set()
     led = Ledger(ledger_url)
     assert [(b["state"], b["provider_id"]) for b in ledger_rows(led, "batches")] == [("recorded", None)]
-    assert len(emu.batches.created()) == 1  # the provider has it; the ledger does not know its id
+    # the provider has it; the ledger does not know its id
+    assert len(emu.batches.created()) == 1
 
     again = subprocess.run([*map(str, args), "--no-wait"], env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -363,7 +370,8 @@ def test_a_batch_another_live_run_is_posting_is_left_to_it(emu, ledger_url, tmp_
     first = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))
     assert [b.api for b in emu.batches.created()] == ["anthropic"]  # oa's calls are left to the live run
     assert first.summary["batch"]["batches_recovered"] == 0
-    other.close_run("other")  # that process is gone without ever hearing from the provider
+    # that process is gone without ever hearing from the provider
+    other.close_run("other")
     emu.batches.end = True
     done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="r2", wait=True)
     assert [b.api for b in emu.batches.created()] == ["anthropic", "openai"]
@@ -380,10 +388,12 @@ def test_batches_respect_the_provider_limits_and_a_refused_batch_releases_its_ca
     client = batch.BatchClient(cfg.teacher("an"), KEY)
     sizes = [len(client.line(r.call_id, batch.wire_body(r.teacher, r.body))) for r in reqs if r.teacher.name == "an"]
     client.close()
-    line = int(max(sizes) * 1.5)  # more than one request line, less than two
+    # more than one request line, less than two
+    line = int(max(sizes) * 1.5)
     monkeypatch.setitem(batch.LIMITS, "openai", (2, 10**9))  # by count: 2 + 2 + 1
     monkeypatch.setitem(batch.LIMITS, "anthropic", (100, line))  # by bytes: one request per batch
-    emu.batches.max_requests = 1  # the provider refuses the OpenAI batches of 2 (400: certainly not created)
+    # the provider refuses the OpenAI batches of 2 (400: certainly not created)
+    emu.batches.max_requests = 1
     led = Ledger(ledger_url)
     res = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))
     created = emu.batches.created()
@@ -396,7 +406,8 @@ def test_batches_respect_the_provider_limits_and_a_refused_batch_releases_its_ca
         sum(r.worst_case_usd for r in reqs if r.teacher.name == "oa" and r.call_id in {c for c, _ in created[0].lines})
         * 0.5,
         rel=1e-9,
-    )  # the refused calls' money is released; only the accepted batch holds
+        # the refused calls' money is released; only the accepted batch holds
+    )
 
 
 @pytest.mark.slow
@@ -413,7 +424,8 @@ def test_two_lost_anthropic_batches_of_one_size_are_told_apart_by_their_results(
     emu.batches.hang_creates = 2
     first = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"))
     emu.batches.release.set()
-    assert first.summary["batch"]["batches_recovered"] == 0  # two alike, in progress: not told apart yet
+    # two alike, in progress: not told apart yet
+    assert first.summary["batch"]["batches_recovered"] == 0
     assert [b["state"] for b in ledger_rows(led, "batches")] == ["recorded", "recorded"]
     emu.batches.end = True
     done = _run(cfg, reqs, led, ResponseCache(tmp_path / "cache"), run_id="r2")

@@ -32,7 +32,8 @@ def test_budget_race_in_one_process(tmp_path, server):
     answered = [r for r in rows if r["status"] == "answered"]
     exhausted = [r for r in rows if r["status"] == "budget_exhausted"]
     assert len(answered) + len(exhausted) == 40
-    assert 5 <= len(answered) < 40 and exhausted  # settles free budget for more, but not for all
+    # settles free budget for more, but not for all
+    assert 5 <= len(answered) < 40 and exhausted
     assert all("teacher budget" in r["reason"] for r in exhausted)
     assert ledger.spent("t1") <= budget
     assert sum(r["cost_usd"] for r in rows) == pytest.approx(ledger.spent("t1"))
@@ -67,7 +68,8 @@ def test_budget_holds_across_runs_and_plan_reports_it(tmp_path, server):
     assert plan.worst_case_by_teacher["t1"] == pytest.approx(6 * worst)
     replay_requests(reqs[:2], cfg, {}, cache=cache, ledger=Ledger(tmp_path / "ledger.sqlite"), run_id="day1")
     spent = ledger.spent("t1")
-    assert 0 < spent < 2 * worst  # two calls settled at actual usage, below their worst cases
+    # two calls settled at actual usage, below their worst cases
+    assert 0 < spent < 2 * worst
     plan2 = plan_requests(reqs, cfg, cache, ledger)
     assert plan2.table.column("cached").to_pylist() == [True, True, False, False, False, False]
     assert plan2.worst_case_by_teacher["t1"] == pytest.approx(4 * worst)
@@ -91,7 +93,8 @@ _WORKER = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # several CLI processes (test_budget_race_in_one_process is the fast twin)
+# several CLI processes (test_budget_race_in_one_process is the fast twin)
+@pytest.mark.slow
 def test_budget_race_across_processes(tmp_path, server, repo_root):
     server.latency_s = 0.05
     probe = make_config(server.url)
@@ -99,7 +102,8 @@ def test_budget_race_across_processes(tmp_path, server, repo_root):
     budget = 8.5 * worst
     ledger_path = tmp_path / "shared-ledger.sqlite"
     procs = []
-    for k in range(2):  # different bodies per process (pad), separate caches: both really spend
+    # different bodies per process (pad), separate caches: both really spend
+    for k in range(2):
         code = _WORKER.format(
             tests=str(repo_root / "tests"),
             url=server.url,

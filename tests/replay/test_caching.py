@@ -217,7 +217,8 @@ def test_ttl_expiry_and_refresh(tmp_path):
 
         assert one(0)["cached_tokens"] == 0
         assert one(1)["cached_tokens"] > 0  # within the TTL
-        time.sleep(2.5)  # (a 2 s TTL: one run may take a second on a loaded machine)
+        # (a 2 s TTL: one run may take a second on a loaded machine)
+        time.sleep(2.5)
         assert one(2)["cached_tokens"] == 0  # the entries expired
     finally:
         emu.stop()
@@ -259,7 +260,8 @@ def test_anthropic_wire_format_and_same_actions(emu, tmp_path):
 
 def test_anthropic_overloaded_and_rate_limited_are_retried_unbilled(emu, tmp_path):
     cfg = config([teacher(emu, "claude", "claude", "anthropic", max_concurrency=1)])
-    emu.inject += [(529, {}), (429, {"retry-after": "0"})]  # overloaded_error, then rate_limit_error with retry-after
+    # overloaded_error, then rate_limit_error with retry-after
+    emu.inject += [(529, {}), (429, {"retry-after": "0"})]
     led = Ledger(tmp_path / "l.sqlite")
     res = run(
         cfg,
@@ -375,7 +377,8 @@ def test_cost_plan_predicts_cached_cost_beside_worst_case(emu, tmp_path):
         assert 0 < plan.predicted_by_teacher[name] < plan.worst_case_by_teacher[name] / 4
     res = run(cfg, reqs, led, ResponseCache(tmp_path / "c"), keys={"claude": "sk-ant-emulated-key"})
     billed = usage_by_run(led, "r")
-    for name in ("gpt", "claude"):  # the prediction (answers at max_tokens) is of the order of the bill
+    # the prediction (answers at max_tokens) is of the order of the bill
+    for name in ("gpt", "claude"):
         assert billed[name]["billed_usd"] <= plan.predicted_by_teacher[name] <= 3 * billed[name]["billed_usd"]
     assert res.summary["answered"] == len(reqs)
 

@@ -142,7 +142,8 @@ def test_cli_errors_are_clear(tmp_path, server):
     assert p.returncode == 2 and "missing required key(s)" in p.stderr
 
 
-@pytest.mark.slow  # SIGKILL mid-run of a real CLI process (test_faults checks re-runs pay nothing, in-process)
+# SIGKILL mid-run of a real CLI process (test_faults checks re-runs pay nothing, in-process)
+@pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_dir, samples_tables):
     states, _ = samples_tables
     server.latency_s = 0.25
@@ -192,12 +193,14 @@ def test_kill_9_mid_run_then_rerun_never_pays_twice(tmp_path, server, samples_di
     assert len(server.requests) <= len(rows) + 4
 
 
-_URLS: list[str] = []  # the scripted server's URL (call_id carries the endpoint)
+# the scripted server's URL (call_id carries the endpoint)
+_URLS: list[str] = []
 
 
 def _matches(body: bytes, row: dict, tmp_path) -> bool:
     from composer_pipeline.teachers.cache import call_id
 
     data = json.loads(body)
-    data.pop("prompt_cache_key", None)  # added on the wire only (a hash of the stream): not part of call_id
+    # added on the wire only (a hash of the stream): not part of call_id
+    data.pop("prompt_cache_key", None)
     return any(call_id(row["teacher"], data["model"], data, url) == row["call_id"] for url in _URLS)

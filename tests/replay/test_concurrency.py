@@ -72,7 +72,8 @@ def test_overlapping_runs_buy_each_request_once(tmp_path, server, ledger_url):
     server.latency_s = 0.05
     ledger = Ledger(ledger_url)
     audit = None
-    if "://" not in ledger_url:  # an auditor's read transaction held open for the whole test
+    # an auditor's read transaction held open for the whole test
+    if "://" not in ledger_url:
         audit = sqlite3.connect(f"file:{ledger_url}?mode=ro", uri=True)
         audit.execute("BEGIN")
         audit.execute("SELECT COUNT(*) FROM reservations").fetchone()
@@ -114,9 +115,11 @@ def test_overlapping_runs_buy_each_request_once(tmp_path, server, ledger_url):
 
 
 def test_binding_budget_is_shared_and_fully_used(tmp_path, server, ledger_url):
-    server.latency_s = 0.2  # runs last longer than the start-up skew of 4 processes on 2 cores
+    # runs last longer than the start-up skew of 4 processes on 2 cores
+    server.latency_s = 0.2
     worst = scripted_request(make_config(server.url), 0, pad=3).worst_case_usd
-    budget = 8 * worst  # about 28 of the 60 calls at their actual cost
+    # about 28 of the 60 calls at their actual cost
+    budget = 8 * worst
     start = tmp_path / "go"
     procs = [
         _start(

@@ -45,7 +45,8 @@ def test_shipped_recipes_load(repo_root, name):
     for entries in by_model.values():
         if len(entries) > 1:
             assert all(t.temperature > 0 for t in entries) and len({t.seed for t in entries}) == len(entries), name
-    assert set(cfg.serve) == {t.model for t in cfg.teachers}  # the local server serves every teacher's model
+    # the local server serves every teacher's model
+    assert set(cfg.serve) == {t.model for t in cfg.teachers}
     for t in cfg.teachers:
         assert t.input_usd_per_mtok > 0 and t.budget_usd > 0 and t.max_tokens <= 96
 

@@ -65,7 +65,8 @@ def test_sessions_replay(corpus_tables, server, tmp_path):
     body_by_cid = {}
     for req in server.requests:
         body = orjson.loads(req.body)
-        body.pop("prompt_cache_key")  # transport only: not part of the call_id
+        # transport only: not part of the call_id
+        body.pop("prompt_cache_key")
         if body["model"] == "scripted":
             body_by_cid[call_id("a", "scripted", body, server.url)] = body
     checked = 0

@@ -131,7 +131,8 @@ def test_states_without_a_user_turn_are_skipped_counted_and_never_paid(emu, tmp_
     assert len(skips) == 3 * 3 and all(r["skip_reason"].startswith("no_user_turn: not sent") for r in skips)
     assert all(r["worst_case_usd"] == 0.0 and r["predicted_usd"] == 0.0 for r in skips)
     assert plan_summary(plan)["skipped_calls_by_teacher"] == {t: 3 for t in PRICES}
-    assert len(emu.requests) == 2 * 3  # the two states with a user turn, once per teacher
+    # the two states with a user turn, once per teacher
+    assert len(emu.requests) == 2 * 3
     rows = res.table.to_pylist()
     lone_rows = [r for r in rows if r["reason"] and r["reason"].startswith("no_user_turn")]
     assert len(lone_rows) == 9 and {r["status"] for r in lone_rows} == {"skipped"}
@@ -179,7 +180,8 @@ def test_escalation_sends_the_next_tier_only_while_a_pair_is_possible(emu, tmp_p
     assert len(emu.requests) == 8 and emu.billed_usd() == billed
     assert again.summary["http_requests"] == 0 and again.summary["spend_usd"] == 0.0
     assert again.summary["skipped_by_reason"] == {"not_escalated": 1}
-    assert plan_summary(plan2)["conditional_calls"] == 1  # the one strong call never made may still be made
+    # the one strong call never made may still be made
+    assert plan_summary(plan2)["conditional_calls"] == 1
 
 
 def test_without_escalation_every_teacher_is_asked(emu, tmp_path, ledger_url):

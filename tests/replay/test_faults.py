@@ -52,7 +52,8 @@ def test_each_fault_ends_with_its_reason(tmp_path, server):
     assert '"name":"Read"' in ok["action"] and ok["prompt_tokens"] > 0 and ok["cost_usd"] > 0
     assert by["r429"]["status"] == "answered" and by["r429"]["attempts"] == 2
     assert by["r500"]["status"] == "answered" and by["r500"]["attempts"] == 3
-    for k in ("r429", "r500"):  # the error responses were released: only the answer is paid
+    # the error responses were released: only the answer is paid
+    for k in ("r429", "r500"):
         assert by[k]["cost_usd"] == pytest.approx(ok["cost_usd"], rel=0.2)
 
     a5 = by["always500"]
@@ -62,7 +63,8 @@ def test_each_fault_ends_with_its_reason(tmp_path, server):
     bad = by["bad400"]
     assert bad["status"] == "failed" and bad["reason"].startswith("http_400") and bad["attempts"] == 1
 
-    hang = by["hang"]  # sent, outcome unknown: each attempt's worst case stays spent
+    # sent, outcome unknown: each attempt's worst case stays spent
+    hang = by["hang"]
     assert hang["status"] == "failed" and hang["reason"].startswith("timeout") and hang["attempts"] == 3
     assert hang["cost_usd"] == pytest.approx(3 * worst[hang["state_id"]])
     tj = by["truncjson"]
@@ -76,7 +78,8 @@ def test_each_fault_ends_with_its_reason(tmp_path, server):
     rs = by["reset"]
     assert rs["status"] == "failed" and rs["reason"].startswith("connection_dropped") and rs["cost_usd"] > 0
 
-    g = by["garbage"]  # answered but unparseable: raw kept with the reason
+    # answered but unparseable: raw kept with the reason
+    g = by["garbage"]
     assert g["status"] == "answered" and g["action"] is None and g["reason"].startswith("unparseable")
     assert "not json at all" in g["raw_answer"]
     nu = by["nousage"]

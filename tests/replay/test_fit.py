@@ -54,7 +54,8 @@ def test_step_keeps_the_elision_point_for_consecutive_states():
         f = fit_messages(msgs, None, 30_000, step=8)
         assert f.tokens <= 30_000
         points.append(f.elided)
-    assert len(set(points)) <= 4  # shared elision points: a cacheable prefix across states
+    # shared elision points: a cacheable prefix across states
+    assert len(set(points)) <= 4
     # a window holding fewer turns than the step still keeps as many as fit
     f = fit_messages(full, None, 4_000, step=8)
     assert f.tokens <= 4_000 and len(f.messages) >= 2 + 1 + 3

@@ -24,17 +24,21 @@ def test_reserve_settle_keep_release(ledger_url):
     b = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0, call_id="c2")
     assert a.ok and b.ok and led.spent("t") == pytest.approx(0.8)
     c = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r1", ceiling_usd=10.0)
-    assert not c.ok and c.wait and "teacher budget" in c.reason  # held by calls in flight: would wait, not refused
-    led.close(a.id, "settled", 0.05)  # actual usage: frees the rest of the reservation
+    # held by calls in flight: would wait, not refused
+    assert not c.ok and c.wait and "teacher budget" in c.reason
+    # actual usage: frees the rest of the reservation
+    led.close(a.id, "settled", 0.05)
     led.close(b.id, "released")  # never billed
     assert led.spent("t") == pytest.approx(0.05)
     d = reserve(led, "t", 0.4, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
     assert not d.ok and not d.wait and "run ceiling" in d.reason  # cannot fit even with nothing in flight
     e = reserve(led, "t", 0.2, budget_usd=1.0, run_id="r2", ceiling_usd=0.3)
-    led.close(e.id, "kept", note="timeout: outcome unknown")  # may have been billed: counted at worst case
+    # may have been billed: counted at worst case
+    led.close(e.id, "kept", note="timeout: outcome unknown")
     assert led.spent("t") == pytest.approx(0.25)
     f = reserve(led, "t", 0.8, budget_usd=1.0, run_id="r3", ceiling_usd=10.0)
-    assert not f.ok and not f.wait and "teacher budget" in f.reason  # 0.25 settled+kept + 0.8 > 1.0: truly exhausted
+    # 0.25 settled+kept + 0.8 > 1.0: truly exhausted
+    assert not f.ok and not f.wait and "teacher budget" in f.reason
     assert spend_by_run(led, "r1") == {"t": pytest.approx(0.05)} and spend_by_run(led, "r2") == {
         "t": pytest.approx(0.2)
     }
@@ -67,7 +71,8 @@ def test_waiters_are_served_first_come_first_served(ledger_url):
     big = led.try_reserve(Reserve("t", 1.0, "r1", 10.0, 0.8), waiter_id="w-big")
     assert big.wait
     small = led.try_reserve(Reserve("t", 1.0, "r2", 10.0, 0.05), waiter_id="w-small")
-    assert small.wait  # 0.05 would fit beside 0.9, but the earlier waiter of 0.8 goes first: nobody starves
+    # 0.05 would fit beside 0.9, but the earlier waiter of 0.8 goes first: nobody starves
+    assert small.wait
     led.close(held.id, "released")
     assert led.try_reserve(Reserve("t", 1.0, "r1", 10.0, 0.8), waiter_id="w-big").ok
     assert led.try_reserve(Reserve("t", 1.0, "r2", 10.0, 0.05), waiter_id="w-small").ok
@@ -112,7 +117,8 @@ def test_expired_lease_is_finalized(ledger_url):
     assert "lease expired" in rows[sent.id]["note"] and rows[sent.id]["cost_usd"] == pytest.approx(0.3)
     bal = other.balance("t", 1.0)
     assert bal.spent_usd == pytest.approx(0.3) and bal.reserved_usd == 0 and bal.kept_calls == 1
-    assert other.claim("e" * 64, "t", "alive").state == "mine"  # the dead claimant's request may be bought again
+    # the dead claimant's request may be bought again
+    assert other.claim("e" * 64, "t", "alive").state == "mine"
     assert other.open_reservations() == 0 and not led.heartbeat("dead")
 
 
@@ -125,7 +131,8 @@ def test_close_run_releases_unsent_and_keeps_sent(ledger_url):
     assert led.close_run("r", "run interrupted") == {"released": 1, "kept": 1, "claims_dropped": 0}
     assert {r["id"]: r["state"] for r in ledger_rows(led)} == {a.id: "released", b.id: "kept"}
     assert led.spent("t") == pytest.approx(0.1)
-    assert not led.close(b.id, "kept")  # a late close of a finalized reservation changes nothing...
+    # a late close of a finalized reservation changes nothing...
+    assert not led.close(b.id, "kept")
     assert led.spent("t") == pytest.approx(0.1)
     # ...but a late answer was billed: it is settled at its actual cost (a run paused past its lease, issue 30)
     assert led.close(b.id, "settled", 0.01)
@@ -205,14 +212,16 @@ def test_writes_survive_other_processes_closing_while_this_one_opens_more_connec
     path = tmp_path / "ledger.sqlite"
     led = Ledger(path)
     led.start_run("r1", lease_s=600)
-    ledger_rows(Ledger(path), "runs")  # a second connection in the same process
+    # a second connection in the same process
+    ledger_rows(Ledger(path), "runs")
     tests = str(Path(__file__).resolve().parents[1])  # tests/ledger_helpers.py
     other = (
         "import sys; sys.path.insert(0, sys.argv[2]); from ledger_helpers import ledger_rows; "
         "from composer_pipeline.ledger import Ledger; l = Ledger(sys.argv[1]); "
         "print(len(ledger_rows(l, 'runs'))); l.disconnect()"
     )
-    for _ in range(2):  # another process comes and goes, closing its last connection
+    # another process comes and goes, closing its last connection
+    for _ in range(2):
         out = subprocess.run(
             [sys.executable, "-c", other, str(path), tests], capture_output=True, text=True, check=True
         )
@@ -227,7 +236,8 @@ def test_writes_survive_other_processes_closing_while_this_one_opens_more_connec
     )
     out = subprocess.run([sys.executable, "-c", check, str(path), tests], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [["r1", "closed"], ["c1", "failed"]]
-    assert (tmp_path / "ledger.sqlite-wal").exists()  # the WAL this process writes to was never deleted under it
+    # the WAL this process writes to was never deleted under it
+    assert (tmp_path / "ledger.sqlite-wal").exists()
 
 
 def test_connections_are_closed_by_disconnect(tmp_path):

@@ -56,7 +56,8 @@ def test_the_next_replay_finalizes_a_dead_run_at_its_start(tmp_path, server, led
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     ).stdout.strip()
-    ledger.start_run("killed", 600.0)  # a long lease: only the missing process tells it is dead
+    # a long lease: only the missing process tells it is dead
+    ledger.start_run("killed", 600.0)
     ledger._tx(lambda c: c.execute("UPDATE runs SET pid = ? WHERE run_id = 'killed'", [int(dead)]))
     res = ledger.try_reserve(Reserve("t1", 10.0, "killed", 10.0, 0.25, "x" * 64))
     ledger.mark_sent(res.id)
@@ -188,9 +189,11 @@ def test_answers_whose_settle_failed_on_a_full_disk_are_not_bought_again(tmp_pat
         time.sleep(0.01)
     assert os.path.getsize(tmp_path / "ledger.sqlite-wal") > 8192
     resource.prlimit(p.pid, resource.RLIMIT_FSIZE, (8192, 8192))
-    p.communicate(timeout=90)  # it cannot close its run either: exits with the ledger error
+    # it cannot close its run either: exits with the ledger error
+    p.communicate(timeout=90)
     assert len(server.billed) == len(states)
-    assert len(ResponseCache(tmp_path / "cache")) == len(states)  # the paid answers, kept where they could be
+    # the paid answers, kept where they could be
+    assert len(ResponseCache(tmp_path / "cache")) == len(states)
     rc, out = _result(_start({**args, "run": "after"}))
     assert rc == 0 and out["summary"]["answered"] == len(states) and out["summary"]["from_cache"] == len(states)
     assert len(server.requests) == len(states)  # nothing bought again

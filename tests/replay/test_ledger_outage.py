@@ -114,7 +114,8 @@ def test_two_replays_ride_through_a_postgres_outage(outage, tmp_path, pg, server
     url = pg.create_database("ledger")
     # a stop longer than the runs' lease: no run could heartbeat, so none may be finalized for it
     teachers = _yaml(tmp_path, server.url, **({"lease_s": 2} if outage == "stop_longer_than_lease" else {}))
-    cache = tmp_path / "cache"  # shared: the second run waits on the first's claims (the waits that hung)
+    # shared: the second run waits on the first's claims (the waits that hung)
+    cache = tmp_path / "cache"
     procs = [_replay(samples_dir, teachers, tmp_path / f"out{i}", url, cache) for i in (1, 2)]
     _wait_requests(server, 8, procs, url)
     t0 = time.monotonic()
@@ -171,12 +172,14 @@ def test_signal_during_outage_closes_run_and_deadline_stops_cleanly(
     p1.send_signal(sig)
     time.sleep(1.0)
     assert p1.poll() is None, "exited without closing its ledger run"
-    deadline = time.monotonic() + 60  # the server stays down longer than p2's ledger_outage_s
+    # the server stays down longer than p2's ledger_outage_s
+    deadline = time.monotonic() + 60
     while p2.poll() is None and not list((tmp_path / "cache2" / "unrecorded").glob("*.pending")):
         assert time.monotonic() < deadline, "p2 neither stopped nor held its answers"
         time.sleep(0.05)
     held = p2.poll() is None
-    if held:  # waits for the ledger: its deadline passed (its other calls fail), the answers it holds wait
+    # waits for the ledger: its deadline passed (its other calls fail), the answers it holds wait
+    if held:
         time.sleep(1.0)
         assert p2.poll() is None, "exited holding paid answers"
     else:
@@ -242,11 +245,13 @@ def test_answers_paid_while_the_ledger_is_down_reach_every_run(tmp_path, pg, ser
     common = {"url": server.url, "ledger": url, "states": states, "max_concurrency": 4, "script": "hang:3"}
     first = _start({**common, "cache": str(tmp_path / "cache1"), "run": "first", "ledger_outage_s": 1.0})
     deadline = time.monotonic() + 90
-    while len(server.requests) < len(states):  # all four sent; their answers come 3 s later
+    # all four sent; their answers come 3 s later
+    while len(server.requests) < len(states):
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()
         time.sleep(0.01)
     pg.halt()
-    deadline = time.monotonic() + 30  # the answers arrive, their settles ride the outage for 1 s, then are held
+    # the answers arrive, their settles ride the outage for 1 s, then are held
+    deadline = time.monotonic() + 30
     while len(list((tmp_path / "cache1" / "unrecorded").glob("*.pending"))) < len(states):
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()
         time.sleep(0.05)

@@ -18,7 +18,8 @@ from composer_pipeline.replay.run import ReplayRun
 from composer_pipeline.teachers.cache import ResponseCache
 from composer_pipeline.teachers.config import parse_teachers
 
-pytestmark = pytest.mark.slow  # starts a local teacher server (a model load)
+# starts a local teacher server (a model load)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +43,16 @@ def tiny_server(tiny_model_dir):
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    line = proc.stdout.readline()  # "serving [...] at http://127.0.0.1:PORT/v1 (...)"
+    # "serving [...] at http://127.0.0.1:PORT/v1 (...)"
+    line = proc.stdout.readline()
     if not line:
         proc.kill()
         pytest.fail(f"server did not start: {proc.stderr.read()[-2000:]}")
     url = line.split(" at ", 1)[1].split()[0]
     yield url
     proc.terminate()
-    try:  # a loaded 2-core machine can take more than a few seconds to let it finish its shutdown
+    # a loaded 2-core machine can take more than a few seconds to let it finish its shutdown
+    try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()

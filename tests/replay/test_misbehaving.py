@@ -60,7 +60,8 @@ def test_teacher_answering_html_is_cut_off(tmp_path, server, html_server, sample
     rc = main(_args(samples_dir, teachers, tmp_path))
     _, err = capsys.readouterr()
     assert rc == 1 and "teacher broken was cut off" in err
-    assert len(html_server.requests) == 3  # max_invalid_responses, then no more money is risked on it
+    # max_invalid_responses, then no more money is risked on it
+    assert len(html_server.requests) == 3
     rows = pq.read_table(tmp_path / "out" / "replays.parquet").to_pylist()
     broken = [r for r in rows if r["teacher"] == "broken"]
     assert len(broken) == states.num_rows and all(r["status"] == "failed" for r in broken)
@@ -71,7 +72,8 @@ def test_teacher_answering_html_is_cut_off(tmp_path, server, html_server, sample
     )
     assert {r["status"] for r in rows if r["teacher"] == "good"} == {"answered"}
     bal = Ledger(tmp_path / "ledger.sqlite").balance("broken", 10.0)
-    assert bal.kept_calls == 3 and bal.reserved_usd == 0  # each HTML answer may have been billed: kept at worst case
+    # each HTML answer may have been billed: kept at worst case
+    assert bal.kept_calls == 3 and bal.reserved_usd == 0
 
 
 def test_preflight_stops_before_any_call(tmp_path, server, samples_dir, capsys, monkeypatch):
@@ -92,7 +94,8 @@ def test_preflight_stops_before_any_call(tmp_path, server, samples_dir, capsys, 
 
 def test_cache_path_unusable_loses_no_paid_answer(tmp_path, server, samples_dir, samples_tables, capsys):
     states, _ = samples_tables
-    (tmp_path / "cache").write_text("not a directory")  # the cache cannot be created nor written
+    # the cache cannot be created nor written
+    (tmp_path / "cache").write_text("not a directory")
     teachers = _yaml(tmp_path, [teacher_dict(server.url, "t1")])
     assert main(_args(samples_dir, teachers, tmp_path)) == 0
     out, err = capsys.readouterr()
@@ -149,7 +152,8 @@ def test_readonly_or_full_cache_mount(tmp_path, server, samples_dir, samples_tab
 
 def test_a_run_where_every_call_fails_exits_non_zero(tmp_path, server, samples_dir, samples_tables, capsys):
     states, _ = samples_tables
-    server.default_script = ["400"]  # every request refused by the provider (not retried, not billed)
+    # every request refused by the provider (not retried, not billed)
+    server.default_script = ["400"]
     teachers = _yaml(tmp_path, [teacher_dict(server.url, "t1")])
     assert main(_args(samples_dir, teachers, tmp_path)) == 1
     out, err = capsys.readouterr()

@@ -54,7 +54,8 @@ def _bytes_serialized(monkeypatch, states, messages, cfg) -> int:
 
     counting = types.SimpleNamespace(**{k: getattr(orjson, k) for k in dir(orjson) if not k.startswith("__")})
     counting.dumps = dumps
-    for module in (render, cache, pricing, plan):  # every module of request building that serializes
+    # every module of request building that serializes
+    for module in (render, cache, pricing, plan):
         monkeypatch.setattr(module, "orjson", counting)
     reqs, failed = build_requests(states, messages, cfg, RenderOptions())
     assert not failed and len(reqs) == 2 * states.num_rows

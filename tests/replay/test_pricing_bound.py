@@ -35,7 +35,8 @@ def _template_tokens(tok, body) -> int:
     kwargs = {"tools": body["tools"]} if body["tools"] else {}
     try:
         ids = tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True, **kwargs)
-    except Exception:  # a template that cannot take tools/tool messages: count the plain text instead
+    # a template that cannot take tools/tool messages: count the plain text instead
+    except Exception:
         text = "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in body["messages"])
         ids = tok(text)["input_ids"]
     return len(ids["input_ids"] if hasattr(ids, "keys") else ids)

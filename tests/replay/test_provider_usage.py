@@ -42,7 +42,8 @@ CASES = {
         {"prompt_tokens": 2**63, "completion_tokens": 2**63 + 7},
         {"input_tokens": 2**63, "output_tokens": 2**63 + 7, "cache_read_input_tokens": 0},
     ),
-    "overflow_2_64": (  # beyond 64 bits: JSON parsers give a float, which is no token count
+    # beyond 64 bits: JSON parsers give a float, which is no token count
+    "overflow_2_64": (
         {"prompt_tokens": 5, "completion_tokens": 2**70},
         {"input_tokens": 5, "output_tokens": 2**70},
     ),
@@ -117,10 +118,12 @@ def test_provider_usage_is_settled_within_the_reservation(emulators, ledger_url,
     assert 0.0 <= bad["cost_usd"] <= worst["bad"] + 1e-12
     flag = "usage_invalid" if case in INVALID else "usage_over_bound"
     assert flag in bad["reason"]
-    if case in INVALID:  # not counts: settled at the worst case (a negative count must not under-record)
+    # not counts: settled at the worst case (a negative count must not under-record)
+    if case in INVALID:
         assert bad["cost_usd"] == pytest.approx(worst["bad"])
         assert bad["prompt_tokens"] is None
-    else:  # clamped to what the request could be billed, the claim and its excess in the note
+    # clamped to what the request could be billed, the claim and its excess in the note
+    else:
         assert bad["prompt_tokens"] <= reqs[0].est_prompt_tokens and bad["completion_tokens"] <= 64
         assert "claimed $" in bad["reason"] and "excess $" in bad["reason"]
     assert res.summary["usage_flagged_by_teacher"] == {"bad": 1}

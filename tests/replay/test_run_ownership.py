@@ -93,7 +93,8 @@ def test_a_run_paused_past_its_lease_buys_nothing_twice(tmp_path, server, ledger
     _wait(lambda: len(server.requests) >= 2, "A's first requests", [a])
     os.kill(a.pid, signal.SIGSTOP)
     try:
-        time.sleep(0.3)  # a request written just before the stop reaches the server
+        # a request written just before the stop reaches the server
+        time.sleep(0.3)
         in_flight = _states_sent(server)
         assert len(in_flight) == 2
         time.sleep(1.5)  # longer than A's lease
@@ -203,10 +204,12 @@ def test_a_run_id_is_held_by_one_process(ledger_url):
     assert a.claim("c" * 64, "t", "nightly").state == "mine"
     with pytest.raises(RunIdInUse, match="is live in another process"):
         b.start_run("nightly", lease_s=0.5)
-    assert b.claim("c" * 64, "t", "nightly").state == "wait"  # a claim is the owner's, not the run id's
+    # a claim is the owner's, not the run id's
+    assert b.claim("c" * 64, "t", "nightly").state == "wait"
     a.start_run("nightly", lease_s=0.5)  # its own: revived
     time.sleep(0.7)
-    b.start_run("nightly", lease_s=30)  # a's lease expired: finalized, taken over
+    # a's lease expired: finalized, taken over
+    b.start_run("nightly", lease_s=30)
     assert {r["run_id"]: r["state"] for r in ledger_rows(b, "runs")} == {"nightly": "live"}
     assert not a.heartbeat("nightly") and b.heartbeat("nightly")
     assert b.claim("c" * 64, "t", "nightly").state == "mine"
@@ -219,7 +222,8 @@ def test_the_same_run_id_twice_at_once_is_refused(tmp_path, server, ledger_url):
     """`--run-id nightly-$(date +%F)` overlapping itself: the second replay waits one lease for the first to
     stop heartbeating, then is refused with a message; nothing is bought twice. Before issue 30 each took
     the other's claims as its own and bought them."""
-    server.latency_s = 0.5  # the first replay runs 8 s: longer than the second's start and its wait of one lease
+    # the first replay runs 8 s: longer than the second's start and its wait of one lease
+    server.latency_s = 0.5
     states = list(range(16))
     common = {"url": server.url, "ledger": ledger_url, "max_concurrency": 1, "lease_s": 1.0, "states": states}
     a = _start({**common, "cache": str(tmp_path / "ca"), "run": "nightly"})

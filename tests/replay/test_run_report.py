@@ -86,10 +86,12 @@ def test_nearest_rank_is_numpys_inverted_cdf():
 def test_summary_counts_each_number_once_under_one_name():
     rows = [
         _row("a", latency=0.5, attempts=2),
-        _row("a", cache_hit=True, latency=9.0),  # bought earlier: its latency is the cached one, it paid nothing now
+        # bought earlier: its latency is the cached one, it paid nothing now
+        _row("a", cache_hit=True, latency=9.0),
         _row("a", "failed", reason="http_500: server error", latency=None, attempts=3),
         _row("b", "budget_exhausted", reason="budget_exhausted: teacher b", latency=None, attempts=0, paid=0.0),
-        _row("b", action=None, latency=0.3, elided_messages=2),  # answered, nothing parseable, prompt fitted
+        # answered, nothing parseable, prompt fitted
+        _row("b", action=None, latency=0.3, elided_messages=2),
         _row("b", "failed", reason="over_context_window: still too long", latency=None),
     ]
     s = replay_summary(_table(rows))

@@ -105,7 +105,8 @@ def test_answers_are_scrubbed_off_the_event_loop(tmp_path, server, monkeypatch):
         try:
             asyncio.get_running_loop()
             where.append(True)
-        except RuntimeError:  # no loop in this thread: a worker thread
+        # no loop in this thread: a worker thread
+        except RuntimeError:
             where.append(False)
         return real(data, api_key)
 

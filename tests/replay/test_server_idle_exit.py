@@ -23,7 +23,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # a server process + generations outlasting the idle limit: ~45 s here
+# a server process + generations outlasting the idle limit: ~45 s here
+@pytest.mark.slow
 def test_idle_exit_waits_for_requests_in_flight(tmp_path, tiny_model_dir):
     port = _free_port()
     log = tmp_path / "serve.log"
@@ -55,7 +56,8 @@ def test_idle_exit_waits_for_requests_in_flight(tmp_path, tiny_model_dir):
             except httpx.HTTPError:
                 time.sleep(0.2)
 
-        def ask(i: int) -> int:  # sampled (no greedy memo): every request generates, one at a time (the model's lock)
+        # sampled (no greedy memo): every request generates, one at a time (the model's lock)
+        def ask(i: int) -> int:
             body = {
                 "model": "tiny",
                 "messages": [{"role": "user", "content": f"fix bug {i} in app.py"}],
@@ -83,4 +85,5 @@ def test_idle_exit_waits_for_requests_in_flight(tmp_path, tiny_model_dir):
     assert took > 1.5, f"the requests took {took:.1f}s: too fast to outlast idle_exit_s (the test proves nothing)"
     assert codes == [200] * len(codes), codes
     assert rc == 0 and "terminate called" not in text, text[-2000:]
-    assert "idle_exit_s 1" in text  # it did leave by itself, after the last answer
+    # it did leave by itself, after the last answer
+    assert "idle_exit_s 1" in text

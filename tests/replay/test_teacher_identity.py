@@ -90,7 +90,8 @@ def test_a_known_name_reused_for_another_identity_is_refused(
         )
         == 0
     )
-    with pytest.raises(TeacherIdentityError):  # the library path refuses it too, before any reservation
+    # the library path refuses it too, before any reservation
+    with pytest.raises(TeacherIdentityError):
         cfg = make_config(server2.url)
         replay_requests(
             [scripted_request(cfg, 0)],

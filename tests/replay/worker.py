@@ -23,7 +23,8 @@ from composer_pipeline.teachers.cache import ResponseCache  # noqa: E402
 from replay.conftest import make_config, scripted_request, teacher_dict  # noqa: E402
 
 a = json.loads(sys.argv[1])
-if a.get("ignore_sigxfsz"):  # a file-size limit (a simulated full disk) makes write() fail instead of killing us
+# a file-size limit (a simulated full disk) makes write() fail instead of killing us
+if a.get("ignore_sigxfsz"):
     import signal
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -123,7 +123,8 @@ def test_two_ranks_train_the_same_model_as_one_process(ddp_setup, tiny_model_dir
         assert abs(ra["reward"] - rb["reward"]) < 1e-5 and abs(ra["reward_std"] - rb["reward_std"]) < 1e-5
         assert ra["error_sites"] == rb["error_sites"] > 0 and ra["dpo_batches"] == rb["dpo_batches"]
         assert ra["states"] == rb["states"] and len(rb["states"]) == 2  # the global batch: both ranks' prompts
-    assert a[0]["dpo"] == pytest.approx(0.6931471824645996, abs=1e-6)  # frozen reference really computed on both
+    # frozen reference really computed on both
+    assert a[0]["dpo"] == pytest.approx(0.6931471824645996, abs=1e-6)
     assert a[-1]["dpo"] < 0.5  # and the DPO loss moved
 
     wa, wb, w0 = _weights(one), _weights(two), _weights(tiny_model_dir)

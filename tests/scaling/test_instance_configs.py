@@ -42,7 +42,8 @@ def test_k8s_run_launcher_instance_config_is_valid():
     assert res.success, res.errors
     assert res.value["job_namespace"] == "composer" and res.value["instance_config_map"] == "dagster-instance"
     assert res.value["env_secrets"] == ["composer-teacher-keys", "composer-s3"]
-    assert "postgres" in raw["storage"]  # run pods, daemon and webserver share one storage
+    # run pods, daemon and webserver share one storage
+    assert "postgres" in raw["storage"]
 
 
 def test_celery_instance_and_worker_configs_are_valid():
@@ -132,5 +133,6 @@ def test_postgres_instance_materializes_against_a_real_server(postgres_server, t
             "select count(*) from event_logs where run_id = %s and dagster_event_type = 'ASSET_MATERIALIZATION'",
             (run_id,),
         )
-        assert cur.fetchone()[0] >= 4  # raw_sessions, trace_states, trace_messages, quarantine
+        # raw_sessions, trace_states, trace_messages, quarantine
+        assert cur.fetchone()[0] >= 4
     conn.close()

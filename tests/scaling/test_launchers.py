@@ -72,7 +72,8 @@ def test_dpo_batches_split_evenly_over_ranks():
 
     from composer_pipeline.train.distributed import per_rank_rows, shard_dpo_batches
 
-    def batch(n):  # rows [chosen_0..n-1, rejected_0..n-1]; the id says which pair and side
+    # rows [chosen_0..n-1, rejected_0..n-1]; the id says which pair and side
+    def batch(n):
         ids = torch.tensor([[i] for i in range(n)] + [[100 + i] for i in range(n)])
         return {
             "prompt_ids": ids,
@@ -85,7 +86,8 @@ def test_dpo_batches_split_evenly_over_ranks():
     r0, r1 = (shard_dpo_batches([full, short], r, 2) for r in (0, 1))
     assert r0[0]["prompt_ids"].flatten().tolist() == [0, 1, 100, 101]
     assert r1[0]["prompt_ids"].flatten().tolist() == [2, 3, 102, 103]
-    assert r0[1]["prompt_ids"].flatten().tolist() == [0, 1, 100, 101]  # the short batch is topped up cyclically
+    # the short batch is topped up cyclically
+    assert r0[1]["prompt_ids"].flatten().tolist() == [0, 1, 100, 101]
     assert r1[1]["prompt_ids"].flatten().tolist() == [2, 0, 102, 100]
     assert per_rank_rows(8, 2, "x") == 4
     with pytest.raises(ValueError, match="does not split over 3 ranks"):

@@ -21,7 +21,8 @@ def synth_store(tmp_path_factory) -> str:
     return write_store(tmp_path_factory.mktemp("scaling-train-data"))
 
 
-@pytest.mark.slow  # a training run behind each launcher (tests/train covers the trainer itself)
+# a training run behind each launcher (tests/train covers the trainer itself)
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
 def test_pipes_training_through_launcher(launcher, tiny_model_dir, synth_store, tmp_path, repo_root):
     out_dir = tmp_path / "ckpt"

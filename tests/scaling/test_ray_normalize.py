@@ -35,9 +35,11 @@ def test_ray_local_matches_default_executor():
     ref = normalize_pairs(pairs, _small_recipe())
     res = normalize_pairs(pairs, _small_recipe(executor="ray", ray_address="local"))
     assert res.stats["executor"] == "ray"
-    assert ref.dropped.num_rows > 0  # the data exercises both filters' and the dedup's drops
+    # the data exercises both filters' and the dedup's drops
+    assert ref.dropped.num_rows > 0
     assert res.kept.column("pair_id").to_pylist() == ref.kept.column("pair_id").to_pylist()
-    assert res.kept.equals(ref.kept)  # untouched columns come back byte for byte (joined by row, not via Ray)
+    # untouched columns come back byte for byte (joined by row, not via Ray)
+    assert res.kept.equals(ref.kept)
     assert sorted(zip(res.dropped["pair_id"].to_pylist(), res.dropped["drop_op"].to_pylist())) == sorted(
         zip(ref.dropped["pair_id"].to_pylist(), ref.dropped["drop_op"].to_pylist())
     )

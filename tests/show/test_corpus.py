@@ -115,7 +115,8 @@ def test_order_follows_parent_uuid_chain(views, messages_of, corpus_store, corpu
         checked += 1
     assert (
         checked == corpus.expect["total_states"] and crossing_progress > 0
-    )  # 2.1.x chains run through progress records
+        # 2.1.x chains run through progress records
+    )
 
 
 def test_list_tool_results_are_flattened_text(views, messages_of):
@@ -196,6 +197,7 @@ def test_thinking_blocks_follow_the_recipe(views, corpus_store, tmp_path):
     kept = [orjson.loads(line) for line in out.splitlines()]
     with_thinking = [v for v in kept if any((m.get("content") or "").startswith("<thinking>") for m in v["prefix"])]
     assert with_thinking and all(v["render"]["strip_thinking"] is False for v in kept)
-    for v in with_thinking:  # same messages otherwise: thinking is only prepended to assistant text
+    # same messages otherwise: thinking is only prepended to assistant text
+    for v in with_thinking:
         plain = next(d for d in views if d["state_id"] == v["state_id"])
         assert [m["role"] for m in v["prefix"]] == [m["role"] for m in plain["prefix"]]

@@ -24,7 +24,8 @@ def test_prefix_equals_the_messages_the_teachers_received(replayed):
     views = _show_json(*replayed["state_ids"], "--store", replayed["root"], "--teachers", replayed["teachers"])
     assert [v["state_id"] for v in views] == replayed["state_ids"]
     received = [orjson.loads(b) for b in replayed["bodies"]]
-    assert len(received) == 2 * len(views)  # two teachers, one request each, nothing retried
+    # two teachers, one request each, nothing retried
+    assert len(received) == 2 * len(views)
     # the multiset of received (messages, tools) is exactly each shown (prefix, tools) once per teacher
     got = Counter(orjson.dumps([b["messages"], b.get("tools")], option=orjson.OPT_SORT_KEYS) for b in received)
     # (an OpenAI-style teacher gets a failed tool result without the is_error mark Claude gets: cache.without_error_marks)
@@ -42,7 +43,8 @@ def test_prefix_equals_the_messages_the_teachers_received(replayed):
         for t in v["teachers"]:
             assert t["status"] == "answered" and t["action"]["tool_calls"][0]["name"] == "Read"
             assert t["cost_usd"] > 0 and t["latency_s"] > 0 and t["prompt_tokens"] > 0
-            assert t["sent_as_shown"] is True  # call_id == hash of the body rebuilt from this prefix
+            # call_id == hash of the body rebuilt from this prefix
+            assert t["sent_as_shown"] is True
 
 
 def test_other_render_options_are_flagged_as_not_sent(replayed, tmp_path):
@@ -125,5 +127,6 @@ def test_in_memory_pair_views_equal_the_stored_ones(replayed):
     assert mem.prompt_matches_prefix is True and mem.agreement == stored.agreement
     assert mem.tables == [{"table": "normalized_dpo_pairs", "status": "kept"}]
     assert render_markdown(mem).startswith(f"## Pair `{pid}`")
-    (bare,) = pair_views(pairs, None, None, pair_ids=[pid])  # no states at hand: the pair's stored prompt
+    # no states at hand: the pair's stored prompt
+    (bare,) = pair_views(pairs, None, None, pair_ids=[pid])
     assert bare.state.prefix == orjson.loads(pairs.column("prompt")[0].as_py())

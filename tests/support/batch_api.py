@@ -55,16 +55,20 @@ class EmuBatch:
 @dataclass
 class BatchBook:
     end: bool = False
-    rate: float = 0.5  # both providers bill batch requests at 50% (providers.md)
+    # both providers bill batch requests at 50% (providers.md)
+    rate: float = 0.5
     expire: set[str] = field(default_factory=set)
     error: set[str] = field(default_factory=set)
     cancel: set[str] = field(default_factory=set)
     hang_creates: int = 0
-    fail_creates: int = 0  # that many batch creations answer 503 and create nothing
-    fail_reads: int = 0  # that many GETs of one batch object answer 503
+    # that many batch creations answer 503 and create nothing
+    fail_creates: int = 0
+    # that many GETs of one batch object answer 503
+    fail_reads: int = 0
     max_requests: int = 100_000
     release: threading.Event = field(default_factory=threading.Event)
-    hung: threading.Event = field(default_factory=threading.Event)  # set once a hung create has made its batch
+    # set once a hung create has made its batch
+    hung: threading.Event = field(default_factory=threading.Event)
     files: dict[str, bytes] = field(default_factory=dict)
     batches: dict[str, EmuBatch] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -227,7 +231,8 @@ def _create(handler, api: str, raw: bytes) -> None:
         book.batches[bid] = b
         hang = book.hang_creates > 0
         book.hang_creates -= int(hang)
-    if hang:  # the batch exists; its creator never hears of it
+    # the batch exists; its creator never hears of it
+    if hang:
         book.hung.set()
         book.release.wait(60)
         handler.close_connection = True
@@ -278,7 +283,8 @@ def _end(srv, b: EmuBatch) -> None:
     with book.lock:
         if b.ending or not book.end:
             return
-        b.ending = True  # this thread answers them; readers see it in progress until results are set
+        # this thread answers them; readers see it in progress until results are set
+        b.ending = True
         fate = {}
         for cid, _ in b.lines:
             for kind, pool in (("expired", book.expire), ("errored", book.error), ("canceled", book.cancel)):

@@ -41,7 +41,8 @@ def default_executor_survivors(pairs: pa.Table, recipe_path: str | Path, workdir
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     recipe = NormalizeRecipe.load(recipe_path)
-    raw = read_yaml(recipe_path, "normalize recipe")  # data-juicer's own keys, passed through as written
+    # data-juicer's own keys, passed through as written
+    raw = read_yaml(recipe_path, "normalize recipe")
     keys = set(recipe.text_keys())
     cols = {"pair_id": pairs.column("pair_id").to_pylist()}
     for k in keys:

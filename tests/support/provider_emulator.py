@@ -72,10 +72,13 @@ class ModelRules:
     cache_write_usd_per_mtok: float = 0.0  # anthropic
     bytes_per_token: float = 4.0
     min_cached: int = 1024
-    step: int = 128  # openai: cached tokens come in these increments
+    # openai: cached tokens come in these increments
+    step: int = 128
     ttl_s: float = 300.0
-    reasoning: bool = False  # openai: max_tokens and a temperature other than 1 are refused (400)
-    sampling: bool = True  # anthropic: False refuses temperature / top_p (400, "deprecated for this model")
+    # openai: max_tokens and a temperature other than 1 are refused (400)
+    reasoning: bool = False
+    # anthropic: False refuses temperature / top_p (400, "deprecated for this model")
+    sampling: bool = True
 
 
 @dataclass
@@ -86,7 +89,8 @@ class Bill:
     cache_write_tokens: int
     completion_tokens: int
     usd: float
-    batch: bool = False  # billed through a batch (at the batch rate)
+    # billed through a batch (at the batch rate)
+    batch: bool = False
 
 
 @dataclass
@@ -114,7 +118,8 @@ class _Handler(JsonHandler):
     def _send(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         try:
             data = orjson.dumps(obj)
-        except TypeError:  # a scripted count beyond 64 bits: JSON has no limit, orjson has
+        # a scripted count beyond 64 bits: JSON has no limit, orjson has
+        except TypeError:
             data = json.dumps(obj).encode()
         super()._send(status, data, headers)
 
@@ -183,13 +188,16 @@ class ProviderEmulator(ThreadingHTTPServer):
         self.cache: dict[str, float] = {}  # entry hash -> expiry (monotonic)
         self.billed: list[Bill] = []
         self.requests: list[Seen] = []
-        self.over_window: list[tuple[str, int]] = []  # (model, prompt tokens + max_tokens) rejected as too long
+        # (model, prompt tokens + max_tokens) rejected as too long
+        self.over_window: list[tuple[str, int]] = []
         self.inject: list[tuple[int, dict[str, str]]] = []
-        self.script: list[dict[str, Any]] = []  # scripted answers (see the module docstring)
+        # scripted answers (see the module docstring)
+        self.script: list[dict[str, Any]] = []
         self.answer: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None  # see the module docstring
         self._thread: threading.Thread | None = None
         self._billing = threading.local()
-        self.batches = BatchBook()  # both batch APIs (tests/support/batch_api.py)
+        # both batch APIs (tests/support/batch_api.py)
+        self.batches = BatchBook()
 
     # -- cache
     def _lookup(self, key: str) -> bool:
@@ -208,7 +216,8 @@ class ProviderEmulator(ThreadingHTTPServer):
                 self.cache[k] = exp
 
     def _bill(self, model: str, rules: ModelRules, prompt: int, cached: int, writes: int, completion: int) -> None:
-        rate = getattr(self._billing, "rate", 1.0)  # a batch's requests are billed at the batch rate (batch_api.py)
+        # a batch's requests are billed at the batch rate (batch_api.py)
+        rate = getattr(self._billing, "rate", 1.0)
         usd = (
             rate
             * (
@@ -283,7 +292,8 @@ class ProviderEmulator(ThreadingHTTPServer):
             }
         ns = f"openai|{body.get('model')}|{body.get('prompt_cache_key') or ''}|".encode()
         h = hashlib.sha256(ns)
-        keys: list[str] = []  # key of each cacheable prefix length (step increments from min_cached)
+        # key of each cacheable prefix length (step increments from min_cached)
+        keys: list[str] = []
         step_bytes = int(rules.step * rules.bytes_per_token)
         pos = 0
         lengths: list[int] = []
@@ -322,7 +332,8 @@ class ProviderEmulator(ThreadingHTTPServer):
         if scripted is not None:
             message = {"role": "assistant", "content": None, **scripted}
         completion = 12
-        self._touch(keys, rules.ttl_s)  # the entries exist once this request is answered
+        # the entries exist once this request is answered
+        self._touch(keys, rules.ttl_s)
         self._bill(str(body.get("model")), rules, prompt, cached, 0, completion)
         script = self._next_script()
         if script.get("refusal"):

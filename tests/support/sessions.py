@@ -30,7 +30,8 @@ class Session:
         cwd: str = "/home/u/p",
     ):
         self.sid, self.version, self.agent_id, self.side = sid, version, agent_id, sidechain
-        self.new_uuid, self.cwd = new_uuid, cwd  # new_uuid: a private counter makes a corpus reproducible
+        # new_uuid: a private counter makes a corpus reproducible
+        self.new_uuid, self.cwd = new_uuid, cwd
         self.lines: list[str] = []
         self.last: str | None = None
         self.n = 0

@@ -61,7 +61,8 @@ def synthetic_pairs(n: int, seed: int = 0) -> pa.Table:
         chosen_text, rejected_text = chosen.to_text(), rejected.to_text()
         kind = rng.random()
         if kind < 0.05:
-            rejected_text = "?"  # rejected side alone fails text_length_filter (min_len 2)
+            # rejected side alone fails text_length_filter (min_len 2)
+            rejected_text = "?"
         elif kind < 0.08:
             chosen_text = "}{" * rng.randint(5, 40) + "<<>>##$$"  # special-character junk
         elif kind < 0.10:
@@ -97,7 +98,8 @@ def synthetic_pairs(n: int, seed: int = 0) -> pa.Table:
             "error_after": None,
         }
         row["n_models_agreeing"] = row["n_agreeing"]
-        if i > 10 and rng.random() < 0.04:  # exact duplicate of an earlier pair's content
+        # exact duplicate of an earlier pair's content
+        if i > 10 and rng.random() < 0.04:
             src = rows[rng.randrange(len(rows))]
             for k in ("prompt", "chosen", "rejected", "chosen_text", "rejected_text"):
                 row[k] = src[k]

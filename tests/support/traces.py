@@ -35,10 +35,14 @@ from pathlib import Path
 from .sessions import Session, text, thinking, tool
 
 TOOLSMITH, WEBAPP, LEGACY = "acme__toolsmith", "beta__webapp", "gamma__legacy"
-T1 = "71a2c0de-0000-4000-8000-000000000001"  # 2.1.38 main session with subagents/ and a compaction
-T2 = "72b3d1ef-0000-4000-8000-000000000002"  # 2.1.39: two parallel calls rejected, then an interrupt
-T3 = "73c4e2f0-0000-4000-8000-000000000003"  # 2.1.9: tool heavy, bash_progress in the chain
-W1 = "84d5f3a1-0000-4000-8000-000000000004"  # 2.0.74: sibling agent file, Warmup stub, a rewind
+# 2.1.38 main session with subagents/ and a compaction
+T1 = "71a2c0de-0000-4000-8000-000000000001"
+# 2.1.39: two parallel calls rejected, then an interrupt
+T2 = "72b3d1ef-0000-4000-8000-000000000002"
+# 2.1.9: tool heavy, bash_progress in the chain
+T3 = "73c4e2f0-0000-4000-8000-000000000003"
+# 2.0.74: sibling agent file, Warmup stub, a rewind
+W1 = "84d5f3a1-0000-4000-8000-000000000004"
 W2 = "85e6a4b2-0000-4000-8000-000000000005"  # summaries only
 W3 = "86f7b5c3-0000-4000-8000-000000000006"  # file-history-snapshots only
 W4 = "87a8c6d4-0000-4000-8000-000000000007"  # 0 bytes (a --resume with no action)
@@ -69,13 +73,15 @@ EXPECTED = {
         f"{WEBAPP}/{W2}.jsonl": 0,
         f"{WEBAPP}/{W3}.jsonl": 0,
         f"{WEBAPP}/{W4}.jsonl": 0,
-        f"{LEGACY}/{L1}.jsonl": 8,  # 3 main + 2 + 3 in the inline sidechains
+        # 3 main + 2 + 3 in the inline sidechains
+        f"{LEGACY}/{L1}.jsonl": 8,
         f"{LEGACY}/{L2}.jsonl": 4,
     },
     "total_states": 46,
     # stream kinds and their states
     "kinds": {"main": 36, "inline_sidechain": 5, "sibling_agent_file": 2, "subagents_dir": 3},
-    "unlinked_subagent_states": 1,  # the acompact worker: no Task call spawned it
+    # the acompact worker: no Task call spawned it
+    "unlinked_subagent_states": 1,
     "bad_lines": {f"{TOOLSMITH}/{T1}.jsonl": 1},  # the truncated last line
     # msg_T1_01 is one response split over records on lines 4-6 and 8, around the Glob result (line 7)
     "split": {
@@ -85,7 +91,8 @@ EXPECTED = {
         "tools": ["Glob", "Grep"],
         "source_file": f"{TOOLSMITH}/{T1}.jsonl",
     },
-    "subagent_links": {  # stream kind -> (parent tool_use id, agent id)
+    # stream kind -> (parent tool_use id, agent id)
+    "subagent_links": {
         "subagents_dir": ("toolu_T1_task", SUB_AGENT),
         "sibling_agent_file": ("toolu_W1_task", SIB_AGENT),
     },
@@ -101,10 +108,13 @@ EXPECTED = {
     },
     "versions": {"1.0.98", "1.0.108", "2.0.74", "2.0.76", "2.1.9", "2.1.38", "2.1.39"},
     "min_typed_lines": 150,
-    "min_assistant_lines": 70,  # JSON-object lines; assistant lines with block lists
+    # JSON-object lines; assistant lines with block lists
+    "min_assistant_lines": 70,
     "min_tool_calls": 120,
-    "min_parallel_calls": 10,  # over every state's rendered prefix (130 and 12)
-    "pairs_subdir": TOOLSMITH,  # a directory with error sites, subagents and tool calls for pair/train tests
+    # over every state's rendered prefix (130 and 12)
+    "min_parallel_calls": 10,
+    # a directory with error sites, subagents and tool calls for pair/train tests
+    "pairs_subdir": TOOLSMITH,
 }
 
 

@@ -30,7 +30,8 @@ def test_train_on_ingested_sessions(corpus, tiny_model_dir, tmp_path, capsys):
     data = res.metrics["data"]
     assert (
         data["prompts"] + len(data["skipped"]) == states.num_rows
-    )  # every state trained on or quarantined with a reason
+        # every state trained on or quarantined with a reason
+    )
     assert data["error_sites"] == n_err
     (rec,) = res.losses
     assert (

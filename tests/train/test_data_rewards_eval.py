@@ -267,7 +267,8 @@ def test_model_names_resolve_through_local_models(tmp_path, monkeypatch, tiny_mo
     monkeypatch.setenv("COMPOSER_PIPELINE_HOME", str(tmp_path / "home"))
     p = resolve_model_path("tiny")
     assert (tmp_path / "home").as_posix() in p and (Path(p) / "model.safetensors").is_file()
-    assert resolve_model_path("local:tiny") == p  # cached: train and eval see the same base model
+    # cached: train and eval see the same base model
+    assert resolve_model_path("local:tiny") == p
     assert resolve_model_path(str(tiny_model_dir)) == str(tiny_model_dir)
     with pytest.raises(ValueError, match="unknown local model"):
         resolve_model_path("local:nope")

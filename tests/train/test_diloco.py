@@ -60,7 +60,8 @@ def test_outer_step_sign_and_nesterov_by_hand():
     # loss_g = w·x_g: gradient x_g, so an inner SGD step (lr 0.1) moves w by −0.1·x_g
     losses = [lambda m, x=x: (m.weight[0] * x).sum() for x in xs]
     out = _run_groups(d, models, losses, inner_lr=0.1, steps=2)
-    assert [o[:2] for o in out] == [(2, 2), (2, 2)]  # two committed outer steps, both groups live
+    # two committed outer steps, both groups live
+    assert [o[:2] for o in out] == [(2, 2), (2, 2)]
 
     # by hand: Δ_g = θ_before − θ_after = 0.1·x_g; Δ = mean = (0.05, 0.10)
     # outer step 1: b = Δ; update = Δ + 0.9·b = 1.9·Δ = (0.095, 0.19); θ = (1, −2) − 0.5·update

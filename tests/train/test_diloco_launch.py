@@ -79,7 +79,8 @@ def test_a_group_killed_after_the_first_outer_step_heals_and_rejoins(tmp_path, t
     assert dl["events"][0]["exit_code"] == -signal.SIGKILL
     assert dl["groups_finished"] == [0, 1] and dl["groups_dropped"] == []
     assert dl["outer_steps"] == dl["outer_steps_planned"] == 4
-    assert dl["groups_max_weight_diff"] < 1e-6  # the healed group ends on the survivor's weights
+    # the healed group ends on the survivor's weights
+    assert dl["groups_max_weight_diff"] < 1e-6
     # the step log: outer steps advance, the healed group's lines say so, and both groups train to the end
     steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     assert max(r["outer_step"] for r in steps) >= 2

@@ -21,7 +21,8 @@ def test_measured_counts_the_rows_of_the_comparing_metrics():
         "preference_accuracy": {"value": 1.0, "n": 1},
         "reward": {"value": 0.03, "n": 2},
         "hint_jsd": {"value": 0.1, "n": 500},
-    }  # hint_jsd does not compare policies: not counted
+        # hint_jsd does not compare policies: not counted
+    }
     assert measured(metrics, 30) == (False, 2)
     assert measured({"reward": {"value": 0.5, "n": 40}}, 30) == (True, 40)
     assert measured({"reward": {"value": None, "n": 0}}, 30) == (False, 0)

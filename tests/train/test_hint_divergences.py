@@ -33,8 +33,10 @@ def test_taid_value_and_gradient_follow_the_rule(t):
     want_grad = (torch.softmax(s.detach(), -1) - p_t) * (m / m.sum()).unsqueeze(-1)
     assert torch.allclose(s.grad, want_grad, atol=1e-6)
     if t == 0.0:
-        assert s.grad.abs().max().item() < 1e-7  # the target is the detached student itself
-    if t == 1.0:  # the target is the teacher alone: a plain cross-entropy to it
+        # the target is the detached student itself
+        assert s.grad.abs().max().item() < 1e-7
+    # the target is the teacher alone: a plain cross-entropy to it
+    if t == 1.0:
         assert loss.item() == pytest.approx(
             ((-(torch.softmax(z_t, -1) * torch.log_softmax(s.detach(), -1)).sum(-1) * m).sum() / m.sum()).item(),
             rel=1e-6,
@@ -45,7 +47,8 @@ def test_taid_detach_changes_the_gradient():
     s, z_t = _logits(3)
     s1 = s.clone().requires_grad_(True)
     taid_loss(s1, z_t, 0.4, MASK).backward()
-    s2 = s.clone().requires_grad_(True)  # the same formula without the stop-gradient
+    # the same formula without the stop-gradient
+    s2 = s.clone().requires_grad_(True)
     p_t = torch.softmax(0.6 * s2 + 0.4 * z_t, -1)
     m = MASK.float()
     ((-(p_t * torch.log_softmax(s2, -1)).sum(-1) * m).sum() / m.sum()).backward()

@@ -23,7 +23,8 @@ from composer_pipeline.train.modeling import load_policy
 from composer_pipeline.train.run import train
 from tests.support.synthetic_train import pair_rows
 
-TRAIN, HELD = 12, 24  # pairs of files mod0..mod11 train; mod12..mod23 are held out
+# pairs of files mod0..mod11 train; mod12..mod23 are held out
+TRAIN, HELD = 12, 24
 
 
 def _store(root, rows) -> str:

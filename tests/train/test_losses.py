@@ -109,7 +109,8 @@ def test_differing_token_masks_skip_the_shared_beginning_and_ending():
     chosen = [5, 6, 7, 8, 9, 3, 4]  # 5 6 | 7 8 9 | 3 4
     rejected = [5, 6, 1, 3, 4]  # 5 6 | 1 | 3 4
     same = [5, 6, 3, 4]
-    prefix = [5, 6, 3, 4, 2]  # the other is its beginning: nothing shared at the end
+    # the other is its beginning: nothing shared at the end
+    prefix = [5, 6, 3, 4, 2]
     rows = [chosen, same, rejected, prefix]
     width = max(map(len, rows))
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])

@@ -49,7 +49,8 @@ def test_teacher_server_and_trainer_render_identical_token_ids(tiny_model_dir, t
     trained = tok(render_chat_prompt(tok, STATE, TOOLS, budget), add_special_tokens=False)["input_ids"]
     assert served == trained
     full = len(tok(render_chat_prompt(tok, STATE, TOOLS, 10**6), add_special_tokens=False)["input_ids"])
-    if budget < full:  # over budget: the last `budget` tokens stayed (the start, with the system turn, went)
+    # over budget: the last `budget` tokens stayed (the start, with the system turn, went)
+    if budget < full:
         assert len(served) == budget
         text = tok.decode(served)
         assert "You are a coding agent." not in text and "return a - b" in text

@@ -42,7 +42,8 @@ def test_template_without_tools_gets_the_plain_form(tiny_model_dir):
     tok.chat_template = SMOLLM2_TEMPLATE
     text = render_chat_prompt(tok, MESSAGES, TOOLS, max_prompt_tokens=4096)
     assert text.endswith("<|im_start|>assistant\n")
-    assert '"name":"Bash"' in text.replace(" ", "")  # the tool list is described in the system turn
+    # the tool list is described in the system turn
+    assert '"name":"Bash"' in text.replace(" ", "")
     assert "<tool_call>" in text and "pytest -q" in text  # the assistant's call as text
     assert "[tool result]\n1 failed" in text  # the tool message as a user turn
 

@@ -10,7 +10,8 @@ import pytest
 from composer_pipeline.train.config import Weights, decide_channels
 from composer_pipeline.train.step_log import step_record
 
-REWARDS = {"reward": [0.2, 0.7], "reward_std": [0.1, 0.3]}  # TRL's per-step lists: the latest is logged
+# TRL's per-step lists: the latest is logged
+REWARDS = {"reward": [0.2, 0.7], "reward_std": [0.1, 0.3]}
 
 
 def _record(pending, *, sdpo=0.5, pairs=True, step=1, step_time=0.1):
@@ -43,7 +44,8 @@ def test_micro_batches_are_averaged_and_weighted_into_the_total():
     rec = _record(pending, step=7, step_time=1.5)
     assert rec["grpo"] == pytest.approx(0.3) and rec["sdpo"] == pytest.approx(0.4) and rec["dpo"] == pytest.approx(0.7)
     assert rec["total"] == pytest.approx(1.0 * 0.3 + 0.5 * 0.4 + 0.5 * 0.7)
-    assert rec["off"] == [] and rec["off_reasons"] == {}  # one micro-batch fed SDPO: the step is not off
+    # one micro-batch fed SDPO: the step is not off
+    assert rec["off"] == [] and rec["off_reasons"] == {}
     assert (
         rec["dpo_batches"] == [0, 1]
         and rec["dpo_margin"] == 2.0

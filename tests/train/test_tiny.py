@@ -23,7 +23,8 @@ def test_tiny_model_reloads_and_template_renders_tool_messages(tiny_model_dir):
         {"role": "tool", "tool_call_id": "c1", "content": "1: x = 0"},
     ]
     tools = [{"type": "function", "function": {"name": "Read"}}]
-    text = render_chat_prompt(tok, msgs, tools, 10_000)  # normalizes JSON-string arguments to objects
+    # normalizes JSON-string arguments to objects
+    text = render_chat_prompt(tok, msgs, tools, 10_000)
     assert "<|im_start|>tool\n1: x = 0<|im_end|>\n" in text
     assert action.to_text() in text  # the same text form actions.py writes
     assert text.endswith("<|im_start|>assistant\n")

@@ -98,7 +98,8 @@ def test_simpo_runs_reference_free(tiny_model_dir, synth_store, tmp_path):
         synth_store, _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0, variant="simpo"), steps=2, out_dir=tmp_path
     )
     assert all(r["dpo"] is not None and math.isfinite(r["dpo"]) for r in res.losses)
-    assert res.metrics["ln2_check"] is None  # SimPO has no reference: no ln 2 sanity value
+    # SimPO has no reference: no ln 2 sanity value
+    assert res.metrics["ln2_check"] is None
     assert _changed(tiny_model_dir, res.checkpoint) > 0
 
 
@@ -170,7 +171,8 @@ def test_hint_teacher_is_the_frozen_start_or_the_live_policy(tiny_model_dir, syn
     assert (tr.start_copy is not None) == (teacher == "initial")  # no copy is made when nothing needs one
     with torch.no_grad():
         for p in tr.model.parameters():
-            p.add_(0.05 * torch.randn_like(p))  # the policy has moved away from the start
+            # the policy has moved away from the start
+            p.add_(0.05 * torch.randn_like(p))
     ids, mask = torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long)
     c_ids, c_mask = torch.tensor([[9, 10, 11]]), torch.ones(1, 3, dtype=torch.long)
     got = tr._hint_teacher_logits(tr.model, ids, mask, c_ids, c_mask)
@@ -253,7 +255,8 @@ def test_the_nll_term_reads_the_chosen_answers_not_the_rejected(tiny_model_dir, 
     with torch.no_grad():
         lp = completion_token_logps(model, b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
     chosen, rejected = (chosen_nll(lp[s], b["completion_mask"][s]).item() for s in (slice(0, n), slice(n, None)))
-    assert abs(chosen - rejected) > 1e-3  # the two sides are told apart by this check
+    # the two sides are told apart by this check
+    assert abs(chosen - rejected) > 1e-3
     assert rec["dpo_sft"] == pytest.approx(chosen, abs=1e-4), (rec["dpo_sft"], chosen, rejected)
 
 

@@ -24,7 +24,8 @@ from composer_pipeline.train.trainer import ThreeChannelTrainer
 # the trainer's own classes between it and GRPOTrainer (ThreeChannelTrainer, RowSeededRollouts)
 OWN_CLASSES = ThreeChannelTrainer.__mro__[: ThreeChannelTrainer.__mro__.index(GRPOTrainer)]
 
-TRL_VERSION = "1.16.0"  # the version the pins were read from (pyproject.toml pins it too)
+# the version the pins were read from (pyproject.toml pins it too)
+TRL_VERSION = "1.16.0"
 
 # overridden method -> the parameters TRL's version must have, in order (the override's signature
 # and its super() call pass them positionally); __init__: the keywords build_trainer passes
@@ -124,7 +125,8 @@ def test_overridden_signatures(name):
         f"GRPOTrainer.{name} parameters changed: TRL has {params}, the override expects {want} first"
     )
     defaults = {k: p.default for k, p in inspect.signature(getattr(GRPOTrainer, name)).parameters.items()}
-    if name == "_get_per_token_logps_and_entropies":  # the override forwards these defaults unchanged
+    # the override forwards these defaults unchanged
+    if name == "_get_per_token_logps_and_entropies":
         assert (defaults["batch_size"], defaults["compute_entropy"], defaults["compute_aux_loss"]) == (
             None,
             False,

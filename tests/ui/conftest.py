@@ -55,9 +55,11 @@ class DagsterUI:
     proc: subprocess.Popen
     log: Path
     env: dict = field(default_factory=dict)
-    spare: Path | None = None  # sample sessions not in the trace root yet (journeys add them)
+    # sample sessions not in the trace root yet (journeys add them)
+    spare: Path | None = None
     teachers_yaml: Path | None = None
-    state_dir: Path | None = None  # ledger, cache, local teacher server pid files and logs
+    # ledger, cache, local teacher server pid files and logs
+    state_dir: Path | None = None
 
     # -- GraphQL, for waiting on what the UI started (never to do the user's clicks)
     def gql(self, query: str, variables: dict | None = None) -> dict:
@@ -86,7 +88,8 @@ class DagsterUI:
     def partition_keys(self) -> list[str]:
         q = """query($sel: RepositorySelector!) { repositoryOrError(repositorySelector: $sel) {
                ... on Repository { partitionSets { name } } } }"""
-        del q  # dynamic partitions are read from the instance instead (no partition set for assets)
+        # dynamic partitions are read from the instance instead (no partition set for assets)
+        del q
         from dagster import DagsterInstance
 
         with DagsterInstance.from_config(str(self.home)) as inst:
@@ -141,7 +144,8 @@ def write_teachers(
         for name, model in (("teacher_a", "scripted-a"), ("teacher_b", "scripted-b"))
     ]
     doc: dict = {"ceiling_usd": ceiling_usd, "teachers": teachers}
-    if local_url:  # a local model a run must start `teachers serve` for
+    # a local model a run must start `teachers serve` for
+    if local_url:
         teachers.append(
             {
                 "name": "local_tiny",
@@ -154,7 +158,8 @@ def write_teachers(
                 "temperature": 1.0,
                 "seed": 7,
             }
-        )  # sampled: a (nonsense) third answer, not an empty one
+            # sampled: a (nonsense) third answer, not an empty one
+        )
         doc["serve"] = {"tiny": str(tiny_model)}
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -202,7 +207,8 @@ def ui(tmp_path_factory, tiny_model_dir):
     proj = sorted(SAMPLES.iterdir())[0]
     shutil.copytree(proj, spare / proj.name)
     (trace_root / proj.name).mkdir(parents=True)
-    move_session(spare, trace_root)  # the first session (with its subagent files) is there from the start
+    # the first session (with its subagent files) is there from the start
+    move_session(spare, trace_root)
     srv = ScriptedServer().start()
     local_port = _free_port()
     teachers_yaml = write_teachers(
@@ -278,9 +284,11 @@ def ui(tmp_path_factory, tiny_model_dir):
             time.sleep(1)
     else:
         raise AssertionError("dagster dev did not come up:\n" + log.read_text()[-4000:])
-    u.gql("mutation { setNuxSeen }")  # the 'Join the Dagster community' modal covers fresh UIs
+    # the 'Join the Dagster community' modal covers fresh UIs
+    u.gql("mutation { setNuxSeen }")
     yield u
-    if proc.poll() is None:  # the shutdown test stops it itself; this is the fallback
+    # the shutdown test stops it itself; this is the fallback
+    if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

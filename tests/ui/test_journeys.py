@@ -116,8 +116,10 @@ def test_journey_1_materialize_a_partition(ui, page):
     page.get_by_role("link", name="Lineage").first.click()
     page.get_by_text("Global asset lineage").first.wait_for()
     page.get_by_text(
-        "normalized_…_pairs", exact=True
-    ).first.wait_for()  # the graph's label (the list has the full name)
+        "normalized_…_pairs",
+        exact=True,
+        # the graph's label (the list has the full name)
+    ).first.wait_for()
     for name in CHAIN:
         assert page.get_by_text(name, exact=True).count() >= (1 if "…" in name else 2), name  # list + graph node
     assert page.get_by_text("Expand all groups").count() == 0
@@ -174,7 +176,8 @@ def test_journey_1_materialize_a_partition(ui, page):
     page.get_by_text("cross_model").first.wait_for()
     page.get_by_text(
         "2 of 2 models"
-    ).first.wait_for()  # the preview's `agreement` column (the local tiny model's cut answers never vote)
+        # the preview's `agreement` column (the local tiny model's cut answers never vote)
+    ).first.wait_for()
     shot(page, "journey1-pairs-agreement-kind")
 
 
@@ -196,7 +199,8 @@ def test_journey_3_audit_pair_lineage(ui, page):
     page.get_by_text("agreement: cross_model").first.wait_for()
     page.get_by_text("2 of 2 models; teachers: teacher_a, teacher_b").first.wait_for()
     page.get_by_text("chosen (teacher consensus)").first.wait_for()
-    page.wait_for_timeout(600)  # the dialog's fade-in, so the screenshot shows it
+    # the dialog's fade-in, so the screenshot shows it
+    page.wait_for_timeout(600)
     shot(page, "journey3-example-pair")
 
     # Row level: pick a pair, follow it down to the raw JSONL lines.
@@ -256,7 +260,8 @@ def test_journey_4_nightly_training_from_the_schedule(ui, page):
     # Markdown metadata opens in a dialog: the per-channel loss curves are a PNG inside it.
     page.locator("tr", has_text="loss_curves").get_by_text("Show Markdown").click()
     page.locator("[role=dialog] img[src^='data:image/png']").first.wait_for()
-    page.wait_for_timeout(800)  # let the dialog's fade-in finish before the screenshot
+    # let the dialog's fade-in finish before the screenshot
+    page.wait_for_timeout(800)
     shot(page, "journey4-loss-curves")
     page.keyboard.press("Escape")
     page.goto(ui.url + "/assets/policy_eval")
@@ -265,7 +270,8 @@ def test_journey_4_nightly_training_from_the_schedule(ui, page):
 
 
 def test_failing_cost_check_blocks_downstream_and_says_why(ui, page):
-    key = add_spare_session(ui)  # a second session, never replayed: its worst case is not cached
+    # a second session, never replayed: its worst case is not cached
+    key = add_spare_session(ui)
     register_partition(ui, key)
     original = ui.teachers_yaml.read_text()
     doc = yaml.safe_load(original)
@@ -281,7 +287,8 @@ def test_failing_cost_check_blocks_downstream_and_says_why(ui, page):
 
     page.goto(ui.url + "/assets/cost_plan?view=checks")
     page.get_by_text("Failed").first.wait_for()
-    page.get_by_text(key).first.wait_for()  # the failed result names the session it blocked
+    # the failed result names the session it blocked
+    page.get_by_text(key).first.wait_for()
     shot(page, "costcheck-failed")
     # The run page says which check stopped it; the replay step never started.
     page.goto(ui.url + f"/runs/{run['runId']}")
@@ -303,7 +310,8 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
     keys = [next(t["value"] for t in r["tags"] if t["key"] == "dagster/partition") for r in sensor_runs]
     blocked_key = next(k for k in materialized if k != done_key)
-    assert keys == [blocked_key], keys  # no extra run for the session already materialized
+    # no extra run for the session already materialized
+    assert keys == [blocked_key], keys
     assert all(r["status"] == "SUCCESS" for r in sensor_runs), sensor_runs
 
     # Drop a new session into the watched trace root: the sensor adds its partition and runs it.
@@ -340,7 +348,8 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     backfill_runs = [r for r in runs if any(t["key"] == "dagster/backfill" for t in r["tags"])]
     assert len(backfill_runs) == 3 and all(r["status"] == "SUCCESS" for r in backfill_runs), runs
     assert len(ui.teachers.requests) == paid_before, "a backfill over replayed states paid again"
-    deadline = time.time() + 120  # the backfill daemon marks it completed on its next tick
+    # the backfill daemon marks it completed on its next tick
+    deadline = time.time() + 120
     while True:
         page.goto(ui.url + "/overview/backfills")
         page.get_by_text("3 partitions").first.wait_for()
@@ -371,7 +380,8 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     page.get_by_text(str(ui.trace_root), exact=False).first.wait_for()  # the description: "Watches <root> ..."
     # a row of the tick list (the page's "Latest tick" line above it carries the same tag)
     skipped = page.locator("tr", has_text="View logs").first.get_by_text("0 runs requested", exact=True).first
-    skipped.wait_for(timeout=60_000)  # ticks every 5 s here, and nothing new has arrived since the backfill
+    # ticks every 5 s here, and nothing new has arrived since the backfill
+    skipped.wait_for(timeout=60_000)
     skipped.hover()
     reason = page.get_by_text(f"sessions under {ui.trace_root}, none new or changed", exact=False).first
     reason.wait_for(timeout=10_000)

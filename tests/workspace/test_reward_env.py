@@ -87,7 +87,8 @@ def test_grpo_run_with_the_reward_varying_within_a_group(file_tool_store, tiny_m
         assert rec["grpo"] is not None and math.isfinite(rec["grpo"])
 
 
-@pytest.mark.slow  # importing openenv costs ~6 s (gradio, fastmcp)
+# importing openenv costs ~6 s (gradio, fastmcp)
+@pytest.mark.slow
 def test_openenv_environment_reset_step_state(file_tool_store):
     from openenv.core.env_server.interfaces import Environment
 
@@ -101,7 +102,8 @@ def test_openenv_environment_reset_step_state(file_tool_store):
                                                           "new_string": "a = 2"}))  # fmt: skip
     assert ok.ok is True and ok.reward == 1.0 and "has been updated" in ok.text
     again = env.step(WorkspaceAction(tool="Read", arguments={"file_path": f"{CWD}/app.py"}))
-    assert again.text == "     1→a = 2\n     2→b = 2"  # the episode goes on in the edited workspace
+    # the episode goes on in the edited workspace
+    assert again.text == "     1→a = 2\n     2→b = 2"
     bad = env.step(WorkspaceAction(tool="Write", arguments={"file_path": f"{CWD}/new.txt", "content": "x"}))
     assert bad.ok is None and bad.reward is None
     assert env.state.episode_id == "e1" and env.state.step_count == 3 and env.state.results == [True, True, None]
@@ -125,7 +127,8 @@ def test_trl_environment_factory_tools(file_tool_store):
     assert orjson.loads(_snapshots(file_tool_store)[1])["cwd"] == CWD
 
 
-@pytest.mark.slow  # TRL + openenv imports and one GRPO step on the tiny model (~15 s here)
+# TRL + openenv imports and one GRPO step on the tiny model (~15 s here)
+@pytest.mark.slow
 def test_grpo_step_through_trl_environment_factory(file_tool_store, tiny_model_dir, tmp_path, monkeypatch):
     """TRL 1.16's own tool loop: GRPOTrainer(environment_factory=...) parses each completion's tool call with the
     tokenizer's response template, calls the OpenEnv environment's tool, and scores the rollout by its get_reward.

@@ -84,7 +84,8 @@ def test_old_string_must_occur_exactly_once_unless_replace_all():
     twice = ws.execute("Edit", {"file_path": F, "old_string": "x", "new_string": "r"})
     assert twice.ok is False and "Found 2 matches of the string to replace" in twice.observation
     assert ws.execute("Edit", {"file_path": F, "old_string": "x", "new_string": "r", "replace_all": True}).ok
-    assert ws.files[F].text == "r\nr\ny"  # a predicted success is applied for the next step
+    # a predicted success is applied for the next step
+    assert ws.files[F].text == "r\nr\ny"
     same = _ws(_read()).execute("Edit", {"file_path": F, "old_string": "a", "new_string": "a"})
     assert same.ok is False and "No changes to make" in same.observation
 
@@ -195,7 +196,8 @@ _EMPTY_LS = "total 0\ndrwxr-xr-x 2 u s 64 Jan 1 00:00 .\ndrwxr-xr-x 3 u s 96 Jan
 
 def test_a_path_under_a_missing_directory_is_missing_and_mkdir_makes_an_empty_one():
     ws = _ws(Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS))  # the session's directory is empty
-    assert ws.existence(f"{D}/lib/deep/a.py") is False  # lib was not listed, so nothing under it exists
+    # lib was not listed, so nothing under it exists
+    assert ws.existence(f"{D}/lib/deep/a.py") is False
     assert ws.execute("Write", {"file_path": f"{D}/lib/a.py", "content": "x"}).ok is True
     made = _ws(Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS), Event("Bash", {"command": "mkdir -p src"}, True))
     assert made.execute("Read", {"file_path": f"{D}/src"}).ok is False  # now a directory (EISDIR)
@@ -237,9 +239,11 @@ def test_a_shell_redirection_writes_only_its_file_and_a_read_before_it_is_stale(
 def test_in_a_shared_shell_another_agents_cd_is_followed():
     cd = Event("Bash", {"command": f"cd {D}/app"}, True, "", own=False)
     ls = Event("Bash", {"command": "ls -la"}, True, _EMPTY_LS)
-    assert _ws(cd, ls).existence(f"{D}/app/x.py") is None  # unshared: the shell's cwd is no longer known
+    # unshared: the shell's cwd is no longer known
+    assert _ws(cd, ls).existence(f"{D}/app/x.py") is None
     ws = Workspace(D)
-    ws.shell_shared = True  # Claude Code 1.0.x: inline subagents run in the main agent's shell
+    # Claude Code 1.0.x: inline subagents run in the main agent's shell
+    ws.shell_shared = True
     for ev in (cd, ls):
         ws.observe(ev)
     assert ws.existence(f"{D}/app/x.py") is False

@@ -50,9 +50,12 @@ ARMS: dict[str, Arm | None] = {
     "sdpo": Arm((0.0, 1.0, 0.0), data="error_sites"),
     "sdpo_taid": Arm((0.0, 1.0, 0.0), data="error_sites", divergence="taid"),  # TAID instead of the JSD
     "sdpo_eopd": Arm((0.0, 1.0, 0.0), data="error_sites", divergence="eopd"),  # entropy-aware OPD instead
-    "dpo": Arm((0.0, 0.0, 1.0)),  # RPO: preference term + dpo_sft_weight · NLL on the chosen answers
-    "nll": Arm((0.0, 0.0, 1.0), dpo_beta=0.0),  # the same NLL on the same chosen answers, no preference term
-    "dpo_shuffled": Arm((0.0, 0.0, 1.0), data="shuffled_labels"),  # same pairs, sides swapped at random (seeded)
+    # RPO: preference term + dpo_sft_weight · NLL on the chosen answers
+    "dpo": Arm((0.0, 0.0, 1.0)),
+    # the same NLL on the same chosen answers, no preference term
+    "nll": Arm((0.0, 0.0, 1.0), dpo_beta=0.0),
+    # same pairs, sides swapped at random (seeded)
+    "dpo_shuffled": Arm((0.0, 0.0, 1.0), data="shuffled_labels"),
     # the preference term over the tokens where chosen and rejected differ only (+ the same NLL)
     "dpo_differing": Arm((0.0, 0.0, 1.0), preference_tokens="differing"),
     # ... over the first differing token only (the decision; nothing after it is pushed down)

@@ -126,7 +126,8 @@ def build_data(work: Path, cfg: ExperimentConfig) -> dict[str, Any]:
         hint_store.write_table(name, t.filter(pc.is_in(t["state_id"], value_set=err_ids)))
     hint_store.write_table("trace_messages", messages)
     st = pairs.stats
-    replay_counts = {**res.summary, **cli_legacy_keys(res.summary)}  # info.json keeps the names earlier runs wrote
+    # info.json keeps the names earlier runs wrote
+    replay_counts = {**res.summary, **cli_legacy_keys(res.summary)}
     info = {
         "sizes": sizes,
         # relative to the data dir, so a run resumes from any working directory

@@ -29,9 +29,11 @@ DECISIVE_EDIT = ("after_first_read",)  # target read once: Edit it
 @dataclass(frozen=True)
 class Case:
     prompt: str  # rendered like the trainer renders it
-    kind: str  # unread | read (the target's state: Read is right / Edit is right)
+    # unread | read (the target's state: Read is right / Edit is right)
+    kind: str
     path: str
-    state: str = ""  # one of STATE_KINDS: where the latest request stands and what the last turn was
+    # one of STATE_KINDS: where the latest request stands and what the last turn was
+    state: str = ""
     state_id: str = ""
 
 
@@ -100,7 +102,8 @@ def score_outputs(outputs: list[dict]) -> dict[str, Any]:
     states (``read_when_unread``, ``edit_when_read``), per state kind, and on the decisive kinds, whose
     ``combined`` = min(decisive read, decisive edit): always reading or always editing scores 0 there."""
     by = lambda pred, key: [o[key] for o in outputs if pred(o)]  # noqa: E731
-    parsed = [o["parsed"] for o in outputs if "parsed" in o]  # cells written before 2026-11-27 lack it
+    # cells written before 2026-11-27 lack it
+    parsed = [o["parsed"] for o in outputs if "parsed" in o]
     errors: dict[str, int] = {}
     for o in outputs:
         if o.get("parse_error"):

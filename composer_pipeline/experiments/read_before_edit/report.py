@@ -203,7 +203,8 @@ def plot_curves(curves: dict[str, list[list[dict]]], path: Path) -> Path:
             for s in steps:
                 vals = [p[key] for run in runs for p in run if p["step"] == s and p[key] is not None]
                 ys.append(sum(vals) / len(vals) if vals else float("nan"))
-            if len(steps) == 1:  # an arm that does not train (start): its level as a reference line
+            # an arm that does not train (start): its level as a reference line
+            if len(steps) == 1:
                 ax.axhline(ys[0], linestyle="--", color="grey", label=arm)
             else:
                 ax.plot(steps, ys, marker="o", label=arm)

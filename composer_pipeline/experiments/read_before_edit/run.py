@@ -72,7 +72,8 @@ def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print)
     from composer_pipeline.train.data import load_train_data
 
     _check_config(cfg)
-    cfg = replace(cfg, device=resolve_device(cfg.device))  # fails here when cuda is asked for and absent
+    # fails here when cuda is asked for and absent
+    cfg = replace(cfg, device=resolve_device(cfg.device))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_run_dir(out, cfg)
@@ -113,13 +114,15 @@ def run_experiment(cfg: ExperimentConfig, emit: Callable[[str], object] = print)
             )
         tok, start_model = load_policy(str(start), cfg.device)
         cases = heldout_cases(data_info["heldout_store"], tok, cfg.prompt_tokens, cfg.probe_states)
-        start_metrics = _finished_start_probe(out, seed)  # greedy: probing the same weights again gives the same
+        # greedy: probing the same weights again gives the same
+        start_metrics = _finished_start_probe(out, seed)
         if start_metrics is None:
             start_metrics = probe(start_model, tok, cases, max_new_tokens=cfg.max_new_tokens)
         del start_model
         sft_s = time.perf_counter() - ts
         for arm in todo:
-            if _cell_path(out, seed, arm).is_file():  # finished meanwhile by another process (--only-seeds)
+            # finished meanwhile by another process (--only-seeds)
+            if _cell_path(out, seed, arm).is_file():
                 continue
             if arm != todo[0] and over_budget():
                 stopped = {"stopped": "budget", "budget_minutes": cfg.budget_minutes, "before": f"seed {seed} {arm}"}
