@@ -438,10 +438,12 @@ class Scrubber:
             line = self._scrub_line(old, kinds, found)
             if line is not old:
                 out.append((start, end, line))
-        # counts enter in pattern order, as a whole-buffer pass adds them
-        for p in self.builtin:
-            if found[p.kind]:
-                self.counts[p.kind] += found[p.kind]
+        # counts enter in pattern order, as a whole-buffer pass adds them (nearly every file finds none:
+        # no lookup per kind then)
+        if found:
+            for p in self.builtin:
+                if found[p.kind]:
+                    self.counts[p.kind] += found[p.kind]
         return out
 
     def _scrub_line(self, line: bytes, kinds: int, counts: Counter) -> bytes:
