@@ -293,9 +293,9 @@ class SessionIngester:
             return self.source
         if sf.main_file is None or sf.subagent_files:
             return "claude"
-        # (None: an unreadable file, a link or a FIFO; the Claude Code reader quarantines it with its reason)
-        head = data[: codex.DETECT_BYTES] if data else None
-        return codex.detect_format(head) if head and not head.isspace() else "claude"
+        # (None: an unreadable file, a link or a FIFO; the Claude Code reader quarantines it with its reason;
+        # a head of whitespace only has no line to parse, which detect_format reads as claude too)
+        return codex.detect_format(data) if data else "claude"
 
     def _add_codex(
         self, sf: SessionFiles, scrubber: Scrubber, fmt: str | None, read: list[tuple[bytes, None] | tuple[None, str]]
