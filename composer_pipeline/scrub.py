@@ -431,17 +431,22 @@ class Scrubber:
         change (``data[start:end]``, newline excluded, in file order): :func:`apply_splices` gives the
         scrubbed buffer; the native ingest engine reads the lines in place instead (no copy of the
         file). Counts are added as :meth:`scrub_bytes` adds them. Extra patterns are not applied."""
+        out: list[tuple[int, int, bytes]] = []
+        hits = _candidate_hits(data, backend)
+        # nearly every file of a session has no candidate line
+        if not hits:
+            return out
         found: Counter[str] = Counter()
-        out = []
-        for start, end, kinds in _candidate_hits(data, backend):
+        for start, end, kinds in hits:
             old = data[start:end]
             line = self._scrub_line(old, kinds, found)
             if line is not old:
                 out.append((start, end, line))
-        # counts enter in pattern order, as a whole-buffer pass adds them
-        for p in self.builtin:
-            if found[p.kind]:
-                self.counts[p.kind] += found[p.kind]
+        # counts enter in pattern order, as a whole-buffer pass adds them (none found: no lookup per kind)
+        if found:
+            for p in self.builtin:
+                if found[p.kind]:
+                    self.counts[p.kind] += found[p.kind]
         return out
 
     def _scrub_line(self, line: bytes, kinds: int, counts: Counter) -> bytes:

@@ -74,12 +74,13 @@ def detect_format(data: bytes) -> str | None:
     """``claude``, ``codex``, or ``None`` (neither) from the first lines of a file. A file none of whose
     head lines parses is left to the Claude Code reader (which quarantines each line)."""
     parsed = start = 0
-    head = data[:DETECT_BYTES]
+    # the first DETECT_BYTES, read in place (a slice would copy 64 KiB of every session's main file)
+    limit = min(len(data), DETECT_BYTES)
     # (line by line: the first line nearly always decides)
-    while start < len(head):
-        end = head.find(b"\n", start)
-        end = len(head) if end < 0 else end
-        line, start = head[start:end], end + 1
+    while start < limit:
+        end = data.find(b"\n", start, limit)
+        end = limit if end < 0 else end
+        line, start = data[start:end], end + 1
         if not line.strip():
             continue
         try:

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,19 +97,25 @@ def _clean_part(part: str) -> str:
 
 def _head_session_id(p: str | Path) -> str | None:
     """The first ``sessionId`` in the first 64 KiB of a file (summary and snapshot records carry none)."""
-    # not followed, not read (parser.read_session_file)
-    if os.path.islink(p) or not os.path.isfile(p):
-        return None
+    # a link is not followed and only a regular file is read (parser.read_session_file): one open that
+    # refuses a link and a stat of what it opened, instead of two stats and a buffered file object
     try:
-        with open(p, "rb") as f:
-            head = f.read(_FIRST_READ)
-            m = _SESSION_ID_RE.search(head)
-            # not found yet, or the match may run past the read
-            if m is None or m.end() == len(head):
-                head += f.read(_HEAD_BYTES - len(head))
-                m = _SESSION_ID_RE.search(head)
+        fd = os.open(p, _OPEN_FLAGS)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = _read_up_to(fd, _FIRST_READ)
+        m = _SESSION_ID_RE.search(head)
+        # not found yet, or the match may run past the read
+        if m is None or m.end() == len(head):
+            head += _read_up_to(fd, _HEAD_BYTES - len(head))
+            m = _SESSION_ID_RE.search(head)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if m is None:
         return None
     sid = m.group(1).decode("utf-8", "replace")
@@ -120,6 +127,20 @@ def _head_session_id(p: str | Path) -> str | None:
 
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+# (POSIX) a FIFO opens without blocking, and is then refused as not a regular file
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _read_up_to(fd: int, n: int) -> bytes:
+    """``n`` bytes from ``fd``, fewer only at the end of the file (as a buffered ``read(n)``)."""
+    parts = []
+    while n > 0:
+        chunk = os.read(fd, n)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n -= len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 _SCRUBBER = None

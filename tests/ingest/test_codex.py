@@ -148,6 +148,19 @@ def test_a_first_line_whose_type_is_not_a_string_is_no_crash(value):
     assert codex.detect_format(first) is None
 
 
+def test_the_format_is_told_from_the_first_64_kib_only():
+    """Only the head is read (in place: it was a 64 KiB copy of every main file): a line cut by its end is
+    not parsed, and a head of whitespace only is Claude Code's, whatever follows it."""
+    rollout = json.dumps({"timestamp": "x", "type": "session_meta", "payload": {"id": "r-1"}}).encode()
+    claude = json.dumps({"type": "user", "uuid": "u-1"}).encode()
+    assert codex.detect_format(rollout + b"\n" + claude) == "codex"
+    assert codex.detect_format(b" " * (codex.DETECT_BYTES - 8) + b"\n" + rollout) == "claude"
+    assert codex.detect_format(b"\n" * (codex.DETECT_BYTES - len(rollout)) + rollout) == "codex"
+    assert codex.detect_format(b"\n" * (codex.DETECT_BYTES - len(rollout) + 1) + rollout) == "claude"
+    assert codex.detect_format(b" \t\r\n" * codex.DETECT_BYTES + rollout) == "claude"
+    assert codex.detect_format(b"") == "claude"
+
+
 @pytest.mark.parametrize("value", [[], {"a": 1}])
 def test_a_rollout_line_whose_type_is_not_a_string_is_a_quarantine_row(tmp_path, value):
     """A damaged line inside a rollout, its own ``type`` or its payload's a list or an object: one quarantine

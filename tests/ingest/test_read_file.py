@@ -29,3 +29,29 @@ def test_a_fifo_is_not_read(tmp_path):
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
     assert read_session_file(fifo) == (None, "not read: not a regular file")
+
+
+def test_discovery_reads_a_head_as_read_session_file_reads_a_file(tmp_path):
+    """discover._head_session_id (an agent file's parent, read from its first 64 KiB) follows no link and
+    opens no FIFO, and still finds a sessionId past its first 8 KiB read or cut by it."""
+    from composer_pipeline.ingest.discover import _FIRST_READ, _head_session_id
+
+    sid = "0a1b2c3d-1111-4a4a-8a8a-000000000001"
+    line = b'{"type":"user","sessionId":"' + sid.encode() + b'"}\n'
+    plain = tmp_path / "agent-a.jsonl"
+    plain.write_bytes(line)
+    assert _head_session_id(plain) == sid
+    assert _head_session_id(str(plain)) == sid
+    # the id past the first read, and cut by it
+    for pad in (_FIRST_READ + 100, _FIRST_READ - 20):
+        late = tmp_path / f"agent-late{pad}.jsonl"
+        late.write_bytes(b'{"type":"summary","summary":"' + b"x" * pad + b'"}\n' + line)
+        assert _head_session_id(late) == sid
+    link = tmp_path / "agent-link.jsonl"
+    link.symlink_to(plain)
+    assert _head_session_id(link) is None
+    fifo = tmp_path / "agent-fifo.jsonl"
+    os.mkfifo(fifo)
+    assert _head_session_id(fifo) is None
+    assert _head_session_id(tmp_path) is None
+    assert _head_session_id(tmp_path / "agent-missing.jsonl") is None
