@@ -238,3 +238,5 @@ def test_the_dpop_arm_is_the_dpo_arm_with_the_dpop_variant(tmp_path):
     assert dpo.dpo.variant == "dpo"
     assert replace(dpop, dpo=replace(dpop.dpo, variant="dpo")) == dpo
     assert dpop.dpo.sft_weight == cfg.dpo_sft_weight > 0
+    first = arm_recipe(base, "dpop_first", cfg, tmp_path, 0).dpo
+    assert (first.variant, first.preference_tokens) == ("dpop", "first_differing")

@@ -61,6 +61,8 @@ ARMS: dict[str, Arm | None] = {
     "dpo_first": Arm((0.0, 0.0, 1.0), preference_tokens="first_differing"),
     # DPO-Positive: the DPO logit less λ · how far the chosen answer fell below the start (+ the same NLL)
     "dpop": Arm((0.0, 0.0, 1.0), variant="dpop"),
+    # ... with the margin on the first differing token only (the penalty still reads the whole chosen answer)
+    "dpop_first": Arm((0.0, 0.0, 1.0), preference_tokens="first_differing", variant="dpop"),
     # the NLL term on the teachers' consensus at every task state with one (pairs and positives), not
     # only where a pair exists: does selecting the states where the agent disagreed matter?
     "nll_all": Arm((0.0, 0.0, 1.0), data="consensus_all", dpo_beta=0.0),
