@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from composer_pipeline.experiments.read_before_edit import paired_interval
+from composer_pipeline.experiments.read_before_edit.report import paired_interval
 
 COLUMNS = {"parse": "parse_rate", "read": "read_tool_when_unread", "edit": "edit_tool_when_read"}
 # (order a, arm a, order b, arm b): a − b

@@ -127,7 +127,7 @@ def test_types_are_checked_with_the_key_path(tmp_path):
         ({"lora": {"enabled": "yes"}}, "lora.enabled must be true or false, got 'yes'"),
         ({"grpo": {"rewards": "valid_action"}}, "grpo.rewards must be a list, got 'valid_action'"),
         ({"grpo": {"rewards": [1]}}, "grpo.rewards[0] must be a string, got 1"),
-        ({"dpo": {"variant": "ipo"}}, "dpo.variant must be one of ['dpo', 'simpo'], got 'ipo'"),
+        ({"dpo": {"variant": "ipo"}}, "dpo.variant must be one of ['dpo', 'simpo', 'dpop'], got 'ipo'"),
         ({"model": 3}, "model must be str | null, got 3"),
         ({"sdpo": []}, "sdpo: expected a mapping, got list"),
     ]:

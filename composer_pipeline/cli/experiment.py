@@ -53,10 +53,11 @@ def register(subparsers) -> None:
         "--arms",
         default=None,
         help="comma-separated subset of start,grpo,grpo_shuffled,sdpo,dpo,nll,"
-        "dpo_shuffled,all,nll_all,dpo_differing,dpo_first (the controls: nll = the NLL term alone, dpo_shuffled = "
+        "dpo_shuffled,all,nll_all,dpo_differing,dpo_first,dpop,dpop_first (the controls: nll = the NLL term alone, dpo_shuffled = "
         "labels swapped at random, grpo_shuffled = a seeded prompt order, nll_all = the NLL on the consensus at every "
         "task state; dpo_differing / dpo_first: the preference term over the tokens where the sides differ / the "
-        "first such token)",
+        "first such token; dpop: DPO-Positive, the chosen answer kept at or above the start's likelihood; dpop_first: "
+        "DPOP with the margin on the first differing token)",
     )
     r.add_argument(
         "--budget-minutes",

@@ -44,12 +44,13 @@ def reload_max_abs_diff(model, tok, ckpt: Path) -> float:
 
 def ln2_check(first: dict[str, Any], losses: list[dict[str, Any]], dpo: DPOSection) -> dict[str, Any] | None:
     """Plain DPO's first-step preference loss (the logged ``dpo`` less ``sft_weight`` · NLL) against ln 2:
-    the sign that the reference log-probs were really computed. None for SimPO, cDPO, or DPO off."""
+    the sign that the reference log-probs were really computed (DPO and DPOP). None for SimPO, cDPO, or DPO off."""
     first_dpo = first["dpo"]
     # the sanity value is the preference part alone
     if first_dpo is not None and dpo.sft_weight:
         first_dpo -= dpo.sft_weight * next(r["dpo_sft"] for r in losses if r.get("dpo_sft") is not None)
-    if first_dpo is not None and dpo.variant == "dpo" and dpo.label_smoothing == 0:
+    # DPOP's penalty is 0 at the first step (policy == reference), so its first loss is ln 2 as well
+    if first_dpo is not None and dpo.variant in ("dpo", "dpop") and dpo.label_smoothing == 0:
         return {"first_dpo_loss": first_dpo, "ln2": math.log(2), "ok": abs(first_dpo - math.log(2)) < 1e-3}
     return None
 

@@ -124,11 +124,19 @@ class SDPOSection:
 
 @dataclass
 class DPOSection:
-    variant: Literal["dpo", "simpo"] = setting(
-        "dpo", help="dpo (sigmoid loss, frozen copy of the starting policy as reference) | simpo (reference-free)"
+    variant: Literal["dpo", "simpo", "dpop"] = setting(
+        "dpo",
+        help="dpo (sigmoid loss, frozen copy of the starting policy as reference) | simpo (reference-free) | "
+        "dpop (DPO-Positive, Pal et al. 2024, arXiv 2402.13228 eq. 3: the DPO logit less dpop_lambda · "
+        "max(0, log π_ref(chosen) − log π(chosen)), so the chosen answer cannot fall below the reference)",
     )
     beta: float = setting(0.1, help="DPO β (inverse temperature of the implicit reward; not the channel weight)")
     label_smoothing: float = setting(0.0, help="cDPO ε; 0 = plain DPO (first-step loss is exactly ln 2)")
+    dpop_lambda: float = setting(
+        50.0,
+        help="DPOP λ (variant: dpop), the penalty's weight inside the sigmoid; the paper's 50 (its authors found "
+        "5–500 to give similar results). The penalty reads every chosen token, whatever preference_tokens says",
+    )
     simpo_beta: float = setting(2.0, help="SimPO β (variant: simpo)")
     simpo_gamma: float = setting(0.5, help="SimPO target margin γ (variant: simpo)")
     sft_weight: float = setting(
@@ -276,7 +284,7 @@ class TrainRecipe:
     weights: Weights = setting(factory=Weights, help="channel weights: total = grpo·GRPO + sdpo·SDPO + dpo·DPO")
     grpo: GRPOSection = setting(factory=GRPOSection, help="channel 1: GRPO with verifiable rewards (TRL)")
     sdpo: SDPOSection = setting(factory=SDPOSection, help="channel 2: hint self-distillation at error sites")
-    dpo: DPOSection = setting(factory=DPOSection, help="channel 3: DPO or SimPO on the normalized pairs")
+    dpo: DPOSection = setting(factory=DPOSection, help="channel 3: DPO, DPOP or SimPO on the normalized pairs")
     data: DataSection = setting(factory=DataSection, help="prompts, held-out split, rendering")
     lora: LoraSection = setting(factory=LoraSection, help="LoRA adapters (off: full fine-tuning)")
     optim: OptimSection = setting(factory=OptimSection, help="optimizer and steps")
@@ -302,8 +310,10 @@ class TrainRecipe:
         return settings.to_dict(self)
 
     def validate(self) -> None:
-        if self.dpo.variant not in ("dpo", "simpo"):
-            raise ValueError(f"dpo.variant must be dpo or simpo, got {self.dpo.variant!r}")
+        if self.dpo.variant not in ("dpo", "simpo", "dpop"):
+            raise ValueError(f"dpo.variant must be dpo, simpo or dpop, got {self.dpo.variant!r}")
+        if self.dpo.dpop_lambda < 0:
+            raise ValueError(f"dpo.dpop_lambda must be >= 0, got {self.dpo.dpop_lambda}")
         for k in CHANNELS:
             if getattr(self.weights, k) < 0:
                 raise ValueError(f"weights.{k} must be >= 0")

@@ -13,7 +13,9 @@ Out: scalar losses (and per-row values where a caller logs them).
 * :func:`entropy_aware_kl` — entropy-aware OPD (arXiv 2603.07079): reverse KL plus forward KL at the
   tokens where the teacher's entropy is above a threshold.
 * :func:`dpo_sigmoid_loss` — DPO (Rafailov et al. 2023) with the sigmoid loss and optional
-  conservative label smoothing (cDPO): ``-(1-ε)·logσ(βΔ) - ε·logσ(-βΔ)``.
+  conservative label smoothing (cDPO): ``-(1-ε)·logσ(βΔ) - ε·logσ(-βΔ)``; with ``dpop_lambda`` > 0,
+  DPO-Positive (Pal et al. 2024, "Smaug", arXiv 2402.13228, eq. 3): ``Δ - λ·max(0, log π_ref(y_w|x) -
+  log π_θ(y_w|x))`` inside the sigmoid (:func:`dpop_penalty`).
 * :func:`simpo_loss` — SimPO (Meng et al. 2024): reference-free, length-normalised log-probs,
   ``-logσ(β·(avg_c - avg_r) - γ)``.
 * :func:`chosen_nll` — the RPO term (Pang et al. 2024): NLL of the chosen completions, token mean,
@@ -82,14 +84,33 @@ def dpo_sigmoid_loss(
     *,
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    dpop_lambda: float = 0.0,
+    penalty_chosen: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DPO sigmoid loss over per-sequence summed log-probs. Returns ``(loss, margins)``.
+    """DPO sigmoid loss over per-sequence summed log-probs. Returns ``(loss, margins)``; the margins are
+    ``β·Δ`` without the DPOP penalty (the preference itself, what ``dpo_accuracy`` counts).
 
-    With policy == reference the margin is 0 and the loss is exactly ``ln 2``.
+    With policy == reference the margin is 0 and the loss is exactly ``ln 2`` (the DPOP penalty is 0 there
+    too). ``dpop_lambda`` > 0: DPO-Positive, ``Δ - λ·dpop_penalty`` inside the sigmoid. The penalty reads
+    ``penalty_chosen = (policy, reference)`` log-probs of the chosen answers when given (the whole
+    answer, where ``Δ`` sums fewer tokens), else ``policy_chosen``/``ref_chosen``.
     """
-    logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
+    delta = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
+    logits = delta
+    if dpop_lambda:
+        pol_w, ref_w = penalty_chosen if penalty_chosen is not None else (policy_chosen, ref_chosen)
+        logits = delta - dpop_lambda * dpop_penalty(pol_w, ref_w)
     losses = -(1.0 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
-    return losses.mean(), (beta * logits).detach()
+    return losses.mean(), (beta * delta).detach()
+
+
+def dpop_penalty(policy_chosen: torch.Tensor, ref_chosen: torch.Tensor) -> torch.Tensor:
+    """DPO-Positive's penalty per pair (Pal et al. 2024, "Smaug", arXiv 2402.13228, eq. 3, as corrected in
+    its v3 of July 2024: the term sits inside ``β·(...)``): ``max(0, log π_ref(y_w|x) - log π_θ(y_w|x))``,
+    in nats, over per-sequence summed log-probs. Zero while the chosen answer is at least as likely as under
+    the reference; it grows as the chosen answer falls below it. ``relu``, so its gradient is 0 at the
+    kink (policy == reference, the first step)."""
+    return F.relu(ref_chosen - policy_chosen)
 
 
 def simpo_loss(

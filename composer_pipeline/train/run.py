@@ -121,7 +121,7 @@ def build_trainer(
         distributed.per_rank_rows(recipe.dpo.batch_size, rank.world, "dpo.batch_size")
         dpo_batches = distributed.shard_dpo_batches(dpo_batches, rank.rank, rank.world)
     start_copy = None
-    needs_start = (channels.on("dpo") and recipe.dpo.variant == "dpo") or (
+    needs_start = (channels.on("dpo") and recipe.dpo.variant != "simpo") or (
         channels.on("sdpo") and recipe.sdpo.teacher == "initial"
     )
     if needs_start and not recipe.lora.enabled:

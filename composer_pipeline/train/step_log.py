@@ -8,7 +8,7 @@ In:  the micro-batch records ``ThreeChannelTrainer._compute_loss`` appends to ``
 Out: :class:`StepLog` appends each step's line to a list and hands it to ``on_step`` (the CLI prints it,
      Pipes logs it); the keys are ``step``, ``grpo``/``sdpo``/``dpo`` (``null`` when off), ``total``
      (the weighted sum), ``off`` and ``off_reasons``, ``states``, ``dpo_batches``, ``dpo_margin``,
-     ``dpo_accuracy``, ``dpo_sft``, ``error_sites``, ``sdpo_divergence`` (when channel 2 is on) and ``taid_t``
+     ``dpo_accuracy``, ``dpo_sft``, ``dpo_dpop`` (DPOP's penalty term, variant dpop), ``error_sites``, ``sdpo_divergence`` (when channel 2 is on) and ``taid_t``
      (the TAID t the step used), ``reward``, ``reward_std`` (absent when no channel reads rollouts: none were sampled),
      ``step_time_s``.
      :func:`reduce_over_ranks` turns one rank's micro-batch record into the global one under DDP.
@@ -28,7 +28,7 @@ from composer_pipeline.train import distributed
 from composer_pipeline.train.config import CHANNELS, Channels
 
 # logged values that are means over the ranks under DDP (error_sites is a sum)
-RANK_MEANS = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy", "dpo_sft")
+RANK_MEANS = ("grpo", "sdpo", "dpo", "dpo_margin", "dpo_accuracy", "dpo_sft", "dpo_dpop")
 
 
 def reduce_over_ranks(rec: dict[str, Any], world: int) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def step_record(
     for k in ("sdpo_divergence", "taid_t"):
         if any(k in p for p in pend):
             rec[k] = next(p[k] for p in pend if k in p)
-    for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "error_sites"):
+    for k in ("dpo_margin", "dpo_accuracy", "dpo_sft", "dpo_dpop", "error_sites"):
         vals = [p[k] for p in pend if k in p]
         if vals:
             rec[k] = sum(vals) / len(vals)

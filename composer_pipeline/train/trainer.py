@@ -21,7 +21,8 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
    Added to the objective (not blended as ``trl.experimental.sdpo`` does).
 3. **DPO** on the normalized pairs against a frozen copy of the starting policy (reference log-probs
    computed every step, never cached constants; with LoRA the reference is the adapter-disabled
-   base), or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
+   base), **DPOP** (DPO-Positive: the logit less ``dpo.dpop_lambda`` · how far the chosen answer fell below the
+   reference, logged as ``dpo_dpop``) or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
    answers (under DDP: the mean of each rank's token mean). ``dpo.preference_tokens`` picks the tokens the
    preference term sums (policy and reference alike): every completion token, the span where chosen and
    rejected differ, or the first differing token only (:func:`.losses.differing_token_masks`).
@@ -57,6 +58,7 @@ from composer_pipeline.train.losses import (
     completion_token_logps,
     differing_token_masks,
     dpo_sigmoid_loss,
+    dpop_penalty,
     entropy_aware_kl,
     generalized_jsd,
     last_token_logits,
@@ -165,6 +167,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
         args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         n = b["prompt_ids"].size(0) // 2
         mask = b["completion_mask"]
+        penalty = None  # DPOP's max(0, log π_ref(chosen) − log π(chosen)), mean over the batch's pairs
         # the tokens the preference term reads: every completion token, or only where the sides differ
         span = (
             mask
@@ -181,14 +184,27 @@ class ThreeChannelTrainer(RowSeededRollouts):
                 loss, margins = simpo_loss(avg[:n], avg[n:], beta=r.simpo_beta, gamma=r.simpo_gamma)
             else:
                 with torch.no_grad():
-                    ref = (self._at_start(model, completion_token_logps, *args) * span).sum(-1)
+                    ref_tok = self._at_start(model, completion_token_logps, *args)
+                ref = (ref_tok * span).sum(-1)
+                # DPOP: the chosen answers' whole log-probs (every token, whatever the span)
+                whole = (tok_lp[:n].sum(-1), ref_tok[:n].sum(-1))
+                dpop_lambda = r.dpop_lambda if r.variant == "dpop" else 0.0
                 loss, margins = dpo_sigmoid_loss(
-                    pol[:n], pol[n:], ref[:n], ref[n:], beta=r.beta, label_smoothing=r.label_smoothing
+                    pol[:n],
+                    pol[n:],
+                    ref[:n],
+                    ref[n:],
+                    beta=r.beta,
+                    label_smoothing=r.label_smoothing,
+                    dpop_lambda=dpop_lambda,
+                    penalty_chosen=whole,
                 )
+                if r.variant == "dpop":
+                    penalty = dpop_penalty(*whole).detach().mean()
         nll = chosen_nll(tok_lp[:n], mask[:n]) if r.sft_weight else None
         if nll is not None:
             loss = loss + r.sft_weight * nll
-        return loss, margins, nll
+        return loss, margins, nll, penalty
 
     def _at_start(self, model, fn, *args):
         """``fn(starting policy, *args)``: the frozen copy, or with LoRA the model with its adapters disabled."""
@@ -293,7 +309,7 @@ class ThreeChannelTrainer(RowSeededRollouts):
         self._captured_logits = None
 
         if self.channels.on("dpo"):
-            d, margins, nll = self._dpo_loss(model)
+            d, margins, nll, penalty = self._dpo_loss(model)
             term = w.dpo * d / ga
             total = term if total is None else total + term
             rec["dpo"] = float(d.detach())
@@ -302,6 +318,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
             # the channel's loss is preference + sft_weight · this
             if nll is not None:
                 rec["dpo_sft"] = float(nll.detach())
+            if penalty is not None:  # DPOP: the penalty term (nats; enters the logit times dpop_lambda)
+                rec["dpo_dpop"] = float(penalty)
             rec["dpo_batch"] = self.dpo_batch_index
         if ddp:
             rec = reduce_over_ranks(rec, self.rank.world)

@@ -221,3 +221,24 @@ def test_the_preference_tokens_setting_reaches_every_dpo_arm_but_the_candidates(
     assert tokens == {"dpo": "first_differing", "dpo_shuffled": "first_differing", "dpo_differing": "differing"}
     assert arm_recipe(base, "dpo", load_config("smollm2", tmp_path), tmp_path, 0).dpo.preference_tokens == "all"
     assert cfg.fingerprint()["preference_tokens"] == "first_differing"  # cells of other settings never mix
+
+
+def test_the_dpop_arm_is_the_dpo_arm_with_the_dpop_variant(tmp_path):
+    """``dpop``: the ``dpo`` arm's recipe (weights, NLL weight, tokens) with ``dpo.variant: dpop`` and the
+    recipe's λ; every other DPO arm keeps the recipe's variant."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from composer_pipeline.experiments.read_before_edit.arms import arm_recipe
+    from composer_pipeline.experiments.read_before_edit.config import load_config
+    from composer_pipeline.train.config import TrainRecipe
+
+    base = TrainRecipe.load(Path(__file__).resolve().parents[2] / "recipes" / "train.yaml")
+    cfg = load_config("fmt", tmp_path)
+    dpop, dpo = arm_recipe(base, "dpop", cfg, tmp_path, 0), arm_recipe(base, "dpo", cfg, tmp_path, 0)
+    assert dpop.dpo.variant == "dpop" and dpop.dpo.dpop_lambda == base.dpo.dpop_lambda == 50.0
+    assert dpo.dpo.variant == "dpo"
+    assert replace(dpop, dpo=replace(dpop.dpo, variant="dpo")) == dpo
+    assert dpop.dpo.sft_weight == cfg.dpo_sft_weight > 0
+    first = arm_recipe(base, "dpop_first", cfg, tmp_path, 0).dpo
+    assert (first.variant, first.preference_tokens) == ("dpop", "first_differing")

@@ -121,3 +121,81 @@ def test_differing_token_masks_skip_the_shared_beginning_and_ending():
     c, r = differing_token_masks(ids, mask, 2, first_only=True)
     assert c.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
     assert r.tolist() == [[0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]]
+
+
+def _dpop_reference(pc, pr, rc, rr, beta, lam, eps=0.0):
+    """DPOP written out from arXiv 2402.13228 eq. 3 (v3): -logσ(β·(Δ - λ·max(0, log π_ref(y_w) - log π(y_w))))."""
+    z = (pc - pr) - (rc - rr) - lam * torch.clamp(rc - pc, min=0.0)
+    return (
+        -(1 - eps) * torch.nn.functional.logsigmoid(beta * z) - eps * torch.nn.functional.logsigmoid(-beta * z)
+    ).mean()
+
+
+def test_dpop_value_and_gradient_follow_the_paper_formula():
+    """DPO-Positive (arXiv 2402.13228, eq. 3): the penalty sits inside the sigmoid, scaled by β and λ, and
+    acts only on pairs whose chosen answer fell below the reference. TRL 1.16 ships no DPOP loss type (see
+    ``test_trl_has_no_dpop_loss_to_compare_against``), so the reference here is the formula written out."""
+    from composer_pipeline.train.losses import dpop_penalty
+
+    beta, lam = 0.1, 50.0
+    rc, rr = torch.tensor([-10.0, -8.0, -6.0]), torch.tensor([-9.0, -7.0, -5.0])
+    # row 0: chosen fell 0.5 below the reference (penalty 0.5); rows 1, 2: chosen above it (penalty 0)
+    pc = torch.tensor([-10.5, -7.0, -5.5], requires_grad=True)
+    pr = torch.tensor([-12.0, -7.5, -6.0], requires_grad=True)
+    loss, margins = dpo_sigmoid_loss(pc, pr, rc, rr, beta=beta, dpop_lambda=lam)
+    assert dpop_penalty(pc, rc).tolist() == [0.5, 0.0, 0.0]
+    pc2, pr2 = pc.detach().clone().requires_grad_(True), pr.detach().clone().requires_grad_(True)
+    expected = _dpop_reference(pc2, pr2, rc, rr, beta, lam)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(pc.grad, pc2.grad, atol=1e-7) and torch.allclose(pr.grad, pr2.grad, atol=1e-7)
+    # by hand: dL/dpc = -β·σ(-βz)·(1 + λ·1[penalty > 0]) / B, dL/dpr = β·σ(-βz) / B
+    delta = (pc - pr) - (rc - rr)
+    z = delta - lam * torch.clamp(rc - pc, min=0.0)
+    s = torch.sigmoid(-beta * z).detach()
+    active = torch.tensor([1.0, 0.0, 0.0])
+    assert torch.allclose(pc.grad, -beta * s * (1 + lam * active) / 3, atol=1e-7)
+    assert torch.allclose(pr.grad, beta * s / 3, atol=1e-7)
+    # the logged margin is the preference alone (what dpo_accuracy counts), without the penalty
+    assert torch.allclose(margins, beta * delta.detach())
+    # the penalty changed the value: plain DPO on the same numbers is smaller
+    plain, _ = dpo_sigmoid_loss(pc.detach(), pr.detach(), rc, rr, beta=beta)
+    assert loss.item() > plain.item() + 1e-3
+
+
+def test_dpop_is_dpo_while_the_chosen_answers_stay_above_the_reference():
+    """No pair below its reference: DPOP's value and gradient are DPO's; at policy == reference (the first
+    step) the loss is ln 2 and the kink contributes no gradient (relu)."""
+    rc, rr = torch.tensor([-10.0, -8.0]), torch.tensor([-9.0, -7.0])
+    pc = torch.tensor([-9.0, -8.0], requires_grad=True)
+    pr = torch.tensor([-12.0, -7.5])
+    a, _ = dpo_sigmoid_loss(pc, pr, rc, rr, beta=0.1, dpop_lambda=50.0)
+    (ga,) = torch.autograd.grad(a, pc)
+    b, _ = dpo_sigmoid_loss(pc, pr, rc, rr, beta=0.1)
+    (gb,) = torch.autograd.grad(b, pc)
+    assert a.item() == b.item() and torch.equal(ga, gb)
+    same = rc.clone().requires_grad_(True)
+    first, _ = dpo_sigmoid_loss(same, rr.clone(), rc, rr, beta=0.1, dpop_lambda=50.0)
+    assert first.item() == pytest.approx(math.log(2), abs=1e-7)
+    (g,) = torch.autograd.grad(first, same)
+    assert torch.allclose(g, torch.full_like(g, -0.1 * 0.5 / 2))
+
+
+def test_dpop_penalty_reads_the_whole_chosen_answer_when_given():
+    """With a preference span (``preference_tokens`` other than all), the penalty reads the chosen answer's
+    whole log-probs (``penalty_chosen``), not the span sums the margin reads."""
+    pc, pr, rc, rr = torch.tensor([-3.0]), torch.tensor([-4.0]), torch.tensor([-3.0]), torch.tensor([-3.5])
+    whole = (torch.tensor([-20.0]), torch.tensor([-18.0]))  # the whole answer fell 2 nats below
+    loss, _ = dpo_sigmoid_loss(pc, pr, rc, rr, beta=0.1, dpop_lambda=5.0, penalty_chosen=whole)
+    z = torch.tensor([(-3.0 + 4.0) - (-3.0 + 3.5) - 5.0 * 2.0])
+    assert loss.item() == pytest.approx(-torch.nn.functional.logsigmoid(0.1 * z).item(), rel=1e-6)
+
+
+def test_trl_has_no_dpop_loss_to_compare_against():
+    """TRL 1.16's DPOConfig lists its loss types; DPOP is not among them (checked by hand in
+    ``trl/trainer/dpo_trainer.py`` too). If an upgrade adds it, add a parity test against it here."""
+    from trl.trainer.dpo_config import DPOConfig
+
+    help_text = DPOConfig.__dataclass_fields__["loss_type"].metadata["help"].lower()
+    assert "sigmoid" in help_text and "dpop" not in help_text and "positive" not in help_text

@@ -132,6 +132,21 @@ def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, sy
     assert "dpo_sft" not in plain.losses[0]  # off by default: plain DPO, as before
 
 
+def test_dpop_variant_logs_its_penalty_and_keeps_the_ln2_check(tiny_model_dir, synth_store, tmp_path):
+    """``dpo.variant: dpop``: every step logs the penalty ``dpo_dpop`` (0 at the first step, where policy ==
+    reference, so that step's loss is still ln 2); plain DPO logs none."""
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0, variant="dpop", dpop_lambda=50.0)
+    res = train(synth_store, r, steps=3, out_dir=tmp_path)
+    assert [rec["dpo_dpop"] >= 0.0 for rec in res.losses] == [True] * 3
+    assert res.losses[0]["dpo_dpop"] == 0.0
+    assert res.losses[0]["dpo"] == pytest.approx(math.log(2), abs=1e-4)
+    assert res.metrics["ln2_check"]["ok"]
+    plain = train(
+        synth_store, _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0), steps=1, out_dir=tmp_path / "plain"
+    )
+    assert "dpo_dpop" not in plain.losses[0]
+
+
 def test_dpo_alone_samples_no_rollouts_and_learns_the_same(tiny_model_dir, synth_store, tmp_path, monkeypatch):
     """With GRPO and SDPO off no loss reads a rollout, so none is sampled (model.generate is never called,
     no reward is logged); the DPO losses and the weights are exactly those of a run that samples them."""

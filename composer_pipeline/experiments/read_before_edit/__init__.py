@@ -23,7 +23,8 @@ The whole chain, on generated sessions with a checkable right answer (:mod:`~com
    half), ``grpo_shuffled`` (a seeded prompt order instead of error sites first), ``nll_all`` (the NLL on
    the teachers' consensus at every task state that has one, not only where a pair exists), and the
    preference-loss candidates ``dpo_differing`` / ``dpo_first`` (the preference term over the tokens
-   where chosen and rejected differ / over the first of them only). Same steps per arm;
+   where chosen and rejected differ / over the first of them only) and ``dpop`` (DPO-Positive: the
+   chosen answer kept at or above the start's likelihood). Same steps per arm;
 7. held-out probe by greedy decoding, per state kind (:data:`.probe.STATE_KINDS`: the request, after a decoy
    read of *another* file, after an error, after the first / second read of the target); the score is
    ``combined`` = min(reading an unread target, editing a once-read one) on the decisive kinds (where the

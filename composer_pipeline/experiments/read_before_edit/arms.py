@@ -41,6 +41,8 @@ class Arm:
 
     # None: the recipe's dpo.preference_tokens; else which tokens the preference term sums
     preference_tokens: Literal["all", "differing", "first_differing"] | None = None
+    # None: the recipe's dpo.variant; else the preference loss (dpop: DPO-Positive, dpo.dpop_lambda)
+    variant: Literal["dpo", "simpo", "dpop"] | None = None
 
 
 ARMS: dict[str, Arm | None] = {
@@ -60,6 +62,10 @@ ARMS: dict[str, Arm | None] = {
     "dpo_differing": Arm((0.0, 0.0, 1.0), preference_tokens="differing"),
     # ... over the first differing token only (the decision; nothing after it is pushed down)
     "dpo_first": Arm((0.0, 0.0, 1.0), preference_tokens="first_differing"),
+    # DPO-Positive: the DPO logit less λ · how far the chosen answer fell below the start (+ the same NLL)
+    "dpop": Arm((0.0, 0.0, 1.0), variant="dpop"),
+    # ... with the margin on the first differing token only (the penalty still reads the whole chosen answer)
+    "dpop_first": Arm((0.0, 0.0, 1.0), preference_tokens="first_differing", variant="dpop"),
     # the NLL term on the teachers' consensus at every task state with one (pairs and positives), not
     # only where a pair exists: does selecting the states where the agent disagreed matter?
     "nll_all": Arm((0.0, 0.0, 1.0), data="consensus_all", dpo_beta=0.0),
@@ -81,6 +87,8 @@ def arm_recipe(base: TrainRecipe, arm: str, cfg: ExperimentConfig, start: Path, 
     tokens = spec.preference_tokens or cfg.preference_tokens
     if tokens is not None:
         dpo = replace(dpo, preference_tokens=tokens)
+    if spec.variant is not None:
+        dpo = replace(dpo, variant=spec.variant)
     r = replace(
         r,
         optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),

@@ -128,6 +128,8 @@ CONTRASTS = [
     ("dpo_differing", "nll", "the preference term over the differing tokens adds to the NLL"),
     ("dpo_differing", "dpo", "summing the preference term over the differing tokens only matters"),
     ("dpo_first", "nll", "the preference term on the first differing token adds to the NLL"),
+    ("dpop", "nll", "the DPO-Positive preference term adds to the NLL"),
+    ("dpop", "dpo", "the DPOP penalty (chosen answers kept at or above the start) matters"),
     ("nll", "nll_all", "selecting the states where the agent disagreed matters (vs the consensus everywhere)"),
     ("dpo", "dpo_shuffled", "the pairs' labels carry the DPO gain"),
     ("grpo", "grpo_shuffled", "the error-sites-first order matters to GRPO"),
