@@ -167,7 +167,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
         args = (b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         n = b["prompt_ids"].size(0) // 2
         mask = b["completion_mask"]
-        penalty = None  # DPOP's max(0, log π_ref(chosen) − log π(chosen)), mean over the batch's pairs
+        # DPOP's max(0, log π_ref(chosen) − log π(chosen)), mean over the batch's pairs
+        penalty = None
         # the tokens the preference term reads: every completion token, or only where the sides differ
         span = (
             mask
@@ -318,7 +319,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
             # the channel's loss is preference + sft_weight · this
             if nll is not None:
                 rec["dpo_sft"] = float(nll.detach())
-            if penalty is not None:  # DPOP: the penalty term (nats; enters the logit times dpop_lambda)
+            # DPOP: the penalty term (nats; enters the logit times dpop_lambda)
+            if penalty is not None:
                 rec["dpo_dpop"] = float(penalty)
             rec["dpo_batch"] = self.dpo_batch_index
         if ddp:
