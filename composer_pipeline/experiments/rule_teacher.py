@@ -199,8 +199,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         action = variant_action(variant_of(body.get("model")), messages) or Action(text="Nothing to change.")
         content = action.to_text()
-        with self.server.lock:  # type: ignore[attr-defined]
-            self.server.calls += 1  # type: ignore[attr-defined]
+        server = self.server
+        if not isinstance(server, RuleTeacherServer):
+            raise TypeError(f"the rule teachers' handler serves RuleTeacherServer only, not {type(server).__name__}")
+        with server.lock:
+            server.calls += 1
         self._send(
             200,
             {
