@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ui_kit import LOCATION, move_session, shot, teacher_server_pids
+from ui_kit import LOCATION, hover_until_shown, move_session, shot, teacher_server_pids
 
 pytestmark = pytest.mark.slow  # a real dagster dev driven by Chromium
 
@@ -378,13 +378,17 @@ def test_journey_2_sensor_adds_new_sessions_and_backfill_hits_the_cache(ui, page
     # tick list shows "0 runs requested", and hovering it shows the sensor's skip reason.
     page.goto(ui.url + f"/locations/{LOCATION}/sensors/sessions_sensor")
     page.get_by_text(str(ui.trace_root), exact=False).first.wait_for()  # the description: "Watches <root> ..."
+
     # a row of the tick list (the page's "Latest tick" line above it carries the same tag)
-    skipped = page.locator("tr", has_text="View logs").first.get_by_text("0 runs requested", exact=True).first
+    def skipped():
+        return page.locator("tr", has_text="View logs").first.get_by_text("0 runs requested", exact=True).first
+
+    def reason():
+        return page.get_by_text(f"sessions under {ui.trace_root}, none new or changed", exact=False).first
+
     # ticks every 5 s here, and nothing new has arrived since the backfill
-    skipped.wait_for(timeout=60_000)
-    skipped.hover()
-    reason = page.get_by_text(f"sessions under {ui.trace_root}, none new or changed", exact=False).first
-    reason.wait_for(timeout=10_000)
+    skipped().wait_for(timeout=60_000)
+    hover_until_shown(page, skipped, reason)
     shot(page, "journey2-sensor-skip-reason")
 
 

@@ -19,6 +19,26 @@ def shot(page, name: str) -> Path:
     return p
 
 
+def hover_until_shown(page, target, shown, timeout_s: float = 60.0, per_try_ms: int = 4000) -> None:
+    """Hover ``target()`` until ``shown()`` is visible. Both are callables returning a fresh locator on
+    every try: a list that re-renders under the pointer (the sensor tick list gains a row every few
+    seconds) detaches the hovered element and its tooltip closes, so one hover is not enough."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            target().hover(timeout=per_try_ms)
+            shown().wait_for(timeout=per_try_ms)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            # move the pointer off so the next hover is a fresh enter event
+            page.mouse.move(0, 0)
+            page.wait_for_timeout(300)
+
+
 def move_session(src_root: Path, dst_root: Path) -> str:
     """Move the first session under ``src_root`` (all its files, as discover groups them) to ``dst_root``."""
     from composer_pipeline.ingest.discover import discover_sessions
