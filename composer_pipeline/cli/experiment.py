@@ -98,6 +98,13 @@ def register(subparsers) -> None:
         "dpo.preference_tokens)",
     )
     r.add_argument(
+        "--dpo-variant",
+        choices=["dpo", "simpo", "dpop"],
+        default=None,
+        help="the preference loss in the dpo, dpo_shuffled and all arms (default: the recipe's dpo.variant; "
+        "dpop: DPO-Positive, dpo.dpop_lambda)",
+    )
+    r.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
         default=None,
@@ -135,6 +142,7 @@ def experiment_config(args: argparse.Namespace) -> ExperimentConfig:
         "budget_minutes": args.budget_minutes,
         "eval_every": args.eval_every,
         "preference_tokens": args.preference_tokens,
+        "dpo_variant": args.dpo_variant,
         "lora": True if args.lora else None,
         "device": args.device,
         "action_order": args.action_order,

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the be
 # the CPU cells of runs/rbe-smol2 made before the setting must still resume
 PLAN_FINGERPRINT = {
     "dpo_sft_weight": 1.0,
+    "dpo_variant": "dpop",
     "eval_every": 15,
     "heldout_seed": 100,
     "heldout_sessions": 24,

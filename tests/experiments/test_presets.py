@@ -76,7 +76,7 @@ def test_quick_and_smollm2_are_the_sizes_they_were(tmp_path):
     assert _cli(tmp_path, "--quick") == load_config("quick", tmp_path) == ExperimentConfig(out=tmp_path, **quick)
     assert _cli(tmp_path, "--model", "smollm2") == ExperimentConfig(out=tmp_path, **smollm2)
     assert load_config("smollm2_plan", tmp_path) == ExperimentConfig(
-        out=tmp_path, **smollm2, preference_tokens="first_differing"
+        out=tmp_path, **smollm2, preference_tokens="first_differing", dpo_variant="dpop"
     )
     # the fingerprint a finished cell is checked against: the same values, the same types
     fp = load_config("quick", tmp_path).fingerprint()
@@ -125,5 +125,5 @@ def test_the_commands_bench_results_quotes_are_their_presets(tmp_path):
     run5 = "--seeds 3 --steps 40 --train-sessions 40 --heldout-sessions 12 --sft-steps 150 --pretrain-steps 500"
     run5 += " --eval-every 40 --arms start,nll,dpo,dpo_differing,dpo_first"
     assert _cli(tmp_path, *run5.split()) == load_config("fmt", tmp_path)
-    plan = "--model smollm2 --seeds 3 --preference-tokens first_differing".split()
+    plan = "--model smollm2 --seeds 3 --preference-tokens first_differing --dpo-variant dpop".split()
     assert _cli(tmp_path, *plan) == load_config("smollm2_plan", tmp_path)

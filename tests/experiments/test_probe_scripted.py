@@ -242,3 +242,27 @@ def test_the_dpop_arm_is_the_dpo_arm_with_the_dpop_variant(tmp_path):
     assert dpop.dpo.sft_weight == cfg.dpo_sft_weight > 0
     first = arm_recipe(base, "dpop_first", cfg, tmp_path, 0).dpo
     assert (first.variant, first.preference_tokens) == ("dpop", "first_differing")
+
+
+def test_the_plans_variant_reaches_the_live_preference_arms_only(tmp_path):
+    """smollm2_plan's ``dpo_variant: dpop``: its ``dpo`` arm is run 7's ``dpop_first`` (and its control
+    ``dpo_shuffled`` the same loss on swapped sides); the NLL-only arms (β 0) keep the recipe's variant."""
+    from pathlib import Path
+
+    from composer_pipeline.experiments.read_before_edit.arms import arm_recipe
+    from composer_pipeline.experiments.read_before_edit.config import load_config
+    from composer_pipeline.train.config import TrainRecipe
+
+    base = TrainRecipe.load(Path(__file__).resolve().parents[2] / "recipes" / "train.yaml")
+    plan = load_config("smollm2_plan", tmp_path)
+    got = {a: arm_recipe(base, a, plan, tmp_path, 0).dpo for a in ("dpo", "dpo_shuffled", "nll", "nll_all")}
+    assert {a: d.variant for a, d in got.items()} == {
+        "dpo": "dpop",
+        "dpo_shuffled": "dpop",
+        "nll": base.dpo.variant,
+        "nll_all": base.dpo.variant,
+    }
+    assert got["dpo"] == arm_recipe(base, "dpop_first", plan, tmp_path, 0).dpo
+    assert plan.fingerprint()["dpo_variant"] == "dpop"
+    # a config without the setting keeps the fingerprint it had (run dirs made before it resume)
+    assert "dpo_variant" not in load_config("smollm2", tmp_path).fingerprint()

@@ -87,8 +87,10 @@ def arm_recipe(base: TrainRecipe, arm: str, cfg: ExperimentConfig, start: Path, 
     tokens = spec.preference_tokens or cfg.preference_tokens
     if tokens is not None:
         dpo = replace(dpo, preference_tokens=tokens)
-    if spec.variant is not None:
-        dpo = replace(dpo, variant=spec.variant)
+    # the experiment's variant reaches only arms whose preference term is live (NLL-only arms keep β 0)
+    variant = spec.variant or (cfg.dpo_variant if spec.dpo_beta != 0.0 else None)
+    if variant is not None:
+        dpo = replace(dpo, variant=variant)
     r = replace(
         r,
         optim=replace(r.optim, steps=cfg.steps, seed=seed, learning_rate=cfg.learning_rate),

@@ -78,6 +78,11 @@ class ExperimentConfig:
         help="the tokens the preference term sums in every DPO arm that does not set its own (dpo, "
         "dpo_shuffled, all): null = the train recipe's dpo.preference_tokens",
     )
+    dpo_variant: Literal["dpo", "simpo", "dpop"] | None = setting(
+        None,
+        help="the preference loss (dpo.variant) in every arm with a live preference term that does not set its "
+        "own (dpo, dpo_shuffled, all; nll and nll_all keep the recipe's): null = the train recipe's dpo.variant",
+    )
     action_order: Literal["sorted", "name_first"] = setting(
         "sorted",
         help="the tool calls' key order in every completion text of the chain (render.action_order): the base "
@@ -116,7 +121,10 @@ class ExperimentConfig:
         # (auto is resolved before a run: run.run_experiment)
         if d["device"] == "cpu":
             del d["device"]
-        # likewise sorted (the default order): run dirs made before the setting stay resumable
+        # likewise the recipe's variant (null) and sorted (the default order): run dirs made before these
+        # settings stay resumable
+        if d["dpo_variant"] is None:
+            del d["dpo_variant"]
         if d["action_order"] == "sorted":
             del d["action_order"]
         # version 5: pairs whose chosen side repeats the prompt's last call are dropped, and every cell
