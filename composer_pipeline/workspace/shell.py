@@ -2,11 +2,14 @@
 
 In:  a Bash call's ``command``, its output and the agent's cwd.
 Out: :func:`may_write` (False only for commands made of known read-only programs, no redirection into a
-     file); :func:`written_files` (the files such programs' redirections write, e.g. a ``cat > f << 'EOF'``
+     file; a ``find`` with ``-delete``, ``-exec`` or ``-fprint`` writes); :func:`written_files` (the files such programs' redirections write, e.g. a ``cat > f << 'EOF'``
      here-document, or None where the command may write elsewhere); :func:`listing` — the files and directories it showed to exist, and the complete listings it
      gave (a directory's ``ls -l``, a ``find DIR -type f`` with only ``-name`` filters and nothing piped
      after it, an ``ls``/``find`` of a missing directory), as ``(base dir, regex over the path relative to it)``: a
      path under ``base`` that matches and is not listed did not exist.
+
+Quoting is read as the shell reads it (:func:`split_commands`): a ``|``, ``;``, ``&&`` or ``>`` inside quotes is
+text (``tree -I 'node_modules|.git'``, ``grep -E "(a|b)"``), a ``$(...)`` inside double quotes still runs.
 
 Deliberately simplified: only ``cd``, ``ls -l`` and ``find`` are read, and only where the listed directory
 is absolute or the shell's cwd is known (:func:`shell_cwd_after`: the session's cwd until a ``cd`` it cannot
@@ -30,7 +33,49 @@ _GIT_READ_ONLY = frozenset({"status", "log", "diff", "show", "branch", "rev-pars
 _NULL_REDIRECT = re.compile(r"\d?&?>\s*/dev/null|\d>&\d")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _REDIRECT = re.compile(r"(?<![<\d&])\d?>>?\s*(\S+)")
-_SEGMENTS = re.compile(r"&&|\|\||;|\|")
+# a command list's separators (``&&``, ``||``, ``;``, ``|``, ``&``, newline), found in the quote-masked text
+_SEPARATORS = re.compile(r"&&|\|\||;|\||&|\n")
+# findutils actions that delete, run a command or write a file
+_FIND_WRITES = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"})
+
+
+def mask_quotes(command: str) -> str:
+    """``command`` with what its quotes and backslashes make literal replaced by ``_`` (same length), so that
+    an operator found in it is one the shell acts on. Inside double quotes ``$`` and backquotes stay: a command
+    substitution runs there (POSIX sh, "Double-Quotes"); inside single quotes nothing does."""
+    out: list[str] = []
+    quote = None
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if c == "\\" and quote != "'" and i + 1 < len(command):
+            out.append("__")
+            i += 2
+            continue
+        if quote is None:
+            if c in "'\"":
+                quote = c
+            out.append(c)
+        elif c == quote:
+            quote = None
+            out.append(c)
+        elif quote == '"' and c in "$`(":
+            out.append(c)
+        else:
+            out.append("_")
+        i += 1
+    return "".join(out)
+
+
+def split_commands(command: str) -> list[str]:
+    """The simple commands of a command list, split at the separators the shell acts on (not quoted ones)."""
+    masked = mask_quotes(command)
+    out, start = [], 0
+    for m in _SEPARATORS.finditer(masked):
+        out.append(command[start : m.start()])
+        start = m.end()
+    out.append(command[start:])
+    return out
 
 
 def strip_heredocs(command: str) -> str:
@@ -54,17 +99,18 @@ def written_files(command: str, cwd: str | None) -> list[str] | None:
     if "$(" in cmd or "`" in cmd:
         return None
     out: list[str] = []
-    for seg in re.split(r"&&|\|\||;|\||\n", cmd):
+    for seg in split_commands(cmd):
         words = seg.split()
         if words[:1] == ["cd"]:
             cwd = shell_cwd_after(seg, cwd)
             continue
-        found = list(_REDIRECT.finditer(seg))
-        if any(seg[: m.start()].count("'") % 2 or seg[: m.start()].count('"') % 2 for m in found):
-            # a '>' inside quotes is text, or the quoting is beyond this reader
-            return None
-        targets = [_unquote(m.group(1)) for m in found]
-        if may_write(_REDIRECT.sub(" ", _HEREDOC.sub(" ", seg))):
+        # a '>' inside quotes is text: redirections are found in the quote-masked segment
+        found = list(_REDIRECT.finditer(mask_quotes(seg)))
+        targets = [_unquote(seg[m.start(1) : m.end(1)]) for m in found]
+        rest = seg
+        for m in reversed(found):
+            rest = rest[: m.start()] + " " + rest[m.end() :]
+        if may_write(_HEREDOC.sub(" ", rest)):
             return None
         for t in targets:
             if not t or any(c in t for c in "$*?{~&") or (cwd is None and not t.startswith("/")):
@@ -74,14 +120,17 @@ def written_files(command: str, cwd: str | None) -> list[str] | None:
 
 
 def may_write(command: str) -> bool:
-    cmd = _NULL_REDIRECT.sub(" ", command)
-    if ">" in cmd or "$(" in cmd or "`" in cmd:
+    command = strip_heredocs(command)
+    masked = _NULL_REDIRECT.sub(lambda m: " " * len(m.group(0)), mask_quotes(command))
+    if ">" in masked or "$(" in masked or "`" in masked:
         return True
-    for seg in _SEGMENTS.split(cmd):
+    for seg in split_commands(command):
         words = [w for w in seg.split() if "=" not in w or w.startswith("-")]
         if not words:
             continue
         w0 = words[0]
+        if w0 == "find" and _FIND_WRITES.intersection(words):
+            return True
         if w0 == "git" and len(words) > 1 and words[1] in _GIT_READ_ONLY:
             continue
         if w0 == "sed" and not any(w.startswith("-i") for w in words[1:]):

@@ -248,3 +248,38 @@ def test_in_a_shared_shell_another_agents_cd_is_followed():
         ws.observe(ev)
     assert ws.existence(f"{D}/app/x.py") is False
     assert Workspace.from_dict(ws.to_dict()).shell_shared
+
+
+def test_shell_operators_inside_quotes_are_text():
+    # POSIX shell quoting: a '|', ';', '&&' or '>' inside quotes is an argument, not a pipe, list or redirection
+    # (real sessions: `tree -I 'node_modules|.git'`, `grep -E "(hook|state)"`, `sed 's|types/||'`)
+    for command in (
+        f"tree {D} -I 'node_modules|.git' -L 3",
+        f'find {D} -name "*.ts" | grep -v node_modules | grep -E "(hook|useTodos|state)"',
+        f'find {D} -name "*.ts" | xargs grep -l "useTodos\\|useStore"',
+        "tree types/ 2>/dev/null || find types/ -type f -name '*.ts' | sed 's|types/||' | sort",
+        "grep -n 'a > b; c && d' app.py",
+    ):
+        ws = _ws(_read(text="a\nb"), Event("Bash", {"command": command}, True, "out"))
+        assert ws.files[F].text == "a\nb", command
+        assert ws.execute("Read", {"file_path": F}).ok is True, command
+    # an unquoted operator still splits, and a command substitution runs inside double quotes (not single)
+    for command, writes in (
+        ("grep -c x app.py | tee out.txt", True),
+        ('echo "$(touch x)"', True),
+        ("echo '$(touch x)'", False),
+    ):
+        ws = _ws(_read(path=f"{D}/other.py", text="o"), Event("Bash", {"command": command}, True, ""))
+        assert (ws.files[f"{D}/other.py"].text is None) is writes, command
+    # the unquoted '>' redirects (into that file only); the quoted one is echo's text
+    ws = _ws(_read(path=f"{D}/other.py", text="o"), Event("Bash", {"command": 'echo "a > b" > out.txt'}, True, ""))
+    assert ws.files[f"{D}/out.txt"].exists and f"{D}/b" not in ws.files and ws.files[f"{D}/other.py"].text == "o"
+
+
+def test_a_find_that_deletes_or_executes_may_write():
+    # findutils: -delete removes what it matches; -exec/-execdir/-ok run any command; -fprint writes a file
+    for command in (f"find {D} -name '*.pyc' -delete", f"find {D} -name x -exec rm {{}} \\;", "find . -fprint out"):
+        ws = _ws(_read(text="a\nb"), Event("Bash", {"command": command}, True, ""))
+        assert ws.files[F].text is None, command
+    listed = _ws(_read(text="a\nb"), Event("Bash", {"command": f"find {D} -name '*.py'"}, True, F))
+    assert listed.files[F].text == "a\nb"
