@@ -33,8 +33,9 @@ _GIT_READ_ONLY = frozenset({"status", "log", "diff", "show", "branch", "rev-pars
 _NULL_REDIRECT = re.compile(r"\d?&?>\s*/dev/null|\d>&\d")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _REDIRECT = re.compile(r"(?<![<\d&])\d?>>?\s*(\S+)")
-# a command list's separators (``&&``, ``||``, ``;``, ``|``, ``&``, newline), found in the quote-masked text
-_SEPARATORS = re.compile(r"&&|\|\||;|\||&|\n")
+# a command list's separators (``&&``, ``||``, ``;``, ``|``, ``&``, newline), found in the quote-masked text;
+# the ``&`` of a redirection (``2>&1``, ``&>``, ``|&``) is not one
+_SEPARATORS = re.compile(r"&&|\|\||\|&|;|\||(?<![>|])&(?!>)|\n")
 # findutils actions that delete, run a command or write a file
 _FIND_WRITES = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"})
 

@@ -11,6 +11,7 @@ from composer_pipeline.workspace.files import (
     observed_ok,
     strip_gutter,
 )
+from composer_pipeline.workspace.shell import may_write
 
 D = "/home/u/p"
 F = f"{D}/app.py"
@@ -259,6 +260,9 @@ def test_shell_operators_inside_quotes_are_text():
         f'find {D} -name "*.ts" | xargs grep -l "useTodos\\|useStore"',
         "tree types/ 2>/dev/null || find types/ -type f -name '*.ts' | sed 's|types/||' | sort",
         "grep -n 'a > b; c && d' app.py",
+        # the '&' of a redirection does not end a command
+        "ls -la 2>&1 | head",
+        "ls &> /dev/null",
     ):
         ws = _ws(_read(text="a\nb"), Event("Bash", {"command": command}, True, "out"))
         assert ws.files[F].text == "a\nb", command
@@ -266,11 +270,15 @@ def test_shell_operators_inside_quotes_are_text():
     # an unquoted operator still splits, and a command substitution runs inside double quotes (not single)
     for command, writes in (
         ("grep -c x app.py | tee out.txt", True),
+        # a background '&' and a newline end one
+        ("ls & rm -f x", True),
+        ("ls\nrm -f x", True),
         ('echo "$(touch x)"', True),
         ("echo '$(touch x)'", False),
     ):
         ws = _ws(_read(path=f"{D}/other.py", text="o"), Event("Bash", {"command": command}, True, ""))
         assert (ws.files[f"{D}/other.py"].text is None) is writes, command
+    assert not may_write("ls -la 2>&1 | head") and not may_write("cat a |& head") and may_write("ls & rm -f x")
     # the unquoted '>' redirects (into that file only); the quoted one is echo's text
     ws = _ws(_read(path=f"{D}/other.py", text="o"), Event("Bash", {"command": 'echo "a > b" > out.txt'}, True, ""))
     assert ws.files[f"{D}/out.txt"].exists and f"{D}/b" not in ws.files and ws.files[f"{D}/other.py"].text == "o"
