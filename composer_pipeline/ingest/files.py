@@ -2,8 +2,8 @@
 format (:func:`detect_format`: a Claude Code session or a Codex rollout).
 
 Apart from the readers (``parser.py`` and ``states.py``, the Python engine; ``codex.py``, the Codex
-reader) because the compiled engine needs only these: an ingest of Claude Code sessions then imports
-neither reader, nor msgspec and the renderer they load (~0.009 CPU-s of every ingest process,
+reader) because the compiled engine needs only these: an ingest the compiled engine reads whole imports
+neither reader, nor the msgspec they load (``pipeline._readers``; ~0.007 CPU-s of every ingest process,
 bench/RESULTS.md).
 """
 
