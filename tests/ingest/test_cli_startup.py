@@ -3,7 +3,7 @@ local `--out` loads neither fsspec nor the budget ledger (asyncio, decimal), nor
 (~0.03 CPU-s) nor numpy (~0.055 CPU-s; only the secret prefilter's RE2 fallback, where Hyperscan is
 missing, needs either), and the ledger's errors still reach their exit codes from the commands that do
 load it. Sessions the compiled engine reads whole load neither the Python engine nor the Codex reader
-(nor msgspec)."""
+(nor msgspec), and a run builds the parser of its own subcommand only."""
 
 from __future__ import annotations
 
@@ -138,3 +138,30 @@ def test_sessions_the_compiled_engine_reads_whole_load_neither_the_python_reader
         )
         assert p.returncode == 0, p.stderr
         assert expected in p.stderr, p.stderr
+
+
+def test_a_run_builds_the_parser_of_its_own_subcommand_only(tmp_path, monkeypatch, capsys, repo_root):
+    """``main`` registers only the subcommand it is given (argparse looks up a translation for every
+    string of every other one: ~0.003 CPU-s of each run); its help reads as in the parser of every
+    subcommand, and without a known subcommand all are registered (help, usage errors)."""
+    names = [cli.command_name(m) for m in cli.SUBCOMMANDS]
+
+    def choices(parser) -> list[str]:
+        return list(parser._subparsers._group_actions[0].choices)
+
+    assert choices(cli.build_parser()) == choices(cli.build_parser("no-such-command")) == names
+    for name in names:
+        assert choices(cli.build_parser(name)) == [name]
+        helps = []
+        for parser in (cli.build_parser(name), cli.build_parser()):
+            with pytest.raises(SystemExit):
+                parser.parse_args([name, "--help"])
+            helps.append(capsys.readouterr().out)
+        assert helps[0] == helps[1] and f"usage: composer-pipeline {name}" in helps[0], name
+
+    registered = []
+    for mod in cli.SUBCOMMANDS:
+        monkeypatch.setattr(mod, "register", lambda sub, mod=mod, f=mod.register: (registered.append(mod), f(sub))[1])
+    samples = repo_root / "composer_pipeline" / "samples" / "projects"
+    assert cli.main(["ingest", str(samples), "--out", str(tmp_path / "out")]) == 0
+    assert registered == [cli.ingest]
