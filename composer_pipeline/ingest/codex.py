@@ -3,7 +3,7 @@
 In:  one rollout file's scrubbed bytes (``~/.codex/sessions/YYYY/MM/DD/rollout-<ts>-<uuid>.jsonl``), its
 path relative to the trace root and its session key.
 Out: :class:`CodexBuild`: the rows in the contracts of ``tables.py`` (``source`` = ``codex``), the
-per-file report's counts. :func:`detect_format` tells a Codex rollout from a Claude Code session.
+per-file report's counts. ``files.detect_format`` tells a Codex rollout from a Claude Code session.
 
 Generations read (openai/codex ``RolloutItem`` / ``RolloutLine`` in codex-rs, the recorder in
 ``codex-rs/rollout``; a hand-written fixture of each in ``tests/ingest/codex_fixtures.py``):
@@ -54,9 +54,6 @@ from composer_pipeline.jsonutil import dumps
 from composer_pipeline.render import action_from_blocks, user_parts
 
 SOURCE = "codex"
-# the head of a file read to tell its format
-DETECT_BYTES = 1 << 16
-DETECT_LINES = 20  # parsed lines looked at, at most
 NOT_A_SESSION = "neither a Claude Code session nor a Codex rollout (no line of either format in the file's head)"
 NOT_A_ROLLOUT_LINE = "not a Codex rollout line"
 
@@ -64,54 +61,6 @@ NOT_A_ROLLOUT_LINE = "not a Codex rollout line"
 _USERINFO = re.compile(rb"[^/\s\"'@:\\]{1,256}:[^/\s\"'@\\]{1,256}@")
 URL_CREDENTIALS_KIND = "url_credentials"
 _URL_TAG = f"[REDACTED:{URL_CREDENTIALS_KIND}]".encode()
-
-_CLAUDE_TYPES = frozenset(
-    {"user", "assistant", "system", "summary", "progress", "attachment", "file-history-snapshot", "queue-operation"}
-)
-
-
-def detect_format(data: bytes) -> str | None:
-    """``claude``, ``codex``, or ``None`` (neither) from the first lines of a file. A file none of whose
-    head lines parses is left to the Claude Code reader (which quarantines each line)."""
-    parsed = start = 0
-    # the first DETECT_BYTES, read in place (a slice would copy 64 KiB of every session's main file)
-    limit = min(len(data), DETECT_BYTES)
-    # (line by line: the first line nearly always decides)
-    while start < limit:
-        end = data.find(b"\n", start, limit)
-        end = limit if end < 0 else end
-        line, start = data[start:end], end + 1
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        parsed += 1
-        if type(obj) is dict:
-            if _is_codex_line(obj):
-                return "codex"
-            t = obj.get("type")
-            if "uuid" in obj or "sessionId" in obj or "leafUuid" in obj or (type(t) is str and t in _CLAUDE_TYPES):
-                return "claude"
-        if parsed >= DETECT_LINES:
-            break
-    return None if parsed else "claude"
-
-
-def _is_codex_line(obj: dict) -> bool:
-    t = obj.get("type")
-    # (a damaged line's list or object ``type`` names nothing, and is no set member)
-    named = type(t) is str
-    if named and t in codex_items.ROLLOUT_LINE_TYPES and type(obj.get("payload")) is dict:
-        return True
-    if "payload" in obj or "uuid" in obj:
-        return False
-    if obj.get("record_type") == "state" or (
-        named and t in codex_items.RESPONSE_ITEMS and ("role" in obj or "call_id" in obj)
-    ):
-        return True
-    return "id" in obj and "timestamp" in obj and "instructions" in obj and t is None  # early session meta
 
 
 def scrub_url_credentials(data: bytes, counts: Counter) -> bytes:

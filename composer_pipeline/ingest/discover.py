@@ -15,7 +15,7 @@ names never clean to one key (deterministic: the same file keeps its key). Agent
 (``main_file=None``) keyed by where the parent would be, so nothing is dropped. A ``sessionId``
 holding a secret is not used (it would reach keys and paths unscrubbed): the file names its session.
 Symbolic links are not followed: a linked directory is not walked (``os.walk``), and a linked
-``.jsonl`` file is listed but not read (a quarantine row says so: ``parser.read_session_file``), so
+``.jsonl`` file is listed but not read (a quarantine row says so: ``files.read_session_file``), so
 nothing outside the root is ingested; a file named on the command line is read where it leads.
 Deliberately simplified: non-``agent-*`` files under ``subagents/`` (workflow journals) and
 ``tool-results/`` blobs are not sessions and are skipped.
@@ -97,7 +97,7 @@ def _clean_part(part: str) -> str:
 
 def _head_session_id(p: str | Path) -> str | None:
     """The first ``sessionId`` in the first 64 KiB of a file (summary and snapshot records carry none)."""
-    # a link is not followed and only a regular file is read (parser.read_session_file): one open that
+    # a link is not followed and only a regular file is read (files.read_session_file): one open that
     # refuses a link and a stat of what it opened, instead of two stats and a buffered file object
     try:
         fd = os.open(p, _OPEN_FLAGS)
@@ -260,3 +260,11 @@ def session_fingerprint(sf: SessionFiles) -> str:
         except OSError:
             h.update(f"|{p}|missing".encode())
     return h.hexdigest()[:32]
+
+
+def agent_stream_meta(rel: str, session_key: str) -> tuple[str, str, str]:
+    """``(stream_id, kind, agent_id)`` of an agent file's stream (``rel``: its path under the trace root)."""
+    name = rel.rsplit("/", 1)[-1]
+    agent_id = name[len("agent-") : -len(".jsonl")] if name.startswith("agent-") else name
+    kind = "subagents_dir" if "/subagents/" in f"/{rel}" else "sibling_agent_file"
+    return f"{session_key}:agent-{agent_id}", kind, agent_id

@@ -31,9 +31,7 @@ Deliberately simplified: a line with invalid UTF-8 is decoded with replacement c
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ import msgspec
 import orjson
 import pyarrow as pa
 
+from composer_pipeline.ingest.files import is_empty, read_session_file
 from composer_pipeline.salvage import SALVAGED_RESULTS, salvaged_tool_results
 from composer_pipeline.scrub import Scrubber
 
@@ -318,42 +317,6 @@ def _valid_utf8(data: bytes) -> bool:
         return False
 
 
-NOT_FOLLOWED = "not read: a symbolic link (links in the trace root are not followed)"
-NOT_REGULAR = "not read: not a regular file"
-
-
-def read_session_file(path: Path | str) -> tuple[bytes, None] | tuple[None, str]:
-    """A session file's bytes, or ``(None, reason)`` when it cannot be read (a quarantine row, line 0).
-
-    A symbolic link is not followed (it may lead out of the trace root: ``x.jsonl -> /etc/passwd``), and
-    only a regular file is read (a FIFO would block). One ``read`` of the size ``fstat`` gives (plus one
-    byte, to see a file that grew meanwhile), without pathlib's buffered reader: about half the per-file
-    cost, which counts with many small agent files."""
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))  # (POSIX)
-    except OSError as e:
-        return None, NOT_FOLLOWED if os.path.islink(path) else f"unreadable file: {e.strerror or e}"
-    try:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None, NOT_REGULAR
-            n = st.st_size
-            data = os.read(fd, n + 1)
-            # grew, shrank, or a read cut short (2 GiB per call): read to the end
-            if len(data) != n:
-                parts = [data]
-                while chunk := os.read(fd, 1 << 24):
-                    parts.append(chunk)
-                data = b"".join(parts)
-            return data, None
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return None, f"unreadable file: {e.strerror or e}"
-
-
 def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:
     # (not unpacked: a check of the data narrows the reason too)
     read = read_session_file(path)
@@ -365,11 +328,6 @@ def parse_file(path: Path, rel: str, scrubber: Scrubber, session_key: str, quara
     return parse_buffer(
         scrubber.scrub_bytes(data) if data and not data.isspace() else data, rel, session_key, quarantine_chars
     )
-
-
-def is_empty(data: bytes) -> bool:
-    """A 0-byte or all-whitespace file: no lines (isspace stops at the first other byte; strip would copy)."""
-    return not data or data.isspace()
 
 
 def parse_buffer(data: bytes, rel: str, session_key: str, quarantine_chars: int = 2000) -> ParsedFile:

@@ -29,21 +29,22 @@ from pathlib import Path
 import pyarrow as pa
 
 from composer_pipeline import tables
-from composer_pipeline.ingest import codex, native
+from composer_pipeline.ingest import native
 from composer_pipeline.ingest.config import ENGINES, SOURCES, IngestRecipe
-from composer_pipeline.ingest.discover import SessionFiles, discover_sessions
-from composer_pipeline.ingest.parser import (
-    ParsedFile,
-    _quarantine,
-    classify_line,
-    is_empty,
-    parse_buffer,
-    read_session_file,
-)
-from composer_pipeline.ingest.states import agent_stream_meta, build_session
+from composer_pipeline.ingest.discover import SessionFiles, agent_stream_meta, discover_sessions
+from composer_pipeline.ingest.files import detect_format, is_empty, read_session_file
 from composer_pipeline.scrub import Scrubber, apply_splices
 
 TABLES = ("trace_states", "trace_messages", "quarantine")
+
+
+def _readers():
+    """The Python engine (``parser``, ``states``) and the Codex reader (``codex``), imported at first use:
+    sessions the compiled engine reads whole need neither, and they load msgspec (~0.007 CPU-s of every
+    ingest process, bench/RESULTS.md)."""
+    from composer_pipeline.ingest import codex, parser, states
+
+    return codex, parser, states
 
 
 @dataclass
@@ -115,7 +116,7 @@ class SessionIngester:
 
     ``engine``: ``auto`` (native when built, else python), ``native`` (required), ``python``;
     default: the recipe's ``engine``. ``source``: ``auto`` (each session's format detected from its
-    main file, :func:`codex.detect_format`), ``claude`` or ``codex`` (every session read as that agent's);
+    main file, :func:`files.detect_format`), ``claude`` or ``codex`` (every session read as that agent's);
     default: the recipe's ``source``. Codex rollouts are read by ``codex.py`` (Python only)."""
 
     def __init__(self, recipe: IngestRecipe | None = None, engine: str | None = None, source: str | None = None):
@@ -201,7 +202,7 @@ class SessionIngester:
             )
 
         def classify(i: int, line_no: int, line: bytes) -> tuple | None:
-            return classify_line(line, files[i].rel, sf.key, line_no, q)
+            return _readers()[1].classify_line(line, files[i].rel, sf.key, line_no, q)
 
         got = builder.add_session(
             sf.key,
@@ -237,18 +238,19 @@ class SessionIngester:
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="native")
 
     def _add_python(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport:
+        _, parser, states = _readers()
         q = self.recipe.quarantine_text_chars
         parsed = []
         for f in files:
             if f.error is not None:
-                pf = ParsedFile(f.rel)
-                _quarantine(pf, sf.key, 0, f.error, "", q)
+                pf = parser.ParsedFile(f.rel)
+                parser._quarantine(pf, sf.key, 0, f.error, "", q)
             else:
-                pf = parse_buffer(f.scrubbed(), f.rel, sf.key, q)
+                pf = parser.parse_buffer(f.scrubbed(), f.rel, sf.key, q)
             parsed.append(pf)
         main = parsed[0] if sf.main_file is not None else None
         agents = parsed[1:] if main is not None else parsed
-        build = build_session(sf.key, main, agents, self.recipe.render, self.recipe.drop_warmup)
+        build = states.build_session(sf.key, main, agents, self.recipe.render, self.recipe.drop_warmup)
         quarantine = [row for pf in parsed for row in pf.quarantine]
         reports = []
         for pf in parsed:
@@ -295,13 +297,14 @@ class SessionIngester:
             return "claude"
         # (None: an unreadable file, a link or a FIFO; the Claude Code reader quarantines it with its reason;
         # a head of whitespace only has no line to parse, which detect_format reads as claude too)
-        return codex.detect_format(data) if data else "claude"
+        return detect_format(data) if data else "claude"
 
     def _add_codex(
         self, sf: SessionFiles, scrubber: Scrubber, fmt: str | None, read: list[tuple[bytes, None] | tuple[None, str]]
     ) -> SessionReport:
         """A Codex rollout (``fmt`` ``codex``), or a file in neither format (``None``: one quarantine row);
         ``read``: each of ``sf.files`` as :func:`read_session_file` read it."""
+        codex = _readers()[0]
         q = self.recipe.quarantine_text_chars
         qrows, reports = [], []
         states = messages = None
@@ -364,7 +367,7 @@ class SessionIngester:
         for name in TABLES:
             columns = self._codex_columns[name]
             if columns:
-                self._pending[name].append(codex.table_of(name, columns))
+                self._pending[name].append(_readers()[0].table_of(name, columns))
                 self._codex_columns[name] = {}
 
     def _flush_native(self) -> None:

@@ -19,7 +19,7 @@ Out:
   the one it uploaded.
 
 Deliberately simplified: only ``*.jsonl`` files are mirrored or pushed (sessions, agent files,
-rollouts); a symbolic link is not followed and not pushed (as ingest, ``parser.read_session_file``).
+rollouts); a symbolic link is not followed and not pushed (as ingest, ``files.read_session_file``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from composer_pipeline.home import default_home
-from composer_pipeline.ingest import codex
 from composer_pipeline.ingest.discover import discover_sessions
-from composer_pipeline.ingest.parser import read_session_file
+from composer_pipeline.ingest.files import read_session_file
 from composer_pipeline.scrub import Scrubber
 
 
@@ -130,6 +129,9 @@ DEFAULT_TRACE_ROOTS = ("~/.claude/projects", "~/.codex/sessions")
 def push(roots: list[str | Path], to: str, extra_secret_patterns: dict[str, str] | None = None) -> PushReport:
     """Upload scrubbed copies of every session file under ``roots`` to ``to`` (see the module docstring)."""
     import fsspec
+
+    # (not at import either: `ingest` imports this module, and the Codex reader loads msgspec and the renderer)
+    from composer_pipeline.ingest import codex
 
     fs, base = fsspec.core.url_to_fs(to)
     fs.invalidate_cache()

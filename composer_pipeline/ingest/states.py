@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from composer_pipeline.ingest.discover import agent_stream_meta
 from composer_pipeline.ingest.parser import Block, ParsedFile, Record, loads_raw
 from composer_pipeline.jsonutil import dumps
 from composer_pipeline.render import RenderOptions, flatten_content
@@ -140,14 +141,6 @@ def _split_main(pf: ParsedFile, session_key: str) -> list[Stream]:
             s = sides[root] = Stream(f"{session_key}:side-{root[:8]}", "inline_sidechain", pf.path)
         s.records.append(r)
     return [main, *sides.values()]
-
-
-def agent_stream_meta(rel: str, session_key: str) -> tuple[str, str, str]:
-    """``(stream_id, kind, agent_id)`` of an agent file's stream (``rel``: its path under the trace root)."""
-    name = rel.rsplit("/", 1)[-1]
-    agent_id = name[len("agent-") : -len(".jsonl")] if name.startswith("agent-") else name
-    kind = "subagents_dir" if "/subagents/" in f"/{rel}" else "sibling_agent_file"
-    return f"{session_key}:agent-{agent_id}", kind, agent_id
 
 
 def _agent_stream(pf: ParsedFile, session_key: str) -> Stream:

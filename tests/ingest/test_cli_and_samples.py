@@ -276,7 +276,7 @@ def test_links_and_special_files_in_the_root_are_reported_not_followed(tmp_path,
     import os
     import shutil
 
-    from composer_pipeline.ingest.parser import NOT_FOLLOWED, NOT_REGULAR
+    from composer_pipeline.ingest.files import NOT_FOLLOWED, NOT_REGULAR
 
     src = repo_root / "composer_pipeline/samples/projects/-home-demo-calc"
     outside = tmp_path / "outside"

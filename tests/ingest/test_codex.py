@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from composer_pipeline.actions import Action
-from composer_pipeline.ingest import codex, native
+from composer_pipeline.ingest import codex, files, native
 from composer_pipeline.ingest.discover import discover_sessions
 from composer_pipeline.ingest.partition_keys import candidates
 from composer_pipeline.ingest.pipeline import ingest_session
@@ -143,9 +143,9 @@ def test_a_first_line_whose_type_is_not_a_string_is_no_crash(value):
     """A damaged first line (the native engine's fuzzer writes one) holding a list or object ``type``:
     told from its other keys, or by the lines after it (a list is no set member: it raised TypeError)."""
     first = json.dumps({"type": value, "summary": "Earlier work"}).encode()
-    assert codex.detect_format(first + b"\n" + json.dumps({"type": "user", "uuid": "u-1"}).encode()) == "claude"
-    assert codex.detect_format(json.dumps({"type": value, "leafUuid": "x"}).encode()) == "claude"
-    assert codex.detect_format(first) is None
+    assert files.detect_format(first + b"\n" + json.dumps({"type": "user", "uuid": "u-1"}).encode()) == "claude"
+    assert files.detect_format(json.dumps({"type": value, "leafUuid": "x"}).encode()) == "claude"
+    assert files.detect_format(first) is None
 
 
 def test_the_format_is_told_from_the_first_64_kib_only():
@@ -153,12 +153,12 @@ def test_the_format_is_told_from_the_first_64_kib_only():
     not parsed, and a head of whitespace only is Claude Code's, whatever follows it."""
     rollout = json.dumps({"timestamp": "x", "type": "session_meta", "payload": {"id": "r-1"}}).encode()
     claude = json.dumps({"type": "user", "uuid": "u-1"}).encode()
-    assert codex.detect_format(rollout + b"\n" + claude) == "codex"
-    assert codex.detect_format(b" " * (codex.DETECT_BYTES - 8) + b"\n" + rollout) == "claude"
-    assert codex.detect_format(b"\n" * (codex.DETECT_BYTES - len(rollout)) + rollout) == "codex"
-    assert codex.detect_format(b"\n" * (codex.DETECT_BYTES - len(rollout) + 1) + rollout) == "claude"
-    assert codex.detect_format(b" \t\r\n" * codex.DETECT_BYTES + rollout) == "claude"
-    assert codex.detect_format(b"") == "claude"
+    assert files.detect_format(rollout + b"\n" + claude) == "codex"
+    assert files.detect_format(b" " * (files.DETECT_BYTES - 8) + b"\n" + rollout) == "claude"
+    assert files.detect_format(b"\n" * (files.DETECT_BYTES - len(rollout)) + rollout) == "codex"
+    assert files.detect_format(b"\n" * (files.DETECT_BYTES - len(rollout) + 1) + rollout) == "claude"
+    assert files.detect_format(b" \t\r\n" * files.DETECT_BYTES + rollout) == "claude"
+    assert files.detect_format(b"") == "claude"
 
 
 @pytest.mark.parametrize("value", [[], {"a": 1}])

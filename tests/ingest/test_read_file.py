@@ -1,10 +1,10 @@
-"""parser.read_session_file: a file's bytes in one read, or the reason it cannot be read."""
+"""files.read_session_file: a file's bytes in one read, or the reason it cannot be read."""
 
 from __future__ import annotations
 
 import os
 
-from composer_pipeline.ingest.parser import read_session_file
+from composer_pipeline.ingest.files import read_session_file
 
 
 def test_reads_whole_files_and_names_what_cannot_be_read(tmp_path):
