@@ -35,6 +35,9 @@ The rules (Claude Code's, as its tool errors state them; the texts are the ones 
   ``createPostCompactFileAttachments``, a bounded number of files within a token budget, chosen by the read
   state's timestamps, which the trace does not show): a file read before the boundary and not since is cannot tell for
   Edit/Write; one never read still fails.
+* A Write or Edit refused with ``File has not been read yet`` is the harness's own word on its read state:
+  the file counts as unread for that agent until it reads (or writes) it again, even where the agent had
+  read or written it before (a 1.0.98 session's inline subagents were refused right after their own Write).
 * NotebookEdit: unread fails; otherwise cannot tell. Glob / Grep / LS succeed (their failures are not
   workspace rules: rejections, permissions); their listing is what the workspace knows.
 
@@ -423,7 +426,11 @@ class Workspace:
             v.exists = False
             v.forget_contents()
         elif text.startswith(NOT_READ.split(".")[0]):
-            self._exists(path)  # only an existing file gets this error
+            # only an existing file gets this error, and it says what the harness's read state held: this
+            # agent's next Write/Edit of it is refused the same way until it reads the file again, whatever
+            # emptied the entry (1.0.98 inline subagents were refused right after their own Write)
+            self._exists(path)
+            v.read = v.read_before_compaction = False
         elif text.startswith(EISDIR.split(":")[0]):
             self.dirs.add(path)
             self.files.pop(path, None)

@@ -291,3 +291,24 @@ def test_a_find_that_deletes_or_executes_may_write():
         assert ws.files[F].text is None, command
     listed = _ws(_read(text="a\nb"), Event("Bash", {"command": f"find {D} -name '*.py'"}, True, F))
     assert listed.files[F].text == "a\nb"
+
+
+def test_a_refusal_as_unread_holds_until_the_agent_reads_the_file():
+    """Claude Code's own "File has not been read yet" says what its read state held: the next Write or Edit
+    of that file by the same agent, with no Read of it between, is refused the same way, whatever made the
+    state so (a 1.0.98 session's inline subagents were refused right after their own Write). A Read ends it."""
+    refused = Event("Edit", {"file_path": F, "old_string": "x", "new_string": "y"}, False, f"<tool_use_error>{NOT_READ}</tool_use_error>", f"Error: {NOT_READ}")  # fmt: skip
+    wrote = Event("Write", {"file_path": F, "content": "x = 1"}, True, f"File created successfully at: {F}")
+    for reliable in (True, False):
+        ws = _ws(wrote, refused)
+        ws.reads_reliable = reliable
+        again = ws.execute("MultiEdit", {"file_path": F, "edits": [{"old_string": "x", "new_string": "z"}]})
+        assert again.ok is False and NOT_READ in again.observation, (reliable, again)
+        assert ws.execute("Write", {"file_path": F, "content": "x = 2"}).ok is False
+        # the agent reads it: the refusal no longer decides (1.0.x inline subagents: cannot tell again)
+        ws.observe(_read(text="x = 1"))
+        after = ws.execute("Edit", {"file_path": F, "old_string": "x", "new_string": "y"})
+        assert after.ok is (True if reliable else None), (reliable, after)
+    # another agent's refusal says nothing of this agent's read state
+    ws = _ws(wrote, Event(**{**refused.__dict__, "own": False}))
+    assert ws.execute("Write", {"file_path": F, "content": "x = 2"}).ok is True
