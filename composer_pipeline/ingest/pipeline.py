@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -38,13 +40,19 @@ from composer_pipeline.scrub import Scrubber, apply_splices
 TABLES = ("trace_states", "trace_messages", "quarantine")
 
 
-def _readers():
+class _Readers(NamedTuple):
+    codex: ModuleType
+    parser: ModuleType
+    states: ModuleType
+
+
+def _readers() -> _Readers:
     """The Python engine (``parser``, ``states``) and the Codex reader (``codex``), imported at first use:
     sessions the compiled engine reads whole need neither, and they load msgspec (~0.007 CPU-s of every
     ingest process, bench/RESULTS.md)."""
     from composer_pipeline.ingest import codex, parser, states
 
-    return codex, parser, states
+    return _Readers(codex, parser, states)
 
 
 @dataclass
@@ -202,7 +210,7 @@ class SessionIngester:
             )
 
         def classify(i: int, line_no: int, line: bytes) -> tuple | None:
-            return _readers()[1].classify_line(line, files[i].rel, sf.key, line_no, q)
+            return _readers().parser.classify_line(line, files[i].rel, sf.key, line_no, q)
 
         got = builder.add_session(
             sf.key,
@@ -238,7 +246,7 @@ class SessionIngester:
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="native")
 
     def _add_python(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport:
-        _, parser, states = _readers()
+        parser, states = _readers().parser, _readers().states
         q = self.recipe.quarantine_text_chars
         parsed = []
         for f in files:
@@ -304,7 +312,7 @@ class SessionIngester:
     ) -> SessionReport:
         """A Codex rollout (``fmt`` ``codex``), or a file in neither format (``None``: one quarantine row);
         ``read``: each of ``sf.files`` as :func:`read_session_file` read it."""
-        codex = _readers()[0]
+        codex = _readers().codex
         q = self.recipe.quarantine_text_chars
         qrows, reports = [], []
         states = messages = None
@@ -367,7 +375,7 @@ class SessionIngester:
         for name in TABLES:
             columns = self._codex_columns[name]
             if columns:
-                self._pending[name].append(_readers()[0].table_of(name, columns))
+                self._pending[name].append(_readers().codex.table_of(name, columns))
                 self._codex_columns[name] = {}
 
     def _flush_native(self) -> None:
