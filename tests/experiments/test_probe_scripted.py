@@ -197,12 +197,34 @@ def test_the_nll_all_store_holds_the_consensus_at_every_state_that_has_one(tmp_p
 
     src = Store(write_store(tmp_path / "train", 12, both_directions=True))
     pairs, positives = src.read_table("pairs").to_pylist(), src.read_table("positives").to_pylist()
-    root = consensus_store(src.root, tmp_path / "everywhere")
+    root = consensus_store(src.root, tmp_path / "everywhere", seed=0)
     data = load_train_data(root, heldout_fraction=0.0, hints=HintTemplates())
     assert len(data.pairs) == len(pairs) + len(positives) and positives
     want = {r["state_id"]: r["chosen_text"] for r in pairs + positives}
     assert {p.state_id: p.chosen_text for p in data.pairs} == want
     assert ARMS["nll_all"].dpo_beta == 0.0 and ARMS["nll_all"].data == "consensus_all"
+
+
+def test_the_nll_all_arm_reaches_positives_within_fewer_steps_than_pairs(tmp_path):
+    """The trainer takes DPO batches as consecutive blocks of the table: ``nll_all``'s rows come in a seeded
+    random order, so an arm of fewer steps than there are pairs still reads positives (with the pairs first it
+    trained on exactly the ``nll`` arm's rows, and the control measured nothing); each seed its own order."""
+    from composer_pipeline.experiments.read_before_edit.arms import consensus_store
+    from composer_pipeline.store import Store
+    from composer_pipeline.train.config import HintTemplates
+    from composer_pipeline.train.data import load_train_data
+    from tests.support.synthetic_train import write_store
+
+    src = Store(write_store(tmp_path / "train", 12, both_directions=True))
+    pair_states = {r["state_id"] for r in src.read_table("pairs").to_pylist()}
+    orders = []
+    for seed in (0, 1):
+        root = consensus_store(src.root, tmp_path / f"s{seed}", seed)
+        data = load_train_data(root, heldout_fraction=0.0, hints=HintTemplates())
+        first = [p.state_id for p in data.pairs[: len(pair_states) // 2]]
+        assert any(s not in pair_states for s in first), (seed, first)
+        orders.append([p.state_id for p in data.pairs])
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
 
 
 def test_the_preference_tokens_setting_reaches_every_dpo_arm_but_the_candidates(tmp_path):

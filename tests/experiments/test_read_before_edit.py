@@ -278,7 +278,7 @@ def test_quick_experiment_runs_the_whole_chain(tmp_path, capsys, monkeypatch):
     ]
     assert set(shuf) == {p["pair_id"] for p in orig} and 0 < len(swapped) < len(orig)
     # nll_all: the NLL on the consensus at every task state with one (each pair and each positive), β 0
-    everywhere = Store(str(out / "consensus_store")).read_table("pairs").to_pylist()
+    everywhere = Store(str(out / "seed0" / "consensus_store")).read_table("pairs").to_pylist()
     positives = Store(str(out / "data" / "train_store")).read_table("positives").to_pylist()
     assert len(everywhere) == len(orig) + len(positives)
     assert {r["state_id"] for r in everywhere} == {r["state_id"] for r in orig + positives}

@@ -155,11 +155,15 @@ def render_recipe(cfg: ExperimentConfig) -> str | None:
     return str(path)
 
 
-def consensus_store(train_root: str, out_root: Path, order: ActionOrder = "sorted") -> str:
+def consensus_store(train_root: str, out_root: Path, seed: int, order: ActionOrder = "sorted") -> str:
     """A copy of the train store whose ``pairs`` hold the teachers' consensus as the chosen side at every
     task state that has one: the pairs, plus each positive (the agent agreed with the consensus) as a row
     whose rejected side is an empty-text stand-in. For the ``nll_all`` arm only, whose preference term is a
-    constant (β 0): the rejected side never reaches a gradient, the NLL reads every consensus answer."""
+    constant (β 0): the rejected side never reaches a gradient, the NLL reads every consensus answer.
+
+    The rows are in a seeded random order: the trainer takes its DPO batches as consecutive blocks of the
+    table, so with the pairs first an arm of fewer steps than pairs trained on the ``nll`` arm's very rows
+    (SmolLM2's plan: 30 steps × 2 rows, 61 pairs) and the control measured nothing."""
     import pyarrow as pa
 
     from composer_pipeline import tables
@@ -180,6 +184,7 @@ def consensus_store(train_root: str, out_root: Path, order: ActionOrder = "sorte
                 "rejected_text": stand_in.to_text(order),
             }
         )
+    random.Random(f"consensus-all|{seed}").shuffle(rows)
     dst.write_table("pairs", tables.conform(pa.Table.from_pylist(rows), "normalized_dpo_pairs"))
     for name in ("trace_states", "trace_messages"):
         if src.exists(name):

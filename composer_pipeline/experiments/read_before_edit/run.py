@@ -214,7 +214,9 @@ def _train_arm(
         raise ValueError(f"the {arm} arm trains nothing")
     recipe = arm_recipe(base, arm, cfg, start, seed)
     if spec.data == "consensus_all":
-        root = consensus_store(data_info["train_store"], out / "consensus_store", cfg.action_order)
+        root = consensus_store(
+            data_info["train_store"], out / f"seed{seed}" / "consensus_store", seed, cfg.action_order
+        )
     elif spec.data == "shuffled_labels":
         root = shuffled_label_store(data_info["train_store"], out / f"seed{seed}" / "shuffled_label_store", seed)
     else:
