@@ -246,7 +246,8 @@ class SessionIngester:
         return SessionReport(sf.key, reports, dict(scrubber.counts), stats, engine="native")
 
     def _add_python(self, sf: SessionFiles, files: list[_File], scrubber: Scrubber) -> SessionReport:
-        parser, states = _readers().parser, _readers().states
+        readers = _readers()
+        parser, states = readers.parser, readers.states
         q = self.recipe.quarantine_text_chars
         parsed = []
         for f in files:
