@@ -137,6 +137,9 @@ def main() -> int:
     base["model"] = str(model_dir)
     base["optim"].update(steps=a.steps, learning_rate=1e-3)
     base["grpo"]["max_completion_length"] = 16
+    # the DPO channel as bench/RESULTS.md's DiLoCo numbers were measured (before the shipped default
+    # became dpop over the first differing token + NLL, pairs shuffled)
+    base["dpo"].update(variant="dpo", preference_tokens="all", sft_weight=0.0, data_order="table")
     (root / "one.yaml").write_text(yaml.safe_dump(base))
     groups = json.loads(json.dumps(base))
     # per group: half the global batch, as a DDP rank has

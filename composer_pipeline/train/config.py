@@ -125,10 +125,12 @@ class SDPOSection:
 @dataclass
 class DPOSection:
     variant: Literal["dpo", "simpo", "dpop"] = setting(
-        "dpo",
+        "dpop",
         help="dpo (sigmoid loss, frozen copy of the starting policy as reference) | simpo (reference-free) | "
         "dpop (DPO-Positive, Pal et al. 2024, arXiv 2402.13228 eq. 3: the DPO logit less dpop_lambda · "
-        "max(0, log π_ref(chosen) − log π(chosen)), so the chosen answer cannot fall below the reference)",
+        "max(0, log π_ref(chosen) − log π(chosen)), so the chosen answer cannot fall below the reference). "
+        "The default, with preference_tokens first_differing and sft_weight 1, is the pre-registered SmolLM2 "
+        "table's preference arm: held-out parse rate 0.982 over 3 seeds (bench/RESULTS.md)",
     )
     beta: float = setting(0.1, help="DPO β (inverse temperature of the implicit reward; not the channel weight)")
     label_smoothing: float = setting(0.0, help="cDPO ε; 0 = plain DPO (first-step loss is exactly ln 2)")
@@ -140,13 +142,13 @@ class DPOSection:
     simpo_beta: float = setting(2.0, help="SimPO β (variant: simpo)")
     simpo_gamma: float = setting(0.5, help="SimPO target margin γ (variant: simpo)")
     sft_weight: float = setting(
-        0.0,
+        1.0,
         help="weight of a negative log-likelihood term on the chosen completions (token mean), added to the "
         "preference loss: TRL's DPOConfig loss_type ['sigmoid', 'sft'] with loss_weights [1, w] (RPO, Pang et al. 2024, "
         "arXiv:2404.19733); keeps the chosen answers likely while the margin grows. 0 = off",
     )
     preference_tokens: Literal["all", "differing", "first_differing"] = setting(
-        "all",
+        "first_differing",
         help="which completion tokens the preference term sums: all | differing (from the first token where "
         "chosen and rejected differ to their common ending, so the margin never pushes down the closing "
         "structure both answers share) | first_differing (only that first differing token: the decision, "
@@ -154,6 +156,12 @@ class DPOSection:
     )
     batch_size: int = setting(2, help="pairs per step")
     max_completion_tokens: int = setting(64, help="chosen/rejected answers keep their first N tokens")
+    data_order: Literal["shuffled", "table"] = setting(
+        "shuffled",
+        help="order of the pairs: shuffled (a seeded shuffle by optim.seed, and the batches reshuffled on every "
+        "later pass, so a run shorter than one pass samples the whole table) | table (the pairs table's order, "
+        "cycled: a run shorter than one pass reads only the table's first rows)",
+    )
 
 
 @dataclass

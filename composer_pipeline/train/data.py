@@ -308,10 +308,28 @@ def grpo_records(
     return out
 
 
+def dpo_batch_order(n_batches: int, epoch: int, seed: int, data_order: str) -> list[int]:
+    """Which batch each step of pass ``epoch`` over ``n_batches`` takes (``dpo.data_order``): the built
+    order on the first pass, a seeded permutation on every later one (``shuffled``); always the built
+    order (``table``). The same on every rank, so DDP's shards of a step belong to one batch."""
+    order = list(range(n_batches))
+    if data_order == "shuffled" and epoch > 0:
+        random.Random(f"dpo-batches:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def dpo_pairs_in(n_pairs: int, batch_size: int, batches: set[int]) -> int:
+    """Distinct pairs in the batches ``batches`` of :func:`dpo_batches_from` (the last one may be short)."""
+    return sum(max(0, min(batch_size, n_pairs - i * batch_size)) for i in batches)
+
+
 def dpo_batches_from(tokenizer, pairs, recipe: TrainRecipe) -> list[dict]:
-    """Pre-tokenized DPO batches: rows ``[chosen_1..n, rejected_1..n]`` sharing prompts."""
+    """Pre-tokenized DPO batches: rows ``[chosen_1..n, rejected_1..n]`` sharing prompts; the pairs in
+    ``dpo.data_order`` (``shuffled``: a seeded permutation by ``optim.seed``; ``table``: as given)."""
     import torch
 
+    if recipe.dpo.data_order == "shuffled":
+        pairs = random.Random(f"dpo-pairs:{recipe.optim.seed}").sample(list(pairs), len(pairs))
     bs = recipe.dpo.batch_size
     eos = tokenizer.eos_token or ""
     pad = tokenizer.pad_token_id

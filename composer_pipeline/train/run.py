@@ -28,7 +28,13 @@ from composer_pipeline.train import distributed
 from composer_pipeline.train import rewards as reward_mod
 from composer_pipeline.train.checkpoints import write_checkpoint
 from composer_pipeline.train.config import Channels, TrainRecipe, decide_channels, grpo_config
-from composer_pipeline.train.data import dpo_batches_from, grpo_records, interleave_error_sites, load_train_data
+from composer_pipeline.train.data import (
+    dpo_batches_from,
+    dpo_pairs_in,
+    grpo_records,
+    interleave_error_sites,
+    load_train_data,
+)
 from composer_pipeline.train.distributed import shard as shard_of
 from composer_pipeline.train.modeling import load_policy, lora_config, resolve_model_path
 from composer_pipeline.train.step_log import StepLog
@@ -153,6 +159,17 @@ def build_trainer(
     return Built(trainer, recipe, tok, data, channels, model_path, cuda)
 
 
+def data_reached(built: Built) -> dict[str, Any]:
+    """The training data's summary, with ``pairs_reached``: the distinct pairs the DPO channel's steps
+    read (fewer than ``pairs`` when the run is shorter than one pass over them)."""
+    out = built.data.summary()
+    trainer = built.trainer
+    if isinstance(trainer, ThreeChannelTrainer) and trainer.dpo_batches:
+        seen = trainer.dpo_batches_seen
+        out["pairs_reached"] = dpo_pairs_in(len(built.data.pairs), built.recipe.dpo.batch_size, seen)
+    return out
+
+
 def train(
     data_root: str,
     recipe: TrainRecipe | str | Path | None,
@@ -201,7 +218,7 @@ def train(
         recipe,
         losses,
         off=built.channels.off_reasons,
-        data_summary=built.data.summary(),
+        data_summary=data_reached(built),
         model_path=built.model_path,
         cuda=built.cuda,
         world_size=rank.world,

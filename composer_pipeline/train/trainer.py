@@ -32,8 +32,9 @@ inputs in the data (:func:`.config.decide_channels`) or in this batch (``_comput
 in ``off`` with its reason (its value is ``null``, never a silent 0).
 
 Data-parallel under torchrun/accelerate (:mod:`.distributed`: N ranks train one model on N shards;
-rank 0 writes the checkpoint). Deliberately simplified: no DeepSpeed/FSDP; the DPO batch cycles
-through the pairs in a fixed order; no EMA teacher (SDPO's regularized teacher) between the two.
+rank 0 writes the checkpoint). The DPO batches are the pairs in a seeded random order, reshuffled on every
+later pass (``dpo.data_order``; ``table`` keeps the table's order). Deliberately simplified: no
+DeepSpeed/FSDP; no EMA teacher (SDPO's regularized teacher) between the two.
 
 The package is split the way TRL's is: the recipe, its ``GRPOConfig`` and the channel decision in
 :mod:`.config`, model loading in :mod:`.modeling`, data and tokenization in :mod:`.data`, loss math in
@@ -50,6 +51,7 @@ import torch
 
 from composer_pipeline.train import distributed
 from composer_pipeline.train.config import Channels, TrainRecipe
+from composer_pipeline.train.data import dpo_batch_order
 from composer_pipeline.train.generation import RowSeededRollouts
 from composer_pipeline.train.losses import (
     TaidSchedule,
@@ -80,6 +82,9 @@ class ThreeChannelTrainer(RowSeededRollouts):
         self.recipe = recipe
         self.dpo_batches = dpo_batches
         self._dpo_i = 0
+        self._dpo_order: tuple[int, list[int]] = (-1, [])
+        # which batches the run reached (TrainResult.metrics data.pairs_reached)
+        self.dpo_batches_seen: set[int] = set()
         # frozen copy of the starting policy: DPO's reference and the `initial` hint teacher (None with
         # LoRA, where the adapters disabled are the starting policy, or when neither needs it)
         self.start_copy = start_copy.to(self.accelerator.device) if start_copy is not None else None
@@ -155,7 +160,12 @@ class ThreeChannelTrainer(RowSeededRollouts):
         return logps, entropies, None
 
     def _next_dpo_batch(self):
-        self.dpo_batch_index = self._dpo_i % len(self.dpo_batches)
+        epoch, pos = divmod(self._dpo_i, len(self.dpo_batches))
+        if self._dpo_order[0] != epoch:
+            order = dpo_batch_order(len(self.dpo_batches), epoch, self.recipe.optim.seed, self.recipe.dpo.data_order)
+            self._dpo_order = (epoch, order)
+        self.dpo_batch_index = self._dpo_order[1][pos]
+        self.dpo_batches_seen.add(self.dpo_batch_index)
         b = self.dpo_batches[self.dpo_batch_index]
         self._dpo_i += 1
         dev = self.accelerator.device

@@ -268,7 +268,8 @@ def test_the_dpop_arm_is_the_dpo_arm_with_the_dpop_variant(tmp_path):
 
 def test_the_plans_variant_reaches_the_live_preference_arms_only(tmp_path):
     """smollm2_plan's ``dpo_variant: dpop``: its ``dpo`` arm is run 7's ``dpop_first`` (and its control
-    ``dpo_shuffled`` the same loss on swapped sides); the NLL-only arms (β 0) keep the recipe's variant."""
+    ``dpo_shuffled`` the same loss on swapped sides); the NLL-only arms (β 0) keep the experiment's own
+    plain ``dpo``, whatever the shipped recipe's default (its defaults changed on these results)."""
     from pathlib import Path
 
     from composer_pipeline.experiments.read_before_edit.arms import arm_recipe
@@ -281,10 +282,13 @@ def test_the_plans_variant_reaches_the_live_preference_arms_only(tmp_path):
     assert {a: d.variant for a, d in got.items()} == {
         "dpo": "dpop",
         "dpo_shuffled": "dpop",
-        "nll": base.dpo.variant,
-        "nll_all": base.dpo.variant,
+        "nll": "dpo",
+        "nll_all": "dpo",
     }
     assert got["dpo"] == arm_recipe(base, "dpop_first", plan, tmp_path, 0).dpo
+    assert all(d.data_order == "table" for d in got.values())  # as every committed cell ran
+    plain = arm_recipe(base, "dpo", load_config("smollm2", tmp_path), tmp_path, 0).dpo
+    assert (plain.variant, plain.preference_tokens) == ("dpo", "all") != (base.dpo.variant, base.dpo.preference_tokens)
     assert plan.fingerprint()["dpo_variant"] == "dpop"
     # a config without the setting keeps the fingerprint it had (run dirs made before it resume)
     assert "dpo_variant" not in load_config("smollm2", tmp_path).fingerprint()

@@ -37,4 +37,6 @@ def test_train_reads_partitioned_tables_from_s3(s3_root, tiny_model_dir, tmp_pat
     res = train(s3_root, recipe, steps=1, out_dir=tmp_path)
     assert res.metrics["data"]["prompts"] == 12 and res.metrics["data"]["pairs"] == 8
     (rec,) = res.losses
-    assert rec["off"] == [] and rec["dpo"] == pytest.approx(math.log(2), abs=1e-4) and rec["sdpo"] > 0
+    # the shipped default adds the NLL on the chosen answers (sft_weight 1) to the ln 2 preference part
+    assert rec["off"] == [] and rec["dpo"] == pytest.approx(math.log(2) + rec["dpo_sft"], abs=1e-4)
+    assert rec["sdpo"] > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from safetensors.torch import load_file
 from composer_pipeline.train.config import TrainRecipe
 from composer_pipeline.train.run import train
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def _recipe(tiny_model_dir, *, grpo=1.0, sdpo=0.5, dpo=0.5, **dpo_section) -> TrainRecipe:
     r = TrainRecipe.from_dict(
@@ -22,7 +25,9 @@ def _recipe(tiny_model_dir, *, grpo=1.0, sdpo=0.5, dpo=0.5, **dpo_section) -> Tr
             "model": str(tiny_model_dir),
             "weights": {"grpo": grpo, "sdpo": sdpo, "dpo": dpo},
             "grpo": {"max_completion_length": 12, "num_generations": 4, "prompts_per_step": 2},
-            "dpo": {"batch_size": 2, **dpo_section},
+            # each mechanism on its own: plain DPO over every token, no NLL (the shipped default, all three
+            # together, is test_the_shipped_preference_default_...)
+            "dpo": {"batch_size": 2, "variant": "dpo", "preference_tokens": "all", "sft_weight": 0.0, **dpo_section},
             "data": {"max_prompt_tokens": 128, "heldout_fraction": 0.2},
             "optim": {"learning_rate": 1e-3},
         }
@@ -129,7 +134,27 @@ def test_dpo_sft_term_is_added_logged_and_keeps_the_ln2_check(tiny_model_dir, sy
     plain = train(
         synth_store, _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0), steps=1, out_dir=tmp_path / "plain"
     )
-    assert "dpo_sft" not in plain.losses[0]  # off by default: plain DPO, as before
+    assert "dpo_sft" not in plain.losses[0]  # off at sft_weight 0: plain DPO
+
+
+def test_the_shipped_preference_default_is_dpop_on_the_decision_token_with_the_nll(
+    tiny_model_dir, synth_store, tmp_path
+):
+    """recipes/train.yaml's DPO section (the pre-registered SmolLM2 table's preference arm): DPOP's penalty
+    and the NLL on the chosen answers are both live and logged, and the first step's preference part is
+    still ln 2 (the margin over the first differing token is 0 where policy == reference)."""
+    base = TrainRecipe.load(REPO / "recipes" / "train.yaml")
+    assert (base.dpo.variant, base.dpo.preference_tokens, base.dpo.sft_weight) == ("dpop", "first_differing", 1.0)
+    assert base.dpo == TrainRecipe().dpo  # a run with no recipe file trains the same
+    r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0)
+    r = TrainRecipe.from_dict({**r.to_dict(), "dpo": {**base.to_dict()["dpo"], "batch_size": 2}})
+    res = train(synth_store, r, steps=3, out_dir=tmp_path)
+    first = res.losses[0]
+    assert first["dpo_sft"] > 0 and first["dpo_dpop"] == 0.0
+    assert first["dpo"] == pytest.approx(math.log(2) + first["dpo_sft"], abs=1e-4)
+    assert res.metrics["ln2_check"]["ok"]
+    assert all("dpo_dpop" in rec and "dpo_sft" in rec for rec in res.losses)
+    assert res.losses[-1]["dpo_margin"] > res.losses[0]["dpo_margin"]
 
 
 def test_dpop_variant_logs_its_penalty_and_keeps_the_ln2_check(tiny_model_dir, synth_store, tmp_path):

@@ -81,7 +81,18 @@ def arm_recipe(base: TrainRecipe, arm: str, cfg: ExperimentConfig, start: Path, 
         raise ValueError(f"the {arm} arm trains nothing: it has no train recipe")
     grpo, sdpo, dpo_weight = spec.weights
     r = replace(base, model=str(start), weights=Weights(grpo=grpo, sdpo=sdpo, dpo=dpo_weight))
-    dpo = replace(r.dpo, max_completion_tokens=cfg.max_new_tokens, sft_weight=cfg.dpo_sft_weight)
+    # The arms define their own loss, not the shipped recipe's DPO defaults (which changed on their
+    # results, bench/RESULTS.md): plain DPO over every token unless the arm or the experiment says
+    # otherwise, and the pairs in the table's order, as every committed cell ran. nll_all orders its own
+    # rows (consensus_store).
+    dpo = replace(
+        r.dpo,
+        variant="dpo",
+        preference_tokens="all",
+        data_order="table",
+        max_completion_tokens=cfg.max_new_tokens,
+        sft_weight=cfg.dpo_sft_weight,
+    )
     if spec.dpo_beta is not None:
         dpo = replace(dpo, beta=spec.dpo_beta)
     tokens = spec.preference_tokens or cfg.preference_tokens
