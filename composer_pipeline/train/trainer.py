@@ -23,7 +23,7 @@ Channels, all inside one TRL ``GRPOTrainer`` step (the subclass overrides ``_com
    computed every step, never cached constants; with LoRA the reference is the adapter-disabled
    base), **DPOP** (DPO-Positive: the logit less ``dpo.dpop_lambda`` · how far the chosen answer fell below the
    reference, logged as ``dpo_dpop``) or **SimPO** (reference-free) as a switch; ``dpo.sft_weight`` adds RPO's NLL on the chosen
-   answers (under DDP: the mean of each rank's token mean). ``dpo.preference_tokens`` picks the tokens the
+   answers (a token mean over the whole batch, under DDP too). ``dpo.preference_tokens`` picks the tokens the
    preference term sums (policy and reference alike): every completion token, the span where chosen and
    rejected differ, or the first differing token only (:func:`.losses.differing_token_masks`).
 
@@ -213,6 +213,11 @@ class ThreeChannelTrainer(RowSeededRollouts):
                 if r.variant == "dpop":
                     penalty = dpop_penalty(*whole).detach().mean()
         nll = chosen_nll(tok_lp[:n], mask[:n]) if r.sft_weight else None
+        if nll is not None and self.rank.distributed:
+            # local token mean -> local sum / (global tokens / N): the DDP average is the global mean,
+            # as one process computes it over the whole batch
+            local = mask[:n].sum()
+            nll = nll * local * self.rank.world / distributed.all_reduce_sum([local])[0]
         if nll is not None:
             loss = loss + r.sft_weight * nll
         return loss, margins, nll, penalty

@@ -123,9 +123,11 @@ def test_two_ranks_train_the_same_model_as_one_process(ddp_setup, tiny_model_dir
         assert abs(ra["reward"] - rb["reward"]) < 1e-5 and abs(ra["reward_std"] - rb["reward_std"]) < 1e-5
         assert ra["error_sites"] == rb["error_sites"] > 0 and ra["dpo_batches"] == rb["dpo_batches"]
         assert ra["states"] == rb["states"] and len(rb["states"]) == 2  # the global batch: both ranks' prompts
-    # frozen reference really computed on both
-    assert a[0]["dpo"] == pytest.approx(0.6931471824645996, abs=1e-6)
-    assert a[-1]["dpo"] < 0.5  # and the DPO loss moved
+        # the shipped default's NLL on the chosen answers: a token mean over the global batch on both
+        assert abs(ra["dpo_sft"] - rb["dpo_sft"]) < 1e-5 and abs(ra["dpo_dpop"] - rb["dpo_dpop"]) < 1e-5
+    # frozen reference really computed on both: the preference part starts at ln 2
+    assert a[0]["dpo"] - a[0]["dpo_sft"] == pytest.approx(0.6931471824645996, abs=1e-5)
+    assert a[-1]["dpo"] < a[0]["dpo"]  # and the DPO loss moved
 
     wa, wb, w0 = _weights(one), _weights(two), _weights(tiny_model_dir)
     assert wa.keys() == wb.keys()

@@ -145,7 +145,8 @@ def test_the_shipped_preference_default_is_dpop_on_the_decision_token_with_the_n
     still ln 2 (the margin over the first differing token is 0 where policy == reference)."""
     base = TrainRecipe.load(REPO / "recipes" / "train.yaml")
     assert (base.dpo.variant, base.dpo.preference_tokens, base.dpo.sft_weight) == ("dpop", "first_differing", 1.0)
-    assert base.dpo == TrainRecipe().dpo  # a run with no recipe file trains the same
+    # a run with no recipe file trains the same
+    assert base.dpo == TrainRecipe().dpo
     r = _recipe(tiny_model_dir, grpo=0.0, sdpo=0.0, dpo=1.0)
     r = TrainRecipe.from_dict({**r.to_dict(), "dpo": {**base.to_dict()["dpo"], "batch_size": 2}})
     res = train(synth_store, r, steps=3, out_dir=tmp_path)
