@@ -17,7 +17,8 @@ What makes N ranks equal to one process (checked by ``tests/scaling/test_ddp_equ
   it sits on rank 0 of 1 or rank 1 of 2.
 * SDPO: the JSD is a mean over the error-site tokens of the *global* batch: each rank's sum is divided
   by ``global_tokens / N`` (:func:`all_reduce_sum`), so the DDP average is the global mean.
-* DPO: every step's ``dpo.batch_size`` pairs are split evenly over the ranks (:func:`shard_dpo_batches`).
+* DPO: every step's ``dpo.batch_size`` pairs are split evenly over the ranks (:func:`shard_dpo_batches`);
+  its NLL on the chosen answers is a global token mean the same way (:func:`share_of_global_mean`).
 * Logged losses are the all-reduced global values; only rank 0 writes the checkpoint and talks Pipes.
 """
 
@@ -90,6 +91,12 @@ def shard_dpo_batches(batches: list[dict], rank: int, world: int) -> list[dict]:
         rows = torch.tensor(list(range(rank * k, (rank + 1) * k)) + list(range(n + rank * k, n + (rank + 1) * k)))
         out.append({key: v[rows] for key, v in b.items()})
     return out
+
+
+def share_of_global_mean(local_mean, local_tokens, global_tokens: float, world: int):
+    """A rank's token mean rescaled to ``local sum / (global tokens / N)``: DDP's average of these over
+    the ranks is the mean over every rank's tokens, as one process computes it over the whole batch."""
+    return local_mean * local_tokens * world / global_tokens
 
 
 def all_reduce_sum(values: list[float], device: Any = None) -> list[float]:

@@ -214,10 +214,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
                     penalty = dpop_penalty(*whole).detach().mean()
         nll = chosen_nll(tok_lp[:n], mask[:n]) if r.sft_weight else None
         if nll is not None and self.rank.distributed:
-            # local token mean -> local sum / (global tokens / N): the DDP average is the global mean,
-            # as one process computes it over the whole batch
             local = mask[:n].sum()
-            nll = nll * local * self.rank.world / distributed.all_reduce_sum([local])[0]
+            nll = distributed.share_of_global_mean(nll, local, distributed.all_reduce_sum([local])[0], self.rank.world)
         if nll is not None:
             loss = loss + r.sft_weight * nll
         return loss, margins, nll, penalty
@@ -315,9 +313,8 @@ class ThreeChannelTrainer(RowSeededRollouts):
             hint_loss = self._hint_divergence(student, teacher, c_mask)
             if self.taid is not None:
                 rec["taid_t"] = self.taid.t
-            # local token mean -> local sum / (global tokens / N): the DDP average is the global mean
             if ddp:
-                hint_loss = hint_loss * c_mask.sum() * self.rank.world / global_tokens
+                hint_loss = distributed.share_of_global_mean(hint_loss, c_mask.sum(), global_tokens, self.rank.world)
             term = w.sdpo * hint_loss / ga
             total = term if total is None else total + term
             rec["sdpo"] = float(hint_loss.detach())
